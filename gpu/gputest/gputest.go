@@ -1,0 +1,419 @@
+package gputest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/ref"
+)
+
+// Options tune the suite to a lane's precision.
+type Options struct {
+	// Tol is the largest relative L2 error accepted against the reference.
+	Tol float64
+	// CacheDTypes are the KV cache element types the device supports.
+	CacheDTypes []gpu.DType
+	// WeightDTypes are the weight element types the device supports.
+	WeightDTypes []gpu.DType
+	// Sizes scales the problem sizes: small for slow devices, large to
+	// cover multi-block kernels.
+	Large bool
+}
+
+// Run checks every operation of the device returned by open.
+func Run(t *testing.T, dev gpu.Device, o Options) {
+	if o.Tol == 0 {
+		o.Tol = 1e-5
+	}
+	if len(o.CacheDTypes) == 0 {
+		o.CacheDTypes = []gpu.DType{gpu.F32}
+	}
+	if len(o.WeightDTypes) == 0 {
+		o.WeightDTypes = []gpu.DType{gpu.F32, gpu.BF16, gpu.F16}
+	}
+	h := &harness{t: t, dev: dev, ref: ref.New(), o: o, rng: rand.New(rand.NewPCG(1, 2))}
+	t.Run("Embed", h.embed)
+	t.Run("MatMul", h.matmul)
+	t.Run("RMSNorm", h.rmsnorm)
+	t.Run("Elementwise", h.elementwise)
+	t.Run("RoPE", h.rope)
+	t.Run("Attention", h.attention)
+	t.Run("MoE", h.moe)
+	t.Run("Errors", h.errors)
+}
+
+type harness struct {
+	t   *testing.T
+	dev gpu.Device
+	ref *ref.Device
+	o   Options
+	rng *rand.Rand
+}
+
+// pair holds the same data on the device under test and on the reference.
+type pair struct {
+	d, r gpu.Buffer
+	dt   gpu.DType
+	n    int
+}
+
+func (h *harness) randF32(n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(h.rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+// encode converts float32 values to raw bytes of dt (rounding for 16-bit types).
+func encode(dt gpu.DType, v []float32) []byte {
+	switch dt {
+	case gpu.BF16, gpu.F16:
+		u := make([]uint16, len(v))
+		for i, x := range v {
+			if dt == gpu.BF16 {
+				u[i] = gpu.F32ToBF16(x)
+			} else {
+				u[i] = gpu.F32ToF16(x)
+			}
+		}
+		return append([]byte(nil), gpu.U16Bytes(u)...)
+	}
+	return append([]byte(nil), gpu.F32Bytes(v)...)
+}
+
+func (h *harness) weights(dt gpu.DType, v []float32) pair {
+	h.t.Helper()
+	raw := encode(dt, v)
+	d, err := h.dev.Weights(dt, raw)
+	if err != nil {
+		h.t.Fatalf("weights: %v", err)
+	}
+	r, err := h.ref.Weights(dt, raw)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return pair{d: d, r: r, dt: dt, n: len(v)}
+}
+
+func (h *harness) alloc(dt gpu.DType, n int) pair {
+	h.t.Helper()
+	d, err := h.dev.Alloc(dt, n)
+	if err != nil {
+		h.t.Fatalf("alloc %s[%d]: %v", dt, n, err)
+	}
+	r, _ := h.ref.Alloc(dt, n)
+	return pair{d: d, r: r, dt: dt, n: n}
+}
+
+func (h *harness) f32(v []float32) pair {
+	h.t.Helper()
+	p := h.alloc(gpu.F32, len(v))
+	h.write(p, gpu.F32Bytes(v))
+	return p
+}
+
+func (h *harness) i32(v []int32) pair {
+	h.t.Helper()
+	p := h.alloc(gpu.I32, len(v))
+	h.write(p, gpu.I32Bytes(v))
+	return p
+}
+
+func (h *harness) write(p pair, raw []byte) {
+	h.t.Helper()
+	if err := h.dev.Write(p.d, 0, raw); err != nil {
+		h.t.Fatalf("write: %v", err)
+	}
+	if err := h.ref.Write(p.r, 0, raw); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) free(ps ...pair) {
+	for _, p := range ps {
+		h.dev.Free(p.d)
+	}
+}
+
+func (h *harness) readF32(dev gpu.Device, b gpu.Buffer, n int) []float32 {
+	h.t.Helper()
+	v := make([]float32, n)
+	if err := dev.Read(gpu.F32Bytes(v), b, 0); err != nil {
+		h.t.Fatalf("read: %v", err)
+	}
+	return v
+}
+
+// compare checks the device's F32 output against the reference's.
+func (h *harness) compare(what string, p pair) {
+	h.t.Helper()
+	if err := h.dev.Sync(context.Background()); err != nil {
+		h.t.Fatalf("%s: sync: %v", what, err)
+	}
+	got := h.readF32(h.dev, p.d, p.n)
+	want := h.readF32(h.ref, p.r, p.n)
+	if e := RelL2(got, want); !(e <= h.o.Tol) {
+		h.t.Errorf("%s: relative L2 error %.3g, want <= %.3g (got[0:4]=%v want[0:4]=%v)", what, e, h.o.Tol, head(got), head(want))
+	}
+}
+
+func head(v []float32) []float32 {
+	if len(v) > 4 {
+		return v[:4]
+	}
+	return v
+}
+
+// RelL2 is ‖got−want‖₂ / ‖want‖₂ (or the absolute norm when want is zero).
+func RelL2(got, want []float32) float64 {
+	if len(got) != len(want) {
+		return math.Inf(1)
+	}
+	var num, den float64
+	for i := range got {
+		d := float64(got[i]) - float64(want[i])
+		num += d * d
+		den += float64(want[i]) * float64(want[i])
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func (h *harness) check(what string, errD, errR error) bool {
+	h.t.Helper()
+	if errR != nil {
+		h.t.Fatalf("%s: reference: %v", what, errR)
+	}
+	if errD != nil {
+		h.t.Errorf("%s: %v", what, errD)
+		return false
+	}
+	return true
+}
+
+func (h *harness) embed(t *testing.T) {
+	for _, dt := range h.o.WeightDTypes {
+		rows, dim, n := 37, 72, 11
+		table := h.weights(dt, h.randF32(rows*dim, 1))
+		ids := make([]int32, n)
+		for i := range ids {
+			ids[i] = int32(h.rng.IntN(rows))
+		}
+		idb := h.i32(ids)
+		out := h.alloc(gpu.F32, n*dim)
+		what := fmt.Sprintf("embed %s", dt)
+		if h.check(what, h.dev.Embed(out.d, table.d, idb.d, n, dim), h.ref.Embed(out.r, table.r, idb.r, n, dim)) {
+			h.compare(what, out)
+		}
+		h.free(table, idb, out)
+	}
+}
+
+func (h *harness) matmul(t *testing.T) {
+	shapes := [][3]int{{1, 64, 48}, {1, 384, 1024}, {3, 100, 37}, {7, 256, 130}, {33, 96, 200}, {1, 17, 5}}
+	if h.o.Large {
+		shapes = append(shapes, [3]int{1, 2048, 8192}, [3]int{64, 2048, 2048}, [3]int{512, 1024, 768})
+	}
+	for _, dt := range h.o.WeightDTypes {
+		for _, s := range shapes {
+			n, k, m := s[0], s[1], s[2]
+			w := h.weights(dt, h.randF32(m*k, 0.05))
+			x := h.f32(h.randF32(n*k, 1))
+			out := h.alloc(gpu.F32, n*m)
+			what := fmt.Sprintf("matmul %s n=%d k=%d m=%d", dt, n, k, m)
+			if h.check(what, h.dev.MatMul(out.d, x.d, w.d, n, k, m), h.ref.MatMul(out.r, x.r, w.r, n, k, m)) {
+				h.compare(what, out)
+			}
+			h.free(w, x, out)
+		}
+	}
+}
+
+func (h *harness) rmsnorm(t *testing.T) {
+	for _, dt := range h.o.WeightDTypes {
+		for _, s := range [][2]int{{1, 384}, {5, 128}, {9, 13}, {2, 2048}} {
+			n, dim := s[0], s[1]
+			w := h.weights(dt, h.randF32(dim, 1))
+			x := h.f32(h.randF32(n*dim, 3))
+			out := h.alloc(gpu.F32, n*dim)
+			what := fmt.Sprintf("rmsnorm %s n=%d dim=%d", dt, n, dim)
+			if h.check(what, h.dev.RMSNorm(out.d, x.d, w.d, n, dim, 1e-6), h.ref.RMSNorm(out.r, x.r, w.r, n, dim, 1e-6)) {
+				h.compare(what, out)
+			}
+			// In place.
+			what += " in place"
+			if h.check(what, h.dev.RMSNorm(x.d, x.d, w.d, n, dim, 1e-5), h.ref.RMSNorm(x.r, x.r, w.r, n, dim, 1e-5)) {
+				h.compare(what, x)
+			}
+			h.free(w, x, out)
+		}
+	}
+}
+
+func (h *harness) elementwise(t *testing.T) {
+	for _, n := range []int{1, 7, 64, 1000, 4099} {
+		a := h.f32(h.randF32(n, 2))
+		b := h.f32(h.randF32(n, 2))
+		out := h.alloc(gpu.F32, n)
+		what := fmt.Sprintf("add n=%d", n)
+		if h.check(what, h.dev.Add(out.d, a.d, b.d, n), h.ref.Add(out.r, a.r, b.r, n)) {
+			h.compare(what, out)
+		}
+		what = fmt.Sprintf("add in place n=%d", n)
+		if h.check(what, h.dev.Add(a.d, a.d, b.d, n), h.ref.Add(a.r, a.r, b.r, n)) {
+			h.compare(what, a)
+		}
+		what = fmt.Sprintf("silumul n=%d", n)
+		if h.check(what, h.dev.SiLUMul(out.d, a.d, b.d, n), h.ref.SiLUMul(out.r, a.r, b.r, n)) {
+			h.compare(what, out)
+		}
+		h.free(a, b, out)
+	}
+}
+
+// InvFreq returns the default RoPE inverse frequencies for headDim.
+func InvFreq(headDim int, theta float64) []float32 {
+	f := make([]float32, headDim/2)
+	for i := range f {
+		f[i] = float32(1 / math.Pow(theta, float64(2*i)/float64(headDim)))
+	}
+	return f
+}
+
+func (h *harness) rope(t *testing.T) {
+	for _, s := range [][3]int{{1, 6, 64}, {9, 4, 128}, {3, 2, 32}} {
+		n, heads, hd := s[0], s[1], s[2]
+		x := h.f32(h.randF32(n*heads*hd, 1))
+		pos := make([]int32, n)
+		for i := range pos {
+			pos[i] = int32(h.rng.IntN(4000))
+		}
+		p := h.i32(pos)
+		f := h.f32(InvFreq(hd, 10000))
+		what := fmt.Sprintf("rope n=%d heads=%d dim=%d", n, heads, hd)
+		if h.check(what, h.dev.RoPE(x.d, p.d, f.d, n, heads, hd), h.ref.RoPE(x.r, p.r, f.r, n, heads, hd)) {
+			h.compare(what, x)
+		}
+		h.free(x, p, f)
+	}
+}
+
+func (h *harness) attention(t *testing.T) {
+	type cfg struct{ heads, kvHeads, hd, bs int }
+	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}}
+	for _, cdt := range h.o.CacheDTypes {
+		for _, c := range cfgs {
+			// Three sequences: a prefill of 13 tokens after 5 cached ones, a
+			// decode at position 40 and a decode at position 0.
+			lens := []int{18, 41, 1}
+			news := []int{13, 1, 1}
+			maxBlocks := (41 + c.bs - 1) / c.bs
+			nblocks := 3*maxBlocks + 2
+			kw := c.kvHeads * c.hd
+			kc := h.alloc(cdt, nblocks*c.bs*kw)
+			vc := h.alloc(cdt, nblocks*c.bs*kw)
+			// Blocks handed out in a shuffled order.
+			perm := h.rng.Perm(nblocks)
+			table := make([]int32, 3*maxBlocks)
+			for i := range table {
+				table[i] = int32(perm[i])
+			}
+			bt := h.i32(table)
+			var pos, seq, slots []int32
+			for s, l := range lens {
+				for p := 0; p < l; p++ {
+					slots = append(slots, table[s*maxBlocks+p/c.bs]*int32(c.bs)+int32(p%c.bs))
+				}
+			}
+			// Fill every cached position.
+			nt := len(slots)
+			k := h.f32(h.randF32(nt*kw, 1))
+			v := h.f32(h.randF32(nt*kw, 1))
+			sl := h.i32(slots)
+			what := fmt.Sprintf("storekv %s kv=%d", cdt, c.kvHeads)
+			if !h.check(what, h.dev.StoreKV(kc.d, vc.d, k.d, v.d, sl.d, nt, kw), h.ref.StoreKV(kc.r, vc.r, k.r, v.r, sl.r, nt, kw)) {
+				continue
+			}
+			for s, l := range lens {
+				for p := l - news[s]; p < l; p++ {
+					pos = append(pos, int32(p))
+					seq = append(seq, int32(s))
+				}
+			}
+			n := len(pos)
+			q := h.f32(h.randF32(n*c.heads*c.hd, 1))
+			out := h.alloc(gpu.F32, n*c.heads*c.hd)
+			pb, sb := h.i32(pos), h.i32(seq)
+			args := func(onDev bool) gpu.AttnArgs {
+				a := gpu.AttnArgs{N: n, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, BlockSize: c.bs, MaxBlocks: maxBlocks, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+				if onDev {
+					a.Pos, a.Seq, a.BlockTable = pb.d, sb.d, bt.d
+				} else {
+					a.Pos, a.Seq, a.BlockTable = pb.r, sb.r, bt.r
+				}
+				return a
+			}
+			what = fmt.Sprintf("attention %s heads=%d kv=%d dim=%d block=%d", cdt, c.heads, c.kvHeads, c.hd, c.bs)
+			if h.check(what, h.dev.Attention(out.d, q.d, kc.d, vc.d, args(true)), h.ref.Attention(out.r, q.r, kc.r, vc.r, args(false))) {
+				h.compare(what, out)
+			}
+			h.free(kc, vc, bt, k, v, sl, q, out, pb, sb)
+		}
+	}
+}
+
+func (h *harness) moe(t *testing.T) {
+	for _, dt := range h.o.WeightDTypes {
+		for _, norm := range []bool{true, false} {
+			a := gpu.MoEArgs{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2, NormTopK: norm}
+			ra := a
+			router := h.weights(dt, h.randF32(a.Experts*a.Dim, 0.3))
+			a.Router, ra.Router = router.d, router.r
+			var all []pair
+			for e := 0; e < a.Experts; e++ {
+				g := h.weights(dt, h.randF32(a.Inter*a.Dim, 0.1))
+				u := h.weights(dt, h.randF32(a.Inter*a.Dim, 0.1))
+				d := h.weights(dt, h.randF32(a.Dim*a.Inter, 0.1))
+				a.Gate, a.Up, a.Down = append(a.Gate, g.d), append(a.Up, u.d), append(a.Down, d.d)
+				ra.Gate, ra.Up, ra.Down = append(ra.Gate, g.r), append(ra.Up, u.r), append(ra.Down, d.r)
+				all = append(all, g, u, d)
+			}
+			x := h.f32(h.randF32(a.N*a.Dim, 1))
+			out := h.alloc(gpu.F32, a.N*a.Dim)
+			what := fmt.Sprintf("moe %s norm=%v", dt, norm)
+			if h.check(what, h.dev.MoE(out.d, x.d, a), h.ref.MoE(out.r, x.r, ra)) {
+				h.compare(what, out)
+			}
+			h.free(append(all, router, x, out)...)
+		}
+	}
+}
+
+// errors checks that bad arguments are refused, not executed.
+func (h *harness) errors(t *testing.T) {
+	small := h.alloc(gpu.F32, 4)
+	w := h.weights(gpu.F32, h.randF32(16, 1))
+	ids := h.i32([]int32{0, 9})
+	defer h.free(small, w, ids)
+	for _, c := range []struct {
+		name string
+		err  error
+	}{
+		{"matmul out too short", h.dev.MatMul(small.d, small.d, w.d, 1, 2, 8)},
+		{"matmul x too short", h.dev.MatMul(small.d, small.d, w.d, 1, 8, 2)},
+		{"embed id out of range", h.dev.Embed(small.d, w.d, ids.d, 2, 2)},
+		{"rmsnorm x too short", h.dev.RMSNorm(small.d, small.d, w.d, 2, 4, 1e-6)},
+		{"add nil", h.dev.Add(small.d, nil, small.d, 4)},
+	} {
+		if c.err == nil {
+			t.Errorf("%s: got no error", c.name)
+		}
+	}
+}

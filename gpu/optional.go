@@ -1,0 +1,23 @@
+package gpu
+
+// Optional capabilities, found by type assertion on a Device.
+
+// Grapher is a device that can record the operations issued by a function
+// once and replay them (a CUDA graph). Buffers used while recording must
+// stay allocated while the Graph lives; their contents, rewritten with Write
+// before Launch, are what changes between replays.
+type Grapher interface {
+	Capture(record func() error) (Graph, error)
+}
+
+// Graph is a recorded sequence of operations.
+type Graph interface {
+	Launch() error
+	Close() error
+}
+
+// Argmaxer computes, on the device, out[r] = argmax_j logits[r*width+j]
+// for n rows (ties to the lowest index); out is I32 [n].
+type Argmaxer interface {
+	Argmax(out, logits Buffer, n, width int) error
+}
