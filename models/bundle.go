@@ -1,0 +1,93 @@
+package models
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/troupe/troupe/models/safetensors"
+)
+
+// Bundle is a model directory opened for use: its configuration, its
+// checkpoint (memory-mapped, or in memory for an embedded model) and the raw
+// tokenizer files.
+type Bundle struct {
+	Name       string
+	Dir        string // empty for an embedded model
+	Config     *Config
+	Checkpoint *safetensors.Checkpoint
+	// Tokenizer is tokenizer.json; TokenizerConfig is tokenizer_config.json
+	// (nil when absent).
+	Tokenizer, TokenizerConfig []byte
+}
+
+// Close releases the checkpoint.
+func (b *Bundle) Close() error {
+	if b.Checkpoint == nil {
+		return nil
+	}
+	return b.Checkpoint.Close()
+}
+
+// OpenDir opens a Hugging Face model directory.
+func OpenDir(dir string) (*Bundle, error) {
+	cfg, err := ReadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bundle{Name: filepath.Base(filepath.Clean(dir)), Dir: dir, Config: cfg}
+	if b.Tokenizer, err = readOptional(os.DirFS(dir), "tokenizer.json"); err != nil {
+		return nil, err
+	}
+	if b.TokenizerConfig, err = readOptional(os.DirFS(dir), "tokenizer_config.json"); err != nil {
+		return nil, err
+	}
+	if b.Checkpoint, err = safetensors.OpenDir(dir); err != nil {
+		return nil, err
+	}
+	if err := Check(cfg, b.Checkpoint); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// OpenFS opens a model held in memory: its small files in fsys and its
+// checkpoint, used in place, in weights.
+func OpenFS(name string, fsys fs.FS, weights []byte) (*Bundle, error) {
+	raw, err := fs.ReadFile(fsys, "config.json")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	cfg, err := ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	b := &Bundle{Name: name, Config: cfg}
+	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
+		return nil, err
+	}
+	if b.TokenizerConfig, err = readOptional(fsys, "tokenizer_config.json"); err != nil {
+		return nil, err
+	}
+	if b.Checkpoint, err = safetensors.FromBytes(weights); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := Check(cfg, b.Checkpoint); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func readOptional(fsys fs.FS, name string) ([]byte, error) {
+	raw, err := fs.ReadFile(fsys, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return raw, nil
+}

@@ -1,0 +1,110 @@
+package models_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+)
+
+type demoSample struct {
+	Prompt    string  `json:"prompt"`
+	PromptIDs []int32 `json:"prompt_ids"`
+	GreedyIDs []int32 `json:"greedy_ids"`
+	Text      string  `json:"text"`
+}
+
+func demoReference(t testing.TB) []demoSample {
+	raw, err := os.ReadFile(filepath.Join("demo", demo.Name, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct{ Samples []demoSample }
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Samples) != 6 {
+		t.Fatalf("reference.json has %d samples, want 6", len(ref.Samples))
+	}
+	return ref.Samples
+}
+
+// TestDemoGreedy reproduces the Hugging Face greedy continuations of the
+// embedded model. Divergence is accepted only at a step where the model's
+// own top-2 gap is below greedyTolerance.
+func TestDemoGreedy(t *testing.T) {
+	samples := demoReference(t)
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, ln := range lanes() {
+		if ln.slow {
+			continue
+		}
+		t.Run(ln.name, func(t *testing.T) {
+			dev := ln.open(t)
+			defer dev.Close()
+			m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			for i, s := range samples {
+				got := greedy(t, m, s.PromptIDs, len(s.GreedyIDs))
+				for j := range s.GreedyIDs {
+					if got.ids[j] != s.GreedyIDs[j] {
+						if got.margins[j] < greedyTolerance {
+							t.Logf("sample %d step %d: tie (margin %.2g)", i, j, got.margins[j])
+							break
+						}
+						t.Fatalf("sample %d (%q) step %d: token %d, want %d (margin %.3g)", i, s.Prompt, j, got.ids[j], s.GreedyIDs[j], got.margins[j])
+					}
+				}
+			}
+		})
+	}
+}
+
+type greedyRun struct {
+	ids     []int32
+	margins []float64
+}
+
+func greedy(t testing.TB, m *models.Model, prompt []int32, n int) greedyRun {
+	t.Helper()
+	ctx := context.Background()
+	seq, err := m.NewSequence(len(prompt) + n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close()
+	logits, err := seq.Feed(ctx, prompt, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r greedyRun
+	for i := 0; i < n; i++ {
+		best := argmax(logits)
+		second := math.Inf(-1)
+		for j, v := range logits {
+			if j != best {
+				second = math.Max(second, float64(v))
+			}
+		}
+		r.ids = append(r.ids, int32(best))
+		r.margins = append(r.margins, float64(logits[best])-second)
+		if i < n-1 {
+			if logits, err = seq.Feed(ctx, []int32{int32(best)}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return r
+}

@@ -1,0 +1,144 @@
+package safetensors
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sample(t testing.TB) []byte {
+	var buf bytes.Buffer
+	ts := []*Tensor{
+		{Name: "a", DType: "F32", Shape: []int{2, 3}, Data: make([]byte, 24)},
+		{Name: "b", DType: "BF16", Shape: []int{4}, Data: []byte{1, 2, 3, 4, 5, 6, 7, 8}},
+		{Name: "empty", DType: "F16", Shape: []int{0, 5}, Data: nil},
+	}
+	if err := Write(&buf, ts, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestRoundTrip(t *testing.T) {
+	ts, meta, err := Parse(sample(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta["format"] != "pt" {
+		t.Errorf("metadata = %v", meta)
+	}
+	b := ts["b"]
+	if b == nil || b.DType != "BF16" || len(b.Shape) != 1 || b.Shape[0] != 4 || !bytes.Equal(b.Data, []byte{1, 2, 3, 4, 5, 6, 7, 8}) {
+		t.Errorf("tensor b = %+v", b)
+	}
+	if a := ts["a"]; a.Elements() != 6 || len(a.Data) != 24 {
+		t.Errorf("tensor a = %+v", a)
+	}
+}
+
+// header builds a file from a literal header and n data bytes.
+func header(h string, n int) []byte {
+	out := make([]byte, 8, 8+len(h)+n)
+	binary.LittleEndian.PutUint64(out, uint64(len(h)))
+	out = append(out, h...)
+	return append(out, make([]byte, n)...)
+}
+
+func TestMalformed(t *testing.T) {
+	huge := make([]byte, 8)
+	binary.LittleEndian.PutUint64(huge, 1<<40)
+	for _, c := range []struct {
+		name string
+		buf  []byte
+		want string
+	}{
+		{"empty", nil, "too short"},
+		{"oversized header", huge, "exceeds"},
+		{"truncated header", header(`{"a":{}}`, 0)[:10], "past the end"},
+		{"not json", header(`nope`, 0), "not a JSON object"},
+		{"unknown dtype", header(`{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}`, 1), "unknown dtype"},
+		{"offsets past end", header(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 4), "outside"},
+		{"negative offsets", header(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}}`, 4), "outside"},
+		{"shape mismatch", header(`{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}`, 8), "needs 12 bytes"},
+		{"negative shape", header(`{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}`, 4), "invalid shape"},
+		{"overflowing shape", header(`{"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}`, 4), "invalid shape"},
+		{"overlap", header(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, 8), "overlap"},
+		{"bad offsets count", header(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}}`, 4), "want 2"},
+		{"bad metadata", header(`{"__metadata__":{"a":1}}`, 0), "__metadata__"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := Parse(c.buf)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestOpenDirSharded(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, ts ...*Tensor) {
+		var buf bytes.Buffer
+		if err := Write(&buf, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("m-1.safetensors", &Tensor{Name: "x", DType: "F32", Shape: []int{1}, Data: []byte{0, 0, 128, 63}})
+	write("m-2.safetensors", &Tensor{Name: "y", DType: "F16", Shape: []int{2}, Data: []byte{1, 2, 3, 4}})
+	idx, _ := json.Marshal(map[string]any{"weight_map": map[string]string{"x": "m-1.safetensors", "y": "m-2.safetensors"}})
+	os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644)
+	c, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := strings.Join(c.Names(), ","); got != "x,y" {
+		t.Errorf("names = %s", got)
+	}
+	if x, _ := c.Tensor("x"); !bytes.Equal(x.Data, []byte{0, 0, 128, 63}) {
+		t.Errorf("x = %v", x.Data)
+	}
+
+	// An index naming a tensor its shard lacks is refused.
+	idx, _ = json.Marshal(map[string]any{"weight_map": map[string]string{"x": "m-1.safetensors", "z": "m-1.safetensors", "y": "m-2.safetensors"}})
+	os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644)
+	if _, err := OpenDir(dir); err == nil || !strings.Contains(err.Error(), `"z"`) {
+		t.Errorf("missing tensor: got %v", err)
+	}
+	// An index escaping the directory is refused.
+	idx, _ = json.Marshal(map[string]any{"weight_map": map[string]string{"x": "../m-1.safetensors"}})
+	os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644)
+	if _, err := OpenDir(dir); err == nil {
+		t.Error("escaping index: got no error")
+	}
+}
+
+func TestOpenDirMissing(t *testing.T) {
+	if _, err := OpenDir(t.TempDir()); err == nil || !strings.Contains(err.Error(), "neither") {
+		t.Errorf("got %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(sample(f))
+	f.Add(header(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8))
+	f.Add(header(`{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[],"data_offsets":[8,12]}}`, 12))
+	f.Fuzz(func(t *testing.T, buf []byte) {
+		ts, _, err := Parse(buf)
+		if err != nil {
+			return
+		}
+		for _, x := range ts {
+			if len(x.Data) != x.Elements()*DTypeSize(x.DType) {
+				t.Fatalf("tensor %q: %d bytes for shape %v", x.Name, len(x.Data), x.Shape)
+			}
+		}
+	})
+}

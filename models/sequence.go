@@ -1,0 +1,104 @@
+package models
+
+import (
+	"context"
+	"fmt"
+)
+
+// Sequence runs one sequence through a model with a private KV cache: the
+// simplest way to generate, used by the command line and tests. Servers
+// batch many sequences through Model.Forward instead.
+type Sequence struct {
+	m      *Model
+	cache  *Cache
+	table  []int32
+	pos    int
+	logits []float32
+}
+
+// NewSequence allocates a cache for up to maxLen tokens (0: the model's
+// context length).
+func (m *Model) NewSequence(maxLen int) (*Sequence, error) {
+	if maxLen <= 0 || maxLen > m.Config.MaxPositions {
+		maxLen = m.Config.MaxPositions
+	}
+	const blockSize = 16
+	blocks := (maxLen + blockSize - 1) / blockSize
+	cache, err := m.NewCache(blocks, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sequence{m: m, cache: cache, table: make([]int32, blocks)}
+	for i := range s.table {
+		s.table[i] = int32(i)
+	}
+	return s, nil
+}
+
+// Len is the number of tokens processed so far.
+func (s *Sequence) Len() int { return s.pos }
+
+// Cap is the number of tokens the sequence can hold.
+func (s *Sequence) Cap() int { return len(s.table) * s.cache.BlockSize }
+
+// Close frees the cache.
+func (s *Sequence) Close() { s.cache.Close() }
+
+// Feed appends tokens, processing them in chunks of the model's step size,
+// and returns the logits after the last one ([Vocab], valid until the next
+// call). With all set it returns the logits of every fed token instead
+// ([len(ids), Vocab]).
+func (s *Sequence) Feed(ctx context.Context, ids []int32, all bool) ([]float32, error) {
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("feed: no tokens")
+	}
+	if s.pos+len(ids) > s.Cap() {
+		return nil, fmt.Errorf("feed: %d tokens after %d exceed the context of %d", len(ids), s.pos, s.Cap())
+	}
+	V := s.m.Config.Vocab
+	rows := 1
+	if all {
+		rows = len(ids)
+	}
+	if cap(s.logits) < rows*V {
+		s.logits = make([]float32, rows*V)
+	}
+	out := s.logits[:rows*V]
+	chunk := s.m.opts.MaxTokens
+	b := &Batch{Tables: [][]int32{s.table}}
+	for start := 0; start < len(ids); start += chunk {
+		part := ids[start:min(start+chunk, len(ids))]
+		n := len(part)
+		b.Tokens = part
+		b.Pos = resize(b.Pos, n)
+		b.Seq = resize(b.Seq, n)
+		for i := range n {
+			b.Pos[i] = int32(s.pos + i)
+			b.Seq[i] = 0
+		}
+		dst := out
+		if all {
+			b.Logits = resize(b.Logits, n)
+			for i := range n {
+				b.Logits[i] = int32(i)
+			}
+			dst = out[start*V:]
+		} else if start+n == len(ids) {
+			b.Logits = append(b.Logits[:0], int32(n-1))
+		} else {
+			b.Logits = b.Logits[:0]
+		}
+		if err := s.m.Forward(ctx, s.cache, b, dst); err != nil {
+			return nil, err
+		}
+		s.pos += n
+	}
+	return out, nil
+}
+
+func resize(v []int32, n int) []int32 {
+	if cap(v) < n {
+		return make([]int32, n)
+	}
+	return v[:n]
+}
