@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/gpu/ref"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/tokenizer"
+)
+
+// openBundle opens a model directory, or the embedded demo model when dir
+// is empty.
+func openBundle(dir string) (*models.Bundle, error) {
+	if dir == "" {
+		return models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	}
+	return models.OpenDir(dir)
+}
+
+// openDevice opens a compute lane by name.
+func openDevice(ctx context.Context, name string, threads int) (gpu.Device, error) {
+	switch name {
+	case "", "cpu":
+		return cpu.New(cpu.Config{Threads: threads, Spin: cpu.DefaultConfig().Spin})
+	case "ref":
+		return ref.New(), nil
+	case "cuda":
+		return openCUDA(ctx)
+	}
+	return nil, fmt.Errorf("unknown device %q (cpu, cuda, ref)", name)
+}
+
+// loaded is a model ready to run.
+type loaded struct {
+	bundle *models.Bundle
+	dev    gpu.Device
+	model  *models.Model
+	tok    *tokenizer.Tokenizer
+}
+
+func (l *loaded) Close() {
+	if l.model != nil {
+		l.model.Close()
+	}
+	if l.dev != nil {
+		l.dev.Close()
+	}
+	l.bundle.Close()
+}
+
+// loadOptions are the flags shared by the commands that load a model.
+type loadOptions struct {
+	model, device string
+	threads       int
+	maxTokens     int
+	quiet         bool
+}
+
+// load opens the bundle, the device and the model, reporting progress to
+// progress unless quiet.
+func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, error) {
+	start := time.Now()
+	b, err := openBundle(o.model)
+	if err != nil {
+		return nil, err
+	}
+	l := &loaded{bundle: b}
+	if b.Tokenizer != nil {
+		if l.tok, err = tokenizer.Parse(b.Tokenizer); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("%s: tokenizer.json: %w", b.Name, err)
+		}
+	}
+	if l.dev, err = openDevice(ctx, o.device, o.threads); err != nil {
+		b.Close()
+		return nil, err
+	}
+	cache := gpu.F32
+	if o.device == "cuda" {
+		cache = gpu.BF16
+	}
+	if !o.quiet {
+		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
+	}
+	if l.model, err = models.Load(b.Config, b.Checkpoint, l.dev, models.Options{MaxTokens: o.maxTokens, CacheDType: cache}); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if !o.quiet {
+		fmt.Fprintf(progress, "loaded in %s\n", time.Since(start).Round(time.Millisecond))
+	}
+	return l, nil
+}

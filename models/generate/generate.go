@@ -1,0 +1,164 @@
+package generate
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/troupe/troupe/models/sample"
+)
+
+// Params are a request's generation settings.
+type Params struct {
+	sample.Params
+	// MaxTokens limits the generated tokens (required, > 0).
+	MaxTokens int
+	// Stop ends generation when the text contains one of these strings;
+	// the stop string itself is not emitted.
+	Stop []string
+	// IgnoreEOS keeps generating past end-of-sequence tokens.
+	IgnoreEOS bool
+	// TopLogprobs asks for the most likely alternatives at each step.
+	TopLogprobs int
+}
+
+// Validate checks the settings.
+func (p Params) Validate() error {
+	if p.MaxTokens <= 0 {
+		return fmt.Errorf("max_tokens %d must be positive", p.MaxTokens)
+	}
+	for _, s := range p.Stop {
+		if s == "" {
+			return fmt.Errorf("empty stop sequence")
+		}
+	}
+	if p.TopLogprobs < 0 || p.TopLogprobs > 20 {
+		return fmt.Errorf("top_logprobs %d outside [0, 20]", p.TopLogprobs)
+	}
+	return p.Params.Validate()
+}
+
+// Detokenizer turns ids into text incrementally, emitting only complete
+// characters.
+type Detokenizer interface {
+	Next(id int32) string
+	Flush() string
+}
+
+// Finish reasons.
+const (
+	Length = "length"
+	Stop   = "stop"
+)
+
+// Step is one generated token.
+type Step struct {
+	ID      int32
+	Logprob float32
+	TopIDs  []int32
+	TopLPs  []float32
+	// Text is the text this token completes (possibly empty while a
+	// multi-byte character or a possible stop string is pending).
+	Text string
+	// Reason is set on the last step: Length or Stop.
+	Reason string
+}
+
+// State is one sequence's generation.
+type State struct {
+	p       Params
+	eos     map[int32]bool
+	dec     Detokenizer
+	sampler *sample.Sampler
+	seen    []int32
+	held    string // text withheld because it may begin a stop string
+	n       int
+	done    bool
+}
+
+// New starts a generation after prompt.
+func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
+	s := &State{p: p, eos: map[int32]bool{}, dec: dec, sampler: sample.New(p.Params)}
+	for _, id := range eos {
+		s.eos[id] = true
+	}
+	if p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1 {
+		s.seen = append(s.seen, prompt...)
+	}
+	return s
+}
+
+// Done reports whether the generation has finished.
+func (s *State) Done() bool { return s.done }
+
+// Generated is the number of tokens produced so far.
+func (s *State) Generated() int { return s.n }
+
+// Next samples a token from logits (which it may modify) and returns it.
+func (s *State) Next(logits []float32) Step {
+	id, lp := s.sampler.Sample(logits, s.seen)
+	st := Step{ID: id, Logprob: lp}
+	if s.p.TopLogprobs > 0 {
+		st.TopIDs, st.TopLPs = sample.TopLogProbs(logits, s.p.TopLogprobs)
+	}
+	return s.accept(st)
+}
+
+// Accept records a token chosen elsewhere (by a device-side argmax, say).
+func (s *State) Accept(id int32, logprob float32) Step {
+	return s.accept(Step{ID: id, Logprob: logprob})
+}
+
+func (s *State) accept(st Step) Step {
+	s.n++
+	if s.seen != nil {
+		s.seen = append(s.seen, st.ID)
+	}
+	if s.eos[st.ID] && !s.p.IgnoreEOS {
+		st.Text = s.held + s.dec.Flush()
+		st.Reason = Stop
+		s.done = true
+		return s.cutStop(st)
+	}
+	text := s.held + s.dec.Next(st.ID)
+	if s.n >= s.p.MaxTokens {
+		st.Text = text + s.dec.Flush()
+		st.Reason = Length
+		s.done = true
+		return s.cutStop(st)
+	}
+	st.Text, s.held = s.split(text)
+	if cut := s.cutStop(st); cut.Reason != "" {
+		return cut
+	}
+	return st
+}
+
+// cutStop ends the step at the first stop string in its text and withheld text.
+func (s *State) cutStop(st Step) Step {
+	full := st.Text + s.held
+	first := -1
+	for _, stop := range s.p.Stop {
+		if i := strings.Index(full, stop); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	if first >= 0 {
+		st.Text, st.Reason, s.held, s.done = full[:first], Stop, "", true
+	}
+	return st
+}
+
+// split divides text into what can be emitted and the longest suffix that
+// is a proper prefix of some stop string.
+func (s *State) split(text string) (emit, hold string) {
+	keep := 0
+	for _, stop := range s.p.Stop {
+		for k := min(len(stop)-1, len(text)); k > keep; k-- {
+			if strings.HasSuffix(text, stop[:k]) {
+				keep = k
+				break
+			}
+		}
+	}
+	return text[:len(text)-keep], text[len(text)-keep:]
+}

@@ -1,0 +1,93 @@
+package sample
+
+import (
+	"math"
+	"testing"
+)
+
+func seed(v int64) *int64 { return &v }
+
+func draws(p Params, logits []float32, n int) map[int32]int {
+	s := New(p)
+	got := map[int32]int{}
+	for range n {
+		l := append([]float32(nil), logits...)
+		id, _ := s.Sample(l, nil)
+		got[id]++
+	}
+	return got
+}
+
+func TestGreedyAndTies(t *testing.T) {
+	s := New(Params{})
+	if id, lp := s.Sample([]float32{1, 3, 3, 2}, nil); id != 1 || lp >= 0 {
+		t.Errorf("got %d (logprob %v), want 1 with a negative logprob", id, lp)
+	}
+}
+
+func TestSeedReproducible(t *testing.T) {
+	logits := []float32{0.1, 0.5, 0.2, 0.9, 0.3}
+	p := Params{Temperature: 1, Seed: seed(7)}
+	a, b := New(p), New(p)
+	for i := range 50 {
+		x, _ := a.Sample(append([]float32(nil), logits...), nil)
+		y, _ := b.Sample(append([]float32(nil), logits...), nil)
+		if x != y {
+			t.Fatalf("draw %d: %d != %d with the same seed", i, x, y)
+		}
+	}
+}
+
+func TestFilters(t *testing.T) {
+	logits := []float32{2, 1.9, 1.8, -5, -6}
+	// Temperature 1 draws every token eventually; top-k 2 only the first two.
+	if got := draws(Params{Temperature: 1, TopK: 2, Seed: seed(1)}, logits, 400); len(got) != 2 || got[0] == 0 || got[1] == 0 {
+		t.Errorf("top-k 2 drew %v", got)
+	}
+	// Top-p 0.5 keeps the smallest set reaching half the mass: tokens 0 and 1.
+	if got := draws(Params{Temperature: 1, TopP: 0.5, Seed: seed(2)}, logits, 400); len(got) != 2 || got[2] != 0 {
+		t.Errorf("top-p 0.5 drew %v", got)
+	}
+	// Min-p 0.5 drops tokens under half of the best's probability.
+	if got := draws(Params{Temperature: 1, MinP: 0.5, Seed: seed(3)}, logits, 400); got[3] != 0 || got[4] != 0 || len(got) != 3 {
+		t.Errorf("min-p 0.5 drew %v", got)
+	}
+	// A tiny temperature is greedy in effect.
+	if got := draws(Params{Temperature: 0.01, Seed: seed(4)}, logits, 100); got[0] != 100 {
+		t.Errorf("temperature 0.01 drew %v", got)
+	}
+}
+
+func TestRepetitionPenalty(t *testing.T) {
+	s := New(Params{RepetitionPenalty: 2})
+	logits := []float32{4, 3, -1}
+	if id, _ := s.Sample(logits, []int32{0}); id != 1 {
+		t.Errorf("got %d, want 1 once token 0 is penalised", id)
+	}
+	if logits[0] != 2 {
+		t.Errorf("penalised logit %v, want 2", logits[0])
+	}
+}
+
+func TestLogProbs(t *testing.T) {
+	logits := []float32{1, 2, 3}
+	var sum float64
+	for i := range logits {
+		sum += math.Exp(float64(LogProb(logits, i)))
+	}
+	if math.Abs(sum-1) > 1e-6 {
+		t.Errorf("probabilities sum to %v", sum)
+	}
+	ids, lps := TopLogProbs(logits, 2)
+	if len(ids) != 2 || ids[0] != 2 || ids[1] != 1 || lps[0] < lps[1] {
+		t.Errorf("top logprobs %v %v", ids, lps)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, p := range []Params{{Temperature: -1}, {TopP: 1.5}, {MinP: -0.1}, {TopK: -1}, {RepetitionPenalty: float32(math.NaN())}} {
+		if p.Validate() == nil {
+			t.Errorf("%+v: got no error", p)
+		}
+	}
+}

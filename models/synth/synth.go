@@ -1,0 +1,164 @@
+package synth
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/safetensors"
+)
+
+// Preset is the config.json of a published model shape.
+type Preset map[string]any
+
+// Presets are the shapes troupe can synthesise, by architecture and name.
+var presets = map[string]map[string]Preset{
+	"olmo2": {
+		// OLMo-2-0425-1B.
+		"1b": olmo2(2048, 16, 16, 8192),
+		// OLMo-2-1124-7B.
+		"7b": olmo2(4096, 32, 32, 11008),
+		// OLMo-2-1124-13B.
+		"13b": olmo2(5120, 40, 40, 13824),
+		// A 70B-class shape (Llama-3-70B dimensions with OLMo 2 layers).
+		"70b": func() Preset {
+			p := olmo2(8192, 80, 64, 28672)
+			p["num_key_value_heads"] = 8
+			return p
+		}(),
+	},
+}
+
+func olmo2(hidden, layers, heads, ffn int) Preset {
+	return Preset{
+		"architectures": []string{"Olmo2ForCausalLM"}, "model_type": "olmo2",
+		"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+		"num_key_value_heads": heads, "intermediate_size": ffn, "vocab_size": 100352,
+		"max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+		"tie_word_embeddings": false, "hidden_act": "silu", "eos_token_id": 100257,
+		"pad_token_id": 100277, "attention_bias": false, "torch_dtype": "bfloat16",
+	}
+}
+
+// Names lists the presets of an architecture.
+func Names(arch string) []string {
+	var out []string
+	for n := range presets[arch] {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Progress is called after each shard is written.
+type Progress func(written, total int64)
+
+// Write writes config.json and a sharded bf16 checkpoint of the preset to
+// dir, with weights drawn from N(0, 0.02²) and norms of one, from seed.
+func Write(dir, arch, preset string, seed uint64, progress Progress) (*models.Config, error) {
+	p, ok := presets[arch][preset]
+	if !ok {
+		return nil, fmt.Errorf("synth: no preset %q for %q (have %v)", preset, arch, Names(arch))
+	}
+	raw, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := models.ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("synth: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		return nil, fmt.Errorf("synth: %w", err)
+	}
+	specs := models.Expected(cfg)
+	var total int64
+	for _, s := range specs {
+		total += 2 * elements(s.Shape)
+	}
+	// Shards of about 2 GiB.
+	const shardBytes = 2 << 30
+	var shards [][]models.WeightSpec
+	var cur []models.WeightSpec
+	var curBytes int64
+	for _, s := range specs {
+		b := 2 * elements(s.Shape)
+		if len(cur) > 0 && curBytes+b > shardBytes {
+			shards = append(shards, cur)
+			cur, curBytes = nil, 0
+		}
+		cur = append(cur, s)
+		curBytes += b
+	}
+	shards = append(shards, cur)
+	weightMap := map[string]string{}
+	var written int64
+	for i, shard := range shards {
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		var ts []*safetensors.Tensor
+		for j, s := range shard {
+			ts = append(ts, &safetensors.Tensor{Name: s.Name, DType: "BF16", Shape: s.Shape, Data: fill(s, seed+uint64(i)<<20+uint64(j))})
+			weightMap[s.Name] = name
+			written += 2 * elements(s.Shape)
+		}
+		if err := writeFile(filepath.Join(dir, name), ts); err != nil {
+			return nil, err
+		}
+		if progress != nil {
+			progress(written, total)
+		}
+	}
+	idx, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644); err != nil {
+		return nil, fmt.Errorf("synth: %w", err)
+	}
+	return cfg, nil
+}
+
+func writeFile(path string, ts []*safetensors.Tensor) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	if err := safetensors.Write(f, ts, map[string]string{"format": "pt"}); err != nil {
+		f.Close()
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func elements(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return n
+}
+
+// fill draws a tensor's bf16 values: norms are one, everything else normal.
+func fill(s models.WeightSpec, seed uint64) []byte {
+	n := elements(s.Shape)
+	out := make([]uint16, n)
+	if len(s.Shape) == 1 {
+		for i := range out {
+			out[i] = gpu.F32ToBF16(1)
+		}
+	} else {
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		for i := range out {
+			// A cheap approximately normal draw: the sum of four uniforms.
+			u := rng.Float32() + rng.Float32() + rng.Float32() + rng.Float32() - 2
+			out[i] = gpu.F32ToBF16(u * float32(0.02*math.Sqrt(3)))
+		}
+	}
+	return gpu.U16Bytes(out)
+}
