@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"hash/maphash"
 	"strings"
 	"sync"
 )
@@ -155,7 +154,6 @@ func (t *Tokenizer) byteLevelString(piece string) string {
 // wordCache remembers the ids of recently seen pieces. It is sharded to
 // keep lock contention low and bounded: a full shard is emptied.
 type wordCache struct {
-	seed   maphash.Seed
 	shards [cacheShards]cacheShard
 }
 
@@ -171,11 +169,13 @@ type cacheShard struct {
 }
 
 func newWordCache() *wordCache {
-	return &wordCache{seed: maphash.MakeSeed()}
+	return &wordCache{}
 }
 
 func (c *wordCache) shard(key string) *cacheShard {
-	return &c.shards[maphash.String(c.seed, key)%cacheShards]
+	// Cheap and good enough to spread pieces: no second full hash.
+	h := uint(len(key))*31 + uint(key[0]) + uint(key[len(key)-1])*7
+	return &c.shards[h%cacheShards]
 }
 
 func (c *wordCache) get(key string) ([]int32, bool) {

@@ -1,10 +1,12 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // The JSON shapes of tokenizer.json that this package reads. Fields it does
@@ -80,7 +82,12 @@ func isNull(raw json.RawMessage) bool {
 // parseMerge reads one merge, either "left right" or ["left", "right"].
 func parseMerge(raw json.RawMessage) (string, string, error) {
 	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && !bytes.ContainsAny(raw[1:n-1], "\\\"") && utf8.Valid(raw) {
+		s = string(raw[1 : n-1]) // fast path: no escapes to undo
+	} else if err := json.Unmarshal(raw, &s); err != nil {
+		s = ""
+	}
+	if s != "" {
 		left, right, ok := strings.Cut(s, " ")
 		if !ok || left == "" || right == "" || strings.Contains(right, " ") {
 			return "", "", fmt.Errorf("merge %q is not two space-separated tokens", s)

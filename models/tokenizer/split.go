@@ -233,25 +233,53 @@ func (k *segmentSink) flush() {
 // Character classes of the split regexes. Invalid UTF-8 bytes decode as
 // utf8.RuneError, which falls in none of \s, \p{L}, \p{N}.
 
+// asciiClass holds the class bits of ASCII runes.
+var asciiClass = func() (t [utf8.RuneSelf]uint8) {
+	for c := range utf8.RuneSelf {
+		switch {
+		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
+			t[c] = classLetter
+		case '0' <= c && c <= '9':
+			t[c] = classNumber
+		case c == ' ' || '\t' <= c && c <= '\r':
+			t[c] = classSpace
+		}
+	}
+	return t
+}()
+
+const (
+	classLetter = 1 << iota
+	classNumber
+	classSpace
+)
+
 func isLetter(r rune) bool {
 	if r < utf8.RuneSelf {
-		return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+		return asciiClass[r] == classLetter
 	}
 	return unicode.IsLetter(r)
 }
 
 func isNumber(r rune) bool {
 	if r < utf8.RuneSelf {
-		return '0' <= r && r <= '9'
+		return asciiClass[r] == classNumber
 	}
 	return unicode.IsNumber(r)
 }
 
 func isSpace(r rune) bool {
 	if r < utf8.RuneSelf {
-		return r == ' ' || '\t' <= r && r <= '\r'
+		return asciiClass[r] == classSpace
 	}
 	return unicode.IsSpace(r)
+}
+
+func isPunct(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r] == 0
+	}
+	return !unicode.IsSpace(r) && !unicode.IsLetter(r) && !unicode.IsNumber(r)
 }
 
 func decodeAt(s string, i int) (rune, int) {
@@ -294,6 +322,25 @@ func contraction(s string, i int, fold bool) int {
 	return -1
 }
 
+// letterRun returns the end of the run of letters from i.
+func letterRun(s string, i int) int {
+	for i < len(s) {
+		if c := s[i]; c < utf8.RuneSelf {
+			if asciiClass[c] != classLetter {
+				return i
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsLetter(r) {
+			return i
+		}
+		i += n
+	}
+	return i
+}
+
 // runOf returns the end of the run of runes satisfying class from i.
 func runOf(s string, i int, class func(rune) bool) int {
 	for i < len(s) {
@@ -305,8 +352,6 @@ func runOf(s string, i int, class func(rune) bool) int {
 	}
 	return i
 }
-
-func isPunct(r rune) bool { return !isSpace(r) && !isLetter(r) && !isNumber(r) }
 
 // scanWhitespace matches \s+(?!\S)|\s+ at i, where s[i] is whitespace.
 func scanWhitespace(s string, i int) int {
@@ -342,7 +387,7 @@ func scanGPT2(s string, i int) int {
 	if j > i || r != ' ' {
 		switch {
 		case isLetter(rj):
-			return runOf(s, j+nj, isLetter)
+			return letterRun(s, j+nj)
 		case isNumber(rj):
 			return runOf(s, j+nj, isNumber)
 		case isPunct(rj):
@@ -367,11 +412,11 @@ func scanCL100K(s string, i, maxDigits int) int {
 	}
 	// [^\r\n\p{L}\p{N}]?\p{L}+
 	if isLetter(r) {
-		return runOf(s, i+n, isLetter)
+		return letterRun(s, i+n)
 	}
 	if r != '\r' && r != '\n' && !isNumber(r) && i+n < len(s) {
 		if r2, n2 := decodeAt(s, i+n); isLetter(r2) {
-			return runOf(s, i+n+n2, isLetter)
+			return letterRun(s, i+n+n2)
 		}
 	}
 	// \p{N}{1,maxDigits}

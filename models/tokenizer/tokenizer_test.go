@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,13 +10,12 @@ import (
 	"testing"
 )
 
-// sharedDir returns the shared test data folder beside the repository
-// root, skipping the test when it is absent.
-func sharedDir(t testing.TB, parts ...string) string {
-	t.Helper()
+// findShared returns the path of parts in the shared test data folder
+// beside the repository root, or an error saying why it is unavailable.
+func findShared(parts ...string) (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -23,12 +23,23 @@ func sharedDir(t testing.TB, parts ...string) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Skip("repository root (go.mod) not found; shared test data unavailable")
+			return "", errors.New("repository root (go.mod) not found")
 		}
 		dir = parent
 	}
 	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
 	if _, err := os.Stat(p); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// sharedDir returns the path of parts in the shared test data, skipping
+// the test when it is absent.
+func sharedDir(t testing.TB, parts ...string) string {
+	t.Helper()
+	p, err := findShared(parts...)
+	if err != nil {
 		t.Skipf("shared test data %s is absent: %v", filepath.Join(parts...), err)
 	}
 	return p
@@ -139,5 +150,32 @@ func TestDemoModelPrompts(t *testing.T) {
 				t.Errorf("streamed decode = %q, want %q", got, s.Text)
 			}
 		})
+	}
+}
+
+func TestConcurrentEncode(t *testing.T) {
+	tok := loadShared(t, "models", "docs-olmo2-17m", "tokenizer.json")
+	texts := []string{"The kernel's boot loader", "To create a new branch, run `git branch`", "SELECT * FROM t;\n", "  spaces\tand\ttabs  "}
+	want := make([][]int32, len(texts))
+	for i, s := range texts {
+		want[i] = tok.Encode(s)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for n := range 200 {
+				i := (g + n) % len(texts)
+				if got := tok.Encode(texts[i]); !slices.Equal(got, want[i]) {
+					errs <- texts[i]
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for s := range errs {
+		t.Errorf("concurrent Encode(%q) differs from serial", s)
 	}
 }

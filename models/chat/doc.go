@@ -1,0 +1,14 @@
+// Package chat renders conversations into prompt text with the chat
+// template a Hugging Face model ships in tokenizer_config.json (or beside
+// it in chat_template.jinja or chat_template.json).
+//
+// Templates are Jinja; they are compiled once, when the config is parsed,
+// by github.com/ardanlabs/jinja with the settings Hugging Face transformers
+// uses (trim_blocks and lstrip_blocks on). The template sees messages (a
+// list of {role, content}), add_generation_prompt, and the special tokens
+// the config names (bos_token, eos_token, pad_token, unk_token), plus the
+// helpers raise_exception and strftime_now.
+//
+// Concurrency: a *Config is immutable after LoadConfig or ParseConfig and
+// safe for concurrent use; Render may be called from many goroutines.
+package chat
