@@ -1,0 +1,13 @@
+// Package scheduler runs continuous batching: it admits requests, plans
+// every step's batch of prefill chunks and decode tokens, samples, streams
+// token frames out, cancels, and preempts under KV-cache pressure.
+//
+// The Scheduler is transport-neutral: it drives an Engine (the pipeline of
+// layer-shard actors, or a model called directly) and a Blocks allocator
+// (the KV-manager actor, or a local KV). The actor wrappers put it on the
+// bus.
+//
+// Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
+// Stats may be called from any goroutine. Frames are delivered to each
+// request's Sink on the Run goroutine, in order; a Sink must not block.
+package scheduler

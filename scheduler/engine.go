@@ -1,0 +1,19 @@
+package scheduler
+
+import (
+	"context"
+
+	"github.com/troupe/troupe/models"
+)
+
+// ModelEngine runs a whole model in this goroutine: the engine of a
+// single-stage replica, and the baseline the actor path is measured against.
+type ModelEngine struct {
+	Model *models.Model
+	Cache *models.Cache
+}
+
+// Forward implements Engine.
+func (e *ModelEngine) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	return e.Model.Forward(ctx, e.Cache, b, logits)
+}

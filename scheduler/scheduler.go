@@ -1,0 +1,488 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/generate"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Engine runs forward steps over a batch of sequences.
+type Engine interface {
+	// Forward computes the logits of the rows b.Logits into logits.
+	Forward(ctx context.Context, b *models.Batch, logits []float32) error
+}
+
+// Blocks allocates the KV cache's blocks; *KV implements it.
+type Blocks interface {
+	Start(id, tenant string, prompt []int32) (int, error)
+	Grow(id string, n int) error
+	Commit(id string, tokens []int32)
+	Free(id string)
+	Table(id string) []int32
+	Stats() KVStats
+}
+
+// ErrOverloaded means the queue is full; retry after RetryAfter.
+var ErrOverloaded = errors.New("scheduler: queue full")
+
+// RetryAfter is the wait suggested to overloaded clients.
+const RetryAfter = time.Second
+
+// Config sizes a scheduler.
+type Config struct {
+	// MaxQueue is the most requests waiting for admission.
+	MaxQueue int
+	// MaxBatchTokens is the most tokens in one step (the engine's limit).
+	MaxBatchTokens int
+	// MaxSeqs is the most sequences in one step.
+	MaxSeqs int
+	// Context is the model's context length.
+	Context int
+	// Vocab is the model's vocabulary size (the width of a logits row).
+	Vocab int
+	// EOS are the end-of-sequence token ids.
+	EOS []int32
+}
+
+// DefaultConfig returns a configuration for a small model.
+func DefaultConfig() Config {
+	return Config{MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, Context: 1024}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.MaxQueue <= 0 || c.MaxBatchTokens <= 0 || c.MaxSeqs <= 0 || c.Context <= 0 || c.Vocab <= 0 {
+		return fmt.Errorf("scheduler: config %+v: every limit must be positive", c)
+	}
+	return nil
+}
+
+// Request is one generation.
+type Request struct {
+	ID     string
+	Tenant string
+	Prompt []int32
+	Params generate.Params
+	// Detok turns the generated ids into text.
+	Detok generate.Detokenizer
+	// Sink receives the request's frames on the scheduler goroutine; it
+	// must not block.
+	Sink func(Frame)
+	// Trace, when set, is the context the request's spans descend from.
+	Trace context.Context
+}
+
+// Frame is one generated token, or the end of a request.
+type Frame struct {
+	Seq     int // 1-based position in the request's output
+	ID      int32
+	Text    string
+	Logprob float32
+	TopIDs  []int32
+	TopLPs  []float32
+	// Final frames end the request: Reason is "stop", "length",
+	// "cancelled" or "error" (with Err).
+	Final                          bool
+	Reason, Err                    string
+	PromptTokens, CompletionTokens int
+	Queued, SinceStart, SinceLast  time.Duration
+	TraceID                        string
+}
+
+// Stats is a snapshot of the scheduler.
+type Stats struct {
+	Waiting, Running int
+	Steps, Tokens    uint64
+	Preemptions      uint64
+	KV               KVStats
+}
+
+// Scheduler batches requests onto an engine.
+type Scheduler struct {
+	cfg    Config
+	engine Engine
+	kv     Blocks
+	tracer stepTracer
+
+	mu      sync.Mutex
+	pending []op // submits and cancels not yet seen by Run
+	queued  int  // submits pending or waiting
+	stats   Stats
+	wake    chan struct{}
+
+	// Owned by Run.
+	waiting  []*seq
+	running  []*seq
+	byID     map[string]*seq
+	admitted uint64
+	batch    models.Batch
+	logits   []float32
+}
+
+type op struct {
+	submit *Request
+	cancel string
+}
+
+type seq struct {
+	req      *Request
+	tokens   []int32 // prompt, then generated tokens
+	prompt   int
+	done     int // tokens in the KV cache
+	gen      *generate.State
+	emitted  int
+	admitted bool
+	order    uint64 // admission order, for choosing whom to preempt
+	arrived  time.Time
+	started  time.Time
+	last     time.Time
+	span     requestSpan
+}
+
+// New returns a scheduler; call Run to start it.
+func New(cfg Config, engine Engine, kv Blocks, tp trace.TracerProvider) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Scheduler{cfg: cfg, engine: engine, kv: kv, wake: make(chan struct{}, 1), byID: map[string]*seq{}}
+	s.tracer = newStepTracer(tp)
+	return s, nil
+}
+
+// Submit queues a request. It fails with ErrOverloaded when the queue is
+// full and with a descriptive error when the request cannot fit.
+func (s *Scheduler) Submit(r *Request) error {
+	if len(r.Prompt) == 0 {
+		return fmt.Errorf("empty prompt")
+	}
+	if err := r.Params.Validate(); err != nil {
+		return err
+	}
+	if n := len(r.Prompt) + r.Params.MaxTokens; n > s.cfg.Context {
+		return fmt.Errorf("prompt of %d tokens plus max_tokens %d is %d, over the context length of %d", len(r.Prompt), r.Params.MaxTokens, n, s.cfg.Context)
+	}
+	for _, id := range r.Prompt {
+		if id < 0 || int(id) >= s.cfg.Vocab {
+			return fmt.Errorf("token id %d outside the vocabulary of %d", id, s.cfg.Vocab)
+		}
+	}
+	s.mu.Lock()
+	if s.queued >= s.cfg.MaxQueue {
+		s.mu.Unlock()
+		return ErrOverloaded
+	}
+	s.queued++
+	s.pending = append(s.pending, op{submit: r})
+	s.mu.Unlock()
+	s.poke()
+	return nil
+}
+
+// Cancel ends a request; its Sink gets a final "cancelled" frame.
+func (s *Scheduler) Cancel(id string) {
+	s.mu.Lock()
+	s.pending = append(s.pending, op{cancel: id})
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Stats returns a snapshot.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run schedules until ctx ends; then it ends every request with a final
+// frame and returns.
+func (s *Scheduler) Run(ctx context.Context) error {
+	defer s.shutdown()
+	for {
+		s.intake()
+		s.admit()
+		if len(s.running) == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-s.wake:
+				continue
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// A failed step fails the sequences in it, not the scheduler.
+			for _, q := range append([]*seq(nil), s.running...) {
+				s.finish(q, "error", err.Error())
+			}
+		}
+		s.publishStats()
+	}
+}
+
+// intake moves pending operations into the scheduler's own state.
+func (s *Scheduler) intake() {
+	s.mu.Lock()
+	ops := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	for _, o := range ops {
+		if r := o.submit; r != nil {
+			if _, dup := s.byID[r.ID]; dup {
+				s.release()
+				r.Sink(Frame{Final: true, Reason: "error", Err: fmt.Sprintf("request id %q is already running", r.ID)})
+				continue
+			}
+			now := time.Now()
+			q := &seq{req: r, tokens: append([]int32(nil), r.Prompt...), prompt: len(r.Prompt), arrived: now, last: now}
+			q.gen = generate.New(r.Params, r.Prompt, s.cfg.EOS, r.Detok)
+			q.span = s.tracer.start(r)
+			s.byID[r.ID] = q
+			s.waiting = append(s.waiting, q)
+			continue
+		}
+		if q := s.byID[o.cancel]; q != nil {
+			s.finish(q, "cancelled", "")
+		}
+	}
+}
+
+// release frees a queue slot.
+func (s *Scheduler) release() {
+	s.mu.Lock()
+	s.queued--
+	s.mu.Unlock()
+}
+
+// admit starts waiting sequences while blocks and batch slots allow.
+func (s *Scheduler) admit() {
+	bs := s.kv.Stats().BlockSize
+	for len(s.waiting) > 0 && len(s.running) < s.cfg.MaxSeqs {
+		q := s.waiting[0]
+		// Keep a block of headroom per running sequence, so that admitting
+		// one does not force another out at its next block boundary.
+		if len(s.running) > 0 {
+			st := s.kv.Stats()
+			if (len(q.tokens)+bs-1)/bs+len(s.running)+1 > st.Free+st.Cached {
+				return
+			}
+		}
+		cached, err := s.kv.Start(q.req.ID, q.req.Tenant, q.tokens)
+		if errors.Is(err, ErrNoBlocks) && len(s.running) > 0 {
+			return // wait for running sequences to free blocks
+		}
+		s.waiting = s.waiting[1:]
+		if err != nil {
+			s.finishWaiting(q, err)
+			continue
+		}
+		if !q.admitted {
+			s.release()
+			q.started = time.Now()
+			q.span.admitted()
+		}
+		q.admitted = true
+		q.done = cached
+		s.admitted++
+		q.order = s.admitted
+		s.running = append(s.running, q)
+	}
+}
+
+func (s *Scheduler) finishWaiting(q *seq, err error) {
+	if !q.admitted {
+		s.release()
+	}
+	delete(s.byID, q.req.ID)
+	q.span.end("error")
+	q.req.Sink(Frame{Final: true, Reason: "error", Err: err.Error(), PromptTokens: q.prompt, CompletionTokens: q.gen.Generated()})
+}
+
+// step runs one forward pass over the running sequences.
+func (s *Scheduler) step(ctx context.Context) error {
+	b := &s.batch
+	var in []*seq    // sequences in this step, in table order
+	var chunks []int // tokens of each
+	var sampled []*seq
+plan:
+	for {
+		b.Tokens, b.Pos, b.Seq, b.Tables, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Tables[:0], b.Logits[:0]
+		in, chunks, sampled = in[:0], chunks[:0], sampled[:0]
+		budget := s.cfg.MaxBatchTokens
+		// Decoding sequences first (one token each), then prefill chunks.
+		for _, decoding := range []bool{true, false} {
+			for _, q := range s.running {
+				pendingTok := len(q.tokens) - q.done
+				if decoding != (pendingTok == 1) || budget == 0 {
+					continue
+				}
+				n := min(pendingTok, budget)
+				if err := s.grow(q, q.done+n); errors.Is(err, errPreempted) {
+					continue plan // the running set changed
+				} else if err != nil {
+					return err
+				}
+				si := int32(len(b.Tables))
+				b.Tables = append(b.Tables, s.kv.Table(q.req.ID))
+				for j := 0; j < n; j++ {
+					b.Tokens = append(b.Tokens, q.tokens[q.done+j])
+					b.Pos = append(b.Pos, int32(q.done+j))
+					b.Seq = append(b.Seq, si)
+				}
+				if q.done+n == len(q.tokens) {
+					b.Logits = append(b.Logits, int32(len(b.Tokens)-1))
+					sampled = append(sampled, q)
+				}
+				in, chunks = append(in, q), append(chunks, n)
+				budget -= n
+			}
+		}
+		break
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
+		s.logits = make([]float32, need)
+	}
+	span := s.tracer.step(ctx, in, len(b.Tokens))
+	err := s.engine.Forward(span.ctx, b, s.logits[:len(b.Logits)*s.cfg.Vocab])
+	span.forwardDone(err)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.stats.Steps++
+	s.stats.Tokens += uint64(len(sampled))
+	s.mu.Unlock()
+	// Every sequence in the step advanced by its chunk.
+	for i, q := range in {
+		q.done += chunks[i]
+		s.kv.Commit(q.req.ID, q.tokens[:q.done])
+	}
+	for i, q := range sampled {
+		row := s.logits[i*s.cfg.Vocab : (i+1)*s.cfg.Vocab]
+		t0 := time.Now()
+		st := q.gen.Next(row)
+		q.tokens = append(q.tokens, st.ID)
+		s.emit(q, st, &span, t0)
+	}
+	span.end()
+	return nil
+}
+
+var errPreempted = errors.New("preempted")
+
+// grow reserves blocks for q to hold n tokens, preempting the most recently
+// admitted other sequence when the cache is full.
+func (s *Scheduler) grow(q *seq, n int) error {
+	for {
+		err := s.kv.Grow(q.req.ID, n)
+		if !errors.Is(err, ErrNoBlocks) {
+			return err
+		}
+		victim := q
+		for _, r := range s.running {
+			if r.order > victim.order {
+				victim = r
+			}
+		}
+		if len(s.running) == 1 {
+			return fmt.Errorf("request %s needs more KV cache than the pool holds", q.req.ID)
+		}
+		s.preempt(victim)
+		return errPreempted
+	}
+}
+
+// preempt returns a running sequence to the front of the queue; it will be
+// recomputed from its prompt and the tokens already sent.
+func (s *Scheduler) preempt(q *seq) {
+	s.kv.Free(q.req.ID)
+	s.running = remove(s.running, q)
+	q.done = 0
+	s.waiting = append([]*seq{q}, s.waiting...)
+	s.mu.Lock()
+	s.stats.Preemptions++
+	s.mu.Unlock()
+	q.span.preempted()
+}
+
+func (s *Scheduler) emit(q *seq, st generate.Step, span *stepSpan, sampleStart time.Time) {
+	now := time.Now()
+	q.emitted++
+	f := Frame{
+		Seq: q.emitted, ID: st.ID, Text: st.Text, Logprob: st.Logprob, TopIDs: st.TopIDs, TopLPs: st.TopLPs,
+		Queued: q.started.Sub(q.arrived), SinceStart: now.Sub(q.started), SinceLast: now.Sub(q.last),
+		TraceID: q.span.traceID(),
+	}
+	q.last = now
+	if st.Reason != "" {
+		f.Final, f.Reason = true, st.Reason
+		f.PromptTokens, f.CompletionTokens = q.prompt, q.gen.Generated()
+		s.remove(q)
+		q.span.end(st.Reason)
+	}
+	emit := span.sampled(q, f, sampleStart, now)
+	q.req.Sink(f)
+	emit.End()
+}
+
+// finish ends a sequence early with a final frame.
+func (s *Scheduler) finish(q *seq, reason, msg string) {
+	if !q.admitted {
+		s.release()
+	}
+	s.remove(q)
+	q.span.end(reason)
+	q.req.Sink(Frame{Seq: q.emitted + 1, Final: true, Reason: reason, Err: msg, PromptTokens: q.prompt, CompletionTokens: q.gen.Generated(), TraceID: q.span.traceID()})
+}
+
+func (s *Scheduler) remove(q *seq) {
+	s.kv.Free(q.req.ID)
+	s.running = remove(s.running, q)
+	s.waiting = remove(s.waiting, q)
+	delete(s.byID, q.req.ID)
+}
+
+func remove(list []*seq, q *seq) []*seq {
+	for i, x := range list {
+		if x == q {
+			return append(list[:i], list[i+1:]...)
+		}
+	}
+	return list
+}
+
+func (s *Scheduler) publishStats() {
+	kv := s.kv.Stats()
+	s.mu.Lock()
+	s.stats.Waiting, s.stats.Running, s.stats.KV = s.queued, len(s.running), kv
+	s.mu.Unlock()
+}
+
+// shutdown ends every request.
+func (s *Scheduler) shutdown() {
+	s.intake()
+	for _, q := range append(append([]*seq(nil), s.running...), s.waiting...) {
+		s.finish(q, "cancelled", "server shutting down")
+	}
+	s.publishStats()
+}

@@ -1,0 +1,230 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/generate"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type sample struct {
+	PromptIDs []int32 `json:"prompt_ids"`
+	GreedyIDs []int32 `json:"greedy_ids"`
+}
+
+func demoSamples(t testing.TB) []sample {
+	raw, err := os.ReadFile(filepath.Join("..", "models", "demo", demo.Name, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct{ Samples []sample }
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref.Samples
+}
+
+// harness runs a scheduler over the demo model on the CPU lane.
+type harness struct {
+	s      *Scheduler
+	kv     *KV
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t testing.TB, blocks int, cfg Config) *harness {
+	t.Helper()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, _ := NewKV(blocks, 16)
+	cache, err := m.NewCache(blocks, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
+	s, err := New(cfg, &ModelEngine{Model: m, Cache: cache}, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{s: s, kv: kv, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-h.done
+		cache.Close()
+		m.Close()
+		dev.Close()
+		b.Close()
+	})
+	return h
+}
+
+// collect gathers a request's frames.
+type collect struct {
+	mu     sync.Mutex
+	frames []Frame
+	done   chan struct{}
+}
+
+func newCollect() *collect { return &collect{done: make(chan struct{})} }
+
+func (c *collect) sink(f Frame) {
+	c.mu.Lock()
+	c.frames = append(c.frames, f)
+	c.mu.Unlock()
+	if f.Final {
+		close(c.done)
+	}
+}
+
+func (c *collect) wait(t testing.TB) []Frame {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("request did not finish")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames
+}
+
+func ids(t testing.TB, frames []Frame) []int32 {
+	t.Helper()
+	var out []int32
+	for i, f := range frames {
+		if f.Seq != i+1 {
+			t.Fatalf("frame %d has seq %d", i, f.Seq)
+		}
+		if f.Final && f.Reason != "length" && f.Reason != "stop" {
+			t.Fatalf("final frame %+v", f)
+		}
+		out = append(out, f.ID)
+	}
+	return out
+}
+
+func greedy(n int) generate.Params { return generate.Params{MaxTokens: n, IgnoreEOS: true} }
+
+// TestBatchedMatchesReference runs every demo prompt several times at once
+// and expects each to produce the reference's greedy tokens.
+func TestBatchedMatchesReference(t *testing.T) {
+	samples := demoSamples(t)
+	h := start(t, 256, Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16})
+	const copies = 3
+	var cs []*collect
+	for c := 0; c < copies; c++ {
+		for i, s := range samples {
+			col := newCollect()
+			cs = append(cs, col)
+			err := h.s.Submit(&Request{ID: fmt.Sprintf("r%d-%d", c, i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for k, col := range cs {
+		got := ids(t, col.wait(t))
+		want := samples[k%len(samples)].GreedyIDs
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("request %d: got %v, want %v", k, got, want)
+		}
+	}
+	if st := h.s.Stats(); st.KV.Used != 0 {
+		t.Errorf("blocks still used after every request finished: %+v", st.KV)
+	}
+}
+
+// TestPreemption runs more than the cache holds: sequences are preempted,
+// recomputed, and still produce the reference tokens.
+func TestPreemption(t *testing.T) {
+	samples := demoSamples(t)
+	h := start(t, 8, Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 8}) // 128 token slots for 6 x 50 tokens
+	var cs []*collect
+	for i, s := range samples {
+		col := newCollect()
+		cs = append(cs, col)
+		if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, col := range cs {
+		if got, want := ids(t, col.wait(t)), samples[i].GreedyIDs; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("request %d: got %v, want %v", i, got, want)
+		}
+	}
+	if st := h.s.Stats(); st.Preemptions == 0 {
+		t.Errorf("no sequence was preempted (%+v): the test does not exercise preemption", st)
+	}
+}
+
+func TestCancelAndOverload(t *testing.T) {
+	h := start(t, 64, Config{MaxQueue: 2, MaxBatchTokens: 64, MaxSeqs: 1})
+	first := newCollect()
+	gotToken := make(chan struct{}, 1)
+	if err := h.s.Submit(&Request{ID: "long", Prompt: []int32{473, 623}, Params: greedy(500), Detok: nop{}, Sink: func(f Frame) {
+		first.sink(f)
+		select {
+		case gotToken <- struct{}{}:
+		default:
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	<-gotToken // admitted and running: the queue has room for two more
+	var waiting []*collect
+	for i := 0; i < 2; i++ {
+		c := newCollect()
+		waiting = append(waiting, c)
+		if err := h.s.Submit(&Request{ID: fmt.Sprint("w", i), Prompt: []int32{473}, Params: greedy(2), Detok: nop{}, Sink: c.sink}); err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+	}
+	if err := h.s.Submit(&Request{ID: "over", Prompt: []int32{473}, Params: greedy(2), Detok: nop{}, Sink: func(Frame) {}}); !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("third waiting request: got %v, want ErrOverloaded", err)
+	}
+	h.s.Cancel("long")
+	frames := first.wait(t)
+	if last := frames[len(frames)-1]; !last.Final || last.Reason != "cancelled" {
+		t.Errorf("last frame %+v, want cancelled", last)
+	}
+	for _, c := range waiting {
+		c.wait(t)
+	}
+	if st := h.s.Stats(); st.KV.Used != 0 {
+		t.Errorf("blocks held after cancel: %+v", st.KV)
+	}
+	// Requests that cannot fit are refused up front.
+	if err := h.s.Submit(&Request{ID: "big", Prompt: []int32{1}, Params: greedy(5000), Detok: nop{}, Sink: func(Frame) {}}); err == nil {
+		t.Error("over-long request accepted")
+	}
+}
+
+type nop struct{}
+
+func (nop) Next(int32) string { return "" }
+func (nop) Flush() string     { return "" }

@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Span names of a request's trace. Layer-shard actors add "shard.forward"
+// spans under each "decode.step".
+const (
+	SpanRequest = "request"
+	SpanQueue   = "queue"
+	SpanPrefill = "prefill"
+	SpanStep    = "decode.step"
+	SpanSample  = "sample"
+	SpanEmit    = "emit"
+)
+
+// Attribute keys.
+const (
+	AttrRequestID = attribute.Key("request.id")
+	AttrBatchSize = attribute.Key("batch.size")
+	AttrTokens    = attribute.Key("batch.tokens")
+	AttrPosition  = attribute.Key("position")
+	AttrKVBlocks  = attribute.Key("kv.blocks")
+	AttrTokenSeq  = attribute.Key("token.seq")
+	AttrTokenID   = attribute.Key("token.id")
+	AttrReason    = attribute.Key("finish.reason")
+)
+
+type stepTracer struct{ t trace.Tracer }
+
+func newStepTracer(tp trace.TracerProvider) stepTracer {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return stepTracer{t: tp.Tracer("github.com/troupe/troupe/scheduler")}
+}
+
+// requestSpan is the trace of one request.
+type requestSpan struct {
+	t       trace.Tracer
+	ctx     context.Context
+	req     trace.Span
+	queue   trace.Span
+	prefill trace.Span
+	tid     string
+}
+
+func (st stepTracer) start(r *Request) requestSpan {
+	parent := r.Trace
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, req := st.t.Start(parent, SpanRequest, trace.WithAttributes(AttrRequestID.String(r.ID), attribute.Int("prompt.tokens", len(r.Prompt))))
+	_, queue := st.t.Start(ctx, SpanQueue)
+	rs := requestSpan{t: st.t, ctx: ctx, req: req, queue: queue}
+	if sc := req.SpanContext(); sc.HasTraceID() {
+		rs.tid = sc.TraceID().String()
+	}
+	return rs
+}
+
+func (r *requestSpan) admitted() {
+	r.queue.End()
+	_, r.prefill = r.t.Start(r.ctx, SpanPrefill)
+}
+
+func (r *requestSpan) preempted() { r.req.AddEvent("preempted") }
+
+func (r *requestSpan) end(reason string) {
+	r.queue.End()
+	if r.prefill != nil {
+		r.prefill.End()
+	}
+	if reason == "error" {
+		r.req.SetStatus(codes.Error, reason)
+	}
+	r.req.SetAttributes(AttrReason.String(reason))
+	r.req.End()
+}
+
+func (r *requestSpan) traceID() string { return r.tid }
+
+// stepSpan covers one step: a decode.step span under every request in the
+// batch; the forward pass runs under the first, the others link to it.
+type stepSpan struct {
+	t     trace.Tracer
+	ctx   context.Context
+	spans map[*seq]trace.Span
+	ctxs  map[*seq]context.Context
+	fwd   time.Time
+}
+
+func (st stepTracer) step(ctx context.Context, in []*seq, tokens int) stepSpan {
+	ss := stepSpan{t: st.t, ctx: ctx, spans: make(map[*seq]trace.Span, len(in)), ctxs: make(map[*seq]context.Context, len(in))}
+	var lead trace.SpanContext
+	for i, q := range in {
+		opts := []trace.SpanStartOption{trace.WithAttributes(
+			AttrBatchSize.Int(len(in)), AttrTokens.Int(tokens), AttrPosition.Int(q.done), AttrKVBlocks.Int(len(q.tokens)/16+1))}
+		if i > 0 && lead.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: lead}))
+		}
+		c, sp := st.t.Start(q.span.ctx, SpanStep, opts...)
+		if i == 0 {
+			lead = sp.SpanContext()
+			ss.ctx = trace.ContextWithSpan(ctx, sp)
+		}
+		ss.spans[q], ss.ctxs[q] = sp, c
+	}
+	ss.fwd = time.Now()
+	return ss
+}
+
+func (ss *stepSpan) forwardDone(err error) {
+	if err == nil {
+		return
+	}
+	for _, sp := range ss.spans {
+		sp.SetStatus(codes.Error, err.Error())
+	}
+}
+
+// sampled records the sampling of one token and starts its emission span.
+func (ss *stepSpan) sampled(q *seq, f Frame, start, end time.Time) trace.Span {
+	c := ss.ctxs[q]
+	if c == nil {
+		c = q.span.ctx
+	}
+	_, sp := ss.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
+	sp.End(trace.WithTimestamp(end))
+	_, em := ss.t.Start(c, SpanEmit, trace.WithAttributes(AttrTokenSeq.Int(f.Seq)))
+	return em
+}
+
+func (ss *stepSpan) end() {
+	for _, sp := range ss.spans {
+		sp.End()
+	}
+}
