@@ -192,6 +192,15 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 func (m *Model) first() bool { return m.opts.FirstLayer == 0 }
 func (m *Model) last() bool  { return m.opts.LastLayer == m.Config.Layers }
 
+// Layers returns the range of layers [first, last) the model holds.
+func (m *Model) Layers() (first, last int) { return m.opts.FirstLayer, m.opts.LastLayer }
+
+// IsFirst reports whether the model embeds tokens (it holds layer 0).
+func (m *Model) IsFirst() bool { return m.first() }
+
+// IsLast reports whether the model produces logits (it holds the last layer).
+func (m *Model) IsLast() bool { return m.last() }
+
 func (m *Model) alloc(dt gpu.DType, n int) gpu.Buffer {
 	b, err := m.dev.Alloc(dt, max(n, 1))
 	if err != nil {

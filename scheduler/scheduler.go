@@ -213,6 +213,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	for {
 		s.intake()
 		s.admit()
+		s.publishStats()
 		if len(s.running) == 0 {
 			select {
 			case <-ctx.Done():
@@ -233,7 +234,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				s.finish(q, "error", err.Error())
 			}
 		}
-		s.publishStats()
 	}
 }
 

@@ -20,17 +20,17 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type sample struct {
+type refSample struct {
 	PromptIDs []int32 `json:"prompt_ids"`
 	GreedyIDs []int32 `json:"greedy_ids"`
 }
 
-func demoSamples(t testing.TB) []sample {
+func demoSamples(t testing.TB) []refSample {
 	raw, err := os.ReadFile(filepath.Join("..", "models", "demo", demo.Name, "reference.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ref struct{ Samples []sample }
+	var ref struct{ Samples []refSample }
 	if err := json.Unmarshal(raw, &ref); err != nil {
 		t.Fatal(err)
 	}
@@ -228,3 +228,15 @@ type nop struct{}
 
 func (nop) Next(int32) string { return "" }
 func (nop) Flush() string     { return "" }
+
+// waitFor polls cond until it holds or a generous deadline passes.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

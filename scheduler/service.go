@@ -1,0 +1,161 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/sample"
+)
+
+// Service puts a Scheduler on the bus: it answers submits for one model,
+// publishes each request's frames on its tokens subject and takes cancels.
+type Service struct {
+	nc    *nats.Conn
+	subj  bus.Subjects
+	s     *Scheduler
+	subs  []*bus.Subscription
+	detok func() generate.Detokenizer
+}
+
+// Serve subscribes the scheduler s to model's subjects. newDetok makes a
+// detokenizer for each request.
+func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, newDetok func() generate.Detokenizer) (*Service, error) {
+	sv := &Service{nc: nc, subj: subj, s: s, detok: newDetok}
+	sub, err := bus.Serve(ctx, nc, subj.Submit(model), "sched", sv.submit)
+	if err != nil {
+		return nil, err
+	}
+	sv.subs = append(sv.subs, sub)
+	sub, err = bus.Subscribe(ctx, nc, subj.CancelAll(), func(_ context.Context, m CancelMsg) { s.Cancel(m.ID) })
+	if err != nil {
+		sv.Close()
+		return nil, err
+	}
+	sv.subs = append(sv.subs, sub)
+	sub, err = bus.Serve(ctx, nc, subj.ActorEndpoint("scheduler", model, "stats"), "", func(context.Context, StatsMsg) (StatsMsg, error) {
+		st := s.Stats()
+		return StatsMsg{Waiting: st.Waiting, Running: st.Running, Steps: st.Steps, Tokens: st.Tokens, Preemptions: st.Preemptions, KV: st.KV}, nil
+	})
+	if err != nil {
+		sv.Close()
+		return nil, err
+	}
+	sv.subs = append(sv.subs, sub)
+	return sv, nil
+}
+
+// Close unsubscribes.
+func (sv *Service) Close() {
+	for _, s := range sv.subs {
+		s.Unsubscribe()
+	}
+	sv.subs = nil
+}
+
+func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
+	p := generate.Params{
+		Params:    sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty},
+		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, TopLogprobs: m.TopLogprobs,
+	}
+	if m.HasSeed {
+		seed := m.Seed
+		p.Seed = &seed
+	}
+	if m.ID == "" {
+		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "empty request id")
+	}
+	subject := sv.subj.Tokens(m.ID)
+	// The request's spans continue the submitter's trace, not this handler's deadline.
+	trace := context.WithoutCancel(ctx)
+	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.detok(), Trace: trace}
+	r.Sink = func(f Frame) {
+		msg := FrameMsg{
+			Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
+			Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
+			QueuedUS: f.Queued.Microseconds(), SinceStartUS: f.SinceStart.Microseconds(), SinceLastUS: f.SinceLast.Microseconds(), TraceID: f.TraceID,
+		}
+		// Publishing only buffers; a lost connection ends the client's wait.
+		_ = bus.Publish(trace, sv.nc, subject, msg)
+	}
+	if err := sv.s.Submit(r); err != nil {
+		if errors.Is(err, ErrOverloaded) {
+			return SubmitReply{}, bus.Errorf(bus.CodeOverloaded, "%v", err)
+		}
+		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "%v", err)
+	}
+	return SubmitReply{Queued: sv.s.Stats().Waiting}, nil
+}
+
+// Client submits requests to a model's schedulers over the bus.
+type Client struct {
+	nc    *nats.Conn
+	subj  bus.Subjects
+	model string
+}
+
+// NewClient returns a client for model.
+func NewClient(nc *nats.Conn, subj bus.Subjects, model string) *Client {
+	return &Client{nc: nc, subj: subj, model: model}
+}
+
+// Stats asks one of the model's schedulers for its state.
+func (c *Client) Stats(ctx context.Context) (StatsMsg, error) {
+	return bus.Request[StatsMsg, StatsMsg](ctx, c.nc, c.subj.ActorEndpoint("scheduler", c.model, "stats"), StatsMsg{})
+}
+
+// Generate submits m and calls emit for every token frame in order. It
+// returns the final frame. When ctx ends or emit fails, the request is
+// cancelled. A full queue gives a *bus.Error with CodeOverloaded, an
+// unacceptable request one with CodeBadRequest.
+func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) error) (FrameMsg, error) {
+	sub, err := c.nc.SubscribeSync(c.subj.Tokens(m.ID))
+	if err != nil {
+		return FrameMsg{}, fmt.Errorf("generate: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if _, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m); err != nil {
+		return FrameMsg{}, err
+	}
+	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
+	next := 1
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				return FrameMsg{}, ctx.Err()
+			}
+			return FrameMsg{}, fmt.Errorf("generate: %w", err)
+		}
+		var f FrameMsg
+		if err := bus.Decode(msg.Data, &f); err != nil {
+			cancel()
+			return FrameMsg{}, fmt.Errorf("generate: %w", err)
+		}
+		if f.Seq != next {
+			cancel()
+			return FrameMsg{}, fmt.Errorf("generate: frame %d arrived when %d was due", f.Seq, next)
+		}
+		next++
+		if f.Final && f.Reason != "length" && f.Reason != "stop" {
+			return f, nil
+		}
+		if err := emit(f); err != nil {
+			cancel()
+			return f, err
+		}
+		if f.Final {
+			return f, nil
+		}
+	}
+}
+
+// Timings converts a frame's microsecond fields.
+func (f FrameMsg) Timings() (queued, sinceStart, sinceLast time.Duration) {
+	return time.Duration(f.QueuedUS) * time.Microsecond, time.Duration(f.SinceStartUS) * time.Microsecond, time.Duration(f.SinceLastUS) * time.Microsecond
+}

@@ -1,0 +1,164 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// replica is the demo model served over an embedded bus by a scheduler
+// service and a pipeline of layer-shard stages.
+type replica struct {
+	client *Client
+	sched  *Scheduler
+	shards []*Shard
+}
+
+func startReplica(t testing.TB, stages int, cfg Config) *replica {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj, _ := bus.NewSubjects("test")
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plane := xgmi.NewHost(node.Name())
+	const blocks = 256
+	var cleanups []func()
+	var subjects []string
+	r := &replica{}
+	per := b.Config.Layers / stages
+	for i := 0; i < stages; i++ {
+		first, last := i*per, (i+1)*per
+		if i == stages-1 {
+			last = b.Config.Layers
+		}
+		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{FirstLayer: first, LastLayer: last, MaxTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache, err := m.NewCache(blocks, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh := NewShard(fmt.Sprint(i), m, cache, plane, nil)
+		r.shards = append(r.shards, sh)
+		s := subj.ActorEndpoint("shard", sh.ID, "forward")
+		sub, err := bus.Serve(ctx, nc, s, "", sh.Forward)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subjects = append(subjects, s)
+		cleanups = append(cleanups, func() { sub.Unsubscribe(); cache.Close(); m.Close() })
+	}
+	kv, _ := NewKV(blocks, 16)
+	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
+	s, err := New(cfg, NewPipeline(nc, subjects, plane, b.Config.Vocab), kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := Serve(ctx, nc, subj, "demo", s, func() generate.Detokenizer { return nop{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	r.client, r.sched = NewClient(nc, subj, "demo"), s
+	t.Cleanup(func() {
+		svc.Close()
+		cancel()
+		<-done
+		for _, c := range cleanups {
+			c()
+		}
+		nc.Close()
+		node.Shutdown(context.Background())
+		dev.Close()
+		b.Close()
+	})
+	return r
+}
+
+// TestPipelineOverBus serves the demo model as a two-stage pipeline behind
+// the bus and checks concurrent requests against the reference.
+func TestPipelineOverBus(t *testing.T) {
+	samples := demoSamples(t)
+	r := startReplica(t, 2, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16})
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(samples))
+	for c := 0; c < 2; c++ {
+		for i, s := range samples {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var got []int32
+				final, err := r.client.Generate(context.Background(), SubmitMsg{ID: fmt.Sprintf("%d-%d", c, i), Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+					got = append(got, f.ID)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) || final.CompletionTokens != len(s.GreedyIDs) {
+					errs <- fmt.Errorf("sample %d: got %v (%d tokens reported), want %v", i, got, final.CompletionTokens, s.GreedyIDs)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st, err := r.client.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.KV.Used != 0 || st.Tokens == 0 {
+		t.Errorf("stats after the run: %+v", st)
+	}
+}
+
+func TestClientErrors(t *testing.T) {
+	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4})
+	ctx := context.Background()
+	_, err := r.client.Generate(ctx, SubmitMsg{ID: "x", Prompt: []int32{1}, MaxTokens: 100000}, func(FrameMsg) error { return nil })
+	var be *bus.Error
+	if !errors.As(err, &be) || be.Code != bus.CodeBadRequest {
+		t.Errorf("over-long request: got %v, want a bad_request error", err)
+	}
+	// An emit error cancels the request and frees its blocks.
+	stop := errors.New("enough")
+	_, err = r.client.Generate(ctx, SubmitMsg{ID: "y", Prompt: []int32{473, 623}, MaxTokens: 500, IgnoreEOS: true}, func(f FrameMsg) error {
+		if f.Seq == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) {
+		t.Errorf("emit error: got %v", err)
+	}
+	waitFor(t, func() bool { st := r.sched.Stats(); return st.Running == 0 && st.KV.Used == 0 })
+}

@@ -1,0 +1,147 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/xgmi"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// SpanShard is the span of one layer-shard's forward pass.
+const SpanShard = "shard.forward"
+
+// Shard is a layer-shard: layers [First, Last) of one replica on a device,
+// with their slice of the KV cache. It runs one step at a time.
+type Shard struct {
+	ID          string
+	First, Last int
+	model       *models.Model
+	cache       *models.Cache
+	plane       *xgmi.Host
+	tracer      trace.Tracer
+
+	mu  sync.Mutex // one step at a time
+	out []float32
+}
+
+// NewShard wraps a loaded model stage and its cache.
+func NewShard(id string, m *models.Model, cache *models.Cache, plane *xgmi.Host, tp trace.TracerProvider) *Shard {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	first, last := m.Layers()
+	return &Shard{ID: id, First: first, Last: last, model: m, cache: cache, plane: plane, tracer: tp.Tracer("github.com/troupe/troupe/scheduler")}
+}
+
+// Forward runs one step: the batch's tokens (first stage) or the previous
+// stage's activations through this shard's layers; the output is published
+// on the data plane.
+func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error) {
+	ctx, span := s.tracer.Start(ctx, SpanShard, trace.WithAttributes(
+		attribute.String("shard.id", s.ID), attribute.String("shard.layers", fmt.Sprintf("%d-%d", s.First, s.Last)),
+		AttrTokens.Int(len(m.Pos))))
+	defer span.End()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cfg := s.model.Config
+	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits}
+	if !s.model.IsFirst() {
+		in, err := s.read(m.Input)
+		if err != nil {
+			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+		}
+		b.Hidden = in
+	}
+	var n int
+	if s.model.IsLast() {
+		n = len(m.Logits) * cfg.Vocab
+	} else {
+		n = len(m.Pos) * cfg.Hidden
+	}
+	if cap(s.out) < n {
+		s.out = make([]float32, n)
+	}
+	out := s.out[:n]
+	if err := s.model.Forward(ctx, s.cache, b, out); err != nil {
+		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+	}
+	name := "shard/" + s.ID
+	s.plane.Publish(name, out)
+	ref := bus.TensorRef{Location: bus.LocationHost, Node: s.plane.Node(), Buffer: name, Bytes: uint64(4 * n), DType: bus.F32}
+	if s.model.IsLast() {
+		ref.Shape = []int64{int64(len(m.Logits)), int64(cfg.Vocab)}
+	} else {
+		ref.Shape = []int64{int64(len(m.Pos)), int64(cfg.Hidden)}
+	}
+	return ForwardReply{Output: ref}, nil
+}
+
+func (s *Shard) read(ref bus.TensorRef) ([]float32, error) {
+	return readRef(s.plane, ref)
+}
+
+// readRef resolves a host tensor reference on this process's plane.
+func readRef(plane *xgmi.Host, ref bus.TensorRef) ([]float32, error) {
+	if err := ref.Validate(); err != nil {
+		return nil, err
+	}
+	if ref.Location != bus.LocationHost || ref.DType != bus.F32 {
+		return nil, fmt.Errorf("tensor %s on %s: only f32 host tensors are readable here", ref.Buffer, ref.Location)
+	}
+	if ref.Node != plane.Node() {
+		return nil, fmt.Errorf("tensor %s lives on node %s, not reachable from %s", ref.Buffer, ref.Node, plane.Node())
+	}
+	return plane.Read(ref.Buffer, int(ref.Offset/4), int(ref.Bytes/4))
+}
+
+// Pipeline is the Engine of a replica whose stages are layer-shard actors
+// reached over the bus.
+type Pipeline struct {
+	nc     *nats.Conn
+	stages []string // forward subjects, in layer order
+	plane  *xgmi.Host
+	vocab  int
+	step   uint64
+}
+
+// NewPipeline drives the stages listening on the given forward subjects.
+func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *Pipeline {
+	return &Pipeline{nc: nc, stages: stages, plane: plane, vocab: vocab}
+}
+
+// Forward implements Engine: the plan goes to each stage in turn, each
+// stage reading the previous one's output from the data plane.
+func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	p.step++
+	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
+	var out bus.TensorRef
+	for i, subj := range p.stages {
+		if i > 0 {
+			msg.Tokens, msg.Input = nil, out
+		}
+		r, err := bus.Request[ForwardMsg, ForwardReply](ctx, p.nc, subj, msg)
+		if err != nil {
+			return fmt.Errorf("pipeline stage %d: %w", i, err)
+		}
+		out = r.Output
+	}
+	if len(b.Logits) == 0 {
+		return nil
+	}
+	rows, err := readRef(p.plane, out)
+	if err != nil {
+		return fmt.Errorf("pipeline logits: %w", err)
+	}
+	if want := len(b.Logits) * p.vocab; len(rows) != want {
+		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), want)
+	}
+	copy(logits, rows)
+	return nil
+}

@@ -1,0 +1,106 @@
+package scheduler
+
+import "github.com/troupe/troupe/bus"
+
+// Messages of the scheduler's subjects (docs/subjects.md).
+
+// SubmitMsg asks a scheduler to run a request; the reply is a SubmitReply
+// or an error with code overloaded or bad_request. Frames follow on the
+// request's tokens subject, which the client subscribes to before sending.
+type SubmitMsg struct {
+	ID                string   `msgpack:"id"`
+	Tenant            string   `msgpack:"tenant"`
+	Prompt            []int32  `msgpack:"prompt"`
+	MaxTokens         int      `msgpack:"max_tokens"`
+	Temperature       float32  `msgpack:"temperature"`
+	TopP              float32  `msgpack:"top_p"`
+	TopK              int      `msgpack:"top_k"`
+	MinP              float32  `msgpack:"min_p"`
+	RepetitionPenalty float32  `msgpack:"repetition_penalty"`
+	HasSeed           bool     `msgpack:"has_seed"`
+	Seed              int64    `msgpack:"seed"`
+	Stop              []string `msgpack:"stop"`
+	IgnoreEOS         bool     `msgpack:"ignore_eos"`
+	TopLogprobs       int      `msgpack:"top_logprobs"`
+}
+
+// Schema implements bus.Message.
+func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 1} }
+
+// SubmitReply accepts a request.
+type SubmitReply struct {
+	Queued int `msgpack:"queued"` // requests waiting, this one included
+}
+
+// Schema implements bus.Message.
+func (SubmitReply) Schema() bus.Schema {
+	return bus.Schema{ID: "troupe.sched.submit_reply", Version: 1}
+}
+
+// CancelMsg ends a request.
+type CancelMsg struct {
+	ID string `msgpack:"id"`
+}
+
+// Schema implements bus.Message.
+func (CancelMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.cancel", Version: 1} }
+
+// FrameMsg is one token of a request, or its end.
+type FrameMsg struct {
+	Seq              int       `msgpack:"seq"`
+	ID               int32     `msgpack:"id"`
+	Text             string    `msgpack:"text"`
+	Logprob          float32   `msgpack:"logprob"`
+	TopIDs           []int32   `msgpack:"top_ids"`
+	TopLPs           []float32 `msgpack:"top_lps"`
+	Final            bool      `msgpack:"final"`
+	Reason           string    `msgpack:"reason"`
+	Err              string    `msgpack:"err"`
+	PromptTokens     int       `msgpack:"prompt_tokens"`
+	CompletionTokens int       `msgpack:"completion_tokens"`
+	QueuedUS         int64     `msgpack:"queued_us"`
+	SinceStartUS     int64     `msgpack:"since_start_us"`
+	SinceLastUS      int64     `msgpack:"since_last_us"`
+	TraceID          string    `msgpack:"trace_id"`
+}
+
+// Schema implements bus.Message.
+func (FrameMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.frame", Version: 1} }
+
+// StatsMsg asks for, and answers with, a scheduler's state.
+type StatsMsg struct {
+	Waiting     int     `msgpack:"waiting"`
+	Running     int     `msgpack:"running"`
+	Steps       uint64  `msgpack:"steps"`
+	Tokens      uint64  `msgpack:"tokens"`
+	Preemptions uint64  `msgpack:"preemptions"`
+	KV          KVStats `msgpack:"kv"`
+}
+
+// Schema implements bus.Message.
+func (StatsMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.stats", Version: 1} }
+
+// ForwardMsg is one step's plan for a layer-shard: the batch's indexes and,
+// for a stage after the first, a reference to the previous stage's output.
+type ForwardMsg struct {
+	Step   uint64        `msgpack:"step"`
+	Tokens []int32       `msgpack:"tokens"`
+	Pos    []int32       `msgpack:"pos"`
+	Seq    []int32       `msgpack:"seq"`
+	Tables [][]int32     `msgpack:"tables"`
+	Logits []int32       `msgpack:"logits"`
+	Input  bus.TensorRef `msgpack:"input"`
+}
+
+// Schema implements bus.Message.
+func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 1} }
+
+// ForwardReply names a shard's output: activations, or logits from the last stage.
+type ForwardReply struct {
+	Output bus.TensorRef `msgpack:"output"`
+}
+
+// Schema implements bus.Message.
+func (ForwardReply) Schema() bus.Schema {
+	return bus.Schema{ID: "troupe.shard.forward_reply", Version: 1}
+}
