@@ -62,7 +62,7 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh := NewShard(fmt.Sprint(i), m, cache, plane, nil)
+		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, nil)
 		r.shards = append(r.shards, sh)
 		s := subj.ActorEndpoint("shard", sh.ID, "forward")
 		sub, err := bus.Serve(ctx, nc, s, "", sh.Forward)

@@ -8,19 +8,18 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models"
+	ttrace "github.com/troupe/troupe/trace"
 	"github.com/troupe/troupe/xgmi"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// SpanShard is the span of one layer-shard's forward pass.
-const SpanShard = "shard.forward"
-
 // Shard is a layer-shard: layers [First, Last) of one replica on a device,
 // with their slice of the KV cache. It runs one step at a time.
 type Shard struct {
 	ID          string
+	Index       int // stage number in the pipeline
 	First, Last int
 	model       *models.Model
 	cache       *models.Cache
@@ -32,12 +31,12 @@ type Shard struct {
 }
 
 // NewShard wraps a loaded model stage and its cache.
-func NewShard(id string, m *models.Model, cache *models.Cache, plane *xgmi.Host, tp trace.TracerProvider) *Shard {
+func NewShard(id string, index int, m *models.Model, cache *models.Cache, plane *xgmi.Host, tp trace.TracerProvider) *Shard {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
 	first, last := m.Layers()
-	return &Shard{ID: id, First: first, Last: last, model: m, cache: cache, plane: plane, tracer: tp.Tracer("github.com/troupe/troupe/scheduler")}
+	return &Shard{ID: id, Index: index, First: first, Last: last, model: m, cache: cache, plane: plane, tracer: tp.Tracer("github.com/troupe/troupe/scheduler")}
 }
 
 // Forward runs one step: the batch's tokens (first stage) or the previous
@@ -45,7 +44,8 @@ func NewShard(id string, m *models.Model, cache *models.Cache, plane *xgmi.Host,
 // on the data plane.
 func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error) {
 	ctx, span := s.tracer.Start(ctx, SpanShard, trace.WithAttributes(
-		attribute.String("shard.id", s.ID), attribute.String("shard.layers", fmt.Sprintf("%d-%d", s.First, s.Last)),
+		attribute.String("shard.id", s.ID), ttrace.AttrShardIndex.Int(s.Index),
+		ttrace.AttrLayerStart.Int(s.First), ttrace.AttrLayerEnd.Int(s.Last),
 		AttrTokens.Int(len(m.Pos))))
 	defer span.End()
 	s.mu.Lock()

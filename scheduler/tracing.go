@@ -4,32 +4,32 @@ import (
 	"context"
 	"time"
 
+	ttrace "github.com/troupe/troupe/trace"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// Span names of a request's trace. Layer-shard actors add "shard.forward"
-// spans under each "decode.step".
+// The span names and attributes of a request's trace are the trace
+// package's vocabulary; layer-shard actors add shard.forward spans under
+// each decode.step.
 const (
-	SpanRequest = "request"
-	SpanQueue   = "queue"
-	SpanPrefill = "prefill"
-	SpanStep    = "decode.step"
-	SpanSample  = "sample"
-	SpanEmit    = "emit"
-)
+	SpanRequest = ttrace.SpanRequest
+	SpanQueue   = ttrace.SpanQueue
+	SpanPrefill = ttrace.SpanPrefill
+	SpanStep    = ttrace.SpanDecodeStep
+	SpanShard   = ttrace.SpanShardForward
+	SpanSample  = ttrace.SpanSample
+	SpanEmit    = ttrace.SpanEmit
 
-// Attribute keys.
-const (
-	AttrRequestID = attribute.Key("request.id")
-	AttrBatchSize = attribute.Key("batch.size")
+	AttrRequestID = ttrace.AttrRequestID
+	AttrBatchSize = ttrace.AttrBatchSize
+	AttrPosition  = ttrace.AttrPosition
+	AttrKVBlocks  = ttrace.AttrKVBlocks
+	AttrTokenSeq  = ttrace.AttrTokenSeq
+	AttrTokenID   = ttrace.AttrTokenID
 	AttrTokens    = attribute.Key("batch.tokens")
-	AttrPosition  = attribute.Key("position")
-	AttrKVBlocks  = attribute.Key("kv.blocks")
-	AttrTokenSeq  = attribute.Key("token.seq")
-	AttrTokenID   = attribute.Key("token.id")
 	AttrReason    = attribute.Key("finish.reason")
 )
 
@@ -131,6 +131,9 @@ func (ss *stepSpan) sampled(q *seq, f Frame, start, end time.Time) trace.Span {
 	c := ss.ctxs[q]
 	if c == nil {
 		c = q.span.ctx
+	}
+	if st := ss.spans[q]; st != nil {
+		st.SetAttributes(AttrTokenSeq.Int(f.Seq), AttrTokenID.Int(int(f.ID)))
 	}
 	_, sp := ss.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
 	sp.End(trace.WithTimestamp(end))
