@@ -1,0 +1,220 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// startNode starts a node and shuts it down when the test ends.
+func startNode(t testing.TB, cfg Config) *Node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := n.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	return n
+}
+
+func connect(t testing.TB, n *Node) *nats.Conn {
+	t.Helper()
+	nc, err := n.Conn(context.Background())
+	if err != nil {
+		t.Fatalf("Conn: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func TestDefaultNodeHasNoListener(t *testing.T) {
+	n := startNode(t, DefaultConfig())
+	if got := n.ClientURL(); got != "" {
+		t.Errorf("ClientURL() = %q, want empty", got)
+	}
+	if got := n.RouteURL(); got != "" {
+		t.Errorf("RouteURL() = %q, want empty", got)
+	}
+	nc := connect(t, n)
+	sub, err := nc.SubscribeSync("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("x", []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("NextMsg: %v", err)
+	}
+	if string(m.Data) != "hi" {
+		t.Errorf("got %q, want %q", m.Data, "hi")
+	}
+	if got := nc.MaxPayload(); got != DefaultMaxPayload {
+		t.Errorf("MaxPayload() = %d, want %d", got, DefaultMaxPayload)
+	}
+	js, err := nc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AccountInfo(); err != nil {
+		t.Errorf("JetStream AccountInfo: %v", err)
+	}
+}
+
+func TestClientListenerRequiresCredentials(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ClientAuth = Auth{User: "troupe", Password: "s3cret"}
+	cfg.JetStream.Enabled = false
+	n := startNode(t, cfg)
+	url := n.ClientURL()
+	if !strings.HasPrefix(url, "nats://127.0.0.1:") {
+		t.Fatalf("ClientURL() = %q, want nats://127.0.0.1:port", url)
+	}
+	if nc, err := nats.Connect(url); err == nil {
+		nc.Close()
+		t.Fatal("connect without credentials succeeded, want an authorization error")
+	}
+	nc, err := nats.Connect(url, nats.UserInfo("troupe", "s3cret"))
+	if err != nil {
+		t.Fatalf("connect with credentials: %v", err)
+	}
+	nc.Close()
+	// The in-process connection carries the credentials itself.
+	connect(t, n).Close()
+}
+
+func TestClusterPassesMessages(t *testing.T) {
+	mk := func(name string, routes ...string) *Node {
+		cfg := DefaultConfig()
+		cfg.Name = name
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ClientAuth = Auth{Token: "client-token"}
+		cfg.JetStream.Enabled = false
+		cfg.Cluster = Cluster{
+			Name:   "c1",
+			Listen: "127.0.0.1:0",
+			Routes: routes,
+			Auth:   Auth{User: "route", Password: "pw"},
+		}
+		return startNode(t, cfg)
+	}
+	a := mk("a")
+	b := mk("b", a.RouteURL())
+	c := mk("c", a.RouteURL())
+	waitFor(t, "full mesh", func() bool {
+		return a.NumRoutes() >= 2 && b.NumRoutes() >= 2 && c.NumRoutes() >= 2
+	})
+
+	ncC := connect(t, c)
+	sub, err := ncC.Subscribe("ping", func(m *nats.Msg) { _ = m.Respond(append([]byte("pong "), m.Data...)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := ncC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ncA := connect(t, a)
+	var reply *nats.Msg
+	waitFor(t, "reply across the cluster", func() bool {
+		reply, err = ncA.Request("ping", []byte("from a"), 200*time.Millisecond)
+		return err == nil
+	})
+	if got := string(reply.Data); got != "pong from a" {
+		t.Errorf("reply = %q, want %q", got, "pong from a")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	base := DefaultConfig()
+	if err := base.Validate(); err != nil {
+		t.Fatalf("DefaultConfig().Validate() = %v, want nil", err)
+	}
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"empty name", func(c *Config) { c.Name = "" }, "server name"},
+		{"dotted name", func(c *Config) { c.Name = "a.b" }, "server name"},
+		{"bad listen", func(c *Config) { c.Listen = "localhost" }, "listen"},
+		{"port range", func(c *Config) { c.Listen = "127.0.0.1:70000" }, "port"},
+		{"user without password", func(c *Config) { c.ClientAuth.User = "u" }, "together"},
+		{"token and user", func(c *Config) { c.ClientAuth = Auth{User: "u", Password: "p", Token: "t"} }, "not both"},
+		{"tls without listener", func(c *Config) { c.ClientTLS = TLSFiles{Cert: "c", Key: "k"} }, "without a client listener"},
+		{"cert without key", func(c *Config) { c.Listen = ":0"; c.ClientTLS = TLSFiles{Cert: "c"} }, "together"},
+		{"verify without ca", func(c *Config) { c.Listen = ":0"; c.ClientTLS = TLSFiles{Cert: "c", Key: "k", Verify: true} }, "needs a ca"},
+		{"zero payload", func(c *Config) { c.MaxPayload = 0 }, "max payload"},
+		{"routes without listen", func(c *Config) { c.Cluster.Routes = []string{"127.0.0.1:6222"} }, "without a listen"},
+		{"cluster without name", func(c *Config) { c.Cluster.Listen = ":0"; c.JetStream.StoreDir = "d" }, "name"},
+		{"route token", func(c *Config) {
+			c.Cluster = Cluster{Name: "c", Listen: ":0", Auth: Auth{Token: "t"}}
+			c.JetStream.StoreDir = "d"
+		}, "not a token"},
+		{"bad route", func(c *Config) {
+			c.Cluster = Cluster{Name: "c", Listen: ":0", Routes: []string{"http://x:1"}}
+			c.JetStream.StoreDir = "d"
+		}, "scheme"},
+		{"clustered jetstream without dir", func(c *Config) { c.Listen = ":0"; c.Cluster = Cluster{Name: "c", Listen: ":0"} }, "store dir"},
+		{"cluster without client listener", func(c *Config) {
+			c.Cluster = Cluster{Name: "c", Listen: ":0"}
+			c.JetStream.Enabled = false
+		}, "client listener"},
+		{"replicas without cluster", func(c *Config) { c.JetStream.Replicas = 3 }, "need a cluster"},
+		{"bad storage", func(c *Config) { c.JetStream.Storage = 7 }, "storage(7)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want error containing %q", err, tt.want)
+			}
+			if _, serr := Start(context.Background(), c); serr == nil {
+				t.Errorf("Start accepted an invalid config")
+			}
+		})
+	}
+}
+
+func TestStartHonoursContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cfg := DefaultConfig()
+	cfg.JetStream.Enabled = false
+	n, err := Start(ctx, cfg)
+	if err == nil {
+		_ = n.Shutdown(context.Background())
+		t.Fatal("Start with a canceled context succeeded")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Start = %v, want context canceled", err)
+	}
+}
+
+// waitFor polls cond until it holds or five seconds pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
