@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
@@ -21,6 +22,7 @@ type replica struct {
 	client *Client
 	sched  *Scheduler
 	shards []*Shard
+	refs   []*actors.Ref[ShardCall]
 }
 
 func startReplica(t testing.TB, stages int, cfg Config) *replica {
@@ -44,6 +46,10 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		t.Fatal(err)
 	}
 	plane := xgmi.NewHost(node.Name())
+	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	const blocks = 256
 	var cleanups []func()
 	var subjects []string
@@ -64,13 +70,13 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		}
 		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, nil)
 		r.shards = append(r.shards, sh)
-		s := subj.ActorEndpoint("shard", sh.ID, "forward")
-		sub, err := bus.Serve(ctx, nc, s, "", sh.Forward)
+		ref, err := actors.Spawn(ctx, sys, sh.Props())
 		if err != nil {
 			t.Fatal(err)
 		}
-		subjects = append(subjects, s)
-		cleanups = append(cleanups, func() { sub.Unsubscribe(); cache.Close(); m.Close() })
+		r.refs = append(r.refs, ref)
+		subjects = append(subjects, subj.ActorEndpoint(ShardKind, sh.ID, "forward"))
+		cleanups = append(cleanups, func() { ref.Stop(context.Background()); cache.Close(); m.Close() })
 	}
 	kv, _ := NewKV(blocks, 16)
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
@@ -92,6 +98,7 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		for _, c := range cleanups {
 			c()
 		}
+		sys.Shutdown(context.Background())
 		nc.Close()
 		node.Shutdown(context.Background())
 		dev.Close()
@@ -159,4 +166,36 @@ func TestClientErrors(t *testing.T) {
 		t.Errorf("emit error: got %v", err)
 	}
 	waitFor(t, func() bool { st := r.sched.Stats(); return st.Running == 0 && st.KV.Used == 0 })
+}
+
+// TestShardPanicRestarts: a layer-shard that panics fails the step in
+// flight, is restarted by its supervisor, and the next request succeeds.
+func TestShardPanicRestarts(t *testing.T) {
+	samples := demoSamples(t)
+	r := startReplica(t, 2, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4})
+	var once sync.Once
+	r.shards[1].Fault = func() { once.Do(func() { panic("injected fault") }) }
+	ctx := context.Background()
+	s := samples[0]
+	final, err := r.client.Generate(ctx, SubmitMsg{ID: "a", Prompt: s.PromptIDs, MaxTokens: 8}, func(FrameMsg) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Reason != "error" {
+		t.Fatalf("request during the panic ended %q, want error", final.Reason)
+	}
+	var got []int32
+	final, err = r.client.Generate(ctx, SubmitMsg{ID: "b", Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+		got = append(got, f.ID)
+		return nil
+	})
+	if err != nil || final.Reason != "length" {
+		t.Fatalf("request after the restart: %v, reason %q", err, final.Reason)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) {
+		t.Errorf("after the restart: got %v, want %v", got, s.GreedyIDs)
+	}
+	if st := r.refs[1].Stats(); st.Restarts != 1 {
+		t.Errorf("shard stats %+v, want one restart", st)
+	}
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models"
 	ttrace "github.com/troupe/troupe/trace"
@@ -25,6 +27,10 @@ type Shard struct {
 	cache       *models.Cache
 	plane       *xgmi.Host
 	tracer      trace.Tracer
+
+	// Fault, when set, runs before each forward pass in the actor: a seam
+	// for injecting failures in tests.
+	Fault func()
 
 	mu  sync.Mutex // one step at a time
 	out []float32
@@ -104,6 +110,10 @@ func readRef(plane *xgmi.Host, ref bus.TensorRef) ([]float32, error) {
 // Pipeline is the Engine of a replica whose stages are layer-shard actors
 // reached over the bus.
 type Pipeline struct {
+	// StepTimeout bounds one stage's forward pass, so that a stage that
+	// died fails the step instead of hanging it.
+	StepTimeout time.Duration
+
 	nc     *nats.Conn
 	stages []string // forward subjects, in layer order
 	plane  *xgmi.Host
@@ -113,7 +123,7 @@ type Pipeline struct {
 
 // NewPipeline drives the stages listening on the given forward subjects.
 func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *Pipeline {
-	return &Pipeline{nc: nc, stages: stages, plane: plane, vocab: vocab}
+	return &Pipeline{StepTimeout: 30 * time.Second, nc: nc, stages: stages, plane: plane, vocab: vocab}
 }
 
 // Forward implements Engine: the plan goes to each stage in turn, each
@@ -126,7 +136,9 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 		if i > 0 {
 			msg.Tokens, msg.Input = nil, out
 		}
-		r, err := bus.Request[ForwardMsg, ForwardReply](ctx, p.nc, subj, msg)
+		sctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
+		r, err := bus.Request[ForwardMsg, ForwardReply](sctx, p.nc, subj, msg)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("pipeline stage %d: %w", i, err)
 		}
@@ -144,4 +156,48 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	}
 	copy(logits, rows)
 	return nil
+}
+
+// ShardCall is a forward request in a layer-shard actor's mailbox.
+type ShardCall = *actors.Call[ForwardMsg, ForwardReply]
+
+// ShardKind is the actor kind of layer-shards.
+const ShardKind = "shard"
+
+// Props describes the layer-shard actor serving s: its "forward" endpoint
+// feeds a bounded mailbox, and a panic restarts it (the loaded weights and
+// cache survive, owned by s) under the runtime's intensity limit.
+func (s *Shard) Props() actors.Props[ShardCall] {
+	return actors.Props[ShardCall]{
+		Kind:        ShardKind,
+		ID:          s.ID,
+		New:         func() actors.Actor[ShardCall] { return shardActor{s} },
+		Mailbox:     16,
+		Description: fmt.Sprintf("layers %d-%d", s.First, s.Last),
+		Endpoints: []actors.Endpoint[ShardCall]{
+			actors.Handle("forward", func(c *actors.Call[ForwardMsg, ForwardReply]) ShardCall { return c }),
+		},
+	}
+}
+
+type shardActor struct{ s *Shard }
+
+func (a shardActor) Receive(_ context.Context, c ShardCall) error {
+	// A panic fails the call in flight, then goes on to the supervisor,
+	// which restarts the actor.
+	defer func() {
+		if r := recover(); r != nil {
+			c.Fail(bus.Errorf(bus.CodeInternal, "shard %s panicked: %v", a.s.ID, r))
+			panic(r)
+		}
+	}()
+	if f := a.s.Fault; f != nil {
+		f()
+	}
+	resp, err := a.s.Forward(c.Context(), c.Req)
+	if err != nil {
+		c.Fail(err)
+		return err
+	}
+	return c.Reply(resp)
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/gpu"
@@ -22,13 +24,15 @@ import (
 
 // node is one troupe process: its bus server and the actors it runs.
 type node struct {
-	bus     *bus.Node
-	nc      *nats.Conn
-	subj    bus.Subjects
-	bundle  *models.Bundle
-	tok     *tokenizer.Tokenizer
-	dev     gpu.Device
-	backend *backend
+	bus      *bus.Node
+	nc       *nats.Conn
+	subj     bus.Subjects
+	actors   *actors.System
+	registry *actors.Registry
+	bundle   *models.Bundle
+	tok      *tokenizer.Tokenizer
+	dev      gpu.Device
+	backend  *backend
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -74,6 +78,32 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.subj, err = bus.NewSubjects(cfg.Cluster.Name); err != nil {
 		return nil, err
 	}
+	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node}, n.nc); err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.actors.Shutdown(sctx)
+	})
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return nil, fmt.Errorf("serve: jetstream: %w", err)
+	}
+	rc := actors.DefaultRegistryConfig()
+	rc.Bucket = n.subj.RegistryBucket()
+	if n.registry, err = actors.OpenRegistry(ctx, js, rc); err != nil {
+		return nil, fmt.Errorf("serve: registry: %w", err)
+	}
+	sp, err := actors.StartSpawner(ctx, n.actors, n.registry, actors.DefaultSpawnerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("serve: spawner: %w", err)
+	}
+	n.closers = append(n.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sp.Close(sctx)
+	})
 	if n.bundle, err = openBundle(cfg.Model); err != nil {
 		return nil, err
 	}
@@ -120,13 +150,16 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 			}
 			n.closers = append(n.closers, cache.Close)
 			sh := scheduler.NewShard(fmt.Sprintf("r%d-s%d", r, s), s, m, cache, plane, tp.TracerProvider())
-			subject := n.subj.ActorEndpoint("shard", sh.ID, "forward")
-			sub, err := bus.Serve(runCtx, n.nc, subject, "", sh.Forward)
+			ref, err := actors.Spawn(ctx, n.actors, sh.Props())
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("serve: spawn %s: %w", sh.ID, err)
 			}
-			n.closers = append(n.closers, func() { sub.Unsubscribe() })
-			stages = append(stages, subject)
+			n.closers = append(n.closers, func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				ref.Stop(sctx)
+			})
+			stages = append(stages, n.subj.ActorEndpoint(scheduler.ShardKind, sh.ID, "forward"))
 		}
 		kv, err := scheduler.NewKV(blocks, 16)
 		if err != nil {

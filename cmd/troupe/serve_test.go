@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// server is a troupe serve running in the test process.
+type server struct {
+	url    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startServe(t testing.TB, mutate func(*serveConfig)) *server {
+	t.Helper()
+	cfg := defaultServeConfig()
+	cfg.Node = "test"
+	cfg.MaxBatchTokens = 256
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &server{url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- serve(ctx, cfg, ln, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-s.done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(s.url + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *server) client() openai.Client {
+	return openai.NewClient(option.WithBaseURL(s.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+}
+
+type demoRef struct {
+	Prompt    string  `json:"prompt"`
+	GreedyIDs []int32 `json:"greedy_ids"`
+	Text      string  `json:"text"`
+}
+
+func demoRefs(t testing.TB) []demoRef {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "models", "demo", demo.Name, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct{ Samples []demoRef }
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Samples
+}
+
+// TestServeOpenAI drives the whole stack with the official Go client: the
+// greedy completion of every demo prompt equals the reference text.
+func TestServeOpenAI(t *testing.T) {
+	s := startServe(t, func(c *serveConfig) { c.Shards = 2 })
+	c := s.client()
+	ctx := context.Background()
+	for _, ref := range demoRefs(t) {
+		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+			Model:       openai.CompletionNewParamsModel(demo.Name),
+			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
+			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
+			Temperature: openai.Float(0),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Choices[0].Text; got != ref.Text {
+			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
+		}
+		if resp.Usage.CompletionTokens != int64(len(ref.GreedyIDs)) {
+			t.Errorf("usage %+v", resp.Usage)
+		}
+	}
+	// A streamed chat completion with the final usage chunk.
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:         openai.ChatModel(demo.Name),
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("How do I list files?")},
+		MaxTokens:     openai.Int(16),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	var text strings.Builder
+	var usage int64
+	for stream.Next() {
+		ch := stream.Current()
+		if len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Delta.Content)
+		}
+		if ch.Usage.CompletionTokens > 0 {
+			usage = ch.Usage.CompletionTokens
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if text.Len() == 0 || usage == 0 || usage > 16 {
+		t.Errorf("chat stream: text %q, usage %d", text.String(), usage)
+	}
+}
+
+// TestServeDisconnectFreesBlocks: a client that goes away mid-stream
+// cancels its generation and its KV blocks return to the pool.
+func TestServeDisconnectFreesBlocks(t *testing.T) {
+	s := startServe(t, nil)
+	c := s.client()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+		Model:     openai.CompletionNewParamsModel(demo.Name),
+		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("The kernel")},
+		MaxTokens: openai.Int(900),
+	})
+	if !stream.Next() {
+		t.Fatalf("no first chunk: %v", stream.Err())
+	}
+	if kv := metric(t, s, "troupe_backend_kv_usage_ratio"); kv <= 0 {
+		t.Errorf("kv usage %v while a request runs", kv)
+	}
+	cancel()
+	stream.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for metric(t, s, "troupe_backend_kv_usage_ratio") != 0 || metric(t, s, "troupe_backend_running") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("blocks not freed after the client left")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestServeOverload: with one sequence at a time and a queue of one, a
+// third concurrent request gets 429 with Retry-After.
+func TestServeOverload(t *testing.T) {
+	s := startServe(t, func(c *serveConfig) { c.MaxSeqs, c.MaxQueue = 1, 1 })
+	body := `{"model":"` + demo.Name + `","prompt":"The kernel","max_tokens":600,"stream":true}`
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); wg.Wait() }()
+	// Headers arrive with the first token, so each request runs in its own goroutine.
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/completions", strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return // cancelled at the end of the test
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+		if i == 0 {
+			// Wait until the first runs, so that the second waits in the queue.
+			deadline := time.Now().Add(30 * time.Second)
+			for metric(t, s, "troupe_backend_running") != 1 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for metric(t, s, "troupe_backend_queue_depth") != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Post(s.url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("third request: status %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// metric reads one unlabelled value from /metrics.
+func metric(t testing.TB, s *server, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			var v float64
+			fmt.Sscan(rest, &v)
+			return v
+		}
+	}
+	t.Fatalf("metric %s not exported:\n%s", name, raw)
+	return 0
+}

@@ -1,0 +1,335 @@
+package cpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// lanes are the kernel sets this machine can run: always the portable one,
+// and the assembly one where the processor has it.
+func lanes() []*kernels {
+	ks := []*kernels{genericKernels}
+	if k := fastKernels(); k != genericKernels {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func open(t testing.TB, k *kernels, threads int) *Device {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Threads = threads
+	d, err := newDevice(cfg, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func TestConformance(t *testing.T) {
+	// The large shapes take the float64 reference tens of seconds under
+	// the race detector; the small ones still cover every code path.
+	// The portable lane runs the same loops over the same blocking, so the
+	// large shapes run on the fastest lane only.
+	large := !testing.Short() && !raceEnabled
+	fastest := fastKernels()
+	for _, k := range lanes() {
+		for _, threads := range []int{1, 2, 3} {
+			t.Run(fmt.Sprintf("%s/threads=%d", k.name, threads), func(t *testing.T) {
+				d := open(t, k, threads)
+				gputest.Run(t, d, gputest.Options{
+					Tol:          1e-5,
+					CacheDTypes:  []gpu.DType{gpu.F32, gpu.BF16},
+					WeightDTypes: []gpu.DType{gpu.F32, gpu.BF16, gpu.F16},
+					Large:        large && threads == 2 && k == fastest,
+				})
+			})
+		}
+	}
+}
+
+func randF32(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+func randU16(rng *rand.Rand, n int, dt gpu.DType) []uint16 {
+	v := make([]uint16, n)
+	for i := range v {
+		f := float32(rng.NormFloat64())
+		if dt == gpu.BF16 {
+			v[i] = gpu.F32ToBF16(f)
+		} else {
+			v[i] = gpu.F32ToF16(f)
+		}
+	}
+	return v
+}
+
+// relErr is ‖got−want‖₂/‖want‖₂.
+func relErr(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		e := float64(got[i]) - float64(want[i])
+		num += e * e
+		den += float64(want[i]) * float64(want[i])
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func absF32(v []float32) []float32 {
+	a := make([]float32, len(v))
+	for i, x := range v {
+		a[i] = float32(math.Abs(float64(x)))
+	}
+	return a
+}
+
+func absU16(v []uint16) []uint16 {
+	a := make([]uint16, len(v))
+	for i, x := range v {
+		a[i] = x &^ 0x8000
+	}
+	return a
+}
+
+// diff is ‖got−want‖₂/‖scale‖₂, where scale holds the same sums taken over
+// absolute values: rounding differences between summation orders are
+// relative to it, not to a sum that cancels.
+func diff(got, want, scale []float32) float64 {
+	var num, den float64
+	for i := range want {
+		e := float64(got[i]) - float64(want[i])
+		num += e * e
+		den += float64(scale[i]) * float64(scale[i])
+	}
+	return math.Sqrt(num / den)
+}
+
+// TestKernelsAgree checks the assembly kernels against the portable ones
+// over sizes that exercise every remainder path.
+func TestKernelsAgree(t *testing.T) {
+	fast := fastKernels()
+	if fast == genericKernels {
+		t.Skip("no assembly kernels on this processor")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	const tol = 1e-6
+	for _, k := range []int{1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 100, 384} {
+		for _, rows := range []int{1, 2, 3, 4, 5, 8, 13} {
+			stride := k + rng.IntN(5)
+			x := randF32(rng, k)
+			wf := randF32(rng, (rows-1)*stride+k)
+			got, want, scale := make([]float32, rows), make([]float32, rows), make([]float32, rows)
+			fast.gemvF32(got, x, wf, stride, rows, k)
+			genericKernels.gemvF32(want, x, wf, stride, rows, k)
+			genericKernels.gemvF32(scale, absF32(x), absF32(wf), stride, rows, k)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("gemv f32 k=%d rows=%d: error %.3g", k, rows, e)
+			}
+			for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+				wh := randU16(rng, (rows-1)*stride+k, dt)
+				f, g := fast.gemvBF16, genericKernels.gemvBF16
+				if dt == gpu.F16 {
+					f, g = fast.gemvF16, genericKernels.gemvF16
+				}
+				f(got, x, wh, stride, rows, k)
+				g(want, x, wh, stride, rows, k)
+				g(scale, absF32(x), absU16(wh), stride, rows, k)
+				if e := diff(got, want, scale); e > tol {
+					t.Errorf("gemv %s k=%d rows=%d: error %.3g", dt, k, rows, e)
+				}
+			}
+		}
+	}
+	for _, k8 := range []int{8, 16, 24, 64, 392} {
+		xs, ws, os := k8+8*rng.IntN(3), k8+8*rng.IntN(3), 3+rng.IntN(4)
+		x, w := randF32(rng, 3*xs+k8), randF32(rng, 2*ws+k8)
+		got, want, scale := make([]float32, 3*os+3), make([]float32, 3*os+3), make([]float32, 3*os+3)
+		fast.gemm4x3(got, os, x, xs, w, ws, k8)
+		genericKernels.gemm4x3(want, os, x, xs, w, ws, k8)
+		genericKernels.gemm4x3(scale, os, absF32(x), xs, absF32(w), ws, k8)
+		if e := diff(got, want, scale); e > tol {
+			t.Errorf("gemm4x3 k=%d: error %.3g", k8, e)
+		}
+	}
+	for _, hd := range []int{3, 8, 24, 64, 72, 128, 136} {
+		for _, rows := range []int{1, 5, 16} {
+			vs := hd + rng.IntN(9)
+			v, p := randF32(rng, (rows-1)*vs+hd), randF32(rng, rows)
+			got, want := randF32(rng, hd), make([]float32, hd)
+			copy(want, got)
+			scale := absF32(got)
+			fast.accum(got, v, vs, p)
+			genericKernels.accum(want, v, vs, p)
+			genericKernels.accum(scale, absF32(v), vs, absF32(p))
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("accum hd=%d rows=%d: error %.3g", hd, rows, e)
+			}
+			vh := randU16(rng, (rows-1)*vs+hd, gpu.BF16)
+			copy(got, want)
+			scale = absF32(got)
+			fast.accumBF16(got, vh, vs, p)
+			genericKernels.accumBF16(want, vh, vs, p)
+			genericKernels.accumBF16(scale, absU16(vh), vs, absF32(p))
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("accum bf16 hd=%d rows=%d: error %.3g", hd, rows, e)
+			}
+		}
+	}
+	for _, n := range []int{1, 8, 31, 64, 1000} {
+		for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+			src := randU16(rng, n, dt)
+			got, want := make([]float32, n), make([]float32, n)
+			if dt == gpu.BF16 {
+				fast.cvtBF16(got, src)
+				genericKernels.cvtBF16(want, src)
+			} else {
+				fast.cvtF16(got, src)
+				genericKernels.cvtF16(want, src)
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("cvt %s n=%d: element %d is %v, want %v", dt, n, i, got[i], want[i])
+				}
+			}
+		}
+		// Softmax arguments reach far below zero; SiLU's span both signs.
+		x := randF32(rng, n)
+		for i := range x {
+			x[i] *= 30
+		}
+		got, want := append([]float32(nil), x...), append([]float32(nil), x...)
+		m := float32(math.Inf(-1))
+		for _, v := range x {
+			m = max(m, v)
+		}
+		sg, sw := fast.expShift(got, m), genericKernels.expShift(want, m)
+		if e := relErr(got, want); e > tol || math.Abs(float64(sg-sw)) > tol*float64(sw) {
+			t.Errorf("expShift n=%d: error %.3g, sum %v, want %v", n, e, sg, sw)
+		}
+		u := randF32(rng, n)
+		fast.siluMul(got, x, u)
+		genericKernels.siluMul(want, x, u)
+		if e := relErr(got, want); e > tol {
+			t.Errorf("siluMul n=%d: error %.3g", n, e)
+		}
+		v := randF32(rng, n)
+		sum, wantSum := fast.sum(v), genericKernels.sum(v)
+		if math.Abs(float64(sum-wantSum)) > 1e-4*math.Sqrt(float64(n)) {
+			t.Errorf("sum n=%d: got %v, want %v", n, sum, wantSum)
+		}
+	}
+}
+
+func TestExpf(t *testing.T) {
+	worst := 0.0
+	for x := -87.0; x < 88.7; x += 0.00731 {
+		got := float64(expf(float32(x)))
+		want := math.Exp(float64(float32(x)))
+		worst = math.Max(worst, math.Abs(got-want)/want)
+	}
+	// A few float32 units in the last place (2⁻²⁴ ≈ 6e-8).
+	if worst > 3e-7 {
+		t.Errorf("expf: worst relative error %.3g, want <= 3e-7", worst)
+	}
+	if v := expf(100); !math.IsInf(float64(v), 1) {
+		t.Errorf("expf(100) = %v, want +Inf", v)
+	}
+	if v := expf(-200); v != 0 {
+		t.Errorf("expf(-200) = %v, want 0", v)
+	}
+	if v := expf(float32(math.NaN())); v == v {
+		t.Errorf("expf(NaN) = %v, want NaN", v)
+	}
+}
+
+func TestArgmax(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, k := range lanes() {
+		d := open(t, k, 2)
+		const n, width = 9, 5000
+		v := randF32(rng, n*width)
+		want := make([]int32, n)
+		for r := range n {
+			row := v[r*width : (r+1)*width]
+			// A tie for the maximum: the lower index must win.
+			a, b := rng.IntN(width/2), width/2+rng.IntN(width/2)
+			row[a], row[b] = 10, 10
+			want[r] = int32(a)
+		}
+		logits, _ := d.Alloc(gpu.F32, n*width)
+		out, _ := d.Alloc(gpu.I32, n)
+		if err := d.Write(logits, 0, gpu.F32Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Argmax(out, logits, n, width); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]int32, n)
+		if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
+			t.Fatal(err)
+		}
+		for r := range n {
+			if got[r] != want[r] {
+				t.Errorf("%s: row %d: got %d, want %d", k.name, r, got[r], want[r])
+			}
+		}
+	}
+}
+
+func TestConfig(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("default config: %v", err)
+	}
+	for _, c := range []Config{{Threads: -1}, {Threads: maxThreads + 1}, {Spin: -time.Second}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: got no error", c)
+		}
+		if _, err := New(c); err == nil {
+			t.Errorf("New(%+v): got no error", c)
+		}
+	}
+}
+
+func TestClose(t *testing.T) {
+	d, err := New(Config{Threads: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := d.Alloc(gpu.F32, 4)
+	if err := d.Add(b, b, b, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	if err := d.Add(b, b, b, 4); !errors.Is(err, errClosed) {
+		t.Errorf("add after close: got %v, want %v", err, errClosed)
+	}
+	if err := d.Sync(context.Background()); err != nil {
+		t.Errorf("sync: %v", err)
+	}
+}

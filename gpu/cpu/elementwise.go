@@ -1,0 +1,304 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// elemGrain is the least number of elements worth handing to another
+// thread in an elementwise operation.
+const elemGrain = 16 << 10
+
+// Add implements gpu.Ops.
+func (d *Device) Add(out, a, c gpu.Buffer, n int) error {
+	const op = "add"
+	b, err := d.args(op, out, a, c)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n); err != nil {
+		return err
+	}
+	o, err := f32(op, "out", b[0], n)
+	if err != nil {
+		return err
+	}
+	av, err := f32(op, "a", b[1], n)
+	if err != nil {
+		return err
+	}
+	cv, err := f32(op, "b", b[2], n)
+	if err != nil {
+		return err
+	}
+	d.pool.For(n, elemGrain, func(_, lo, hi int) {
+		o, av, cv := o[lo:hi], av[lo:hi], cv[lo:hi]
+		for i := range o {
+			o[i] = av[i] + cv[i]
+		}
+	})
+	return nil
+}
+
+// SiLUMul implements gpu.Ops.
+func (d *Device) SiLUMul(out, gate, up gpu.Buffer, n int) error {
+	const op = "silumul"
+	b, err := d.args(op, out, gate, up)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n); err != nil {
+		return err
+	}
+	o, err := f32(op, "out", b[0], n)
+	if err != nil {
+		return err
+	}
+	g, err := f32(op, "gate", b[1], n)
+	if err != nil {
+		return err
+	}
+	u, err := f32(op, "up", b[2], n)
+	if err != nil {
+		return err
+	}
+	d.pool.For(n, elemGrain/4, func(_, lo, hi int) { d.k.siluMul(o[lo:hi], g[lo:hi], u[lo:hi]) })
+	return nil
+}
+
+// RMSNorm implements gpu.Ops.
+func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
+	const op = "rmsnorm"
+	b, err := d.args(op, out, x, w)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, dim); err != nil {
+		return err
+	}
+	o, err := f32(op, "out", b[0], n*dim)
+	if err != nil {
+		return err
+	}
+	xv, err := f32(op, "x", b[1], n*dim)
+	if err != nil {
+		return err
+	}
+	wm, err := matOf(op, "w", b[2], dim)
+	if err != nil {
+		return err
+	}
+	if n == 0 || dim == 0 {
+		return nil
+	}
+	wf := wm.f
+	if wm.dt != gpu.F32 {
+		wf = make([]float32, dim)
+		wm.row(d.k, wf, 0)
+	}
+	d.pool.For(n, max(1, elemGrain/dim), func(_, lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, or := xv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
+			var s0, s1 float32
+			j := 0
+			for ; j+2 <= dim; j += 2 {
+				s0 += xr[j] * xr[j]
+				s1 += xr[j+1] * xr[j+1]
+			}
+			if j < dim {
+				s0 += xr[j] * xr[j]
+			}
+			inv := float32(1 / math.Sqrt(float64(s0+s1)/float64(dim)+float64(eps)))
+			for j, v := range xr {
+				or[j] = v * inv * wf[j]
+			}
+		}
+	})
+	return nil
+}
+
+// Embed implements gpu.Ops.
+func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
+	const op = "embed"
+	b, err := d.args(op, out, table, ids)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, dim); err != nil {
+		return err
+	}
+	if dim == 0 {
+		return fmt.Errorf("%s: zero dim", op)
+	}
+	o, err := f32(op, "out", b[0], n*dim)
+	if err != nil {
+		return err
+	}
+	id, err := i32(op, "ids", b[2], n)
+	if err != nil {
+		return err
+	}
+	t, err := matOf(op, "table", b[1], 0)
+	if err != nil {
+		return err
+	}
+	rows := b[1].Len() / dim
+	for i, r := range id[:n] {
+		if r < 0 || int(r) >= rows {
+			return fmt.Errorf("%s: id %d of token %d outside [0,%d)", op, r, i, rows)
+		}
+	}
+	for i, r := range id[:n] {
+		t.row(d.k, o[i*dim:(i+1)*dim], int(r)*dim)
+	}
+	return nil
+}
+
+// RoPE implements gpu.Ops. Angles are formed in float64 (positions reach
+// the thousands), once per token and frequency, and shared by the heads.
+func (d *Device) RoPE(x, pos, invFreq gpu.Buffer, n, heads, headDim int) error {
+	const op = "rope"
+	b, err := d.args(op, x, pos, invFreq)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, heads, headDim); err != nil {
+		return err
+	}
+	if headDim%2 != 0 {
+		return fmt.Errorf("%s: odd head dim %d", op, headDim)
+	}
+	half := headDim / 2
+	xv, err := f32(op, "x", b[0], n*heads*headDim)
+	if err != nil {
+		return err
+	}
+	p, err := i32(op, "pos", b[1], n)
+	if err != nil {
+		return err
+	}
+	f, err := f32(op, "invFreq", b[2], half)
+	if err != nil {
+		return err
+	}
+	width := heads * headDim
+	d.pool.For(n, max(1, elemGrain/max(1, 4*width)), func(tid, lo, hi int) {
+		cs := d.scratch[tid].get(2 * half)
+		cos, sin := cs[:half], cs[half:]
+		for t := lo; t < hi; t++ {
+			pt := float64(p[t])
+			for i := range half {
+				s, c := math.Sincos(pt * float64(f[i]))
+				cos[i], sin[i] = float32(c), float32(s)
+			}
+			for h := range heads {
+				row := xv[t*width+h*headDim : t*width+(h+1)*headDim]
+				lo, hi := row[:half], row[half:]
+				for i := range half {
+					a, b := lo[i], hi[i]
+					lo[i] = a*cos[i] - b*sin[i]
+					hi[i] = b*cos[i] + a*sin[i]
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// StoreKV implements gpu.Ops for F32, BF16 and F16 caches. Tokens are
+// stored in parallel, so when two share a slot which one lands is
+// unspecified.
+func (d *Device) StoreKV(kc, vc, k, v, slots gpu.Buffer, n, width int) error {
+	const op = "storekv"
+	b, err := d.args(op, kc, vc, k, v, slots)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, width); err != nil {
+		return err
+	}
+	kv, err := f32(op, "k", b[2], n*width)
+	if err != nil {
+		return err
+	}
+	vv, err := f32(op, "v", b[3], n*width)
+	if err != nil {
+		return err
+	}
+	sl, err := i32(op, "slots", b[4], n)
+	if err != nil {
+		return err
+	}
+	for i, c := range b[:2] {
+		if !c.DType().IsFloat() {
+			return fmt.Errorf("%s: cache %d has dtype %s", op, i, c.DType())
+		}
+	}
+	for t, s := range sl[:n] {
+		if s < 0 || (int(s)+1)*width > b[0].Len() || (int(s)+1)*width > b[1].Len() {
+			return fmt.Errorf("%s: slot %d of token %d outside the cache", op, s, t)
+		}
+	}
+	d.pool.For(n, max(1, elemGrain/max(1, 2*width)), func(_, lo, hi int) {
+		for t := lo; t < hi; t++ {
+			off := int(sl[t]) * width
+			for i, c := range b[:2] {
+				src := [2][]float32{kv, vv}[i][t*width : (t+1)*width]
+				switch c.DType() {
+				case gpu.F32:
+					copy(c.F32()[off:], src)
+				case gpu.BF16:
+					dst := c.U16()[off : off+width]
+					for j, x := range src {
+						dst[j] = gpu.F32ToBF16(x)
+					}
+				case gpu.F16:
+					dst := c.U16()[off : off+width]
+					for j, x := range src {
+						dst[j] = gpu.F32ToF16(x)
+					}
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// Argmax implements gpu.Argmaxer; NaNs are never chosen unless a row holds
+// nothing else.
+func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
+	const op = "argmax"
+	b, err := d.args(op, out, logits)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, width); err != nil {
+		return err
+	}
+	if width == 0 && n > 0 {
+		return fmt.Errorf("%s: zero width", op)
+	}
+	o, err := i32(op, "out", b[0], n)
+	if err != nil {
+		return err
+	}
+	l, err := f32(op, "logits", b[1], n*width)
+	if err != nil {
+		return err
+	}
+	d.pool.For(n, max(1, elemGrain/max(1, width)), func(_, lo, hi int) {
+		for r := lo; r < hi; r++ {
+			row := l[r*width : (r+1)*width]
+			best, bv := 0, float32(math.Inf(-1))
+			for j, v := range row {
+				if v > bv {
+					best, bv = j, v
+				}
+			}
+			o[r] = int32(best)
+		}
+	})
+	return nil
+}

@@ -1,0 +1,174 @@
+package cpu
+
+import "github.com/troupe/troupe/gpu"
+
+// kernels are the inner loops of the lane. Two sets exist: generic (portable
+// Go) and, on amd64 with AVX2/FMA/F16C, assembly. Every kernel accumulates
+// in float32.
+type kernels struct {
+	name string
+	// gemv* set out[r] = x[:k] · w[r*stride : r*stride+k] for r < rows.
+	gemvF32  func(out, x, w []float32, stride, rows, k int)
+	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
+	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
+	// gemm4x3 sets out[i*ostride+j] = x[i*xstride:][:k8] · w[j*wstride:][:k8]
+	// for i < 4, j < 3; k8 is a positive multiple of 8.
+	gemm4x3 func(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int)
+	// accum adds Σ_r p[r]*v[r*vstride : r*vstride+len(acc)] to acc for
+	// r < len(p).
+	accum     func(acc, v []float32, vstride int, p []float32)
+	accumBF16 func(acc []float32, v []uint16, vstride int, p []float32)
+	// expShift sets s[i] = exp(s[i]-m) and returns Σ s[i]; m ≥ max(s).
+	expShift func(s []float32, m float32) float32
+	// siluMul sets o[i] = silu(g[i]) * u[i]; o may alias g or u.
+	siluMul func(o, g, u []float32)
+	// cvtBF16 and cvtF16 widen src into dst[:len(src)].
+	cvtBF16 func(dst []float32, src []uint16)
+	cvtF16  func(dst []float32, src []uint16)
+	// sum returns Σ p[i]; it exists to measure read bandwidth.
+	sum func(p []float32) float32
+}
+
+var genericKernels = &kernels{
+	name:      "generic",
+	gemvF32:   gemvF32Go,
+	gemvBF16:  gemvBF16Go,
+	gemvF16:   gemvF16Go,
+	gemm4x3:   gemm4x3Go,
+	accum:     accumGo,
+	accumBF16: accumBF16Go,
+	expShift:  expShiftGo,
+	siluMul:   siluMulGo,
+	cvtBF16:   cvtBF16Go,
+	cvtF16:    cvtF16Go,
+	sum:       sumGo,
+}
+
+func gemvF32Go(out, x, w []float32, stride, rows, k int) {
+	x = x[:k]
+	for r := range rows {
+		out[r] = dotGo(x, w[r*stride:r*stride+k])
+	}
+}
+
+// dotGo keeps four partial sums, which lets the loop run at about one
+// element per cycle.
+func dotGo(x, w []float32) float32 {
+	w = w[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * w[i]
+		s1 += x[i+1] * w[i+1]
+		s2 += x[i+2] * w[i+2]
+		s3 += x[i+3] * w[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * w[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func gemvBF16Go(out, x []float32, w []uint16, stride, rows, k int) {
+	x = x[:k]
+	for r := range rows {
+		row := w[r*stride : r*stride+k]
+		var s0, s1, s2, s3 float32
+		i := 0
+		for ; i+4 <= k; i += 4 {
+			s0 += x[i] * gpu.BF16ToF32(row[i])
+			s1 += x[i+1] * gpu.BF16ToF32(row[i+1])
+			s2 += x[i+2] * gpu.BF16ToF32(row[i+2])
+			s3 += x[i+3] * gpu.BF16ToF32(row[i+3])
+		}
+		for ; i < k; i++ {
+			s0 += x[i] * gpu.BF16ToF32(row[i])
+		}
+		out[r] = (s0 + s1) + (s2 + s3)
+	}
+}
+
+func gemvF16Go(out, x []float32, w []uint16, stride, rows, k int) {
+	x = x[:k]
+	for r := range rows {
+		row := w[r*stride : r*stride+k]
+		var s float32
+		for i, h := range row {
+			s += x[i] * gpu.F16ToF32(h)
+		}
+		out[r] = s
+	}
+}
+
+func gemm4x3Go(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int) {
+	for i := range 4 {
+		xr := x[i*xstride : i*xstride+k8]
+		for j := range 3 {
+			out[i*ostride+j] = dotGo(xr, w[j*wstride:j*wstride+k8])
+		}
+	}
+}
+
+func accumGo(acc, v []float32, vstride int, p []float32) {
+	for r, pr := range p {
+		row := v[r*vstride : r*vstride+len(acc)]
+		for c := range acc {
+			acc[c] += pr * row[c]
+		}
+	}
+}
+
+func cvtBF16Go(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	for i, h := range src {
+		dst[i] = gpu.BF16ToF32(h)
+	}
+}
+
+func cvtF16Go(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	for i, h := range src {
+		dst[i] = gpu.F16ToF32(h)
+	}
+}
+
+func sumGo(p []float32) float32 {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(p); i += 4 {
+		s0 += p[i]
+		s1 += p[i+1]
+		s2 += p[i+2]
+		s3 += p[i+3]
+	}
+	for ; i < len(p); i++ {
+		s0 += p[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func accumBF16Go(acc []float32, v []uint16, vstride int, p []float32) {
+	for r, pr := range p {
+		row := v[r*vstride : r*vstride+len(acc)]
+		for c := range acc {
+			acc[c] += pr * gpu.BF16ToF32(row[c])
+		}
+	}
+}
+
+func expShiftGo(s []float32, m float32) float32 {
+	var sum float32
+	for i, v := range s {
+		e := expf(v - m)
+		s[i] = e
+		sum += e
+	}
+	return sum
+}
+
+func siluMulGo(o, g, u []float32) {
+	g, u = g[:len(o)], u[:len(o)]
+	for i := range o {
+		o[i] = g[i] / (1 + expf(-g[i])) * u[i]
+	}
+}

@@ -1,0 +1,212 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import "golang.org/x/sys/cpu"
+
+// hasAVX2 reports, once at start-up, whether the assembly kernels can run.
+var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+
+// fastKernels returns the best kernels for this processor.
+func fastKernels() *kernels {
+	if hasAVX2 {
+		return avx2Kernels
+	}
+	return genericKernels
+}
+
+var avx2Kernels = &kernels{
+	name:      "avx2",
+	gemvF32:   gemvF32Asm,
+	gemvBF16:  gemvBF16Asm,
+	gemvF16:   gemvF16Asm,
+	gemm4x3:   gemm4x3Asm,
+	accum:     accumAsm,
+	accumBF16: accumBF16Asm,
+	expShift:  expShiftAsm,
+	siluMul:   siluMulAsm,
+	cvtBF16:   cvtBF16Asm,
+	cvtF16:    cvtF16Asm,
+	sum:       sumAsm,
+}
+
+//go:noescape
+func gemvF32AVX2(out, x, w *float32, stride, rows, k8 int)
+
+//go:noescape
+func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride, k8 int)
+
+//go:noescape
+func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
+
+//go:noescape
+func accumBF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int)
+
+//go:noescape
+func expShiftAVX2(s *float32, n8 int, m float32) float32
+
+//go:noescape
+func siluMulAVX2(out, gate, up *float32, n8 int)
+
+//go:noescape
+func cvtBF16AVX2(dst *float32, src *uint16, n8 int)
+
+//go:noescape
+func cvtF16AVX2(dst *float32, src *uint16, n8 int)
+
+//go:noescape
+func sumF32AVX2(p *float32, n32 int) float32
+
+// checkGEMV panics unless the slices hold what a gemv of rows×k reads and
+// writes; the assembly trusts its pointers.
+func checkGEMV(out, x []float32, wlen, stride, rows, k int) {
+	if rows <= 0 {
+		return
+	}
+	_ = out[rows-1]
+	_ = x[k-1]
+	if (rows-1)*stride+k > wlen {
+		panic("cpu: gemv weights out of range")
+	}
+}
+
+func gemvF32Asm(out, x, w []float32, stride, rows, k int) {
+	if rows <= 0 || k <= 0 {
+		clear(out[:max(rows, 0)])
+		return
+	}
+	checkGEMV(out, x, len(w), stride, rows, k)
+	k8 := k &^ 7
+	gemvF32AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
+	if k8 < k {
+		for r := range rows {
+			out[r] += dotGo(x[k8:k], w[r*stride+k8:r*stride+k])
+		}
+	}
+}
+
+func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
+	if rows <= 0 || k <= 0 {
+		clear(out[:max(rows, 0)])
+		return
+	}
+	checkGEMV(out, x, len(w), stride, rows, k)
+	k8 := k &^ 7
+	gemvBF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
+	if k8 < k {
+		var tail [1]float32
+		for r := range rows {
+			gemvBF16Go(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
+			out[r] += tail[0]
+		}
+	}
+}
+
+func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
+	if rows <= 0 || k <= 0 {
+		clear(out[:max(rows, 0)])
+		return
+	}
+	checkGEMV(out, x, len(w), stride, rows, k)
+	k8 := k &^ 7
+	gemvF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
+	if k8 < k {
+		var tail [1]float32
+		for r := range rows {
+			gemvF16Go(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
+			out[r] += tail[0]
+		}
+	}
+}
+
+func gemm4x3Asm(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int) {
+	if k8 <= 0 || k8%8 != 0 {
+		panic("cpu: gemm4x3 depth is not a positive multiple of 8")
+	}
+	_ = out[3*ostride+2]
+	_ = x[3*xstride+k8-1]
+	_ = w[2*wstride+k8-1]
+	gemm4x3AVX2(&out[0], ostride, &x[0], xstride, &w[0], wstride, k8)
+}
+
+func accumAsm(acc, v []float32, vstride int, p []float32) {
+	rows, hd := len(p), len(acc)
+	if rows == 0 || hd == 0 {
+		return
+	}
+	_ = v[(rows-1)*vstride+hd-1]
+	hd8 := hd &^ 7
+	if hd8 > 0 {
+		accumF32AVX2(&acc[0], &v[0], vstride, &p[0], rows, hd8)
+	}
+	if hd8 < hd {
+		accumGo(acc[hd8:], v[hd8:], vstride, p)
+	}
+}
+
+func cvtBF16Asm(dst []float32, src []uint16) {
+	n8 := len(src) &^ 7
+	if n8 > 0 {
+		_ = dst[len(src)-1]
+		cvtBF16AVX2(&dst[0], &src[0], n8)
+	}
+	cvtBF16Go(dst[n8:], src[n8:])
+}
+
+func cvtF16Asm(dst []float32, src []uint16) {
+	n8 := len(src) &^ 7
+	if n8 > 0 {
+		_ = dst[len(src)-1]
+		cvtF16AVX2(&dst[0], &src[0], n8)
+	}
+	cvtF16Go(dst[n8:], src[n8:])
+}
+
+func sumAsm(p []float32) float32 {
+	n32 := len(p) &^ 31
+	var s float32
+	if n32 > 0 {
+		s = sumF32AVX2(&p[0], n32)
+	}
+	return s + sumGo(p[n32:])
+}
+
+func accumBF16Asm(acc []float32, v []uint16, vstride int, p []float32) {
+	rows, hd := len(p), len(acc)
+	if rows == 0 || hd == 0 {
+		return
+	}
+	_ = v[(rows-1)*vstride+hd-1]
+	hd8 := hd &^ 7
+	if hd8 > 0 {
+		accumBF16AVX2(&acc[0], &v[0], vstride, &p[0], rows, hd8)
+	}
+	if hd8 < hd {
+		accumBF16Go(acc[hd8:], v[hd8:], vstride, p)
+	}
+}
+
+func expShiftAsm(s []float32, m float32) float32 {
+	n8 := len(s) &^ 7
+	var sum float32
+	if n8 > 0 {
+		sum = expShiftAVX2(&s[0], n8, m)
+	}
+	return sum + expShiftGo(s[n8:], m)
+}
+
+func siluMulAsm(o, g, u []float32) {
+	n := len(o)
+	g, u = g[:n], u[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		siluMulAVX2(&o[0], &g[0], &u[0], n8)
+	}
+	siluMulGo(o[n8:], g[n8:], u[n8:])
+}

@@ -1,0 +1,890 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// Kernels for x86-64 with AVX2, FMA and F16C. Strides are in elements; the
+// callers in kernels_amd64.go check bounds and handle the k%8 tails.
+
+// func gemvF32AVX2(out *float32, x *float32, w *float32, stride int, rows int, k8 int)
+// out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
+TEXT ·gemvF32AVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ stride+24(FP), R8
+	SHLQ $2, R8
+	MOVQ rows+32(FP), R9
+	MOVQ k8+40(FP), R10
+	MOVQ R10, CX
+	ANDQ $-16, CX
+rows4:
+	CMPQ R9, $4
+	JLT rows1
+	LEAQ (DX)(R8*1), R11
+	LEAQ (DX)(R8*2), R12
+	LEAQ (R11)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+loop4x16:
+	CMPQ AX, CX
+	JGE loop4x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VMOVUPS (DX)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VMOVUPS 32(DX)(AX*4), Y11
+	VFMADD231PS Y11, Y9, Y4
+	VMOVUPS (R11)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y1
+	VMOVUPS 32(R11)(AX*4), Y11
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS (R12)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VMOVUPS 32(R12)(AX*4), Y11
+	VFMADD231PS Y11, Y9, Y6
+	VMOVUPS (R13)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y3
+	VMOVUPS 32(R13)(AX*4), Y11
+	VFMADD231PS Y11, Y9, Y7
+	ADDQ $16, AX
+	JMP loop4x16
+loop4x8:
+	CMPQ AX, R10
+	JGE reduce4
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS (DX)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VMOVUPS (R11)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y1
+	VMOVUPS (R12)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VMOVUPS (R13)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y3
+	ADDQ $8, AX
+reduce4:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	LEAQ (DX)(R8*4), DX
+	SUBQ $4, R9
+	JMP rows4
+rows1:
+	TESTQ R9, R9
+	JEQ done
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	XORQ AX, AX
+loop1x16:
+	CMPQ AX, CX
+	JGE loop1x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VMOVUPS (DX)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VMOVUPS 32(DX)(AX*4), Y11
+	VFMADD231PS Y11, Y9, Y4
+	ADDQ $16, AX
+	JMP loop1x16
+loop1x8:
+	CMPQ AX, R10
+	JGE reduce1
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS (DX)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	ADDQ $8, AX
+reduce1:
+	VADDPS Y4, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R8, DX
+	DECQ R9
+	JMP rows1
+done:
+	VZEROUPPER
+	RET
+
+// func gemvBF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
+// out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
+TEXT ·gemvBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ stride+24(FP), R8
+	SHLQ $1, R8
+	MOVQ rows+32(FP), R9
+	MOVQ k8+40(FP), R10
+	MOVQ R10, CX
+	ANDQ $-16, CX
+rows4:
+	CMPQ R9, $4
+	JLT rows1
+	LEAQ (DX)(R8*1), R11
+	LEAQ (DX)(R8*2), R12
+	LEAQ (R11)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+loop4x16:
+	CMPQ AX, CX
+	JGE loop4x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VPMOVZXWD (DX)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	VPMOVZXWD 16(DX)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y9, Y4
+	VPMOVZXWD (R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y1
+	VPMOVZXWD 16(R11)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y9, Y5
+	VPMOVZXWD (R12)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y2
+	VPMOVZXWD 16(R12)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y9, Y6
+	VPMOVZXWD (R13)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y3
+	VPMOVZXWD 16(R13)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y9, Y7
+	ADDQ $16, AX
+	JMP loop4x16
+loop4x8:
+	CMPQ AX, R10
+	JGE reduce4
+	VMOVUPS (SI)(AX*4), Y8
+	VPMOVZXWD (DX)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	VPMOVZXWD (R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y1
+	VPMOVZXWD (R12)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y2
+	VPMOVZXWD (R13)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y3
+	ADDQ $8, AX
+reduce4:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	LEAQ (DX)(R8*4), DX
+	SUBQ $4, R9
+	JMP rows4
+rows1:
+	TESTQ R9, R9
+	JEQ done
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	XORQ AX, AX
+loop1x16:
+	CMPQ AX, CX
+	JGE loop1x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VPMOVZXWD (DX)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	VPMOVZXWD 16(DX)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y9, Y4
+	ADDQ $16, AX
+	JMP loop1x16
+loop1x8:
+	CMPQ AX, R10
+	JGE reduce1
+	VMOVUPS (SI)(AX*4), Y8
+	VPMOVZXWD (DX)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	ADDQ $8, AX
+reduce1:
+	VADDPS Y4, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R8, DX
+	DECQ R9
+	JMP rows1
+done:
+	VZEROUPPER
+	RET
+
+// func gemvF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
+// out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
+TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ stride+24(FP), R8
+	SHLQ $1, R8
+	MOVQ rows+32(FP), R9
+	MOVQ k8+40(FP), R10
+	MOVQ R10, CX
+	ANDQ $-16, CX
+rows4:
+	CMPQ R9, $4
+	JLT rows1
+	LEAQ (DX)(R8*1), R11
+	LEAQ (DX)(R8*2), R12
+	LEAQ (R11)(R8*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+loop4x16:
+	CMPQ AX, CX
+	JGE loop4x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VCVTPH2PS (DX)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VCVTPH2PS 16(DX)(AX*2), Y11
+	VFMADD231PS Y11, Y9, Y4
+	VCVTPH2PS (R11)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y1
+	VCVTPH2PS 16(R11)(AX*2), Y11
+	VFMADD231PS Y11, Y9, Y5
+	VCVTPH2PS (R12)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VCVTPH2PS 16(R12)(AX*2), Y11
+	VFMADD231PS Y11, Y9, Y6
+	VCVTPH2PS (R13)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y3
+	VCVTPH2PS 16(R13)(AX*2), Y11
+	VFMADD231PS Y11, Y9, Y7
+	ADDQ $16, AX
+	JMP loop4x16
+loop4x8:
+	CMPQ AX, R10
+	JGE reduce4
+	VMOVUPS (SI)(AX*4), Y8
+	VCVTPH2PS (DX)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VCVTPH2PS (R11)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y1
+	VCVTPH2PS (R12)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VCVTPH2PS (R13)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y3
+	ADDQ $8, AX
+reduce4:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	LEAQ (DX)(R8*4), DX
+	SUBQ $4, R9
+	JMP rows4
+rows1:
+	TESTQ R9, R9
+	JEQ done
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	XORQ AX, AX
+loop1x16:
+	CMPQ AX, CX
+	JGE loop1x8
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VCVTPH2PS (DX)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VCVTPH2PS 16(DX)(AX*2), Y11
+	VFMADD231PS Y11, Y9, Y4
+	ADDQ $16, AX
+	JMP loop1x16
+loop1x8:
+	CMPQ AX, R10
+	JGE reduce1
+	VMOVUPS (SI)(AX*4), Y8
+	VCVTPH2PS (DX)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y0
+	ADDQ $8, AX
+reduce1:
+	VADDPS Y4, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R8, DX
+	DECQ R9
+	JMP rows1
+done:
+	VZEROUPPER
+	RET
+
+// func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride int, k8 int)
+// out[i*ostride+j] = x[i*xstride : +k8] · w[j*wstride : +k8] for i < 4, j < 3;
+// k8 is a positive multiple of 8.
+TEXT ·gemm4x3AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ ostride+8(FP), BX
+	SHLQ $2, BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), R10
+	SHLQ $2, R10
+	MOVQ w+32(FP), DX
+	MOVQ wstride+40(FP), R8
+	SHLQ $2, R8
+	MOVQ k8+48(FP), CX
+	SHLQ $2, CX
+	LEAQ (SI)(R10*1), R11
+	LEAQ (SI)(R10*2), R12
+	LEAQ (R11)(R10*2), R13
+	LEAQ (DX)(R8*2), R9
+	ADDQ DX, R8
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+loop:
+	VMOVUPS (DX)(AX*1), Y12
+	VMOVUPS (R8)(AX*1), Y13
+	VMOVUPS (R9)(AX*1), Y14
+	VMOVUPS (SI)(AX*1), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VMOVUPS (R11)(AX*1), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VMOVUPS (R12)(AX*1), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VMOVUPS (R13)(AX*1), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+	ADDQ $32, AX
+	CMPQ AX, CX
+	JLT loop
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X9
+	VADDPS X9, X8, X8
+	// X0 = [o00 o01 o02 o10], X4 = [o11 o12 o20 o21], X8 = [o22 o30 o31 o32]
+	VMOVQ X0, (DI)
+	VEXTRACTPS $2, X0, 8(DI)
+	VEXTRACTPS $3, X0, (DI)(BX*1)
+	VMOVQ X4, 4(DI)(BX*1)
+	VMOVHPS X4, (DI)(BX*2)
+	VEXTRACTPS $0, X8, 8(DI)(BX*2)
+	LEAQ (DI)(BX*2), R10
+	ADDQ BX, R10
+	VEXTRACTPS $1, X8, (R10)
+	VEXTRACTPS $2, X8, 4(R10)
+	VEXTRACTPS $3, X8, 8(R10)
+	VZEROUPPER
+	RET
+
+// func accumF32AVX2(acc *float32, v *float32, vstride int, p *float32, rows int, hd8 int)
+// acc[c] += Σ_r p[r]*v[r*vstride+c] for c < hd8; rows > 0, hd8 a multiple of 8.
+TEXT ·accumF32AVX2(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), DI
+	MOVQ v+8(FP), SI
+	MOVQ vstride+16(FP), R8
+	SHLQ $2, R8
+	MOVQ p+24(FP), DX
+	MOVQ rows+32(FP), R9
+	MOVQ hd8+40(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+chunk64:
+	LEAQ 256(AX), BX
+	CMPQ BX, CX
+	JGT chunk8
+	VMOVUPS 0(DI)(AX*1), Y0
+	VMOVUPS 32(DI)(AX*1), Y1
+	VMOVUPS 64(DI)(AX*1), Y2
+	VMOVUPS 96(DI)(AX*1), Y3
+	VMOVUPS 128(DI)(AX*1), Y4
+	VMOVUPS 160(DI)(AX*1), Y5
+	VMOVUPS 192(DI)(AX*1), Y6
+	VMOVUPS 224(DI)(AX*1), Y7
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows64:
+	VBROADCASTSS (R12), Y8
+	VFMADD231PS 0(R11)(AX*1), Y8, Y0
+	VFMADD231PS 32(R11)(AX*1), Y8, Y1
+	VFMADD231PS 64(R11)(AX*1), Y8, Y2
+	VFMADD231PS 96(R11)(AX*1), Y8, Y3
+	VFMADD231PS 128(R11)(AX*1), Y8, Y4
+	VFMADD231PS 160(R11)(AX*1), Y8, Y5
+	VFMADD231PS 192(R11)(AX*1), Y8, Y6
+	VFMADD231PS 224(R11)(AX*1), Y8, Y7
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows64
+	VMOVUPS Y0, 0(DI)(AX*1)
+	VMOVUPS Y1, 32(DI)(AX*1)
+	VMOVUPS Y2, 64(DI)(AX*1)
+	VMOVUPS Y3, 96(DI)(AX*1)
+	VMOVUPS Y4, 128(DI)(AX*1)
+	VMOVUPS Y5, 160(DI)(AX*1)
+	VMOVUPS Y6, 192(DI)(AX*1)
+	VMOVUPS Y7, 224(DI)(AX*1)
+	ADDQ $256, AX
+	JMP chunk64
+chunk8:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*1), Y0
+	VXORPS Y1, Y1, Y1
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows8:
+	VBROADCASTSS (R12), Y8
+	VFMADD231PS (R11)(AX*1), Y8, Y0
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows8
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP chunk8
+done:
+	VZEROUPPER
+	RET
+
+// func cvtBF16AVX2(dst *float32, src *uint16, n8 int)
+// dst[i] = float32(src[i]) for i < n8, a multiple of 8.
+TEXT ·cvtBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n8+16(FP), CX
+	XORQ AX, AX
+loop:
+	CMPQ AX, CX
+	JGE done
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP loop
+done:
+	VZEROUPPER
+	RET
+
+// func cvtF16AVX2(dst *float32, src *uint16, n8 int)
+// dst[i] = float32(src[i]) for i < n8, a multiple of 8.
+TEXT ·cvtF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n8+16(FP), CX
+	XORQ AX, AX
+loop:
+	CMPQ AX, CX
+	JGE done
+	VCVTPH2PS (SI)(AX*2), Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP loop
+done:
+	VZEROUPPER
+	RET
+
+// func sumF32AVX2(p *float32, n32 int) float32
+// Σ p[i] for i < n32, a multiple of 32; used to measure read bandwidth.
+TEXT ·sumF32AVX2(SB), NOSPLIT, $0-20
+	MOVQ p+0(FP), SI
+	MOVQ n32+8(FP), CX
+	SHLQ $2, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+loop:
+	CMPQ AX, CX
+	JGE done
+	VADDPS (SI)(AX*1), Y0, Y0
+	VADDPS 32(SI)(AX*1), Y1, Y1
+	VADDPS 64(SI)(AX*1), Y2, Y2
+	VADDPS 96(SI)(AX*1), Y3, Y3
+	ADDQ $128, AX
+	JMP loop
+done:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func accumBF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows int, hd8 int)
+// acc[c] += Σ_r p[r]*float32(v[r*vstride+c]) for c < hd8; rows > 0, hd8 a multiple of 8.
+TEXT ·accumBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), DI
+	MOVQ v+8(FP), SI
+	MOVQ vstride+16(FP), R8
+	SHLQ $1, R8
+	MOVQ p+24(FP), DX
+	MOVQ rows+32(FP), R9
+	MOVQ hd8+40(FP), CX
+	XORQ AX, AX
+chunk64:
+	LEAQ 64(AX), BX
+	CMPQ BX, CX
+	JGT chunk8
+	VMOVUPS 0(DI)(AX*4), Y0
+	VMOVUPS 32(DI)(AX*4), Y1
+	VMOVUPS 64(DI)(AX*4), Y2
+	VMOVUPS 96(DI)(AX*4), Y3
+	VMOVUPS 128(DI)(AX*4), Y4
+	VMOVUPS 160(DI)(AX*4), Y5
+	VMOVUPS 192(DI)(AX*4), Y6
+	VMOVUPS 224(DI)(AX*4), Y7
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows64:
+	VBROADCASTSS (R12), Y8
+	VPMOVZXWD 0(R11)(AX*2), Y9
+	VPSLLD $16, Y9, Y9
+	VFMADD231PS Y9, Y8, Y0
+	VPMOVZXWD 16(R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y1
+	VPMOVZXWD 32(R11)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y8, Y2
+	VPMOVZXWD 48(R11)(AX*2), Y12
+	VPSLLD $16, Y12, Y12
+	VFMADD231PS Y12, Y8, Y3
+	VPMOVZXWD 64(R11)(AX*2), Y9
+	VPSLLD $16, Y9, Y9
+	VFMADD231PS Y9, Y8, Y4
+	VPMOVZXWD 80(R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y5
+	VPMOVZXWD 96(R11)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y8, Y6
+	VPMOVZXWD 112(R11)(AX*2), Y12
+	VPSLLD $16, Y12, Y12
+	VFMADD231PS Y12, Y8, Y7
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows64
+	VMOVUPS Y0, 0(DI)(AX*4)
+	VMOVUPS Y1, 32(DI)(AX*4)
+	VMOVUPS Y2, 64(DI)(AX*4)
+	VMOVUPS Y3, 96(DI)(AX*4)
+	VMOVUPS Y4, 128(DI)(AX*4)
+	VMOVUPS Y5, 160(DI)(AX*4)
+	VMOVUPS Y6, 192(DI)(AX*4)
+	VMOVUPS Y7, 224(DI)(AX*4)
+	ADDQ $64, AX
+	JMP chunk64
+chunk8:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*4), Y0
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows8:
+	VBROADCASTSS (R12), Y8
+	VPMOVZXWD (R11)(AX*2), Y9
+	VPSLLD $16, Y9, Y9
+	VFMADD231PS Y9, Y8, Y0
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows8
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP chunk8
+done:
+	VZEROUPPER
+	RET
+
+// Constants of the exponential, each repeated in eight lanes: log2(e), ln2 split
+// in a high and a low part, the Cephes expf polynomial, 0.5, 1, the clamp
+// bounds -87.33654 and 88, and the exponent bias 127.
+DATA expc<>+0(SB)/4, $0x3fb8aa3b
+DATA expc<>+4(SB)/4, $0x3fb8aa3b
+DATA expc<>+8(SB)/4, $0x3fb8aa3b
+DATA expc<>+12(SB)/4, $0x3fb8aa3b
+DATA expc<>+16(SB)/4, $0x3fb8aa3b
+DATA expc<>+20(SB)/4, $0x3fb8aa3b
+DATA expc<>+24(SB)/4, $0x3fb8aa3b
+DATA expc<>+28(SB)/4, $0x3fb8aa3b
+DATA expc<>+32(SB)/4, $0x3f318000
+DATA expc<>+36(SB)/4, $0x3f318000
+DATA expc<>+40(SB)/4, $0x3f318000
+DATA expc<>+44(SB)/4, $0x3f318000
+DATA expc<>+48(SB)/4, $0x3f318000
+DATA expc<>+52(SB)/4, $0x3f318000
+DATA expc<>+56(SB)/4, $0x3f318000
+DATA expc<>+60(SB)/4, $0x3f318000
+DATA expc<>+64(SB)/4, $0xb95e8083
+DATA expc<>+68(SB)/4, $0xb95e8083
+DATA expc<>+72(SB)/4, $0xb95e8083
+DATA expc<>+76(SB)/4, $0xb95e8083
+DATA expc<>+80(SB)/4, $0xb95e8083
+DATA expc<>+84(SB)/4, $0xb95e8083
+DATA expc<>+88(SB)/4, $0xb95e8083
+DATA expc<>+92(SB)/4, $0xb95e8083
+DATA expc<>+96(SB)/4, $0x3950696f
+DATA expc<>+100(SB)/4, $0x3950696f
+DATA expc<>+104(SB)/4, $0x3950696f
+DATA expc<>+108(SB)/4, $0x3950696f
+DATA expc<>+112(SB)/4, $0x3950696f
+DATA expc<>+116(SB)/4, $0x3950696f
+DATA expc<>+120(SB)/4, $0x3950696f
+DATA expc<>+124(SB)/4, $0x3950696f
+DATA expc<>+128(SB)/4, $0x3ab743ce
+DATA expc<>+132(SB)/4, $0x3ab743ce
+DATA expc<>+136(SB)/4, $0x3ab743ce
+DATA expc<>+140(SB)/4, $0x3ab743ce
+DATA expc<>+144(SB)/4, $0x3ab743ce
+DATA expc<>+148(SB)/4, $0x3ab743ce
+DATA expc<>+152(SB)/4, $0x3ab743ce
+DATA expc<>+156(SB)/4, $0x3ab743ce
+DATA expc<>+160(SB)/4, $0x3c088908
+DATA expc<>+164(SB)/4, $0x3c088908
+DATA expc<>+168(SB)/4, $0x3c088908
+DATA expc<>+172(SB)/4, $0x3c088908
+DATA expc<>+176(SB)/4, $0x3c088908
+DATA expc<>+180(SB)/4, $0x3c088908
+DATA expc<>+184(SB)/4, $0x3c088908
+DATA expc<>+188(SB)/4, $0x3c088908
+DATA expc<>+192(SB)/4, $0x3d2aa9c1
+DATA expc<>+196(SB)/4, $0x3d2aa9c1
+DATA expc<>+200(SB)/4, $0x3d2aa9c1
+DATA expc<>+204(SB)/4, $0x3d2aa9c1
+DATA expc<>+208(SB)/4, $0x3d2aa9c1
+DATA expc<>+212(SB)/4, $0x3d2aa9c1
+DATA expc<>+216(SB)/4, $0x3d2aa9c1
+DATA expc<>+220(SB)/4, $0x3d2aa9c1
+DATA expc<>+224(SB)/4, $0x3e2aaaaa
+DATA expc<>+228(SB)/4, $0x3e2aaaaa
+DATA expc<>+232(SB)/4, $0x3e2aaaaa
+DATA expc<>+236(SB)/4, $0x3e2aaaaa
+DATA expc<>+240(SB)/4, $0x3e2aaaaa
+DATA expc<>+244(SB)/4, $0x3e2aaaaa
+DATA expc<>+248(SB)/4, $0x3e2aaaaa
+DATA expc<>+252(SB)/4, $0x3e2aaaaa
+DATA expc<>+256(SB)/4, $0x3f000000
+DATA expc<>+260(SB)/4, $0x3f000000
+DATA expc<>+264(SB)/4, $0x3f000000
+DATA expc<>+268(SB)/4, $0x3f000000
+DATA expc<>+272(SB)/4, $0x3f000000
+DATA expc<>+276(SB)/4, $0x3f000000
+DATA expc<>+280(SB)/4, $0x3f000000
+DATA expc<>+284(SB)/4, $0x3f000000
+DATA expc<>+288(SB)/4, $0x3f800000
+DATA expc<>+292(SB)/4, $0x3f800000
+DATA expc<>+296(SB)/4, $0x3f800000
+DATA expc<>+300(SB)/4, $0x3f800000
+DATA expc<>+304(SB)/4, $0x3f800000
+DATA expc<>+308(SB)/4, $0x3f800000
+DATA expc<>+312(SB)/4, $0x3f800000
+DATA expc<>+316(SB)/4, $0x3f800000
+DATA expc<>+320(SB)/4, $0xc2aeac50
+DATA expc<>+324(SB)/4, $0xc2aeac50
+DATA expc<>+328(SB)/4, $0xc2aeac50
+DATA expc<>+332(SB)/4, $0xc2aeac50
+DATA expc<>+336(SB)/4, $0xc2aeac50
+DATA expc<>+340(SB)/4, $0xc2aeac50
+DATA expc<>+344(SB)/4, $0xc2aeac50
+DATA expc<>+348(SB)/4, $0xc2aeac50
+DATA expc<>+352(SB)/4, $0x42b00000
+DATA expc<>+356(SB)/4, $0x42b00000
+DATA expc<>+360(SB)/4, $0x42b00000
+DATA expc<>+364(SB)/4, $0x42b00000
+DATA expc<>+368(SB)/4, $0x42b00000
+DATA expc<>+372(SB)/4, $0x42b00000
+DATA expc<>+376(SB)/4, $0x42b00000
+DATA expc<>+380(SB)/4, $0x42b00000
+DATA expc<>+384(SB)/4, $0x0000007f
+DATA expc<>+388(SB)/4, $0x0000007f
+DATA expc<>+392(SB)/4, $0x0000007f
+DATA expc<>+396(SB)/4, $0x0000007f
+DATA expc<>+400(SB)/4, $0x0000007f
+DATA expc<>+404(SB)/4, $0x0000007f
+DATA expc<>+408(SB)/4, $0x0000007f
+DATA expc<>+412(SB)/4, $0x0000007f
+GLOBL expc<>(SB), RODATA|NOPTR, $416
+
+// func expShiftAVX2(s *float32, n8 int, m float32) float32
+// s[i] = exp(s[i]-m) for i < n8 (a multiple of 8); returns their sum.
+// Arguments are clamped to [-87.33654, 88].
+TEXT ·expShiftAVX2(SB), NOSPLIT, $0-28
+	MOVQ s+0(FP), DI
+	MOVQ n8+8(FP), CX
+	VBROADCASTSS m+16(FP), Y4
+	VXORPS Y5, Y5, Y5
+	XORQ AX, AX
+loop:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*4), Y0
+	VSUBPS Y4, Y0, Y0
+	VMAXPS expc<>+320(SB), Y0, Y0
+	VMINPS expc<>+352(SB), Y0, Y0
+	VMOVUPS expc<>+0(SB), Y1
+	VFMADD213PS expc<>+256(SB), Y0, Y1
+	VROUNDPS $1, Y1, Y1
+	VFNMADD231PS expc<>+32(SB), Y1, Y0
+	VFNMADD231PS expc<>+64(SB), Y1, Y0
+	VCVTTPS2DQ Y1, Y1
+	VPADDD expc<>+384(SB), Y1, Y1
+	VPSLLD $23, Y1, Y1
+	VMOVUPS expc<>+96(SB), Y2
+	VFMADD213PS expc<>+128(SB), Y0, Y2
+	VFMADD213PS expc<>+160(SB), Y0, Y2
+	VFMADD213PS expc<>+192(SB), Y0, Y2
+	VFMADD213PS expc<>+224(SB), Y0, Y2
+	VFMADD213PS expc<>+256(SB), Y0, Y2
+	VMULPS Y0, Y0, Y3
+	VFMADD213PS Y0, Y3, Y2
+	VADDPS expc<>+288(SB), Y2, Y2
+	VMULPS Y1, Y2, Y0
+	VADDPS Y0, Y5, Y5
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP loop
+done:
+	VEXTRACTF128 $1, Y5, X1
+	VADDPS X1, X5, X5
+	VHADDPS X5, X5, X5
+	VHADDPS X5, X5, X5
+	VMOVSS X5, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func siluMulAVX2(out, gate, up *float32, n8 int)
+// out[i] = silu(gate[i]) * up[i] for i < n8 (a multiple of 8).
+TEXT ·siluMulAVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), DX
+	MOVQ n8+24(FP), CX
+	XORQ AX, AX
+	VXORPS Y6, Y6, Y6
+loop:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (SI)(AX*4), Y4
+	VMOVUPS (DX)(AX*4), Y5
+	VSUBPS Y4, Y6, Y0
+	VMAXPS expc<>+320(SB), Y0, Y0
+	VMINPS expc<>+352(SB), Y0, Y0
+	VMOVUPS expc<>+0(SB), Y1
+	VFMADD213PS expc<>+256(SB), Y0, Y1
+	VROUNDPS $1, Y1, Y1
+	VFNMADD231PS expc<>+32(SB), Y1, Y0
+	VFNMADD231PS expc<>+64(SB), Y1, Y0
+	VCVTTPS2DQ Y1, Y1
+	VPADDD expc<>+384(SB), Y1, Y1
+	VPSLLD $23, Y1, Y1
+	VMOVUPS expc<>+96(SB), Y2
+	VFMADD213PS expc<>+128(SB), Y0, Y2
+	VFMADD213PS expc<>+160(SB), Y0, Y2
+	VFMADD213PS expc<>+192(SB), Y0, Y2
+	VFMADD213PS expc<>+224(SB), Y0, Y2
+	VFMADD213PS expc<>+256(SB), Y0, Y2
+	VMULPS Y0, Y0, Y3
+	VFMADD213PS Y0, Y3, Y2
+	VADDPS expc<>+288(SB), Y2, Y2
+	VMULPS Y1, Y2, Y0
+	VADDPS expc<>+288(SB), Y0, Y0
+	VMULPS Y5, Y4, Y4
+	VDIVPS Y0, Y4, Y4
+	VMOVUPS Y4, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP loop
+done:
+	VZEROUPPER
+	RET

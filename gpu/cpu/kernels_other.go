@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package cpu
+
+// fastKernels returns the best kernels for this processor: the portable
+// ones on this architecture.
+func fastKernels() *kernels { return genericKernels }

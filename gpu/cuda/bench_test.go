@@ -1,0 +1,447 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// graphRate records body (which issues per launches) into a graph, replays
+// it over the benchmark loop and reports device time per launch and, when
+// bytes > 0, bandwidth.
+func graphRate(b *testing.B, d *Device, per int, bytes float64, body func() error) {
+	g, err := d.Capture(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Launch(); err != nil { // warm up
+		b.Fatal(err)
+	}
+	el, err := d.Elapsed(func() error {
+		for b.Loop() {
+			if err := g.Launch(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sec := el.Seconds() / float64(b.N*per)
+	b.ReportMetric(sec*1e6, "us/kernel")
+	if bytes > 0 {
+		b.ReportMetric(bytes/sec/1e9, "GB/s")
+	}
+}
+
+// rotating uploads copies of raw as separate weight buffers so that
+// together they exceed the L2 several times over.
+func rotating(b *testing.B, d *Device, dt gpu.DType, raw []byte) []gpu.Buffer {
+	copies := max(2, int(math.Ceil(float64(4*d.info.L2Bytes)/float64(len(raw)))))
+	ws := make([]gpu.Buffer, copies)
+	for i := range ws {
+		ws[i] = weights(b, d, dt, raw)
+	}
+	return ws
+}
+
+// OLMo-2-1B decode shapes (m x k): q/k/v/o, gate/up, down, lm head.
+var sweep = flag.Bool("cuda.sweep", false, "benchmark every split of the batch-1 GEMV, not only the one MatMul picks")
+
+var gemvShapes = [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {100352, 2048}}
+
+func BenchmarkGEMV(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, s := range gemvShapes {
+		m, k := s[0], s[1]
+		raw := bf16Bytes(randF32(r, m*k, 0.05))
+		ws := rotating(b, d, gpu.BF16, raw)
+		x := f32buf(b, d, randF32(r, k, 1))
+		out := alloc(b, d, gpu.F32, m)
+		per := len(ws) * max(1, 32/len(ws))
+		b.Run(fmt.Sprintf("%dx%d/auto", m, k), func(b *testing.B) {
+			graphRate(b, d, per, float64(len(raw)), func() error {
+				for i := 0; i < per; i++ {
+					if err := d.MatMul(out, x, ws[i%len(ws)], 1, k, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		// Every split of k the fast kernel offers, to tune gemvShape.
+		units := k / 256
+		if !*sweep {
+			units = 0
+		}
+		for _, ks := range []int{1, 2, 4, 8} {
+			nv := units / ks
+			if units == 0 || units%ks != 0 || nv > 8 || nv&(nv-1) != 0 {
+				continue
+			}
+			name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
+			for _, mult := range []int{1, 2, 4} {
+				rows := 8 / ks * 2
+				grid := min(ceilDiv(m, rows), mult*d.info.SMs)
+				b.Run(fmt.Sprintf("%dx%d/nv%d_ks%d_grid%d", m, k, nv, ks, grid), func(b *testing.B) {
+					graphRate(b, d, per, float64(len(raw)), func() error {
+						for i := 0; i < per; i++ {
+							err := d.launch(d.k(name), grid1(grid), grid1(256), 0,
+								bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, k),
+								bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(k), i32Arg(m))
+							if err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+				})
+			}
+		}
+		b.Run(fmt.Sprintf("%dx%d/general", m, k), func(b *testing.B) {
+			graphRate(b, d, per, float64(len(raw)), func() error {
+				for i := 0; i < per; i++ {
+					err := d.launch(d.k("gemv_bf16"), grid1(ceilDiv(m, 8)), grid1(256), 0,
+						bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, k),
+						bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(1), i32Arg(k), i32Arg(m))
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		for _, w := range ws {
+			d.Free(w)
+		}
+	}
+}
+
+// BenchmarkReadBandwidth is the roofline the GEMVs are compared with: a
+// read-only reduction over 4 GiB of f32.
+func BenchmarkReadBandwidth(b *testing.B) {
+	d := open(b)
+	const n = 1 << 30
+	x := alloc(b, d, gpu.F32, n).(*Buffer)
+	sum := alloc(b, d, gpu.F32, 1).(*Buffer)
+	// Fill with 1.0, not zeros.
+	if err := d.do(func() error { return d.drv.cuMemsetD32Async.call(uintptr(x.ptr), 0x3f800000, n, d.stream) }); err != nil {
+		b.Fatal(err)
+	}
+	run := func() error {
+		return d.launch(d.k("reduce_sum_f32"), grid1(4*d.info.SMs), grid1(512), 0,
+			bufArg("out", sum, gpu.F32, 1), bufArg("x", x, gpu.F32, n), devPtrArg(n/4))
+	}
+	if err := run(); err != nil {
+		b.Fatal(err)
+	}
+	el, err := d.Elapsed(func() error {
+		for b.Loop() {
+			if err := run(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sec := el.Seconds() / float64(b.N)
+	b.ReportMetric(sec*1e6, "us/kernel")
+	b.ReportMetric(4*n/sec/1e9, "GB/s")
+}
+
+// BenchmarkGraphLaunch replays a graph of 100 small kernels: the host cost
+// of one Launch, and the device time per graph and per node.
+func BenchmarkGraphLaunch(b *testing.B) {
+	d := open(b)
+	const nodes = 100
+	x := f32buf(b, d, randF32(rand.New(rand.NewPCG(2, 2)), 2048, 1))
+	y := alloc(b, d, gpu.F32, 2048)
+	g, err := d.Capture(func() error {
+		for i := 0; i < nodes/2; i++ {
+			if err := d.Add(y, x, y, 2048); err != nil {
+				return err
+			}
+			if err := d.SiLUMul(y, x, y, 2048); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	b.Run("host", func(b *testing.B) {
+		for b.Loop() {
+			if err := g.Launch(); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Sync(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("launch-only", func(b *testing.B) {
+		for b.Loop() {
+			if err := g.Launch(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := d.Sync(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.Run("device", func(b *testing.B) {
+		el, err := d.Elapsed(func() error {
+			for b.Loop() {
+				if err := g.Launch(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(el.Seconds()/float64(b.N)*1e6, "us/graph")
+		b.ReportMetric(el.Seconds()/float64(b.N*nodes)*1e6, "us/node")
+	})
+}
+
+// BenchmarkEager measures the host cost of issuing one operation outside a
+// graph, and of a Sync round trip to the device's thread, with the default
+// polling and with none.
+func BenchmarkEager(b *testing.B) {
+	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+		b.Run(fmt.Sprintf("spin=%v", spin), func(b *testing.B) { benchEager(b, spin) })
+	}
+}
+
+func benchEager(b *testing.B, spin time.Duration) {
+	cfg := Config{Spin: spin}
+	if *kernelDir != "" {
+		cfg.Kernels = os.DirFS(*kernelDir)
+	}
+	d, err := Open(b.Context(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	x := f32buf(b, d, make([]float32, 2048))
+	y := alloc(b, d, gpu.F32, 2048)
+	b.Run("add", func(b *testing.B) {
+		start := time.Now()
+		for b.Loop() {
+			if err := d.Add(y, x, y, 2048); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := d.Sync(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(time.Since(start).Seconds()/float64(b.N)*1e6, "us/op-with-drain")
+	})
+	b.Run("sync", func(b *testing.B) {
+		for b.Loop() {
+			if err := d.Sync(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("write+read", func(b *testing.B) {
+		id := make([]int32, 1)
+		for b.Loop() {
+			if err := d.Write(y, 0, gpu.I32Bytes(id)); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Read(gpu.I32Bytes(id), y, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAttentionDecode: one token against an OLMo-2-1B layer's cache
+// (16 heads of 128, bf16), for two context lengths.
+func BenchmarkAttentionDecode(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(4, 4))
+	const heads, hd, bs = 16, 128, 16
+	for _, ctx := range []int{512, 4096} {
+		blocks := ctx / bs
+		kw := heads * hd
+		kc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		vc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		kc.readOnly, vc.readOnly = false, false
+		table := make([]int32, blocks)
+		for i := range table {
+			table[i] = int32(i)
+		}
+		a := gpu.AttnArgs{N: 1, Heads: heads, KVHeads: heads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks,
+			Scale: float32(1 / math.Sqrt(hd)), Pos: i32buf(b, d, []int32{int32(ctx - 1)}), Seq: i32buf(b, d, []int32{0}), BlockTable: i32buf(b, d, table)}
+		q := f32buf(b, d, randF32(r, kw, 1))
+		out := alloc(b, d, gpu.F32, kw)
+		bytes := float64(2 * ctx * kw * 2)
+		b.Run(fmt.Sprintf("ctx%d", ctx), func(b *testing.B) {
+			graphRate(b, d, 1, bytes, func() error { return d.Attention(out, q, kc, vc, a) })
+		})
+	}
+}
+
+// BenchmarkGEMM: prefill-shaped products on the tensor cores.
+func BenchmarkGEMM(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(5, 5))
+	for _, s := range [][3]int{{512, 2048, 8192}, {512, 8192, 2048}, {64, 2048, 2048}} {
+		n, k, m := s[0], s[1], s[2]
+		w := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, m*k, 0.05)))
+		x := f32buf(b, d, randF32(r, n*k, 1))
+		out := alloc(b, d, gpu.F32, n*m)
+		b.Run(fmt.Sprintf("%dx%dx%d", n, k, m), func(b *testing.B) {
+			g, err := d.Capture(func() error { return d.MatMul(out, x, w, n, k, m) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Close()
+			el, err := d.Elapsed(func() error {
+				for b.Loop() {
+					if err := g.Launch(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sec := el.Seconds() / float64(b.N)
+			b.ReportMetric(sec*1e6, "us/kernel")
+			b.ReportMetric(2*float64(n*k*m)/sec/1e12, "TFLOP/s")
+		})
+	}
+}
+
+// BenchmarkDecodeStepOLMo2 replays, as one graph, the operations of an
+// OLMo-2-1B decode step at batch 1 (16 layers of d 2048, 16 heads of 128,
+// ffn 8192, vocab 100352; bf16 weights, 2.56 GB of them, all distinct;
+// bf16 KV cache at 512 tokens of context) with separate q/k/v and gate/up
+// products. It is the kernels' floor for a token, not the model's code.
+func BenchmarkDecodeStepOLMo2(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(6, 6))
+	const layers, dim, heads, hd, ffn, vocab, bs, ctx = 16, 2048, 16, 128, 8192, 100352, 16, 512
+	sq, up, down, head := bf16Bytes(randF32(r, dim*dim, 0.02)), bf16Bytes(randF32(r, ffn*dim, 0.02)),
+		bf16Bytes(randF32(r, dim*ffn, 0.02)), bf16Bytes(randF32(r, vocab*dim, 0.02))
+	normW := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, dim, 1)))
+	type layer struct{ q, k, v, o, g, u, dn, kc, vc gpu.Buffer }
+	ls := make([]layer, layers)
+	blocks := ctx / bs
+	for i := range ls {
+		ls[i] = layer{q: weights(b, d, gpu.BF16, sq), k: weights(b, d, gpu.BF16, sq), v: weights(b, d, gpu.BF16, sq),
+			o: weights(b, d, gpu.BF16, sq), g: weights(b, d, gpu.BF16, up), u: weights(b, d, gpu.BF16, up),
+			dn: weights(b, d, gpu.BF16, down), kc: alloc(b, d, gpu.BF16, blocks*bs*dim), vc: alloc(b, d, gpu.BF16, blocks*bs*dim)}
+	}
+	lm := weights(b, d, gpu.BF16, head)
+	table := make([]int32, blocks)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	pos, seq, bt, slot := i32buf(b, d, []int32{ctx - 1}), i32buf(b, d, []int32{0}), i32buf(b, d, table), i32buf(b, d, []int32{ctx - 1})
+	ids := i32buf(b, d, []int32{7})
+	invFreq := f32buf(b, d, randF32(r, hd/2, 0.01))
+	buf := func(n int) gpu.Buffer { return f32buf(b, d, randF32(r, n, 1)) }
+	x, h, q, k, v, att, o, gb, ub, dn := buf(dim), buf(dim), buf(dim), buf(dim), buf(dim), buf(dim), buf(dim), buf(ffn), buf(ffn), buf(dim)
+	logits, next := alloc(b, d, gpu.F32, vocab), alloc(b, d, gpu.I32, 1)
+	a := gpu.AttnArgs{N: 1, Heads: heads, KVHeads: heads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks,
+		Scale: float32(1 / math.Sqrt(hd)), Pos: pos, Seq: seq, BlockTable: bt}
+	step := func() error {
+		ops := []func() error{func() error { return d.Embed(x, lm, ids, 1, dim) }}
+		for _, l := range ls {
+			ops = append(ops,
+				func() error { return d.MatMul(q, x, l.q, 1, dim, dim) },
+				func() error { return d.MatMul(k, x, l.k, 1, dim, dim) },
+				func() error { return d.MatMul(v, x, l.v, 1, dim, dim) },
+				func() error { return d.RMSNorm(q, q, normW, 1, dim, 1e-6) },
+				func() error { return d.RMSNorm(k, k, normW, 1, dim, 1e-6) },
+				func() error { return d.RoPE(q, pos, invFreq, 1, heads, hd) },
+				func() error { return d.RoPE(k, pos, invFreq, 1, heads, hd) },
+				func() error { return d.StoreKV(l.kc, l.vc, k, v, slot, 1, dim) },
+				func() error { return d.Attention(att, q, l.kc, l.vc, a) },
+				func() error { return d.MatMul(o, att, l.o, 1, dim, dim) },
+				func() error { return d.RMSNormAdd(x, o, normW, 1, dim, 1e-6) },
+				func() error { return d.MatMul(gb, x, l.g, 1, dim, ffn) },
+				func() error { return d.MatMul(ub, x, l.u, 1, dim, ffn) },
+				func() error { return d.SiLUMul(gb, gb, ub, ffn) },
+				func() error { return d.MatMul(dn, gb, l.dn, 1, ffn, dim) },
+				func() error { return d.RMSNormAdd(x, dn, normW, 1, dim, 1e-6) },
+			)
+		}
+		ops = append(ops,
+			func() error { return d.RMSNorm(h, x, normW, 1, dim, 1e-6) },
+			func() error { return d.MatMul(logits, h, lm, 1, dim, vocab) },
+			func() error { return d.Argmax(next, logits, 1, vocab) })
+		for _, op := range ops {
+			if err := op(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	g, err := d.Capture(step)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	nodes := g.(*Graph).Nodes()
+	if err := g.Launch(); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("device", func(b *testing.B) {
+		el, err := d.Elapsed(func() error {
+			for b.Loop() {
+				if err := g.Launch(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sec := el.Seconds() / float64(b.N)
+		b.ReportMetric(sec*1e6, "us/token")
+		b.ReportMetric(1/sec, "tok/s")
+		b.ReportMetric(float64(nodes), "nodes")
+	})
+	// With the host in the loop: write the token's indices, launch, read the
+	// argmax back.
+	b.Run("host-loop", func(b *testing.B) {
+		tok := make([]int32, 1)
+		for b.Loop() {
+			if err := d.Write(ids, 0, gpu.I32Bytes(tok)); err != nil {
+				b.Fatal(err)
+			}
+			if err := g.Launch(); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Read(gpu.I32Bytes(tok), next, 0); err != nil {
+				b.Fatal(err)
+			}
+			tok[0] = tok[0] % 1000
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+	})
+}

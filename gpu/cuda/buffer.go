@@ -1,0 +1,263 @@
+package cuda
+
+import (
+	"fmt"
+	"io/fs"
+	"math"
+	"unsafe"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// Buffer is a device allocation holding Len elements of DType.
+type Buffer struct {
+	dev      *Device
+	ptr      uint64 // device address; 0 for an empty buffer
+	dt       gpu.DType
+	n        int
+	size     int // bytes allocated
+	readOnly bool
+	freed    bool
+}
+
+// DType implements gpu.Buffer.
+func (b *Buffer) DType() gpu.DType { return b.dt }
+
+// Len implements gpu.Buffer.
+func (b *Buffer) Len() int { return b.n }
+
+// Ptr is the buffer's device address, for peer copies and custom kernels.
+func (b *Buffer) Ptr() uint64 { return b.ptr }
+
+func readFile(fsys fs.FS, name string) ([]byte, error) { return fs.ReadFile(fsys, name) }
+
+// buf checks that b is a live buffer of this device.
+func (d *Device) buf(op, arg string, b gpu.Buffer) (*Buffer, error) {
+	if b == nil {
+		return nil, fmt.Errorf("%s: %s is nil", op, arg)
+	}
+	cb, ok := b.(*Buffer)
+	if !ok || cb == nil {
+		return nil, fmt.Errorf("%s: %s is a %T, not a cuda buffer", op, arg, b)
+	}
+	if cb.dev != d {
+		return nil, fmt.Errorf("%s: %s belongs to another device", op, arg)
+	}
+	if cb.freed {
+		return nil, fmt.Errorf("%s: %s was freed", op, arg)
+	}
+	return cb, nil
+}
+
+func (d *Device) alloc(op string, dt gpu.DType, n int, zero bool) (*Buffer, error) {
+	if dt.Size() == 0 {
+		return nil, fmt.Errorf("%s: invalid dtype %s", op, dt)
+	}
+	if n < 0 || n > math.MaxInt/8 {
+		return nil, fmt.Errorf("%s: invalid length %d", op, n)
+	}
+	b := &Buffer{dev: d, dt: dt, n: n, size: n * dt.Size()}
+	if n > 0 {
+		err := d.do(func() error {
+			if err := d.drv.cuMemAlloc_v2.call(ptr(&b.ptr), uintptr(b.size)); err != nil {
+				return err
+			}
+			if zero {
+				return d.drv.cuMemsetD8Async.call(uintptr(b.ptr), 0, uintptr(b.size), d.stream)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %d %s elements: %w", op, n, dt, err)
+		}
+	}
+	d.bufs[b] = struct{}{}
+	return b, nil
+}
+
+// Alloc implements gpu.Device; the zeroing is stream-ordered (recorded in
+// a graph when called while recording).
+func (d *Device) Alloc(dt gpu.DType, n int) (gpu.Buffer, error) {
+	if err := d.enter("alloc"); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	return d.alloc("alloc", dt, n, true)
+}
+
+// Weights implements gpu.Device: data is copied to device memory before
+// Weights returns; the caller may reuse data at once.
+func (d *Device) Weights(dt gpu.DType, data []byte) (gpu.Buffer, error) {
+	if err := d.enter("weights"); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	if dt.Size() == 0 {
+		return nil, fmt.Errorf("weights: invalid dtype %s", dt)
+	}
+	if len(data)%dt.Size() != 0 {
+		return nil, fmt.Errorf("weights: %d bytes is not a whole number of %s elements", len(data), dt)
+	}
+	b, err := d.alloc("weights", dt, len(data)/dt.Size(), false)
+	if err != nil {
+		return nil, err
+	}
+	b.readOnly = true
+	if len(data) > 0 {
+		if err := d.do(func() error { return d.upload(b.ptr, data) }); err != nil {
+			d.freeNow(b)
+			return nil, fmt.Errorf("weights: copy %d bytes: %w", len(data), err)
+		}
+	}
+	return b, nil
+}
+
+// Free implements gpu.Device. The memory is released once the work issued
+// before Free has finished (after recording ends, when called while
+// recording a graph).
+func (d *Device) Free(b gpu.Buffer) {
+	if d.enter("free") != nil {
+		return
+	}
+	defer d.leave()
+	cb, err := d.buf("free", "b", b)
+	if err != nil {
+		return
+	}
+	cb.freed = true
+	if d.capture {
+		d.deferred = append(d.deferred, cb)
+		return
+	}
+	d.freeNow(cb)
+}
+
+func (d *Device) freeNow(b *Buffer) {
+	b.freed = true
+	delete(d.bufs, b)
+	if b.ptr == 0 {
+		return
+	}
+	p := b.ptr
+	d.post(func() error {
+		if err := d.drv.cuStreamSynchronize.call(d.stream); err != nil {
+			return err
+		}
+		return d.drv.cuMemFree_v2.call(uintptr(p))
+	})
+}
+
+func span(op string, b *Buffer, off, nbytes int) error {
+	sz := b.dt.Size()
+	if nbytes%sz != 0 || off < 0 || off > b.n || nbytes/sz > b.n-off {
+		return fmt.Errorf("%s: %d bytes at element %d outside a %d-element %s buffer", op, nbytes, off, b.n, b.dt)
+	}
+	return nil
+}
+
+// Write implements gpu.Device. Small writes are copied and queued without
+// waiting; writes larger than half the staging buffer wait until src has
+// been staged. Writing is refused while recording a graph: a recorded copy
+// would replay stale staging memory.
+func (d *Device) Write(b gpu.Buffer, off int, src []byte) error {
+	if err := d.enter("write"); err != nil {
+		return err
+	}
+	defer d.leave()
+	cb, err := d.buf("write", "b", b)
+	if err != nil {
+		return err
+	}
+	if cb.readOnly {
+		return fmt.Errorf("write: buffer is read-only weights")
+	}
+	if err := span("write", cb, off, len(src)); err != nil {
+		return err
+	}
+	if d.capture {
+		return fmt.Errorf("write: not allowed while recording a graph (write before Launch instead)")
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	dst := cb.ptr + uint64(off*cb.dt.Size())
+	if len(src) <= d.cfg.StagingBytes/2 {
+		c := append([]byte(nil), src...)
+		d.post(func() error { return d.upload(dst, c) })
+		return nil
+	}
+	return d.do(func() error { return d.upload(dst, src) })
+}
+
+// upload copies src to device address dst through the pinned staging
+// halves, asynchronously on the stream; it returns once src is staged.
+// Device's thread only.
+func (d *Device) upload(dst uint64, src []byte) error {
+	half := d.cfg.StagingBytes / 2
+	for len(src) > 0 {
+		n := min(len(src), half)
+		h := &d.halves[d.cur]
+		if h.used+n > half {
+			d.cur ^= 1
+			h = &d.halves[d.cur]
+			if err := d.drv.cuEventSynchronize.call(h.ev); err != nil {
+				return err
+			}
+			h.used = 0
+		}
+		host := unsafe.Add(d.staging, d.cur*half+h.used)
+		copy(unsafe.Slice((*byte)(host), n), src[:n])
+		if err := d.drv.cuMemcpyHtoDAsync_v2.call(uintptr(dst), uintptr(host), uintptr(n), d.stream); err != nil {
+			return err
+		}
+		if err := d.drv.cuEventRecord.call(h.ev, d.stream); err != nil {
+			return err
+		}
+		h.used += (n + 255) &^ 255
+		dst += uint64(n)
+		src = src[n:]
+	}
+	return nil
+}
+
+// Read implements gpu.Device: it waits for all issued work, then copies.
+// It returns the first error the issued work met.
+func (d *Device) Read(dst []byte, b gpu.Buffer, off int) error {
+	if err := d.enter("read"); err != nil {
+		return err
+	}
+	defer d.leave()
+	cb, err := d.buf("read", "b", b)
+	if err != nil {
+		return err
+	}
+	if err := span("read", cb, off, len(dst)); err != nil {
+		return err
+	}
+	if d.capture {
+		return fmt.Errorf("read: not allowed while recording a graph")
+	}
+	src := cb.ptr + uint64(off*cb.dt.Size())
+	return d.do(func() error {
+		half := d.cfg.StagingBytes / 2
+		out := dst
+		for len(out) > 0 {
+			n := min(len(out), 2*half)
+			if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(d.staging), uintptr(src), uintptr(n), d.stream); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			if err := d.syncStream(); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			copy(out[:n], unsafe.Slice((*byte)(d.staging), n))
+			out = out[n:]
+			src += uint64(n)
+		}
+		if len(dst) == 0 {
+			if err := d.syncStream(); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+		}
+		return d.takeErr()
+	})
+}

@@ -1,0 +1,532 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/kernels"
+)
+
+// Info describes an open device.
+type Info struct {
+	Name         string
+	Ordinal      int
+	ComputeMajor int
+	ComputeMinor int
+	SMs          int
+	L2Bytes      int
+	MemBytes     int64
+	Driver       int    // driver API version, e.g. 13000
+	Code         string // "cubin sm_90a" or "ptx compute_80 (JIT)"
+}
+
+// Device is one NVIDIA GPU. It implements gpu.Device, gpu.Grapher and
+// gpu.Argmaxer.
+//
+// Every driver call for the device runs on one goroutine locked to its OS
+// thread (the device's thread), where the device's CUDA context is current.
+// The public methods are called from any one goroutine at a time (they also
+// serialize on a mutex). Operations are validated on the caller's goroutine
+// and queued to the device's thread without waiting; Read, Sync, Alloc and
+// Free wait for it. An error the driver reports for a queued operation is
+// returned by the next Sync, Read or Capture.
+type Device struct {
+	cfg  Config
+	info Info
+
+	mu       sync.Mutex
+	cmds     chan func()
+	reply    chan error
+	done     chan struct{}
+	closed   bool
+	capture  bool // a graph is being recorded
+	bufs     map[*Buffer]struct{}
+	graphs   map[*Graph]struct{}
+	scratch  map[string]*Buffer
+	retired  []*Buffer // scratch outgrown while graphs may still use it
+	deferred []*Buffer // freed while recording
+	kern     map[string]*kernel
+
+	// Owned by the device's thread.
+	drv       *driver
+	cudev     int32
+	ctx       uintptr
+	stream    uintptr
+	sticky    error
+	fault     *[4]uint32
+	faultHost unsafe.Pointer
+	faultDev  uint64
+	staging   unsafe.Pointer
+	halves    [2]stageHalf
+	cur       int
+	modules   []uintptr
+}
+
+type stageHalf struct {
+	used int
+	ev   uintptr
+}
+
+var (
+	_ gpu.Device   = (*Device)(nil)
+	_ gpu.Grapher  = (*Device)(nil)
+	_ gpu.Argmaxer = (*Device)(nil)
+)
+
+// Open starts the device cfg.Ordinal: it loads the driver, retains the
+// GPU's primary context on a thread of its own, creates a stream and loads
+// the kernels. ctx bounds the wait; a cancelled Open releases what it made.
+func Open(ctx context.Context, cfg Config) (*Device, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	d := &Device{
+		cfg:     cfg,
+		cmds:    make(chan func(), cfg.QueueDepth),
+		reply:   make(chan error, 1),
+		done:    make(chan struct{}),
+		bufs:    map[*Buffer]struct{}{},
+		graphs:  map[*Graph]struct{}{},
+		scratch: map[string]*Buffer{},
+		kern:    map[string]*kernel{},
+	}
+	ready := make(chan error, 1)
+	go d.loop(ready)
+	select {
+	case err := <-ready:
+		if err != nil {
+			<-d.done
+			return nil, err
+		}
+	case <-ctx.Done():
+		if err := <-ready; err == nil {
+			close(d.cmds)
+		}
+		<-d.done
+		return nil, fmt.Errorf("cuda: open device %d: %w", cfg.Ordinal, ctx.Err())
+	}
+	return d, nil
+}
+
+// loop is the device's thread: it owns the context and runs queued
+// commands until Close closes the queue.
+func (d *Device) loop(ready chan<- error) {
+	// Never unlocked: the thread ends with this goroutine, and the context
+	// current on it with it.
+	runtime.LockOSThread()
+	defer close(d.done)
+	if err := d.init(); err != nil {
+		d.teardown()
+		ready <- err
+		return
+	}
+	ready <- nil
+	for {
+		f, ok := spinRecv(d.cmds, d.cfg.Spin)
+		if !ok {
+			break
+		}
+		f()
+	}
+	d.teardown()
+}
+
+// spinRecv receives from c, polling for up to spin before blocking:
+// waking a parked goroutine on a locked thread costs several microseconds,
+// more than most driver calls.
+func spinRecv[T any](c <-chan T, spin time.Duration) (T, bool) {
+	if spin <= 0 {
+		v, ok := <-c
+		return v, ok
+	}
+	var start time.Time
+	for i := 0; ; i++ {
+		select {
+		case v, ok := <-c:
+			return v, ok
+		default:
+		}
+		if i&63 == 63 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spin {
+				v, ok := <-c
+				return v, ok
+			}
+		}
+	}
+}
+
+func ptr[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
+
+func (d *Device) init() error {
+	drv, err := loadDriver(d.cfg.Library)
+	if err != nil {
+		return err
+	}
+	d.drv = drv
+	if err := drv.cuInit.call(0); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && ce.Code == errNoDevice {
+			return fmt.Errorf("cuda: no CUDA-capable GPU found: %w", err)
+		}
+		return fmt.Errorf("cuda: initialise driver: %w", err)
+	}
+	var ver, count int32
+	if err := drv.cuDriverGetVersion.call(ptr(&ver)); err != nil {
+		return err
+	}
+	if err := drv.cuDeviceGetCount.call(ptr(&count)); err != nil {
+		return err
+	}
+	if d.cfg.Ordinal >= int(count) {
+		return fmt.Errorf("cuda: open device %d: only %d GPUs are visible", d.cfg.Ordinal, count)
+	}
+	if err := drv.cuDeviceGet.call(ptr(&d.cudev), uintptr(d.cfg.Ordinal)); err != nil {
+		return err
+	}
+	var name [256]byte
+	if err := drv.cuDeviceGetName.call(ptr(&name[0]), uintptr(len(name)), uintptr(d.cudev)); err != nil {
+		return err
+	}
+	attr := func(a int) int {
+		var v int32
+		if err := drv.cuDeviceGetAttribute.call(ptr(&v), uintptr(a), uintptr(d.cudev)); err != nil {
+			return 0
+		}
+		return int(v)
+	}
+	var mem uint64
+	if err := drv.cuDeviceTotalMem_v2.call(ptr(&mem), uintptr(d.cudev)); err != nil {
+		return err
+	}
+	d.info = Info{
+		Name: cstring(name[:]), Ordinal: d.cfg.Ordinal,
+		ComputeMajor: attr(attrComputeMajor), ComputeMinor: attr(attrComputeMinor),
+		SMs: attr(attrMultiprocessors), L2Bytes: attr(attrL2CacheSize), MemBytes: int64(mem), Driver: int(ver),
+	}
+	if attr(attrUnifiedAddressing) == 0 || attr(attrCanMapHostMemory) == 0 {
+		return fmt.Errorf("cuda: open device %d (%s): needs unified addressing and mapped host memory", d.cfg.Ordinal, d.info.Name)
+	}
+	// Spin, not yield or block, while waiting for the GPU: a decode step
+	// waits for its argmax every token. Fails harmlessly when another user
+	// of the process already made the primary context active.
+	_ = drv.cuDevicePrimaryCtxSetFlags_v2.call(uintptr(d.cudev), ctxSchedSpin)
+	if err := drv.cuDevicePrimaryCtxRetain.call(ptr(&d.ctx), uintptr(d.cudev)); err != nil {
+		return err
+	}
+	if err := drv.cuCtxSetCurrent.call(d.ctx); err != nil {
+		return err
+	}
+	if err := drv.cuStreamCreate.call(ptr(&d.stream), streamNonBlocking); err != nil {
+		return err
+	}
+	// The fault word: mapped host memory kernels write when they meet a
+	// bad index, read by the host after each synchronisation.
+	if err := drv.cuMemHostAlloc.call(ptr(&d.faultHost), 64, hostAllocPortable|hostAllocDeviceMap); err != nil {
+		return err
+	}
+	d.fault = (*[4]uint32)(d.faultHost)
+	*d.fault = [4]uint32{}
+	if err := drv.cuMemHostGetDevicePointer_v2.call(ptr(&d.faultDev), uintptr(d.faultHost), 0); err != nil {
+		return err
+	}
+	if err := drv.cuMemHostAlloc.call(ptr(&d.staging), uintptr(d.cfg.StagingBytes), hostAllocPortable); err != nil {
+		return fmt.Errorf("cuda: pinned staging of %d bytes: %w", d.cfg.StagingBytes, err)
+	}
+	for i := range d.halves {
+		if err := drv.cuEventCreate.call(ptr(&d.halves[i].ev), eventDisableTiming); err != nil {
+			return err
+		}
+	}
+	return d.loadKernels()
+}
+
+func cstring(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// loadKernels loads every module (the Hopper cubin on compute capability
+// 9.0, the PTX elsewhere) and resolves the kernels the operations use.
+func (d *Device) loadKernels() error {
+	fsys := d.cfg.Kernels
+	if fsys == nil {
+		fsys = kernels.FS()
+	}
+	man, err := kernels.ReadManifest(fsys)
+	if err != nil {
+		return err
+	}
+	useCubin := d.info.ComputeMajor == 9 && d.info.ComputeMinor == 0
+	if useCubin {
+		d.info.Code = "cubin sm_90a"
+	} else {
+		d.info.Code = "ptx compute_80 (JIT)"
+	}
+	if d.info.ComputeMajor < 8 {
+		return fmt.Errorf("cuda: open device %d (%s): compute capability %d.%d, the kernels need 8.0 or later", d.cfg.Ordinal, d.info.Name, d.info.ComputeMajor, d.info.ComputeMinor)
+	}
+	for _, m := range man.Modules {
+		file := m.PTX
+		if useCubin {
+			file = m.Cubin
+		}
+		img, err := readFile(fsys, file)
+		if err != nil {
+			return fmt.Errorf("cuda: load module %s: %w", m.Name, err)
+		}
+		if !useCubin {
+			img = append(img, 0) // PTX is loaded as a C string
+		}
+		var mod uintptr
+		err = d.drv.cuModuleLoadData.call(ptr(&mod), uintptr(unsafe.Pointer(&img[0])))
+		runtime.KeepAlive(img)
+		if err != nil {
+			return fmt.Errorf("cuda: load module %s (%s): %w", m.Name, file, err)
+		}
+		d.modules = append(d.modules, mod)
+	}
+	for _, name := range kernelNames() {
+		cname := append([]byte(name), 0)
+		var fn uintptr
+		for _, mod := range d.modules {
+			if d.drv.cuModuleGetFunction.call(ptr(&fn), mod, uintptr(unsafe.Pointer(&cname[0]))) == nil {
+				break
+			}
+			fn = 0
+		}
+		if fn == 0 {
+			return fmt.Errorf("cuda: kernel %s is in no module: rebuild with kernels/build.sh", name)
+		}
+		d.kern[name] = &kernel{name: name, fn: fn}
+	}
+	return nil
+}
+
+func (d *Device) teardown() {
+	drv := d.drv
+	if drv == nil {
+		return
+	}
+	if d.ctx != 0 {
+		if d.stream != 0 {
+			_ = drv.cuStreamSynchronize.call(d.stream)
+		}
+		for b := range d.bufs {
+			if b.ptr != 0 {
+				_ = drv.cuMemFree_v2.call(uintptr(b.ptr))
+			}
+		}
+		for _, m := range d.modules {
+			_ = drv.cuModuleUnload.call(m)
+		}
+		for _, h := range d.halves {
+			if h.ev != 0 {
+				_ = drv.cuEventDestroy_v2.call(h.ev)
+			}
+		}
+		if d.staging != nil {
+			_ = drv.cuMemFreeHost.call(uintptr(d.staging))
+		}
+		if d.faultHost != nil {
+			_ = drv.cuMemFreeHost.call(uintptr(d.faultHost))
+		}
+		if d.stream != 0 {
+			_ = drv.cuStreamDestroy_v2.call(d.stream)
+		}
+		_ = drv.cuDevicePrimaryCtxRelease_v2.call(uintptr(d.cudev))
+	}
+	drv.close()
+	d.drv = nil
+}
+
+// post queues f to the device's thread without waiting; its error becomes
+// the device's pending error.
+func (d *Device) post(f func() error) {
+	d.cmds <- func() {
+		if err := f(); err != nil && d.sticky == nil {
+			d.sticky = err
+		}
+	}
+}
+
+// do runs f on the device's thread and waits for it.
+func (d *Device) do(f func() error) error {
+	d.cmds <- func() { d.reply <- f() }
+	err, _ := spinRecv(d.reply, d.cfg.Spin)
+	return err
+}
+
+// takeErr returns and clears the pending error, first the driver's, then a
+// kernel's fault. It runs on the device's thread after a synchronisation.
+func (d *Device) takeErr() error {
+	if err := d.sticky; err != nil {
+		d.sticky = nil
+		d.clearFault()
+		return err
+	}
+	return d.takeFault()
+}
+
+func (d *Device) syncStream() error {
+	if err := d.drv.cuStreamSynchronize.call(d.stream); err != nil {
+		return err
+	}
+	d.halves[0].used, d.halves[1].used = 0, 0
+	return nil
+}
+
+func (d *Device) enter(op string) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return fmt.Errorf("cuda: %s: device is closed", op)
+	}
+	return nil
+}
+
+func (d *Device) leave() { d.mu.Unlock() }
+
+// Name implements gpu.Device.
+func (d *Device) Name() string {
+	return fmt.Sprintf("cuda %d: %s (sm_%d%d, %d SMs, %s)", d.info.Ordinal, d.info.Name, d.info.ComputeMajor, d.info.ComputeMinor, d.info.SMs, d.info.Code)
+}
+
+// Info describes the device.
+func (d *Device) Info() Info { return d.info }
+
+// Sync implements gpu.Device: it waits for all issued work and returns the
+// first error any of it met. If ctx ends first, Sync returns ctx's error
+// and the work goes on.
+func (d *Device) Sync(ctx context.Context) error {
+	if err := d.enter("sync"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if d.capture {
+		return fmt.Errorf("cuda: sync: not allowed while recording a graph")
+	}
+	if ctx.Done() == nil {
+		return d.do(func() error {
+			if err := d.syncStream(); err != nil {
+				return fmt.Errorf("cuda: sync: %w", err)
+			}
+			return d.takeErr()
+		})
+	}
+	res := make(chan error, 1)
+	d.cmds <- func() {
+		err := d.syncStream()
+		if err == nil {
+			err = d.takeErr()
+		} else {
+			err = fmt.Errorf("cuda: sync: %w", err)
+		}
+		res <- err
+	}
+	start := time.Now()
+	for i := 0; d.cfg.Spin > 0; i++ {
+		select {
+		case err := <-res:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("cuda: sync: %w", ctx.Err())
+		default:
+		}
+		if i&63 == 63 && time.Since(start) > d.cfg.Spin {
+			break
+		}
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("cuda: sync: %w", ctx.Err())
+	}
+}
+
+// Close implements gpu.Device: it waits for issued work, releases every
+// buffer, graph, module and the context, and stops the device's thread.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	err := d.do(func() error {
+		if err := d.syncStream(); err != nil {
+			return err
+		}
+		return d.takeErr()
+	})
+	for g := range d.graphs {
+		_ = d.do(g.destroy)
+	}
+	d.closed = true
+	close(d.cmds)
+	<-d.done
+	return err
+}
+
+// Elapsed runs f, which issues operations, between two events and returns
+// the device time between them.
+func (d *Device) Elapsed(f func() error) (time.Duration, error) {
+	var start, stop uintptr
+	if err := d.enter("elapsed"); err != nil {
+		return 0, err
+	}
+	err := d.do(func() error {
+		if err := d.drv.cuEventCreate.call(ptr(&start), 0); err != nil {
+			return err
+		}
+		if err := d.drv.cuEventCreate.call(ptr(&stop), 0); err != nil {
+			return err
+		}
+		return d.drv.cuEventRecord.call(start, d.stream)
+	})
+	d.leave()
+	if err != nil {
+		return 0, fmt.Errorf("cuda: elapsed: %w", err)
+	}
+	ferr := f()
+	if err := d.enter("elapsed"); err != nil {
+		return 0, err
+	}
+	defer d.leave()
+	var ms float32
+	err = d.do(func() error {
+		defer func() {
+			_ = d.drv.cuEventDestroy_v2.call(start)
+			_ = d.drv.cuEventDestroy_v2.call(stop)
+		}()
+		if err := d.drv.cuEventRecord.call(stop, d.stream); err != nil {
+			return err
+		}
+		if err := d.drv.cuEventSynchronize.call(stop); err != nil {
+			return err
+		}
+		if err := d.drv.cuEventElapsedTime.call(ptr(&ms), start, stop); err != nil {
+			return err
+		}
+		return d.takeErr()
+	})
+	if ferr != nil {
+		return 0, ferr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cuda: elapsed: %w", err)
+	}
+	return time.Duration(float64(ms) * 1e6), nil
+}

@@ -1,0 +1,399 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
+	"github.com/troupe/troupe/gpu/ref"
+)
+
+var kernelDir = flag.String("cuda.kernels", "", "load kernel artifacts from this kernels/ directory instead of the embedded ones")
+
+func open(t testing.TB) *Device {
+	t.Helper()
+	cfg := Config{Ordinal: 0}
+	if *kernelDir != "" {
+		cfg.Kernels = os.DirFS(*kernelDir)
+	}
+	d, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return d
+}
+
+func TestConformance(t *testing.T) {
+	d := open(t)
+	t.Log(d.Name())
+	// The suite as a whole: bf16/f16 weights round x for the tensor cores
+	// (n > 8) and bf16 caches round k, v: 1e-2 bounds those paths.
+	t.Run("all", func(t *testing.T) {
+		gputest.Run(t, d, gputest.Options{Tol: 1e-2, CacheDTypes: []gpu.DType{gpu.F32, gpu.BF16}, Large: true})
+	})
+	// f32 weights and caches: f32 arithmetic throughout.
+	t.Run("f32", func(t *testing.T) {
+		gputest.Run(t, d, gputest.Options{Tol: 1e-5, CacheDTypes: []gpu.DType{gpu.F32}, WeightDTypes: []gpu.DType{gpu.F32}, Large: true})
+	})
+	// 16-bit weights with f32 caches, at the tolerance the GEMM's rounding of
+	// x allows (f16 caches included).
+	t.Run("16bit", func(t *testing.T) {
+		gputest.Run(t, d, gputest.Options{Tol: 5e-3, CacheDTypes: []gpu.DType{gpu.F16}, WeightDTypes: []gpu.DType{gpu.BF16, gpu.F16}, Large: true})
+	})
+}
+
+func randF32(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * scale)
+	}
+	return v
+}
+
+func bf16Bytes(v []float32) []byte {
+	u := make([]uint16, len(v))
+	for i, x := range v {
+		u[i] = gpu.F32ToBF16(x)
+	}
+	return append([]byte(nil), gpu.U16Bytes(u)...)
+}
+
+func alloc(t testing.TB, d gpu.Device, dt gpu.DType, n int) gpu.Buffer {
+	t.Helper()
+	b, err := d.Alloc(dt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func weights(t testing.TB, d gpu.Device, dt gpu.DType, raw []byte) gpu.Buffer {
+	t.Helper()
+	b, err := d.Weights(dt, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func f32buf(t testing.TB, d *Device, v []float32) gpu.Buffer {
+	t.Helper()
+	b := alloc(t, d, gpu.F32, len(v))
+	if err := d.Write(b, 0, gpu.F32Bytes(v)); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func i32buf(t testing.TB, d *Device, v []int32) gpu.Buffer {
+	t.Helper()
+	b := alloc(t, d, gpu.I32, len(v))
+	if err := d.Write(b, 0, gpu.I32Bytes(v)); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func readF32(t testing.TB, d gpu.Device, b gpu.Buffer) []float32 {
+	t.Helper()
+	v := make([]float32, b.Len())
+	if err := d.Read(gpu.F32Bytes(v), b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestGEMVShapes checks the batch-1 bf16 GEMV on the OLMo-2-1B shapes
+// against a float64 product of the same bf16 weights.
+func TestGEMVShapes(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, s := range [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {100352, 2048}, {1536, 4096}, {768, 1024}} {
+		m, k := s[0], s[1]
+		wv := randF32(r, m*k, 0.05)
+		raw := bf16Bytes(wv)
+		w := weights(t, d, gpu.BF16, raw)
+		xv := randF32(r, k, 1)
+		x := f32buf(t, d, xv)
+		out := alloc(t, d, gpu.F32, m)
+		if err := d.MatMul(out, x, w, 1, k, m); err != nil {
+			t.Fatal(err)
+		}
+		got := readF32(t, d, out)
+		want := make([]float32, m)
+		for j := 0; j < m; j++ {
+			var acc float64
+			for i := 0; i < k; i++ {
+				h := uint16(raw[2*(j*k+i)]) | uint16(raw[2*(j*k+i)+1])<<8
+				acc += float64(gpu.BF16ToF32(h)) * float64(xv[i])
+			}
+			want[j] = float32(acc)
+		}
+		if e := gputest.RelL2(got, want); !(e < 1e-5) {
+			t.Errorf("gemv %dx%d: relative L2 error %.3g", m, k, e)
+		}
+		d.Free(w)
+		d.Free(x)
+		d.Free(out)
+	}
+}
+
+func TestArgmax(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	n, width := 3, 100352
+	v := randF32(r, n*width, 1)
+	v[0*width+777] = 9
+	v[0*width+5000] = 9 // tie: the lower index wins
+	v[1*width+width-1] = 7
+	v[2*width+12] = float32(math.NaN())
+	v[2*width+13] = 8
+	logits := f32buf(t, d, v)
+	out := alloc(t, d, gpu.I32, n)
+	if err := d.Argmax(out, logits, n, width); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]int32, n)
+	if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int32{777, int32(width - 1), 13}; got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestSpanCheckRefuses checks on the GPU that a launch with a span beyond
+// its allocation is refused and leaves the device usable.
+func TestSpanCheckRefuses(t *testing.T) {
+	d := open(t)
+	small := alloc(t, d, gpu.F32, 16)
+	big := alloc(t, d, gpu.F32, 1024)
+	sb := small.(*Buffer)
+	bb := big.(*Buffer)
+	err := d.launch(d.k("add_f32"), grid1(1), grid1(256), 0,
+		bufArg("out", bb, gpu.F32, 1024), bufArg("a", sb, gpu.F32, 1024), bufArg("b", bb, gpu.F32, 1024), i32Arg(1024))
+	if err == nil || !strings.Contains(err.Error(), "launch add_f32: argument a") {
+		t.Fatalf("got %v, want the span error of add_f32's argument a", err)
+	}
+	if err := d.Sync(context.Background()); err != nil {
+		t.Fatalf("sync after a refused launch: %v", err)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	d := open(t)
+	kc := alloc(t, d, gpu.BF16, 4*8)
+	vc := alloc(t, d, gpu.BF16, 4*8)
+	k := f32buf(t, d, make([]float32, 8))
+	v := f32buf(t, d, make([]float32, 8))
+	slots := i32buf(t, d, []int32{4})
+	if err := d.StoreKV(kc, vc, k, v, slots, 1, 8); err != nil {
+		t.Fatal(err)
+	}
+	err := d.Sync(context.Background())
+	var fe *FaultError
+	if !errors.As(err, &fe) || fe.Code != faultStoreKVSlot || fe.Value != 4 {
+		t.Fatalf("got %v, want the storekv slot fault", err)
+	}
+	if err := d.Sync(context.Background()); err != nil {
+		t.Fatalf("fault not cleared: %v", err)
+	}
+}
+
+// TestFusedNorms checks AddRMSNorm and RMSNormAdd against their unfused
+// compositions on the reference.
+func TestFusedNorms(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	r := rand.New(rand.NewPCG(7, 8))
+	n, dim := 3, 2048
+	xv, rv, wv := randF32(r, n*dim, 1), randF32(r, n*dim, 1), randF32(r, dim, 1)
+	w := weights(t, d, gpu.BF16, bf16Bytes(wv))
+	wr := weights(t, rf, gpu.BF16, bf16Bytes(wv))
+	hostBuf := func(v []float32) gpu.Buffer {
+		b := alloc(t, rf, gpu.F32, len(v))
+		_ = rf.Write(b, 0, gpu.F32Bytes(v))
+		return b
+	}
+	// Pre-norm: r += x; out = norm(r).
+	x, res, out := f32buf(t, d, xv), f32buf(t, d, rv), alloc(t, d, gpu.F32, n*dim)
+	if err := d.AddRMSNorm(out, res, x, w, n, dim, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	xr, rr, or := hostBuf(xv), hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
+	_ = rf.Add(rr, rr, xr, n*dim)
+	_ = rf.RMSNorm(or, rr, wr, n, dim, 1e-6)
+	if e := gputest.RelL2(readF32(t, d, res), readF32(t, rf, rr)); e > 1e-6 {
+		t.Errorf("addrmsnorm residual: error %.3g", e)
+	}
+	if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, or)); e > 1e-5 {
+		t.Errorf("addrmsnorm out: error %.3g", e)
+	}
+	// Post-norm: r += norm(x).
+	res2 := f32buf(t, d, rv)
+	if err := d.RMSNormAdd(res2, x, w, n, dim, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	rr2, tmp := hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
+	_ = rf.RMSNorm(tmp, xr, wr, n, dim, 1e-6)
+	_ = rf.Add(rr2, rr2, tmp, n*dim)
+	if e := gputest.RelL2(readF32(t, d, res2), readF32(t, rf, rr2)); e > 1e-5 {
+		t.Errorf("rmsnormadd: error %.3g", e)
+	}
+}
+
+// step is a miniature decode step: every op a model's step uses, with the
+// per-token indices in device buffers.
+type step struct {
+	dim, heads, hd, vocab, blocks, bs int
+	emb, wq, wo, normW, invFreq       gpu.Buffer
+	kc, vc                            gpu.Buffer
+	ids, pos, seq, bt, slots          gpu.Buffer
+	x, h, q, kv, att, o, logits, next gpu.Buffer
+}
+
+func newStep(t *testing.T, d *Device, r *rand.Rand) *step {
+	s := &step{dim: 256, heads: 2, hd: 128, vocab: 1000, blocks: 8, bs: 16}
+	s.emb = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.vocab*s.dim, 1)))
+	s.wq = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.dim*s.dim, 0.05)))
+	s.wo = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.vocab*s.dim, 0.05)))
+	s.normW = weights(t, d, gpu.F32, gpu.F32Bytes(randF32(r, s.dim, 1)))
+	s.invFreq = f32buf(t, d, gputest.InvFreq(s.hd, 10000))
+	s.kc = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
+	s.vc = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
+	for _, p := range []*gpu.Buffer{&s.ids, &s.pos, &s.seq, &s.slots} {
+		*p = alloc(t, d, gpu.I32, 1)
+	}
+	s.bt = i32buf(t, d, []int32{3, 1, 4, 0, 5, 2, 7, 6})
+	for _, p := range []*gpu.Buffer{&s.x, &s.h, &s.q, &s.kv, &s.att, &s.o} {
+		*p = alloc(t, d, gpu.F32, s.dim)
+	}
+	s.logits = alloc(t, d, gpu.F32, s.vocab)
+	s.next = alloc(t, d, gpu.I32, 1)
+	return s
+}
+
+func (s *step) run(d *Device) error {
+	a := gpu.AttnArgs{N: 1, Heads: s.heads, KVHeads: s.heads, HeadDim: s.hd, BlockSize: s.bs, MaxBlocks: s.blocks,
+		Scale: float32(1 / math.Sqrt(float64(s.hd))), Pos: s.pos, Seq: s.seq, BlockTable: s.bt}
+	for _, f := range []func() error{
+		func() error { return d.Embed(s.x, s.emb, s.ids, 1, s.dim) },
+		func() error { return d.RMSNorm(s.h, s.x, s.normW, 1, s.dim, 1e-6) },
+		func() error { return d.MatMul(s.q, s.h, s.wq, 1, s.dim, s.dim) },
+		func() error { return d.MatMul(s.kv, s.h, s.wq, 1, s.dim, s.dim) },
+		func() error { return d.RoPE(s.q, s.pos, s.invFreq, 1, s.heads, s.hd) },
+		func() error { return d.RoPE(s.kv, s.pos, s.invFreq, 1, s.heads, s.hd) },
+		func() error { return d.StoreKV(s.kc, s.vc, s.kv, s.h, s.slots, 1, s.dim) },
+		func() error { return d.Attention(s.att, s.q, s.kc, s.vc, a) },
+		func() error { return d.AddRMSNorm(s.o, s.x, s.att, s.normW, 1, s.dim, 1e-6) },
+		func() error { return d.MatMul(s.logits, s.o, s.wo, 1, s.dim, s.vocab) },
+		func() error { return d.Argmax(s.next, s.logits, 1, s.vocab) },
+	} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *step) set(t *testing.T, d *Device, id, pos int) {
+	blk := []int32{3, 1, 4, 0, 5, 2, 7, 6}[pos/s.bs]
+	for _, w := range []struct {
+		b gpu.Buffer
+		v int32
+	}{{s.ids, int32(id)}, {s.pos, int32(pos)}, {s.seq, 0}, {s.slots, blk*int32(s.bs) + int32(pos%s.bs)}} {
+		if err := d.Write(w.b, 0, gpu.I32Bytes([]int32{w.v})); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestGraphReplay records a decode step once and replays it token after
+// token; each replay must give exactly what direct execution gives.
+func TestGraphReplay(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(9, 10))
+	direct, graphed := newStep(t, d, r), newStep(t, d, rand.New(rand.NewPCG(9, 10)))
+	graphed.set(t, d, 0, 0)
+	g, err := d.Capture(func() error { return graphed.run(d) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	t.Logf("graph of %d nodes", g.(*Graph).Nodes())
+	id := 17
+	for pos := 0; pos < 40; pos++ {
+		direct.set(t, d, id, pos)
+		if err := direct.run(d); err != nil {
+			t.Fatal(err)
+		}
+		graphed.set(t, d, id, pos)
+		if err := g.Launch(); err != nil {
+			t.Fatal(err)
+		}
+		a, b := readF32(t, d, direct.logits), readF32(t, d, graphed.logits)
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("pos %d: logit %d: direct %v, graph %v", pos, i, a[i], b[i])
+			}
+		}
+		next := make([]int32, 1)
+		if err := d.Read(gpu.I32Bytes(next), graphed.next, 0); err != nil {
+			t.Fatal(err)
+		}
+		id = int(next[0])
+	}
+}
+
+func TestPeer(t *testing.T) {
+	d := open(t)
+	if ok, err := d.CanAccessPeer(d); !ok || err != nil {
+		t.Fatalf("self access: %v, %v", ok, err)
+	}
+	cfg := Config{Ordinal: 1}
+	if *kernelDir != "" {
+		cfg.Kernels = os.DirFS(*kernelDir)
+	}
+	p, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Skipf("no second GPU: %v", err)
+	}
+	defer p.Close()
+	ok, err := d.CanAccessPeer(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		if err := d.EnablePeerAccess(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.EnablePeerAccess(p); err != nil {
+			t.Fatalf("second enable: %v", err)
+		}
+	}
+	src := f32buf(t, p, []float32{1, 2, 3})
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dst := alloc(t, d, gpu.F32, 3)
+	if err := d.CopyPeer(dst.(*Buffer), src.(*Buffer), 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := readF32(t, d, dst); got[2] != 3 {
+		t.Fatalf("got %v", got)
+	}
+}

@@ -1,0 +1,162 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// kernel is a resolved kernel entry point.
+type kernel struct {
+	name string
+	fn   uintptr
+}
+
+type dim3 struct{ x, y, z uint32 }
+
+func grid1(x int) dim3 { return dim3{uint32(x), 1, 1} }
+
+type argKind uint8
+
+const (
+	argBuf argKind = iota + 1
+	argI32
+	argF32
+	argDevPtr
+	argRaw
+	argTable
+)
+
+// arg is one typed kernel argument.
+type arg struct {
+	kind  argKind
+	name  string
+	buf   *Buffer
+	off   int       // first element of a buffer span
+	n     int       // elements of a buffer span (each table entry)
+	dt    gpu.DType // required element type of a buffer; 0 for any
+	v     uint64
+	raw   []byte
+	table []*Buffer
+	slots int // entries of a pointer table
+}
+
+// bufArg passes the address of b's elements [0, n), which must be of type dt.
+func bufArg(name string, b *Buffer, dt gpu.DType, n int) arg {
+	return arg{kind: argBuf, name: name, buf: b, dt: dt, n: n}
+}
+
+func i32Arg(v int) arg     { return arg{kind: argI32, v: uint64(uint32(int32(v)))} }
+func f32Arg(v float32) arg { return arg{kind: argF32, v: uint64(math.Float32bits(v))} }
+
+// devPtrArg passes a device address the device owns (the fault word).
+func devPtrArg(p uint64) arg { return arg{kind: argDevPtr, v: p} }
+
+// rawArg passes a C struct by value; raw must follow the kernel's layout.
+func rawArg(raw []byte) arg { return arg{kind: argRaw, raw: raw} }
+
+// tableArg passes a struct of slots device pointers, one per buffer of
+// bs (each checked to hold n elements of dt), the rest null.
+func tableArg(name string, bs []*Buffer, dt gpu.DType, n, slots int) arg {
+	return arg{kind: argTable, name: name, table: bs, dt: dt, n: n, slots: slots}
+}
+
+const maxArgs = 16
+
+// launchCmd holds a launch's packed parameters until the driver has
+// copied them.
+type launchCmd struct {
+	fn    uintptr
+	grid  dim3
+	block dim3
+	shmem uint32
+	vals  [maxArgs]uint64
+	ptrs  [maxArgs]unsafe.Pointer
+	blobs [][]byte
+}
+
+// checkSpan refuses a buffer argument whose span lies outside its
+// allocation, before anything reaches the GPU.
+func (d *Device) checkSpan(k string, name string, b *Buffer, dt gpu.DType, off, n int) error {
+	switch {
+	case b == nil:
+		return fmt.Errorf("cuda: launch %s: argument %s is nil", k, name)
+	case b.dev != d:
+		return fmt.Errorf("cuda: launch %s: argument %s belongs to another device", k, name)
+	case b.freed:
+		return fmt.Errorf("cuda: launch %s: argument %s was freed", k, name)
+	case dt != 0 && b.dt != dt:
+		return fmt.Errorf("cuda: launch %s: argument %s holds %s, the kernel reads %s", k, name, b.dt, dt)
+	case off < 0 || n < 0 || (off+n)*b.dt.Size() > b.size:
+		return fmt.Errorf("cuda: launch %s: argument %s: elements [%d, %d) of %s (%d bytes) exceed its %d-byte allocation",
+			k, name, off, off+n, b.dt, (off+n)*b.dt.Size(), b.size)
+	}
+	return nil
+}
+
+// launch checks and packs args and queues the kernel on the stream.
+func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) error {
+	if k == nil {
+		return fmt.Errorf("cuda: launch: no such kernel")
+	}
+	if len(args) > maxArgs {
+		return fmt.Errorf("cuda: launch %s: %d arguments, at most %d", k.name, len(args), maxArgs)
+	}
+	if grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 {
+		return fmt.Errorf("cuda: launch %s: grid %v out of range", k.name, grid)
+	}
+	if block.x*block.y*block.z == 0 || block.x*block.y*block.z > 1024 {
+		return fmt.Errorf("cuda: launch %s: block %v out of range", k.name, block)
+	}
+	l := &launchCmd{fn: k.fn, grid: grid, block: block, shmem: uint32(shmem)}
+	for i, a := range args {
+		switch a.kind {
+		case argBuf:
+			if err := d.checkSpan(k.name, a.name, a.buf, a.dt, a.off, a.n); err != nil {
+				return err
+			}
+			l.vals[i] = a.buf.ptr + uint64(a.off*a.buf.dt.Size())
+			l.ptrs[i] = unsafe.Pointer(&l.vals[i])
+		case argI32, argF32, argDevPtr:
+			l.vals[i] = a.v
+			l.ptrs[i] = unsafe.Pointer(&l.vals[i])
+		case argRaw:
+			if len(a.raw) == 0 {
+				return fmt.Errorf("cuda: launch %s: argument %d: empty struct", k.name, i)
+			}
+			blob := append([]byte(nil), a.raw...)
+			l.blobs = append(l.blobs, blob)
+			l.ptrs[i] = unsafe.Pointer(&blob[0])
+		case argTable:
+			if len(a.table) > a.slots {
+				return fmt.Errorf("cuda: launch %s: argument %s: %d buffers, at most %d", k.name, a.name, len(a.table), a.slots)
+			}
+			blob := make([]byte, 8*a.slots)
+			for j, b := range a.table {
+				if err := d.checkSpan(k.name, fmt.Sprintf("%s[%d]", a.name, j), b, a.dt, 0, a.n); err != nil {
+					return err
+				}
+				*(*uint64)(unsafe.Pointer(&blob[8*j])) = b.ptr
+			}
+			l.blobs = append(l.blobs, blob)
+			l.ptrs[i] = unsafe.Pointer(&blob[0])
+		default:
+			return fmt.Errorf("cuda: launch %s: argument %d has no type", k.name, i)
+		}
+	}
+	d.post(func() error {
+		err := d.drv.cuLaunchKernel.call(l.fn,
+			uintptr(l.grid.x), uintptr(l.grid.y), uintptr(l.grid.z),
+			uintptr(l.block.x), uintptr(l.block.y), uintptr(l.block.z),
+			uintptr(l.shmem), d.stream, uintptr(unsafe.Pointer(&l.ptrs[0])), 0)
+		runtime.KeepAlive(l)
+		if err != nil {
+			return fmt.Errorf("cuda: launch %s: %w", k.name, err)
+		}
+		return nil
+	})
+	return nil
+}

@@ -1,0 +1,99 @@
+package cuda
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// TestOpenMissingDriver needs no GPU: a library that does not exist must
+// give an error that says what to install.
+func TestOpenMissingDriver(t *testing.T) {
+	_, err := Open(context.Background(), Config{Library: "/nonexistent/libcuda.so.1"})
+	if err == nil {
+		t.Fatal("got no error")
+	}
+	want := "not found: is the NVIDIA driver installed?"
+	if !supported {
+		want = "unsupported"
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("got %q, want it to contain %q", err, want)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{DefaultConfig(), true},
+		{Config{Ordinal: 1}, true},
+		{Config{Ordinal: -1}, false},
+		{Config{StagingBytes: 100}, false},
+		{Config{QueueDepth: -1}, false},
+		{Config{Spin: -1}, false},
+	} {
+		if err := c.cfg.Validate(); (err == nil) != c.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", c.cfg, err, c.ok)
+		}
+	}
+}
+
+// TestSpanCheck needs no GPU: a launch whose buffer span exceeds its
+// allocation is refused before anything is queued, naming kernel and
+// argument.
+func TestSpanCheck(t *testing.T) {
+	d := &Device{} // no thread: a launch that passed the checks would block
+	other := &Device{}
+	small := &Buffer{dev: d, dt: gpu.F32, n: 4, size: 16, ptr: 0x1000}
+	ids := &Buffer{dev: d, dt: gpu.I32, n: 4, size: 16, ptr: 0x2000}
+	foreign := &Buffer{dev: other, dt: gpu.F32, n: 64, size: 256, ptr: 0x3000}
+	freed := &Buffer{dev: d, dt: gpu.F32, n: 64, size: 256, ptr: 0x4000, freed: true}
+	k := &kernel{name: "add_f32"}
+	for _, c := range []struct {
+		name string
+		args []arg
+		want string
+	}{
+		{"too long", []arg{bufArg("out", small, gpu.F32, 4), bufArg("a", small, gpu.F32, 5)}, "add_f32: argument a: elements [0, 5)"},
+		{"offset", []arg{{kind: argBuf, name: "b", buf: small, dt: gpu.F32, off: 2, n: 3}}, "argument b: elements [2, 5)"},
+		{"dtype", []arg{bufArg("out", ids, gpu.F32, 4)}, "argument out holds i32, the kernel reads f32"},
+		{"nil", []arg{bufArg("out", nil, gpu.F32, 4)}, "argument out is nil"},
+		{"foreign", []arg{bufArg("x", foreign, gpu.F32, 4)}, "argument x belongs to another device"},
+		{"freed", []arg{bufArg("x", freed, gpu.F32, 4)}, "argument x was freed"},
+		{"table", []arg{tableArg("gate", []*Buffer{small, small}, gpu.F32, 8, 4)}, "argument gate[0]: elements [0, 8)"},
+	} {
+		err := d.launch(k, grid1(1), grid1(32), 0, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want an error containing %q", c.name, err, c.want)
+		}
+	}
+	if err := d.launch(k, grid1(0), grid1(32), 0); err == nil {
+		t.Error("empty grid: got no error")
+	}
+}
+
+func TestAttnParamsLayout(t *testing.T) {
+	raw := attnParams(gpu.AttnArgs{N: 1, Heads: 2, KVHeads: 3, HeadDim: 4, BlockSize: 5, MaxBlocks: 6, Scale: 1}, 7, 8, 9)
+	if len(raw) != 40 || raw[0] != 1 || raw[24] != 7 || raw[28] != 8 || raw[32] != 9 || raw[39] != 0x3f {
+		t.Fatalf("layout % x", raw)
+	}
+}
+
+func TestGEMVShape(t *testing.T) {
+	d := &Device{info: Info{SMs: 132}}
+	for _, c := range []struct{ k, m, nv, ks int }{
+		{2048, 2048, 2, 4}, {2048, 8192, 2, 4}, {8192, 2048, 4, 8}, {2048, 100352, 2, 4}, {1024, 64, 2, 2}, {256, 8, 1, 1}, {512, 8, 2, 1}, {4096, 8, 2, 8},
+	} {
+		nv, ks, ok := d.gemvShape(c.k, c.m)
+		if !ok || nv != c.nv || ks != c.ks {
+			t.Errorf("gemvShape(%d, %d) = %d, %d, %v; want %d, %d", c.k, c.m, nv, ks, ok, c.nv, c.ks)
+		}
+	}
+	if _, _, ok := d.gemvShape(100, 10); ok {
+		t.Error("k=100 took the fast path")
+	}
+}

@@ -1,0 +1,588 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// suffix names a float dtype in kernel names.
+func suffix(dt gpu.DType) string {
+	switch dt {
+	case gpu.F32:
+		return "f32"
+	case gpu.BF16:
+		return "bf16"
+	case gpu.F16:
+		return "f16"
+	}
+	return dt.String()
+}
+
+// kernelNames lists every kernel the operations launch; Open resolves them
+// all, so a stale artifact fails at Open, not mid-model.
+func kernelNames() []string {
+	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine"}
+	for _, s := range []string{"f32", "bf16", "f16"} {
+		names = append(names, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
+			"gemv_"+s, "gemm_"+s, "moe_route_"+s, "moe_gateup_"+s, "moe_down_"+s)
+		for _, hd := range []int{64, 128, 256} {
+			names = append(names, fmt.Sprintf("attn_split_%s_hd%d", s, hd))
+		}
+	}
+	for _, nv := range []int{1, 2, 4, 8} {
+		for _, ks := range []int{1, 2, 4, 8} {
+			names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks))
+		}
+	}
+	return names
+}
+
+func (d *Device) k(name string) *kernel { return d.kern[name] }
+
+// typed returns the kernel name+"_"+dtype suffix for a float dtype.
+func (d *Device) typed(op, arg, name string, dt gpu.DType) (*kernel, error) {
+	if !dt.IsFloat() {
+		return nil, fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, arg, dt)
+	}
+	return d.k(name + "_" + suffix(dt)), nil
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// bufs resolves gpu.Buffers to this device's buffers, naming the first bad one.
+func (d *Device) bufs2(op string, names []string, bs ...gpu.Buffer) ([]*Buffer, error) {
+	out := make([]*Buffer, len(bs))
+	for i, b := range bs {
+		cb, err := d.buf(op, names[i], b)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = cb
+	}
+	return out, nil
+}
+
+func wantDT(op, arg string, b *Buffer, dt gpu.DType) error {
+	if b.dt != dt {
+		return fmt.Errorf("%s: %s is %s, want %s", op, arg, b.dt, dt)
+	}
+	return nil
+}
+
+func checkLens(op string, names []string, bs []*Buffer, lens []int) error {
+	for i, b := range bs {
+		if err := gpu.CheckLen(op, names[i], b, lens[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func positive(op string, vals ...int) error {
+	for _, v := range vals {
+		if v <= 0 {
+			return fmt.Errorf("%s: invalid shape %v", op, vals)
+		}
+	}
+	return nil
+}
+
+func blockFor(width int) int {
+	t := 32
+	for t < 1024 && t*4 < width {
+		t *= 2
+	}
+	return t
+}
+
+// Embed implements gpu.Ops. Outside graph recording it waits for the
+// gather and returns an error for an id outside the table; while
+// recording, such an error is returned by the next Sync or Read.
+func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
+	if err := d.enter("embed"); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2("embed", []string{"out", "table", "ids"}, out, table, ids)
+	if err != nil {
+		return err
+	}
+	if err := positive("embed", n, dim); err != nil {
+		return err
+	}
+	if err := checkLens("embed", []string{"out", "ids"}, []*Buffer{b[0], b[2]}, []int{n * dim, n}); err != nil {
+		return err
+	}
+	if err := wantDT("embed", "out", b[0], gpu.F32); err != nil {
+		return err
+	}
+	if err := wantDT("embed", "ids", b[2], gpu.I32); err != nil {
+		return err
+	}
+	k, err := d.typed("embed", "table", "embed", b[1].dt)
+	if err != nil {
+		return err
+	}
+	rows := b[1].n / dim
+	err = d.launch(k, grid1(n), grid1(min(256, blockFor(dim))), 0,
+		bufArg("out", b[0], gpu.F32, n*dim), bufArg("table", b[1], 0, rows*dim), bufArg("ids", b[2], gpu.I32, n),
+		i32Arg(n), i32Arg(dim), i32Arg(rows), devPtrArg(d.faultDev))
+	if err != nil || d.capture {
+		return err
+	}
+	return d.do(func() error {
+		if err := d.syncStream(); err != nil {
+			return fmt.Errorf("embed: %w", err)
+		}
+		return d.takeErr()
+	})
+}
+
+// MatMul implements gpu.Ops. Batch 1 with bf16 weights runs the
+// split-K GEMV; up to 8 rows a GEMV that reads each weight once; more rows
+// the tensor-core GEMM (bf16, f16: x is rounded to the weight's type) or
+// the f32 tiled GEMM.
+func (d *Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
+	if err := d.enter("matmul"); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2("matmul", []string{"out", "x", "w"}, out, x, w)
+	if err != nil {
+		return err
+	}
+	if err := positive("matmul", n, k, m); err != nil {
+		return err
+	}
+	if err := checkLens("matmul", []string{"out", "x", "w"}, b, []int{n * m, n * k, m * k}); err != nil {
+		return err
+	}
+	if err := wantDT("matmul", "out", b[0], gpu.F32); err != nil {
+		return err
+	}
+	if err := wantDT("matmul", "x", b[1], gpu.F32); err != nil {
+		return err
+	}
+	if !b[2].dt.IsFloat() {
+		return fmt.Errorf("matmul: w is %s, want f32, bf16 or f16", b[2].dt)
+	}
+	return d.matmul(b[0], b[1], b[2], n, k, m)
+}
+
+func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
+	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
+	if w.dt == gpu.BF16 && n == 1 {
+		if nv, ks, ok := d.gemvShape(k, m); ok {
+			g := d.gemvGrid(ks, m)
+			name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
+			return d.launch(d.k(name), grid1(g), grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+		}
+	}
+	suf := suffix(w.dt)
+	if n <= 8 {
+		return d.launch(d.k("gemv_"+suf), grid1(ceilDiv(m, 8)), grid1(256), 0, append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
+	}
+	if ceilDiv(n, 64) > 65535 {
+		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*64)
+	}
+	tile := 128
+	if w.dt == gpu.F32 {
+		tile = 64
+	}
+	return d.launch(d.k("gemm_"+suf), dim3{uint32(ceilDiv(m, tile)), uint32(ceilDiv(n, 64)), 1}, grid1(256), 0,
+		append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
+}
+
+// gemvShape picks the split of k for the batch-1 bf16 GEMV: k = nv*256*ks
+// with nv, ks in {1,2,4,8}, as many splits as leave each warp at least two
+// 16-byte loads per lane (measured best on the H200 for the OLMo-2-1B
+// shapes, see docs/cuda.md).
+func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
+	if k%256 != 0 {
+		return 0, 0, false
+	}
+	units := k / 256
+	for _, c := range []int{8, 4, 2, 1} {
+		n := units / c
+		if units%c == 0 && n <= 8 && n&(n-1) == 0 && (n >= 2 || units == 1) {
+			return n, c, true
+		}
+	}
+	return 0, 0, false
+}
+
+// gemvGrid is the fast GEMV's grid: every row group its own block, up to
+// four blocks per SM (the grid strides beyond that).
+func (d *Device) gemvGrid(ks, m int) int { return min(ceilDiv(m, 8/ks*2), 4*d.info.SMs) }
+
+// RMSNorm implements gpu.Ops.
+func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
+	return d.norm("rmsnorm", 0, out, nil, x, w, n, dim, eps)
+}
+
+// AddRMSNorm adds x into the residual r and normalises the sum:
+// r += x; out = rmsnorm(r) * w (pre-norm blocks). out may alias x.
+func (d *Device) AddRMSNorm(out, r, x, w gpu.Buffer, n, dim int, eps float32) error {
+	return d.norm("addrmsnorm", 1, out, r, x, w, n, dim, eps)
+}
+
+// RMSNormAdd adds the normalised x into the residual r:
+// r += rmsnorm(x) * w (post-norm blocks such as OLMo 2).
+func (d *Device) RMSNormAdd(r, x, w gpu.Buffer, n, dim int, eps float32) error {
+	return d.norm("rmsnormadd", 2, nil, r, x, w, n, dim, eps)
+}
+
+func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, eps float32) error {
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := positive(op, n, dim); err != nil {
+		return err
+	}
+	names := []string{"x", "w"}
+	bs := []gpu.Buffer{x, w}
+	if mode != 2 {
+		names, bs = append(names, "out"), append(bs, out)
+	}
+	if mode != 0 {
+		names, bs = append(names, "r"), append(bs, r)
+	}
+	b, err := d.bufs2(op, names, bs...)
+	if err != nil {
+		return err
+	}
+	for i, nm := range names {
+		want := n * dim
+		if nm == "w" {
+			want = dim
+		} else if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
+			return err
+		}
+		if err := gpu.CheckLen(op, nm, b[i], want); err != nil {
+			return err
+		}
+	}
+	prefix := [...]string{"rmsnorm", "add_rmsnorm", "rmsnorm_add"}[mode]
+	k, err := d.typed(op, "w", prefix, b[1].dt)
+	if err != nil {
+		return err
+	}
+	xa, wa := bufArg("x", b[0], gpu.F32, n*dim), bufArg("w", b[1], b[1].dt, dim)
+	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps)}
+	var args []arg
+	switch mode {
+	case 0:
+		args = append([]arg{bufArg("out", b[2], gpu.F32, n*dim), xa, wa}, tail...)
+	case 1:
+		args = append([]arg{bufArg("out", b[2], gpu.F32, n*dim), bufArg("r", b[3], gpu.F32, n*dim), xa, wa}, tail...)
+	default:
+		args = append([]arg{bufArg("r", b[2], gpu.F32, n*dim), xa, wa}, tail...)
+	}
+	return d.launch(k, grid1(n), grid1(blockFor(dim)), 0, args...)
+}
+
+func (d *Device) elementwise(op, kname string, out, a, c gpu.Buffer, names [3]string, n int) error {
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2(op, names[:], out, a, c)
+	if err != nil {
+		return err
+	}
+	if err := checkLens(op, names[:], b, []int{n, n, n}); err != nil {
+		return err
+	}
+	for i := range b {
+		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	g := max(1, min(ceilDiv(ceilDiv(n, 4), 256), 8*d.info.SMs))
+	return d.launch(d.k(kname), grid1(g), grid1(256), 0,
+		bufArg(names[0], b[0], gpu.F32, n), bufArg(names[1], b[1], gpu.F32, n), bufArg(names[2], b[2], gpu.F32, n), i32Arg(n))
+}
+
+// Add implements gpu.Ops.
+func (d *Device) Add(out, a, b gpu.Buffer, n int) error {
+	return d.elementwise("add", "add_f32", out, a, b, [3]string{"out", "a", "b"}, n)
+}
+
+// SiLUMul implements gpu.Ops.
+func (d *Device) SiLUMul(out, gate, up gpu.Buffer, n int) error {
+	return d.elementwise("silumul", "silumul_f32", out, gate, up, [3]string{"out", "gate", "up"}, n)
+}
+
+// RoPE implements gpu.Ops.
+func (d *Device) RoPE(x, pos, invFreq gpu.Buffer, n, heads, headDim int) error {
+	if err := d.enter("rope"); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2("rope", []string{"x", "pos", "invFreq"}, x, pos, invFreq)
+	if err != nil {
+		return err
+	}
+	if err := positive("rope", n, heads, headDim); err != nil {
+		return err
+	}
+	if headDim%2 != 0 {
+		return fmt.Errorf("rope: odd head dim %d", headDim)
+	}
+	half := headDim / 2
+	if err := checkLens("rope", []string{"x", "pos", "invFreq"}, b, []int{n * heads * headDim, n, half}); err != nil {
+		return err
+	}
+	return d.launch(d.k("rope_f32"), grid1(n*heads), grid1(min(1024, ceilDiv(half, 32)*32)), 0,
+		bufArg("x", b[0], gpu.F32, n*heads*headDim), bufArg("pos", b[1], gpu.I32, n), bufArg("invFreq", b[2], gpu.F32, half),
+		i32Arg(n), i32Arg(heads), i32Arg(headDim))
+}
+
+// StoreKV implements gpu.Ops. A slot outside the caches is skipped and
+// reported by the next Sync or Read.
+func (d *Device) StoreKV(kc, vc, k, v, slots gpu.Buffer, n, width int) error {
+	if err := d.enter("storekv"); err != nil {
+		return err
+	}
+	defer d.leave()
+	names := []string{"kc", "vc", "k", "v", "slots"}
+	b, err := d.bufs2("storekv", names, kc, vc, k, v, slots)
+	if err != nil {
+		return err
+	}
+	if err := positive("storekv", n, width); err != nil {
+		return err
+	}
+	if err := checkLens("storekv", names[2:], b[2:], []int{n * width, n * width, n}); err != nil {
+		return err
+	}
+	if b[0].dt != b[1].dt {
+		return fmt.Errorf("storekv: kc is %s, vc is %s", b[0].dt, b[1].dt)
+	}
+	kern, err := d.typed("storekv", "kc", "storekv", b[0].dt)
+	if err != nil {
+		return err
+	}
+	capSlots := min(b[0].n, b[1].n) / width
+	return d.launch(kern, grid1(n), grid1(min(256, blockFor(width))), 0,
+		bufArg("kc", b[0], b[0].dt, capSlots*width), bufArg("vc", b[1], b[1].dt, capSlots*width),
+		bufArg("k", b[2], gpu.F32, n*width), bufArg("v", b[3], gpu.F32, n*width), bufArg("slots", b[4], gpu.I32, n),
+		i32Arg(n), i32Arg(width), i32Arg(capSlots), devPtrArg(d.faultDev))
+}
+
+// scratchBuf returns an internal buffer of at least n elements. A buffer
+// that grows is retired, not freed, while the device lives: a recorded graph
+// may still use it.
+func (d *Device) scratchBuf(name string, dt gpu.DType, n int) (*Buffer, error) {
+	if b := d.scratch[name]; b != nil && b.n >= n {
+		return b, nil
+	}
+	b, err := d.alloc("scratch "+name, dt, max(n+n/2, 1024), false)
+	if err != nil {
+		return nil, err
+	}
+	if old := d.scratch[name]; old != nil {
+		d.retired = append(d.retired, old)
+	}
+	d.scratch[name] = b
+	return b, nil
+}
+
+// attnParams mirrors struct AttnParams in kernels/cuda/attention.cu.
+func attnParams(a gpu.AttnArgs, cacheSlots, splits, btRows int) []byte {
+	raw := make([]byte, 40)
+	for i, v := range []int{a.N, a.Heads, a.KVHeads, a.HeadDim, a.BlockSize, a.MaxBlocks, cacheSlots, splits, btRows} {
+		binary.LittleEndian.PutUint32(raw[4*i:], uint32(int32(v)))
+	}
+	binary.LittleEndian.PutUint32(raw[36:], math.Float32bits(a.Scale))
+	return raw
+}
+
+// Attention implements gpu.Ops: split-KV attention over the paged caches
+// and a combine of the splits. The number of splits depends only on the
+// shape, the share of each split on the token's position, so a graph
+// recorded once serves any context length.
+func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
+	if err := d.enter("attention"); err != nil {
+		return err
+	}
+	defer d.leave()
+	names := []string{"out", "q", "kc", "vc", "pos", "seq", "blockTable"}
+	b, err := d.bufs2("attention", names, out, q, kc, vc, a.Pos, a.Seq, a.BlockTable)
+	if err != nil {
+		return err
+	}
+	if a.N <= 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.BlockSize <= 0 || a.MaxBlocks <= 0 {
+		return fmt.Errorf("attention: invalid shape %+v", a)
+	}
+	hd := a.HeadDim
+	if hd != 64 && hd != 128 && hd != 256 {
+		return fmt.Errorf("attention: head dim %d, supported 64, 128, 256", hd)
+	}
+	if b[2].dt != b[3].dt {
+		return fmt.Errorf("attention: kc is %s, vc is %s", b[2].dt, b[3].dt)
+	}
+	qw, kw := a.Heads*hd, a.KVHeads*hd
+	if err := checkLens("attention", names[:2], b[:2], []int{a.N * qw, a.N * qw}); err != nil {
+		return err
+	}
+	if err := checkLens("attention", names[4:], b[4:], []int{a.N, a.N, a.MaxBlocks}); err != nil {
+		return err
+	}
+	if !b[2].dt.IsFloat() {
+		return fmt.Errorf("attention: kc is %s, want f32, bf16 or f16", b[2].dt)
+	}
+	kern := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd))
+	group := a.Heads / a.KVHeads
+	ngroup := ceilDiv(group, 8)
+	if a.N > 65535 || a.KVHeads*ngroup > 65535 {
+		return fmt.Errorf("attention: %d tokens, %d kv heads: grid too large", a.N, a.KVHeads)
+	}
+	blocks := a.N * a.KVHeads * ngroup
+	splits := max(1, min(ceilDiv(2*d.info.SMs, blocks), ceilDiv(a.MaxBlocks*a.BlockSize, 32), 256))
+	slots := min(b[2].n, b[3].n) / kw
+	btRows := b[6].n / a.MaxBlocks
+	parts := a.N * a.Heads * splits
+	acc, err := d.scratchBuf("attn.acc", gpu.F32, parts*hd)
+	if err != nil {
+		return err
+	}
+	ml, err := d.scratchBuf("attn.ml", gpu.F32, parts*2)
+	if err != nil {
+		return err
+	}
+	err = d.launch(kern, dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}, grid1(128), 0,
+		bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
+		bufArg("q", b[1], gpu.F32, a.N*qw), bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
+		bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
+		rawArg(attnParams(a, slots, splits, btRows)), devPtrArg(d.faultDev))
+	if err != nil {
+		return err
+	}
+	return d.launch(d.k("attn_combine"), grid1(a.N*a.Heads), grid1(hd), 0,
+		bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
+		i32Arg(a.N*a.Heads), i32Arg(hd), i32Arg(splits))
+}
+
+// maxExperts is MAX_EXPERTS in kernels/cuda/moe.cu: the expert pointer
+// tables travel as kernel parameters.
+const maxExperts = 128
+
+// MoE implements gpu.Ops: routing (logits, softmax, top-k) on the device,
+// then per token and chosen expert a gate/up GEMV with SwiGLU and a down
+// GEMV weighted and summed over the chosen experts.
+func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
+	if err := d.enter("moe"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if len(a.Gate) != a.Experts || len(a.Up) != a.Experts || len(a.Down) != a.Experts || a.TopK < 1 || a.TopK > a.Experts {
+		return fmt.Errorf("moe: %d experts with %d/%d/%d weights, top %d", a.Experts, len(a.Gate), len(a.Up), len(a.Down), a.TopK)
+	}
+	if a.Experts > maxExperts {
+		return fmt.Errorf("moe: %d experts, at most %d", a.Experts, maxExperts)
+	}
+	if err := positive("moe", a.N, a.Dim, a.Inter); err != nil {
+		return err
+	}
+	b, err := d.bufs2("moe", []string{"out", "x", "router"}, out, x, a.Router)
+	if err != nil {
+		return err
+	}
+	if err := checkLens("moe", []string{"out", "x", "router"}, b, []int{a.N * a.Dim, a.N * a.Dim, a.Experts * a.Dim}); err != nil {
+		return err
+	}
+	dt := b[2].dt
+	var gate, up, down []*Buffer
+	for e := 0; e < a.Experts; e++ {
+		w, err := d.bufs2("moe", []string{fmt.Sprintf("gate[%d]", e), fmt.Sprintf("up[%d]", e), fmt.Sprintf("down[%d]", e)}, a.Gate[e], a.Up[e], a.Down[e])
+		if err != nil {
+			return err
+		}
+		for i, nm := range []string{"gate", "up", "down"} {
+			if w[i].dt != dt {
+				return fmt.Errorf("moe: %s[%d] is %s, router is %s", nm, e, w[i].dt, dt)
+			}
+			if err := gpu.CheckLen("moe", fmt.Sprintf("%s[%d]", nm, e), w[i], a.Inter*a.Dim); err != nil {
+				return err
+			}
+		}
+		gate, up, down = append(gate, w[0]), append(up, w[1]), append(down, w[2])
+	}
+	if a.N*a.TopK > 65535 || a.N > 65535 {
+		return fmt.Errorf("moe: %d tokens: grid too large", a.N)
+	}
+	kr, err := d.typed("moe", "router", "moe_route", dt)
+	if err != nil {
+		return err
+	}
+	suf := suffix(dt)
+	slots := a.N * a.TopK
+	ids, err := d.scratchBuf("moe.ids", gpu.I32, slots)
+	if err != nil {
+		return err
+	}
+	wts, err := d.scratchBuf("moe.wts", gpu.F32, slots)
+	if err != nil {
+		return err
+	}
+	h, err := d.scratchBuf("moe.h", gpu.F32, slots*a.Inter)
+	if err != nil {
+		return err
+	}
+	norm := 0
+	if a.NormTopK {
+		norm = 1
+	}
+	err = d.launch(kr, grid1(a.N), grid1(256), 0,
+		bufArg("ids", ids, gpu.I32, slots), bufArg("wts", wts, gpu.F32, slots), bufArg("x", b[1], gpu.F32, a.N*a.Dim),
+		bufArg("router", b[2], dt, a.Experts*a.Dim), i32Arg(a.N), i32Arg(a.Dim), i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm))
+	if err != nil {
+		return err
+	}
+	err = d.launch(d.k("moe_gateup_"+suf), dim3{uint32(ceilDiv(a.Inter, 8)), uint32(slots), 1}, grid1(256), 0,
+		bufArg("h", h, gpu.F32, slots*a.Inter), bufArg("x", b[1], gpu.F32, a.N*a.Dim), bufArg("ids", ids, gpu.I32, slots),
+		tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
+		i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter), i32Arg(a.Experts), devPtrArg(d.faultDev))
+	if err != nil {
+		return err
+	}
+	return d.launch(d.k("moe_down_"+suf), dim3{uint32(ceilDiv(a.Dim, 8)), uint32(a.N), 1}, grid1(256), 0,
+		bufArg("out", b[0], gpu.F32, a.N*a.Dim), bufArg("h", h, gpu.F32, slots*a.Inter), bufArg("ids", ids, gpu.I32, slots),
+		bufArg("wts", wts, gpu.F32, slots), tableArg("down", down, dt, a.Dim*a.Inter, maxExperts),
+		i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter), i32Arg(a.Experts))
+}
+
+// Argmax implements gpu.Argmaxer: ties go to the lowest index, NaNs are
+// skipped.
+func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
+	if err := d.enter("argmax"); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2("argmax", []string{"out", "logits"}, out, logits)
+	if err != nil {
+		return err
+	}
+	if err := positive("argmax", n, width); err != nil {
+		return err
+	}
+	if err := checkLens("argmax", []string{"out", "logits"}, b, []int{n, n * width}); err != nil {
+		return err
+	}
+	if err := wantDT("argmax", "out", b[0], gpu.I32); err != nil {
+		return err
+	}
+	if err := wantDT("argmax", "logits", b[1], gpu.F32); err != nil {
+		return err
+	}
+	return d.launch(d.k("argmax_f32"), grid1(n), grid1(1024), 0,
+		bufArg("out", b[0], gpu.I32, n), bufArg("logits", b[1], gpu.F32, n*width), i32Arg(n), i32Arg(width))
+}

@@ -1,0 +1,117 @@
+// Shared helpers for the troupe CUDA kernels. Kernels are plain CUDA C++
+// with extern "C" entry points; 16-bit floats travel as raw uint16 bits so
+// the sources need no toolkit headers beyond what nvcc always includes.
+#pragma once
+#include <stdint.h>
+
+#define DEV __device__ __forceinline__
+
+// Fault codes written to the device's fault word when a kernel meets an
+// index it must not follow. The host decodes them (gpu/cuda fault.go).
+#define FAULT_EMBED_ID 1u
+#define FAULT_STOREKV_SLOT 2u
+#define FAULT_ATTN_POS 3u
+#define FAULT_ATTN_BLOCK 4u
+#define FAULT_MOE_EXPERT 5u
+
+// record_fault stores the first fault of a run: word 0 holds the code,
+// words 1 and 2 two details (an index and the bad value).
+DEV void record_fault(unsigned* f, unsigned code, int a, int b) {
+  if (f == nullptr) return;
+  if (atomicCAS(f, 0u, code) == 0u) {
+    volatile unsigned* v = f;
+    v[1] = (unsigned)a;
+    v[2] = (unsigned)b;
+    __threadfence_system();
+  }
+}
+
+DEV float bf2f(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
+DEV float bflo(uint32_t u) { return __uint_as_float(u << 16); }
+DEV float bfhi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+DEV uint16_t f2bf(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+DEV float h2f(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+DEV uint16_t f2h(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// Element access by storage type: float, or raw 16-bit bf16 / f16.
+struct BF16 { uint16_t v; };
+struct F16 { uint16_t v; };
+
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  typedef float raw;
+  static DEV float load(const float* p, long i) { return p[i]; }
+  static DEV void store(float* p, long i, float x) { p[i] = x; }
+};
+template <> struct Elem<BF16> {
+  typedef uint16_t raw;
+  static DEV float load(const uint16_t* p, long i) { return bf2f(p[i]); }
+  static DEV void store(uint16_t* p, long i, float x) { p[i] = f2bf(x); }
+};
+template <> struct Elem<F16> {
+  typedef uint16_t raw;
+  static DEV float load(const uint16_t* p, long i) { return h2f(p[i]); }
+  static DEV void store(uint16_t* p, long i, float x) { p[i] = f2h(x); }
+};
+
+// Unpacks 8 16-bit floats held in a uint4.
+template <typename T> DEV void unpack8(uint4 u, float* o);
+template <> DEV void unpack8<BF16>(uint4 u, float* o) {
+  o[0] = bflo(u.x); o[1] = bfhi(u.x); o[2] = bflo(u.y); o[3] = bfhi(u.y);
+  o[4] = bflo(u.z); o[5] = bfhi(u.z); o[6] = bflo(u.w); o[7] = bfhi(u.w);
+}
+template <> DEV void unpack8<F16>(uint4 u, float* o) {
+  o[0] = h2f(u.x & 0xffff); o[1] = h2f(u.x >> 16); o[2] = h2f(u.y & 0xffff); o[3] = h2f(u.y >> 16);
+  o[4] = h2f(u.z & 0xffff); o[5] = h2f(u.z >> 16); o[6] = h2f(u.w & 0xffff); o[7] = h2f(u.w >> 16);
+}
+
+// Streaming 16-byte load that skips L1 (weights are read once).
+DEV uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+DEV float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+DEV float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// block_sum reduces v over the block (blockDim.x a multiple of 32, at most
+// 1024); every thread gets the total. scratch holds 32 floats.
+DEV float block_sum(float v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int nw = blockDim.x >> 5;
+  v = lane < nw ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+
+DEV float silu(float x) { return x / (1.f + expf(-x)); }

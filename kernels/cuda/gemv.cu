@@ -1,0 +1,141 @@
+// Matrix-vector products for decode: out[b,j] = sum_i x[b,i] * w[j,i] with
+// f32 x and out, f32/bf16/f16 w, f32 accumulation.
+#include "common.cuh"
+
+// gemv_bf16_fast: batch 1, k == KS * NV * 256. A block is 8 warps; each
+// k-slice of NV*256 elements belongs to one warp, a row to KS warps (split-K
+// inside the block, combined through shared memory). Each warp keeps its
+// slice of x in registers and walks R rows at a time with 16-byte streaming
+// loads, so R*NV loads are in flight per lane. The grid strides over row
+// groups.
+template <int NV, int KS, int R>
+DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
+                        int m) {
+  constexpr int GROUPS = 8 / KS;          // row groups per block
+  constexpr int ROWS = GROUPS * R;        // rows per block iteration
+  __shared__ float part[KS > 1 ? KS : 1][ROWS];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int ks = warp % KS, grp = warp / KS;
+  int k0 = ks * NV * 256;
+  float xv[NV][8];
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const float4* xp = reinterpret_cast<const float4*>(x + k0 + (v * 32 + lane) * 8);
+    float4 a = xp[0], b = xp[1];
+    xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
+    xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
+  }
+  for (int base = blockIdx.x * ROWS; base < m; base += gridDim.x * ROWS) {
+    int row0 = base + grp * R;
+    uint4 wv[R][NV];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      int row = min(row0 + r, m - 1);
+      const uint16_t* wp = w + (long)row * k + k0 + lane * 8;
+#pragma unroll
+      for (int v = 0; v < NV; v++) wv[r][v] = ld_stream(wp + v * 256);
+    }
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float s = 0.f;
+#pragma unroll
+      for (int v = 0; v < NV; v++) {
+        float f[8];
+        unpack8<BF16>(wv[r][v], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) s = fmaf(f[e], xv[v][e], s);
+      }
+      acc[r] = warp_sum(s);
+    }
+    if (KS == 1) {
+      if (lane < R) {
+        float s = acc[0];
+#pragma unroll
+        for (int r = 1; r < R; r++)
+          if (lane == r) s = acc[r];
+        if (row0 + lane < m) out[row0 + lane] = s;
+      }
+    } else {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) part[ks][grp * R + r] = acc[r];
+      }
+      __syncthreads();
+      if (threadIdx.x < ROWS && base + threadIdx.x < m) {
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < KS; q++) s += part[q][threadIdx.x];
+        out[base + threadIdx.x] = s;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+#define FAST(NV, KS)                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) gemv_bf16_nv##NV##_ks##KS(float* out, const float* x,        \
+                                                                               const uint16_t* w, int k, int m) { \
+    gemv_bf16_fast<NV, KS, 2>(out, x, w, k, m);                                                                   \
+  }
+FAST(1, 1) FAST(1, 2) FAST(1, 4) FAST(1, 8)
+FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8)
+FAST(4, 1) FAST(4, 2) FAST(4, 4) FAST(4, 8)
+FAST(8, 1) FAST(8, 2) FAST(8, 4) FAST(8, 8)
+
+// gemv: any k, up to 8 rows of x; one warp per row of w, 8 rows per block.
+// Uses 16-byte loads of w when rows stay 16-byte aligned.
+template <typename T>
+DEV void gemv(float* __restrict__ out, const float* __restrict__ x, const typename Elem<T>::raw* __restrict__ w, int n,
+              int k, int m) {
+  constexpr int NB = 8;
+  int lane = threadIdx.x & 31;
+  int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (row >= m) return;
+  const typename Elem<T>::raw* wr = w + (long)row * k;
+  float acc[NB];
+#pragma unroll
+  for (int b = 0; b < NB; b++) acc[b] = 0.f;
+  constexpr int VEC = 16 / sizeof(typename Elem<T>::raw);
+  int kv = (k % VEC == 0) ? k : 0;
+  for (int i = lane * VEC; i < kv; i += 32 * VEC) {
+    uint4 u = *reinterpret_cast<const uint4*>(wr + i);
+    float f[8];
+    if constexpr (VEC == 8) {
+      unpack8<T>(u, f);
+    } else {
+      f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y); f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b < n) {
+        const float* xb = x + (long)b * k + i;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) acc[b] = fmaf(f[e], xb[e], acc[b]);
+      }
+    }
+  }
+  for (int i = kv + lane; i < k; i += 32) {
+    float f = Elem<T>::load(wr, i);
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+      if (b < n) acc[b] = fmaf(f, x[(long)b * k + i], acc[b]);
+  }
+#pragma unroll
+  for (int b = 0; b < NB; b++) {
+    if (b < n) {
+      float s = warp_sum(acc[b]);
+      if (lane == 0) out[(long)b * m + row] = s;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_f32(float* out, const float* x, const float* w, int n, int k, int m) {
+  gemv<float>(out, x, w, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_bf16(float* out, const float* x, const uint16_t* w, int n, int k, int m) {
+  gemv<BF16>(out, x, w, n, k, m);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_f16(float* out, const float* x, const uint16_t* w, int n, int k, int m) {
+  gemv<F16>(out, x, w, n, k, m);
+}
