@@ -1,0 +1,147 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ModelInfo describes one model the gateway serves.
+type ModelInfo struct {
+	ID            string
+	ContextLength int   // tokens of prompt plus completion
+	VocabSize     int   // token ids in prompts must be below it; 0 skips the check
+	Created       int64 // Unix seconds, reported by /v1/models
+	OwnedBy       string
+}
+
+// Config configures a Server. Start from DefaultConfig.
+type Config struct {
+	// Models served; requests naming another model get a 400. At least one.
+	Models []ModelInfo
+
+	// APIKeys, when non-empty, are required as "Authorization: Bearer KEY" (or the
+	// api_key query parameter, for browsers opening a websocket) on every route except
+	// /health and /ready.
+	APIKeys []string
+
+	// MaxBodyBytes bounds a request body and a websocket message; larger ones get 413
+	// (or close the socket with status 1009).
+	MaxBodyBytes int64
+	// MaxInFlight bounds the generations this gateway runs at once (a request with n
+	// choices counts n). Requests beyond it get 429 with Retry-After.
+	MaxInFlight int
+	// RetryAfter is the delay suggested by a 429 from the gateway's own limit, and by a
+	// Backend overload error that gives none.
+	RetryAfter time.Duration
+
+	// MaxN bounds the n parameter; MaxPrompts bounds the prompts of one completion request.
+	MaxN       int
+	MaxPrompts int
+	// DefaultMaxTokens is the completion budget of a request that sets none; 0 means
+	// the rest of the context.
+	DefaultMaxTokens int
+
+	// ResumeGrace is how long a websocket request lives on after its socket went away,
+	// waiting for a resume; its generation continues meanwhile.
+	ResumeGrace time.Duration
+	// ResumeBufferFrames bounds the frames kept per websocket request for replay.
+	ResumeBufferFrames int
+	// MaxStreamsPerConn bounds the requests that one websocket runs at once.
+	MaxStreamsPerConn int
+	// MaxRetainedStreams bounds websocket requests kept for resume across all sockets;
+	// beyond it the oldest finished ones are dropped.
+	MaxRetainedStreams int
+	// AllowedOrigins are extra origin host patterns (path.Match) allowed to open the
+	// websocket; the gateway's own host is always allowed.
+	AllowedOrigins []string
+
+	// TraceURLTemplate is where the demo page fetches a token's trace; "{trace_id}" is
+	// replaced by the token's trace id.
+	TraceURLTemplate string
+
+	// HTTP server timeouts used by Serve.
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
+	// ShutdownTimeout bounds the graceful shutdown that Serve performs when its
+	// context ends.
+	ShutdownTimeout time.Duration
+}
+
+// DefaultConfig returns a configuration with every limit set; callers fill in Models.
+func DefaultConfig() Config {
+	return Config{
+		MaxBodyBytes:       4 << 20,
+		MaxInFlight:        256,
+		RetryAfter:         time.Second,
+		MaxN:               16,
+		MaxPrompts:         32,
+		ResumeGrace:        30 * time.Second,
+		ResumeBufferFrames: 8192,
+		MaxStreamsPerConn:  64,
+		MaxRetainedStreams: 4096,
+		TraceURLTemplate:   "/debug/traces/{trace_id}",
+		ReadHeaderTimeout:  10 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		ShutdownTimeout:    30 * time.Second,
+	}
+}
+
+// Validate reports every problem with c.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Models) == 0 {
+		errs = append(errs, errors.New("no models configured"))
+	}
+	seen := make(map[string]bool, len(c.Models))
+	for i, m := range c.Models {
+		switch {
+		case strings.TrimSpace(m.ID) == "":
+			errs = append(errs, fmt.Errorf("model %d: empty id", i))
+		case seen[m.ID]:
+			errs = append(errs, fmt.Errorf("model %q: listed twice", m.ID))
+		}
+		seen[m.ID] = true
+		if m.ContextLength <= 0 {
+			errs = append(errs, fmt.Errorf("model %q: context length %d, want > 0", m.ID, m.ContextLength))
+		}
+		if m.VocabSize < 0 {
+			errs = append(errs, fmt.Errorf("model %q: vocab size %d, want >= 0", m.ID, m.VocabSize))
+		}
+	}
+	for i, k := range c.APIKeys {
+		if k == "" {
+			errs = append(errs, fmt.Errorf("api key %d is empty", i))
+		}
+	}
+	positive := []struct {
+		name string
+		v    int64
+	}{
+		{"max body bytes", c.MaxBodyBytes},
+		{"max in-flight", int64(c.MaxInFlight)},
+		{"retry-after", int64(c.RetryAfter)},
+		{"max n", int64(c.MaxN)},
+		{"max prompts", int64(c.MaxPrompts)},
+		{"resume grace", int64(c.ResumeGrace)},
+		{"resume buffer frames", int64(c.ResumeBufferFrames)},
+		{"max streams per connection", int64(c.MaxStreamsPerConn)},
+		{"max retained streams", int64(c.MaxRetainedStreams)},
+		{"read header timeout", int64(c.ReadHeaderTimeout)},
+		{"idle timeout", int64(c.IdleTimeout)},
+		{"shutdown timeout", int64(c.ShutdownTimeout)},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s is %d, want > 0", p.name, p.v))
+		}
+	}
+	if c.DefaultMaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("default max tokens is %d, want >= 0", c.DefaultMaxTokens))
+	}
+	if !strings.Contains(c.TraceURLTemplate, "{trace_id}") {
+		errs = append(errs, fmt.Errorf("trace url template %q lacks {trace_id}", c.TraceURLTemplate))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,221 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+)
+
+func fuzzValidator() *validator {
+	cfg := testConfig()
+	cfg.Models = append(cfg.Models, ModelInfo{ID: "tiny", ContextLength: 8})
+	v := &validator{cfg: &cfg, models: map[string]ModelInfo{}, tok: byteTokenizer{}, tmpl: lineTemplate{}}
+	for _, m := range cfg.Models {
+		v.models[m.ID] = m
+	}
+	return v
+}
+
+// checkJob asserts the invariants every validated job must hold.
+func checkJob(t *testing.T, v *validator, j *job) {
+	t.Helper()
+	if j.n < 1 || j.n > v.cfg.MaxN {
+		t.Fatalf("n = %d escaped validation", j.n)
+	}
+	if len(j.prompts) == 0 || len(j.prompts) != len(j.maxTokens) {
+		t.Fatalf("%d prompts, %d budgets", len(j.prompts), len(j.maxTokens))
+	}
+	for i, p := range j.prompts {
+		if len(p) == 0 || j.maxTokens[i] < 1 || len(p)+j.maxTokens[i] > j.model.ContextLength {
+			t.Fatalf("prompt %d: %d tokens + %d over context %d", i, len(p), j.maxTokens[i], j.model.ContextLength)
+		}
+	}
+	b := j.base
+	if b.Temperature < 0 || b.Temperature > 2 || b.TopP <= 0 || b.TopP > 1 || len(b.Stop) > maxStops || b.TopLogprobs > maxTopLogprobs {
+		t.Fatalf("sampling escaped validation: %+v", b)
+	}
+	for _, s := range b.Stop {
+		if s == "" {
+			t.Fatal("empty stop string escaped validation")
+		}
+	}
+}
+
+func FuzzChatRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"echo-1","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"echo-1","messages":[{"role":"system","content":[{"type":"text","text":"a"}]},{"role":"user","content":"b"}],"n":3,"stop":["x"],"temperature":0.7,"top_p":0.9,"seed":1,"logprobs":true,"top_logprobs":2,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`,
+		`{"model":"echo-1","messages":[{"role":"assistant","content":null}]}`,
+		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}}`,
+		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"stop":"\u0000","max_tokens":-1}`,
+		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"n":1e400}`,
+		`[`, `null`, `{"messages":{}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	v := fuzzValidator()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r chatRequest
+		if aerr := decodeJSON(data, &r); aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("decode error %+v", aerr)
+			}
+			return
+		}
+		j, aerr := v.chat(&r, "")
+		if aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("validation error %+v", aerr)
+			}
+			return
+		}
+		checkJob(t, v, j)
+		if len(j.prompts) != 1 {
+			t.Fatalf("chat job with %d prompts", len(j.prompts))
+		}
+	})
+}
+
+func FuzzCompletionRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"echo-1","prompt":"hello"}`,
+		`{"model":"echo-1","prompt":["a","b"],"n":2,"max_tokens":4}`,
+		`{"model":"echo-1","prompt":[1,2,3],"logprobs":5,"stop":"x"}`,
+		`{"model":"echo-1","prompt":[[1],[2,3]],"best_of":1}`,
+		`{"model":"tiny","prompt":"12345678"}`,
+		`{"model":"echo-1","prompt":[[]]}`,
+		`{"model":"echo-1","prompt":[1.5]}`,
+		`{"model":"echo-1","prompt":[99999999999]}`,
+		`{"model":"echo-1","prompt":["a",[1]]}`,
+		`{"model":"echo-1","prompt":{}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	v := fuzzValidator()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r completionRequest
+		if aerr := decodeJSON(data, &r); aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("decode error %+v", aerr)
+			}
+			return
+		}
+		j, aerr := v.completion(&r, "")
+		if aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("validation error %+v", aerr)
+			}
+			return
+		}
+		checkJob(t, v, j)
+		for _, p := range j.prompts {
+			for _, id := range p {
+				if id < 0 || (j.model.VocabSize > 0 && int(id) >= j.model.VocabSize) {
+					t.Fatalf("token id %d escaped validation", id)
+				}
+			}
+		}
+	})
+}
+
+func FuzzWSFrame(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"generate","id":"a","model":"echo-1","prompt":"hi","max_tokens":4}`,
+		`{"type":"generate","id":"a","model":"echo-1","prompt":[104,105]}`,
+		`{"type":"generate","id":"a","model":"echo-1","messages":[{"role":"user","content":"x"}],"stop":["a"]}`,
+		`{"type":"cancel","id":"a"}`,
+		`{"type":"resume","id":"a","after_seq":3}`,
+		`{"type":"resume","id":"a","after_seq":-3}`,
+		`{"type":"generate","id":"` + strings.Repeat("x", 200) + `"}`,
+		`{"type":"generate","id":"a","prompt":[[1],[2]]}`,
+		`{"type":7}`,
+	} {
+		f.Add([]byte(s))
+	}
+	v := fuzzValidator()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr, aerr := decodeWSFrame(data)
+		if fr == nil {
+			t.Fatal("nil frame")
+		}
+		if aerr != nil {
+			if aerr.Message == "" || aerr.Code == "" {
+				t.Fatalf("error without message or code: %+v", aerr)
+			}
+			return
+		}
+		if fr.ID == "" || len(fr.ID) > maxStreamID {
+			t.Fatalf("id %q escaped validation", fr.ID)
+		}
+		switch fr.Type {
+		case "resume":
+			if fr.AfterSeq == nil || *fr.AfterSeq < 0 {
+				t.Fatal("resume without a valid after_seq")
+			}
+		case "generate":
+			j, aerr := v.ws(fr, "t")
+			if aerr != nil {
+				if aerr.Message == "" {
+					t.Fatalf("validation error %+v", aerr)
+				}
+				return
+			}
+			checkJob(t, v, j)
+			if j.choices() != 1 {
+				t.Fatalf("websocket job with %d choices", j.choices())
+			}
+		case "cancel":
+		default:
+			t.Fatalf("type %q escaped validation", fr.Type)
+		}
+	})
+}
+
+func FuzzStopper(f *testing.F) {
+	f.Add("hello world", "wor", "ld", 3)
+	f.Add("aaab", "aab", "", 1)
+	f.Add("abcabd", "abd", "zz", 2)
+	f.Fuzz(func(t *testing.T, text, stop1, stop2 string, chunk int) {
+		var stops []string
+		for _, s := range []string{stop1, stop2} {
+			if s != "" {
+				stops = append(stops, s)
+			}
+		}
+		if chunk < 1 || chunk > 16 {
+			chunk = 1
+		}
+		st := stopper{stops: stops}
+		var out strings.Builder
+		stopped := false
+		for i := 0; i < len(text) && !stopped; i += chunk {
+			piece, s := st.push(text[i:min(i+chunk, len(text))])
+			out.WriteString(piece)
+			stopped = s
+		}
+		if !stopped {
+			out.WriteString(st.flush())
+		}
+		// Reference: at each chunk boundary, the first boundary where some stop string
+		// has occurred cuts the text at the earliest such occurrence.
+		want, wantStop := text, false
+		for end := min(chunk, len(text)); ; end = min(end+chunk, len(text)) {
+			cut := -1
+			for _, s := range stops {
+				if i := strings.Index(text[:end], s); i >= 0 && (cut < 0 || i < cut) {
+					cut = i
+				}
+			}
+			if cut >= 0 {
+				want, wantStop = text[:cut], true
+				break
+			}
+			if end == len(text) {
+				break
+			}
+		}
+		if out.String() != want || stopped != wantStop {
+			t.Fatalf("text %q stops %q chunk %d: got %q stopped=%v, want %q stopped=%v", text, stops, chunk, out.String(), stopped, want, wantStop)
+		}
+	})
+}

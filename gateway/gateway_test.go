@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// byteTokenizer maps each byte to one token id.
+type byteTokenizer struct{}
+
+func (byteTokenizer) Encode(s string) []int32 {
+	ids := make([]int32, len(s))
+	for i := range len(s) {
+		ids[i] = int32(s[i])
+	}
+	return ids
+}
+
+func (byteTokenizer) Decode(ids []int32, _ bool) string {
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return string(b)
+}
+
+// lineTemplate renders "role: content\n" per message and "assistant: " to prompt a reply.
+type lineTemplate struct{}
+
+func (lineTemplate) Render(msgs []Message, addGen bool) (string, error) {
+	var sb strings.Builder
+	for _, m := range msgs {
+		if m.Content == "fail-template" {
+			return "", errors.New("template refused the message")
+		}
+		fmt.Fprintf(&sb, "%s: %s\n", m.Role, m.Content)
+	}
+	if addGen {
+		sb.WriteString("assistant: ")
+	}
+	return sb.String(), nil
+}
+
+// echoBackend generates the prompt back, token by token: token i is prompt[i mod len].
+// Without IgnoreEOS it finishes ("stop") after echoing the whole prompt once.
+type echoBackend struct {
+	delay   time.Duration // before each token
+	gate    chan struct{} // when set, each generation waits for a value before its first token
+	started chan string   // when set, receives each RequestID as its generation starts
+
+	overloaded atomic.Bool
+	notReady   atomic.Bool
+	failAfter  atomic.Int64 // when > 0, fail with an error after this many tokens
+
+	mu        sync.Mutex
+	reqs      []GenerateRequest
+	cancelled []string // RequestIDs that saw ctx cancelled
+	emitErrs  []string // RequestIDs whose emit returned an error
+}
+
+func (b *echoBackend) Ready() (bool, string) {
+	if b.notReady.Load() {
+		return false, "loading weights"
+	}
+	return true, ""
+}
+
+func (b *echoBackend) Stats() Stats {
+	return Stats{QueueDepth: 3, Running: 2, KVUsage: 0.25, MailboxDepths: map[string]int{"scheduler": 1, `shard "0"`: 4}}
+}
+
+func (b *echoBackend) requests() []GenerateRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]GenerateRequest(nil), b.reqs...)
+}
+
+func (b *echoBackend) sawCancel(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range b.cancelled {
+		if c == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *echoBackend) cancelCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.cancelled)
+}
+
+func (b *echoBackend) Generate(ctx context.Context, req GenerateRequest, emit func(Token) error) (Finish, error) {
+	b.mu.Lock()
+	b.reqs = append(b.reqs, req)
+	b.mu.Unlock()
+	fin := Finish{PromptTokens: len(req.Prompt)}
+	cancelled := func() (Finish, error) {
+		b.mu.Lock()
+		b.cancelled = append(b.cancelled, req.RequestID)
+		b.mu.Unlock()
+		fin.Reason = FinishCancelled
+		return fin, ctx.Err()
+	}
+	if b.overloaded.Load() {
+		return fin, &OverloadedError{RetryAfter: 3 * time.Second, Reason: "queue full"}
+	}
+	queued := time.Now()
+	if b.started != nil {
+		select {
+		case b.started <- req.RequestID:
+		case <-ctx.Done():
+			return cancelled()
+		}
+	}
+	if b.gate != nil {
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+			return cancelled()
+		}
+	}
+	begun := time.Now()
+	for i := 0; i < req.MaxTokens; i++ {
+		if !req.IgnoreEOS && i == len(req.Prompt) {
+			fin.Reason = FinishStop
+			return fin, nil
+		}
+		if n := b.failAfter.Load(); n > 0 && int64(i) == n {
+			fin.Reason = FinishError
+			return fin, errors.New("device lost")
+		}
+		if b.delay > 0 {
+			select {
+			case <-time.After(b.delay):
+			case <-ctx.Done():
+				return cancelled()
+			}
+		} else if ctx.Err() != nil {
+			return cancelled()
+		}
+		id := req.Prompt[i%len(req.Prompt)]
+		tok := Token{ID: id, Text: string(rune(byte(id))), Logprob: -0.5, TraceID: "trace-" + req.RequestID,
+			TopLogprobs: []TokenLogprob{{ID: id, Logprob: -0.5}, {ID: 'z', Text: "z", Logprob: -1.5}},
+			QueuedAt:    queued, StartedAt: begun}
+		if id >= 128 {
+			tok.Text = "?"
+		}
+		if err := emit(tok); err != nil {
+			b.mu.Lock()
+			b.emitErrs = append(b.emitErrs, req.RequestID)
+			b.mu.Unlock()
+			fin.Reason = FinishCancelled
+			fin.CompletionTokens = i + 1
+			return fin, err
+		}
+		fin.CompletionTokens = i + 1
+	}
+	fin.Reason = FinishLength
+	return fin, nil
+}
+
+const testModel = "echo-1"
+
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Models = []ModelInfo{{ID: testModel, ContextLength: 256, VocabSize: 256, Created: 1700000000, OwnedBy: "troupe"}}
+	return cfg
+}
+
+type testEnv struct {
+	srv     *Server
+	ts      *httptest.Server
+	backend *echoBackend
+	client  *http.Client
+}
+
+// newEnv starts a gateway on a loopback httptest server. Cleanup shuts both down.
+func newEnv(t *testing.T, cfg Config, b *echoBackend) *testEnv {
+	t.Helper()
+	if b == nil {
+		b = &echoBackend{}
+	}
+	srv, err := New(cfg, b, byteTokenizer{}, lineTemplate{})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	tr := &http.Transport{MaxIdleConnsPerHost: 200}
+	env := &testEnv{srv: srv, ts: ts, backend: b, client: &http.Client{Transport: tr}}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		tr.CloseIdleConnections()
+		ts.Close()
+	})
+	return env
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,505 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// post sends a JSON body and returns the status, headers and decoded body.
+func post(t *testing.T, env *testEnv, path, body string, hdr map[string]string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, env.ts.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := env.client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return resp.StatusCode, resp.Header, b
+}
+
+func get(t *testing.T, env *testEnv, path string, hdr map[string]string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, env.ts.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := env.client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func decodeError(t *testing.T, b []byte) errorDetail {
+	t.Helper()
+	var body struct {
+		Error *errorDetail `json:"error"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil || body.Error == nil {
+		t.Fatalf("body %s is not an OpenAI error: %v", b, err)
+	}
+	return *body.Error
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func TestBadRequests(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBodyBytes = 2048
+	env := newEnv(t, cfg, nil)
+	tests := []struct {
+		name, path, body string
+		status           int
+		param, code      string
+		inMessage        []string
+	}{
+		{"syntax error", "/v1/completions", "{\"model\": \"echo-1\",\n \"prompt\": [}", 400, "", "invalid_json", []string{"line 2, column 13"}},
+		{"empty body", "/v1/completions", "", 400, "", "invalid_json", []string{"empty"}},
+		{"not an object", "/v1/completions", "[1,2]", 400, "", "invalid_json", []string{"want an object"}},
+		{"wrong type", "/v1/completions", `{"model":"echo-1","prompt":"x","max_tokens":"5"}`, 400, "max_tokens", "invalid_value", []string{"got JSON string", "integer"}},
+		{"prompt of objects", "/v1/completions", `{"model":"echo-1","prompt":[{}]}`, 400, "prompt", "invalid_value", []string{"array of token ids"}},
+		{"prompt mixed", "/v1/completions", `{"model":"echo-1","prompt":["a", 1]}`, 400, "prompt", "invalid_value", []string{"mixes"}},
+		{"token id out of vocab", "/v1/completions", `{"model":"echo-1","prompt":[1, 300]}`, 400, "prompt", "invalid_value", []string{"300", "[0, 256)"}},
+		{"token id negative", "/v1/completions", `{"model":"echo-1","prompt":[[-1]]}`, 400, "prompt", "invalid_value", []string{"-1"}},
+		{"empty prompt", "/v1/completions", `{"model":"echo-1","prompt":""}`, 400, "prompt", "invalid_value", []string{"empty"}},
+		{"missing prompt", "/v1/completions", `{"model":"echo-1"}`, 400, "prompt", "invalid_value", []string{"required"}},
+		{"missing model", "/v1/completions", `{"prompt":"x"}`, 400, "model", "missing_model", []string{"required"}},
+		{"prompt alone too long", "/v1/completions", `{"model":"echo-1","prompt":"` + strings.Repeat("a", 256) + `"}`, 400, "prompt", "context_length_exceeded", []string{"256"}},
+		{"n zero", "/v1/completions", `{"model":"echo-1","prompt":"x","n":0}`, 400, "n", "invalid_value", nil},
+		{"top_p zero", "/v1/completions", `{"model":"echo-1","prompt":"x","top_p":0}`, 400, "top_p", "invalid_value", nil},
+		{"negative temperature", "/v1/completions", `{"model":"echo-1","prompt":"x","temperature":-0.1}`, 400, "temperature", "invalid_value", nil},
+		{"empty stop", "/v1/completions", `{"model":"echo-1","prompt":"x","stop":["a",""]}`, 400, "stop", "invalid_value", []string{"empty"}},
+		{"stop wrong type", "/v1/completions", `{"model":"echo-1","prompt":"x","stop":5}`, 400, "stop", "invalid_value", nil},
+		{"logprobs too many", "/v1/completions", `{"model":"echo-1","prompt":"x","logprobs":6}`, 400, "logprobs", "invalid_value", []string{"0 to 5"}},
+		{"echo", "/v1/completions", `{"model":"echo-1","prompt":"x","echo":true}`, 400, "echo", "unsupported_parameter", nil},
+		{"stream_options without stream", "/v1/completions", `{"model":"echo-1","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "invalid_value", nil},
+		{"frequency penalty", "/v1/completions", `{"model":"echo-1","prompt":"x","frequency_penalty":1}`, 400, "frequency_penalty", "unsupported_parameter", nil},
+		{"logit bias", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"5":1}}`, 400, "logit_bias", "unsupported_parameter", nil},
+		{"max_completion_tokens over context", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1000}`, 400, "max_completion_tokens", "context_length_exceeded", []string{"256", "1000"}},
+		{"no messages", "/v1/chat/completions", `{"model":"echo-1","messages":[]}`, 400, "messages", "invalid_value", nil},
+		{"bad role", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"wizard","content":"x"}]}`, 400, "messages", "invalid_value", []string{"wizard"}},
+		{"tool role", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"tool","content":"x"}]}`, 400, "messages", "unsupported_parameter", nil},
+		{"image part", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "messages", "invalid_value", []string{"image_url"}},
+		{"tools", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, 400, "tools", "unsupported_parameter", nil},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"top_logprobs":3}`, 400, "top_logprobs", "invalid_value", nil},
+		{"top_logprobs too many", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "invalid_value", nil},
+		{"json_schema format", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}`, 400, "response_format", "unsupported_parameter", nil},
+		{"template error", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"fail-template"}]}`, 400, "messages", "invalid_value", []string{"template refused"}},
+		{"too large", "/v1/completions", `{"model":"echo-1","prompt":"` + strings.Repeat("a", 4096) + `"}`, 413, "", "request_too_large", []string{"2048"}},
+		{"unknown route", "/v1/embeddings", `{}`, 404, "", "unknown_url", []string{"/v1/embeddings"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, body := post(t, env, tc.path, tc.body, nil)
+			if status != tc.status {
+				t.Fatalf("status = %d, want %d; body %s", status, tc.status, body)
+			}
+			e := decodeError(t, body)
+			if deref(e.Param) != tc.param || deref(e.Code) != tc.code {
+				t.Errorf("param %q code %q, want %q %q (message %q)", deref(e.Param), deref(e.Code), tc.param, tc.code, e.Message)
+			}
+			for _, s := range tc.inMessage {
+				if !strings.Contains(e.Message, s) {
+					t.Errorf("message %q does not mention %q", e.Message, s)
+				}
+			}
+		})
+	}
+	if n := len(env.backend.requests()); n != 0 {
+		t.Errorf("backend saw %d requests, want none", n)
+	}
+}
+
+func TestUnknownFieldsTolerated(t *testing.T) {
+	env := newEnv(t, testConfig(), nil)
+	status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"ab","frobnicate":{"x":1},"presence_penalty":0,"tool_choice":"none","best_of":1}`, nil)
+	if status != 200 {
+		t.Fatalf("status = %d, want 200; body %s", status, body)
+	}
+	var resp completionResponse
+	if err := json.Unmarshal(body, &resp); err != nil || resp.Choices[0].Text != "ab" {
+		t.Errorf("response %s: %v", body, err)
+	}
+}
+
+func TestChatWithoutTemplate(t *testing.T) {
+	srv, err := New(testConfig(), &echoBackend{}, byteTokenizer{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	rec := newRecorder()
+	req, _ := http.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"echo-1","messages":[{"role":"user","content":"x"}]}`))
+	srv.Handler().ServeHTTP(rec, req)
+	if rec.status != 400 || !strings.Contains(rec.body.String(), "chat_unsupported") {
+		t.Errorf("got %d %s, want 400 chat_unsupported", rec.status, rec.body.String())
+	}
+}
+
+// recorder is a minimal ResponseWriter for handler-only tests.
+type recorder struct {
+	hdr    http.Header
+	status int
+	body   strings.Builder
+}
+
+func newRecorder() *recorder                    { return &recorder{hdr: http.Header{}} }
+func (r *recorder) Header() http.Header         { return r.hdr }
+func (r *recorder) WriteHeader(c int)           { r.status = c }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+
+func TestAuth(t *testing.T) {
+	cfg := testConfig()
+	cfg.APIKeys = []string{"sk-one", "sk-two"}
+	env := newEnv(t, cfg, nil)
+	body := `{"model":"echo-1","prompt":"ab"}`
+	for _, tc := range []struct {
+		name   string
+		path   string
+		hdr    map[string]string
+		status int
+	}{
+		{"no key", "/v1/completions", nil, 401},
+		{"wrong key", "/v1/completions", map[string]string{"Authorization": "Bearer sk-three"}, 401},
+		{"basic scheme", "/v1/completions", map[string]string{"Authorization": "Basic c2stb25l"}, 401},
+		{"good key", "/v1/completions", map[string]string{"Authorization": "Bearer sk-two"}, 200},
+		{"query key", "/v1/completions?api_key=sk-one", nil, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, hdr, b := post(t, env, tc.path, body, tc.hdr)
+			if status != tc.status {
+				t.Fatalf("status %d, want %d; %s", status, tc.status, b)
+			}
+			if status == 401 && (hdr.Get("WWW-Authenticate") == "" || deref(decodeError(t, b).Code) != "invalid_api_key") {
+				t.Errorf("401 without WWW-Authenticate or code: %v %s", hdr, b)
+			}
+		})
+	}
+	for path, want := range map[string]int{"/health": 200, "/ready": 200, "/metrics": 401, "/v1/models": 401, "/": 401} {
+		if status, _ := get(t, env, path, nil); status != want {
+			t.Errorf("GET %s without key = %d, want %d", path, status, want)
+		}
+	}
+	if status, _ := get(t, env, "/v1/models", map[string]string{"Authorization": "Bearer sk-one"}); status != 200 {
+		t.Errorf("GET /v1/models with key = %d, want 200", status)
+	}
+	// Websocket upgrade: refused without a key, accepted with ?api_key=.
+	wsURL := "ws" + strings.TrimPrefix(env.ts.URL, "http") + "/v1/stream"
+	_, resp, err := websocket.Dial(t.Context(), wsURL, &websocket.DialOptions{HTTPClient: env.client})
+	if err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Errorf("dial without key: %v, %v; want 401", err, resp)
+	}
+	conn, _, err := websocket.Dial(t.Context(), wsURL+"?api_key=sk-one", &websocket.DialOptions{HTTPClient: env.client})
+	if err != nil {
+		t.Fatalf("dial with key: %v", err)
+	}
+	conn.CloseNow()
+	reqs := env.backend.requests()
+	if len(reqs) != 2 || reqs[0].Tenant == "" || reqs[0].Tenant == reqs[1].Tenant || strings.Contains(reqs[0].Tenant, "sk-") {
+		t.Errorf("tenants = %q, %q; want distinct, non-secret ids per key", reqs[0].Tenant, reqs[1].Tenant)
+	}
+}
+
+func TestReadyAndHealth(t *testing.T) {
+	b := &echoBackend{}
+	b.notReady.Store(true)
+	env := newEnv(t, testConfig(), b)
+	status, body := get(t, env, "/ready", nil)
+	if status != 503 || !strings.Contains(string(body), "loading weights") {
+		t.Errorf("ready while loading = %d %s, want 503 with the reason", status, body)
+	}
+	if status, _ := get(t, env, "/health", nil); status != 200 {
+		t.Errorf("health = %d, want 200", status)
+	}
+	b.notReady.Store(false)
+	if status, _ := get(t, env, "/ready", nil); status != 200 {
+		t.Errorf("ready = %d, want 200", status)
+	}
+}
+
+// streamReq starts a streaming completion and returns the response once headers arrive.
+func streamReq(ctx context.Context, env *testEnv, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.ts.URL+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return env.client.Do(req)
+}
+
+func TestQueueFullAnswers429(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxInFlight = 2
+	cfg.RetryAfter = 2 * time.Second
+	b := &echoBackend{gate: make(chan struct{}), started: make(chan string, 8)}
+	env := newEnv(t, cfg, b)
+	var wg sync.WaitGroup
+	texts := make([]string, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, nil)
+			if status == 200 {
+				var r completionResponse
+				_ = json.Unmarshal(body, &r)
+				texts[i] = r.Choices[0].Text
+			}
+		})
+	}
+	<-b.started
+	<-b.started
+	status, hdr, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, nil)
+	if status != 429 || hdr.Get("Retry-After") != "2" || deref(decodeError(t, body).Code) != "queue_full" {
+		t.Errorf("third request = %d Retry-After %q %s, want 429 with Retry-After 2", status, hdr.Get("Retry-After"), body)
+	}
+	if status, body := get(t, env, "/ready", nil); status != 503 || !strings.Contains(string(body), "in-flight limit") {
+		t.Errorf("ready while full = %d %s, want 503", status, body)
+	}
+	// n=2 needs two slots at once: also refused while full.
+	if status, _, _ := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","n":2}`, nil); status != 429 {
+		t.Errorf("n=2 while full = %d, want 429", status)
+	}
+	close(b.gate)
+	wg.Wait()
+	for i, s := range texts {
+		if s != "abc" {
+			t.Errorf("admitted request %d got %q, want abc", i, s)
+		}
+	}
+	if status, _, _ := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, nil); status != 200 {
+		t.Errorf("after the queue drained: %d, want 200", status)
+	}
+	if status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","n":3}`, nil); status != 400 {
+		t.Errorf("n=3 over the in-flight limit 2 = %d %s, want 400 (it could never run)", status, body)
+	}
+}
+
+func TestClientDisconnectCancelsGeneration(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		name := map[bool]string{true: "stream", false: "plain"}[stream]
+		t.Run(name, func(t *testing.T) {
+			b := &echoBackend{delay: 20 * time.Millisecond, started: make(chan string, 1)}
+			env := newEnv(t, testConfig(), b)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() {
+				resp, err := streamReq(ctx, env, `{"model":"echo-1","prompt":"abcdefgh","max_tokens":200,"ignore_eos":true,"stream":`+map[bool]string{true: "true", false: "false"}[stream]+`}`)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			id := <-b.started
+			time.Sleep(50 * time.Millisecond) // let a few tokens flow
+			cancel()
+			if err := <-done; err == nil {
+				t.Error("client finished without error after cancelling")
+			}
+			waitFor(t, "the backend to see its context cancelled", func() bool {
+				return b.sawCancel(id)
+			})
+		})
+	}
+}
+
+func TestStreamingMidwayErrorAndDone(t *testing.T) {
+	b := &echoBackend{}
+	b.failAfter.Store(3)
+	env := newEnv(t, testConfig(), b)
+	resp, err := streamReq(t.Context(), env, `{"model":"echo-1","prompt":"abcdef","stream":true}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, line)
+		} else if sc.Text() != "" {
+			t.Errorf("unexpected SSE line %q", sc.Text())
+		}
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("status %d content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if len(events) != 5 || !strings.Contains(events[3], `"generation_failed"`) || events[4] != "[DONE]" {
+		t.Errorf("events = %q, want 3 tokens, an error event, [DONE]", events)
+	}
+}
+
+func TestServeAndGracefulShutdown(t *testing.T) {
+	b := &echoBackend{delay: 5 * time.Millisecond, started: make(chan string, 1)}
+	srv, err := New(testConfig(), b, byteTokenizer{}, lineTemplate{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	result := make(chan string, 1)
+	go func() {
+		resp, err := client.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"echo-1","prompt":"abcdefghij"}`))
+		if err != nil {
+			result <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var r completionResponse
+		_ = json.NewDecoder(resp.Body).Decode(&r)
+		if len(r.Choices) == 0 {
+			result <- "no choices"
+			return
+		}
+		result <- r.Choices[0].Text
+	}()
+	<-b.started
+	cancel() // shutdown starts while the request runs; it must complete
+	if got := <-result; got != "abcdefghij" {
+		t.Errorf("in-flight request during shutdown got %q, want abcdefghij", got)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve returned %v, want nil after a graceful shutdown", err)
+	}
+	if _, err := client.Get("http://" + ln.Addr().String() + "/health"); err == nil {
+		t.Error("server still answers after shutdown")
+	}
+	if err := srv.Serve(context.Background(), ln); err == nil {
+		t.Error("Serve after Shutdown succeeded")
+	}
+}
+
+func TestMetricsExposition(t *testing.T) {
+	env := newEnv(t, testConfig(), nil)
+	for range 3 {
+		if status, _, _ := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abcd"}`, nil); status != 200 {
+			t.Fatalf("completion failed: %d", status)
+		}
+	}
+	post(t, env, "/v1/completions", `{"model":"nope","prompt":"abcd"}`, nil)
+	status, body := get(t, env, "/metrics", nil)
+	if status != 200 {
+		t.Fatalf("metrics = %d", status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("exposition does not parse: %v\n%s", err, body)
+	}
+	counter := func(name string, labels map[string]string) float64 {
+		f, ok := fams[name]
+		if !ok {
+			t.Fatalf("metric %s missing", name)
+		}
+	next:
+		for _, m := range f.Metric {
+			for _, lp := range m.Label {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			}
+		}
+		t.Fatalf("metric %s%v missing", name, labels)
+		return 0
+	}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"troupe_gateway_requests_total", map[string]string{"route": "completions", "code": "200"}, 3},
+		{"troupe_gateway_requests_total", map[string]string{"route": "completions", "code": "400"}, 1},
+		{"troupe_gateway_completion_tokens_total", nil, 12},
+		{"troupe_gateway_prompt_tokens_total", nil, 12},
+		{"troupe_gateway_time_to_first_token_seconds", nil, 3},
+		{"troupe_gateway_inter_token_latency_seconds", nil, 9},
+		{"troupe_gateway_in_flight", nil, 0},
+		{"troupe_backend_queue_depth", nil, 3},
+		{"troupe_backend_running", nil, 2},
+		{"troupe_backend_kv_usage_ratio", nil, 0.25},
+		{"troupe_backend_mailbox_depth", map[string]string{"actor": `shard "0"`}, 4},
+		{"troupe_backend_ready", nil, 1},
+	}
+	for _, c := range checks {
+		if got := counter(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
+		}
+	}
+	if fams["troupe_gateway_time_to_first_token_seconds"].GetType().String() != "HISTOGRAM" {
+		t.Error("time to first token is not a histogram")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err == nil || !strings.Contains(err.Error(), "no models") {
+		t.Errorf("default config without models: %v, want a 'no models' error", err)
+	}
+	cfg := testConfig()
+	cfg.Models = append(cfg.Models, ModelInfo{ID: testModel, ContextLength: 0})
+	cfg.MaxInFlight = 0
+	cfg.TraceURLTemplate = "/traces"
+	cfg.APIKeys = []string{""}
+	err := cfg.Validate()
+	for _, want := range []string{"listed twice", "context length 0", "max in-flight", "{trace_id}", "api key 0 is empty"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to mention %q", err, want)
+		}
+	}
+	if _, err := New(cfg, &echoBackend{}, byteTokenizer{}, nil); err == nil {
+		t.Error("New accepted an invalid config")
+	}
+	if _, err := New(testConfig(), nil, byteTokenizer{}, nil); err == nil {
+		t.Error("New accepted a nil backend")
+	}
+	if err := testConfig().Validate(); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}

@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// nodeProject prepares a directory that runs the scripts of testdata/npm with their
+// node_modules, or skips the test. node_modules comes from TROUPE_NODE_MODULES or from
+// an `npm ci` in testdata/npm.
+func nodeProject(t *testing.T, pkg string) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed; install Node.js 20+ to run the official npm client tests")
+	}
+	src, err := filepath.Abs(filepath.Join("testdata", "npm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	modules := os.Getenv("TROUPE_NODE_MODULES")
+	if modules == "" {
+		modules = filepath.Join(src, "node_modules")
+	}
+	if _, err := os.Stat(filepath.Join(modules, pkg, "package.json")); err != nil {
+		t.Skipf("npm package %s not found in %s; run `npm ci` in gateway/testdata/npm or set TROUPE_NODE_MODULES to a node_modules directory that has it", pkg, modules)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"package.json", "sdk.mjs", "browser.mjs"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func runNode(t *testing.T, dir, script string, timeout time.Duration, env ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
+	}
+	return out
+}
+
+func TestNodeOpenAISDK(t *testing.T) {
+	dir := nodeProject(t, "openai")
+	cfg := testConfig()
+	cfg.APIKeys = []string{"sk-node"}
+	env := newEnv(t, cfg, nil)
+	out := runNode(t, dir, "sdk.mjs", 60*time.Second, "TROUPE_BASE_URL="+env.ts.URL, "TROUPE_API_KEY=sk-node")
+	var res struct {
+		OK     bool `json:"ok"`
+		Checks int  `json:"checks"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || !res.OK || res.Checks != 8 {
+		t.Errorf("sdk.mjs printed %s, want ok with 8 checks", out)
+	}
+}
+
+func TestDemoPageInChromium(t *testing.T) {
+	chromium := os.Getenv("TROUPE_CHROMIUM")
+	if chromium == "" {
+		chromium = "/usr/bin/chromium"
+	}
+	if _, err := os.Stat(chromium); err != nil {
+		t.Skipf("no Chromium at %s; `apt-get install -y chromium` or set TROUPE_CHROMIUM", chromium)
+	}
+	dir := nodeProject(t, "playwright-core")
+	cfg := testConfig()
+	cfg.APIKeys = []string{"sk-browser"}
+	env := newEnv(t, cfg, &echoBackend{delay: 15 * time.Millisecond})
+	var (
+		mu     sync.Mutex
+		traced []string
+	)
+	err := env.srv.Mount("GET /debug/traces/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		mu.Lock()
+		traced = append(traced, id)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"trace_id":%q,"spans":[
+			{"name":"gateway.request","span_id":"a","parent_id":"","start_us":0,"duration_us":900,"attrs":{"model":"echo-1"}},
+			{"name":"scheduler.step","span_id":"b","parent_id":"a","start_us":100,"duration_us":600,"attrs":{"batch":4}},
+			{"name":"shard.forward","span_id":"c","parent_id":"b","start_us":150,"duration_us":400,"attrs":{}}]}`, id)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := []string{"TROUPE_BASE_URL=" + env.ts.URL, "TROUPE_API_KEY=sk-browser", "TROUPE_CHROMIUM=" + chromium}
+	if shot := os.Getenv("TROUPE_SCREENSHOT"); shot != "" {
+		vars = append(vars, "TROUPE_SCREENSHOT="+shot)
+	}
+	out := runNode(t, dir, "browser.mjs", 120*time.Second, vars...)
+	var res struct {
+		PartialTokens int      `json:"partialTokens"`
+		Tokens        int      `json:"tokens"`
+		Text          string   `json:"text"`
+		TTFT          string   `json:"ttft"`
+		ITL           string   `json:"itl"`
+		TPS           string   `json:"tps"`
+		TokenTitle    string   `json:"tokenTitle"`
+		TraceHref     string   `json:"traceHref"`
+		Spans         int      `json:"spans"`
+		SpanNames     []string `json:"spanNames"`
+		Errors        []string `json:"errors"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("browser.mjs printed %s: %v", out, err)
+	}
+	want := "user: Hello from the browser\nassistant: "
+	if res.Tokens != len(want) || res.Text != want {
+		t.Errorf("page shows %d tokens %q, want %d tokens %q", res.Tokens, res.Text, len(want), want)
+	}
+	if res.PartialTokens >= res.Tokens {
+		t.Errorf("saw %d tokens before completion of %d: not streamed", res.PartialTokens, res.Tokens)
+	}
+	for name, v := range map[string]string{"ttft": res.TTFT, "itl": res.ITL, "token title": res.TokenTitle} {
+		if !strings.Contains(v, " ms") {
+			t.Errorf("%s = %q, want a latency in ms", name, v)
+		}
+	}
+	if res.TraceHref == "" || !strings.HasPrefix(res.TraceHref, "/debug/traces/trace-ws-") {
+		t.Errorf("token link = %q, want /debug/traces/trace-ws-…", res.TraceHref)
+	}
+	if res.Spans != 3 || len(res.SpanNames) != 3 || res.SpanNames[2] != "shard.forward" {
+		t.Errorf("waterfall shows %d spans %q, want the 3 served", res.Spans, res.SpanNames)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(traced) != 1 {
+		t.Errorf("trace endpoint fetched %d times, want 1", len(traced))
+	}
+	if len(res.Errors) > 0 {
+		t.Errorf("page errors: %q", res.Errors)
+	}
+}

@@ -1,0 +1,457 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// Chat completion shapes.
+
+type chatLogprob struct {
+	Token       string          `json:"token"`
+	Logprob     float32         `json:"logprob"`
+	Bytes       []int           `json:"bytes"`
+	TopLogprobs []chatTopLogpob `json:"top_logprobs"`
+}
+
+type chatTopLogpob struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type chatLogprobs struct {
+	Content []chatLogprob `json:"content"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatChoice struct {
+	Index        int            `json:"index"`
+	Message      chatMessageOut `json:"message"`
+	Logprobs     *chatLogprobs  `json:"logprobs"`
+	FinishReason string         `json:"finish_reason"`
+}
+
+type chatResponse struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   usage        `json:"usage"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int           `json:"index"`
+	Delta        chatDelta     `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+}
+
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *usage            `json:"usage,omitempty"`
+}
+
+// Legacy completion shapes.
+
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+type completionChoice struct {
+	Text         string              `json:"text"`
+	Index        int                 `json:"index"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+}
+
+type completionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   *usage             `json:"usage,omitempty"`
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	var req chatRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	j, aerr := s.val.chat(&req, tenantOf(r.Context()))
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	s.serveJob(w, r, j, true, received)
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	var req completionRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	j, aerr := s.val.completion(&req, tenantOf(r.Context()))
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	s.serveJob(w, r, j, false, received)
+}
+
+// choiceResult collects one non-streamed choice.
+type choiceResult struct {
+	text   strings.Builder
+	chatLP []chatLogprob
+	compLP completionLogprobs
+	res    genResult
+}
+
+// serveJob admits a validated job and answers it, streamed or not.
+func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat bool, received time.Time) {
+	if s.isClosing() {
+		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
+		return
+	}
+	n := j.choices()
+	if !s.lim.tryAcquire(n) {
+		writeAPIError(w, tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
+		return
+	}
+	defer s.lim.release(n)
+	ctx, cancel := s.workContext(r.Context())
+	defer cancel()
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	id := newID(prefix)
+	if j.stream {
+		s.streamJob(ctx, cancel, w, j, chat, id, received)
+		return
+	}
+	results := make([]choiceResult, n)
+	err := runAll(n, cancel, func(i int) error {
+		cr := &results[i]
+		var err error
+		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+			cr.addLogprobs(s, j, chat, ev)
+			cr.text.WriteString(ev.text)
+			return nil
+		})
+		cr.text.WriteString(cr.res.tail)
+		return err
+	})
+	if err != nil {
+		writeAPIError(w, s.backendError(err))
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the client went away; nobody to answer
+	}
+	if s.base.Err() != nil {
+		writeAPIError(w, s.backendError(context.Canceled))
+		return
+	}
+	u := j.usage(results)
+	created := received.Unix()
+	if chat {
+		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: j.model.ID, Usage: u}
+		for i := range results {
+			c := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: results[i].text.String()}, FinishReason: openAIReason(results[i].res.finish.Reason)}
+			if j.base.Logprobs {
+				c.Logprobs = &chatLogprobs{Content: nonNil(results[i].chatLP)}
+			}
+			resp.Choices = append(resp.Choices, c)
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	resp := completionResponse{ID: id, Object: "text_completion", Created: created, Model: j.model.ID, Usage: &u}
+	for i := range results {
+		reason := openAIReason(results[i].res.finish.Reason)
+		c := completionChoice{Text: results[i].text.String(), Index: i, FinishReason: &reason}
+		if j.base.Logprobs {
+			lp := results[i].compLP
+			c.Logprobs = &lp
+		}
+		resp.Choices = append(resp.Choices, c)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// usage adds up a job's token counts; each prompt counts once, however many choices.
+func (j *job) usage(results []choiceResult) usage {
+	var u usage
+	for p := range j.prompts {
+		u.PromptTokens += len(j.prompts[p])
+	}
+	for i := range results {
+		u.CompletionTokens += results[i].res.finish.CompletionTokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+func openAIReason(r string) string {
+	if r == FinishLength {
+		return "length"
+	}
+	return "stop"
+}
+
+func (cr *choiceResult) addLogprobs(s *Server, j *job, chat bool, ev *tokenEvent) {
+	if !j.base.Logprobs {
+		return
+	}
+	if chat {
+		cr.chatLP = append(cr.chatLP, s.chatLogprob(ev.tok, j.base.TopLogprobs))
+		return
+	}
+	s.appendCompletionLogprob(&cr.compLP, ev.tok, cr.text.Len(), j.base.TopLogprobs)
+}
+
+func (s *Server) tokenText(id int32, text string) string {
+	if text != "" {
+		return text
+	}
+	return s.tok.Decode([]int32{id}, false)
+}
+
+func textBytes(t string) []int {
+	b := make([]int, len(t))
+	for i := range len(t) {
+		b[i] = int(t[i])
+	}
+	return b
+}
+
+func (s *Server) chatLogprob(t Token, top int) chatLogprob {
+	text := s.tokenText(t.ID, t.Text)
+	lp := chatLogprob{Token: validUTF8(text), Logprob: t.Logprob, Bytes: textBytes(text), TopLogprobs: []chatTopLogpob{}}
+	for i, a := range t.TopLogprobs {
+		if i >= top {
+			break
+		}
+		at := s.tokenText(a.ID, a.Text)
+		lp.TopLogprobs = append(lp.TopLogprobs, chatTopLogpob{Token: validUTF8(at), Logprob: a.Logprob, Bytes: textBytes(at)})
+	}
+	return lp
+}
+
+func (s *Server) appendCompletionLogprob(lp *completionLogprobs, t Token, offset, top int) {
+	text := validUTF8(s.tokenText(t.ID, t.Text))
+	lp.Tokens = append(lp.Tokens, text)
+	lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
+	lp.TextOffset = append(lp.TextOffset, offset)
+	m := make(map[string]float32, top)
+	for i, a := range t.TopLogprobs {
+		if i >= top {
+			break
+		}
+		m[validUTF8(s.tokenText(a.ID, a.Text))] = a.Logprob
+	}
+	lp.TopLogprobs = append(lp.TopLogprobs, m)
+}
+
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// sse writes server-sent events. Headers go out with the first event, so an error
+// before any token can still be answered with a proper status.
+type sse struct {
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	started bool
+	err     error
+}
+
+func (e *sse) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return e.raw(b)
+}
+
+func (e *sse) raw(b []byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return e.err
+	}
+	if !e.started {
+		h := e.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		e.w.WriteHeader(http.StatusOK)
+		e.started = true
+	}
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, b...)
+	buf = append(buf, '\n', '\n')
+	if _, err := e.w.Write(buf); err != nil {
+		e.err = err
+		return err
+	}
+	if err := http.NewResponseController(e.w).Flush(); err != nil {
+		e.err = err
+		return err
+	}
+	return nil
+}
+
+func (e *sse) isStarted() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.started
+}
+
+// streamJob answers a job as server-sent events.
+func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, j *job, chat bool, id string, received time.Time) {
+	out := &sse{w: w}
+	created := received.Unix()
+	model := j.model.ID
+	n := j.choices()
+	results := make([]choiceResult, n)
+	err := runAll(n, cancel, func(i int) error {
+		cr := &results[i]
+		first := true
+		var err error
+		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+			if chat {
+				var lp *chatLogprobs
+				if j.base.Logprobs {
+					lp = &chatLogprobs{Content: []chatLogprob{s.chatLogprob(ev.tok, j.base.TopLogprobs)}}
+				}
+				if ev.text == "" && lp == nil && !first {
+					return nil
+				}
+				text := ev.text
+				d := chatDelta{Content: &text}
+				if first {
+					d.Role = "assistant"
+					first = false
+				}
+				return out.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+					Choices: []chatChunkChoice{{Index: i, Delta: d, Logprobs: lp}}})
+			}
+			var lp *completionLogprobs
+			if j.base.Logprobs {
+				lp = &completionLogprobs{}
+				s.appendCompletionLogprob(lp, ev.tok, cr.text.Len(), j.base.TopLogprobs)
+			}
+			cr.text.WriteString(ev.text)
+			if ev.text == "" && lp == nil {
+				return nil
+			}
+			return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
+				Choices: []completionChoice{{Text: ev.text, Index: i, Logprobs: lp}}})
+		})
+		if err != nil {
+			return err
+		}
+		if cr.res.finish.Reason == FinishCancelled {
+			return nil
+		}
+		reason := openAIReason(cr.res.finish.Reason)
+		if chat {
+			d := chatDelta{}
+			if first {
+				d.Role = "assistant"
+			}
+			if cr.res.tail != "" || first {
+				tail := cr.res.tail
+				d.Content = &tail
+			}
+			return out.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+				Choices: []chatChunkChoice{{Index: i, Delta: d, FinishReason: &reason}}})
+		}
+		return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
+			Choices: []completionChoice{{Text: cr.res.tail, Index: i, FinishReason: &reason}}})
+	})
+	if err != nil {
+		ae := s.backendError(err)
+		if !out.isStarted() {
+			writeAPIError(w, ae)
+			return
+		}
+		if out.err == nil {
+			_ = out.send(ae.body())
+			_ = out.raw([]byte("[DONE]"))
+		}
+		return
+	}
+	if ctx.Err() != nil {
+		return // client gone or shutting down: the stream just ends
+	}
+	if j.includeUsage {
+		u := j.usage(results)
+		var chunk any
+		if chat {
+			chunk = chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: []chatChunkChoice{}, Usage: &u}
+		} else {
+			chunk = completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Choices: []completionChoice{}, Usage: &u}
+		}
+		if out.send(chunk) != nil {
+			return
+		}
+	}
+	_ = out.raw([]byte("[DONE]"))
+}

@@ -1,0 +1,578 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Limits on request fields that are not configurable.
+const (
+	maxStops        = 4
+	maxStopBytes    = 1024
+	maxTopLogprobs  = 20 // chat
+	maxLogprobsLeg  = 5  // legacy completions
+	maxMessages     = 4096
+	maxTemperature  = 2
+	maxRepetitionPn = 10
+)
+
+// stopList is the stop parameter: a string, an array of strings, or null.
+type stopList []string
+
+func (s *stopList) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		*s = nil
+		return nil
+	case len(b) > 0 && b[0] == '"':
+		var one string
+		if err := json.Unmarshal(b, &one); err != nil {
+			return &fieldError{"stop", "not a valid string"}
+		}
+		*s = stopList{one}
+		return nil
+	case len(b) > 0 && b[0] == '[':
+		var many []string
+		if err := json.Unmarshal(b, &many); err != nil {
+			return &fieldError{"stop", "want a string or an array of strings"}
+		}
+		*s = many
+		return nil
+	}
+	return &fieldError{"stop", "want a string or an array of strings"}
+}
+
+// promptInput is the completions prompt: a string, an array of strings, an array of
+// token ids, or an array of arrays of token ids.
+type promptInput struct {
+	texts []string
+	ids   [][]int32
+	set   bool
+}
+
+func (p *promptInput) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	const want = "want a string, an array of strings, an array of token ids or an array of arrays of token ids"
+	*p = promptInput{}
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	p.set = true
+	switch b[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return &fieldError{"prompt", "not a valid string"}
+		}
+		p.texts = []string{s}
+		return nil
+	case '[':
+	default:
+		return &fieldError{"prompt", want}
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(b, &elems); err != nil {
+		return &fieldError{"prompt", want}
+	}
+	if len(elems) == 0 {
+		return &fieldError{"prompt", "empty array"}
+	}
+	first := bytes.TrimSpace(elems[0])
+	if len(first) == 0 {
+		return &fieldError{"prompt", want}
+	}
+	switch {
+	case first[0] == '"':
+		if err := json.Unmarshal(b, &p.texts); err != nil {
+			return &fieldError{"prompt", "mixes strings with other values; " + want}
+		}
+	case first[0] == '[':
+		if err := json.Unmarshal(b, &p.ids); err != nil {
+			return &fieldError{"prompt", "arrays of token ids must hold integers from 0 to 2147483647"}
+		}
+	case first[0] == '-' || (first[0] >= '0' && first[0] <= '9'):
+		var ids []int32
+		if err := json.Unmarshal(b, &ids); err != nil {
+			return &fieldError{"prompt", "token ids must be integers from 0 to 2147483647"}
+		}
+		p.ids = [][]int32{ids}
+	default:
+		return &fieldError{"prompt", want}
+	}
+	return nil
+}
+
+// wsPrompt is the websocket prompt: a string or one array of token ids.
+type wsPrompt struct {
+	text string
+	ids  []int32
+	set  bool
+}
+
+func (p *wsPrompt) UnmarshalJSON(b []byte) error {
+	var pi promptInput
+	if err := pi.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*p = wsPrompt{set: pi.set}
+	switch {
+	case !pi.set:
+	case len(pi.texts) == 1:
+		p.text = pi.texts[0]
+	case len(pi.ids) == 1:
+		p.ids = pi.ids[0]
+	default:
+		return &fieldError{"prompt", "want one string or one array of token ids"}
+	}
+	return nil
+}
+
+// messageContent is a chat message's content: a string, an array of text parts, or null.
+type messageContent struct {
+	text string
+	set  bool
+}
+
+func (c *messageContent) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	*c = messageContent{}
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	c.set = true
+	if b[0] == '"' {
+		if err := json.Unmarshal(b, &c.text); err != nil {
+			return &fieldError{"messages", "content is not a valid string"}
+		}
+		return nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return &fieldError{"messages", "content must be a string or an array of content parts"}
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return &fieldError{"messages", fmt.Sprintf("content part type %q is not supported; only \"text\" is", p.Type)}
+		}
+		if p.Text == nil {
+			return &fieldError{"messages", "a text content part lacks its text"}
+		}
+		sb.WriteString(*p.Text)
+	}
+	c.text = sb.String()
+	return nil
+}
+
+type chatMessage struct {
+	Role       string          `json:"role"`
+	Content    messageContent  `json:"content"`
+	Name       string          `json:"name"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID string          `json:"tool_call_id"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// sampling holds the parameters shared by every generating request.
+type sampling struct {
+	Model             string          `json:"model"`
+	MaxTokens         *int            `json:"max_tokens"`
+	Temperature       *float64        `json:"temperature"`
+	TopP              *float64        `json:"top_p"`
+	TopK              *int            `json:"top_k"`
+	MinP              *float64        `json:"min_p"`
+	RepetitionPenalty *float64        `json:"repetition_penalty"`
+	PresencePenalty   *float64        `json:"presence_penalty"`
+	FrequencyPenalty  *float64        `json:"frequency_penalty"`
+	LogitBias         map[string]any  `json:"logit_bias"`
+	Seed              *int64          `json:"seed"`
+	Stop              stopList        `json:"stop"`
+	User              string          `json:"user"`
+	IgnoreEOS         bool            `json:"ignore_eos"`
+	N                 *int            `json:"n"`
+	Stream            bool            `json:"stream"`
+	StreamOptions     *streamOptions  `json:"stream_options"`
+	ResponseFormat    json.RawMessage `json:"response_format"`
+}
+
+type chatRequest struct {
+	sampling
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            *bool           `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	Functions           json.RawMessage `json:"functions"`
+	FunctionCall        json.RawMessage `json:"function_call"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+}
+
+type completionRequest struct {
+	sampling
+	Prompt   promptInput `json:"prompt"`
+	Logprobs *int        `json:"logprobs"`
+	Echo     bool        `json:"echo"`
+	Suffix   *string     `json:"suffix"`
+	BestOf   *int        `json:"best_of"`
+}
+
+// job is a validated request, ready to run: prompts × n generations.
+type job struct {
+	model        ModelInfo
+	prompts      [][]int32
+	maxTokens    []int // per prompt
+	n            int
+	base         GenerateRequest // sampling fields; RequestID, Prompt and MaxTokens unset
+	stream       bool
+	includeUsage bool
+}
+
+// choices is the number of generations the job runs.
+func (j *job) choices() int { return len(j.prompts) * j.n }
+
+// request returns the GenerateRequest of choice i.
+func (j *job) request(id string, i int) GenerateRequest {
+	r := j.base
+	p := i / j.n
+	r.RequestID = fmt.Sprintf("%s-%d", id, i)
+	r.Prompt = j.prompts[p]
+	r.MaxTokens = j.maxTokens[p]
+	if j.base.Seed != nil {
+		s := *j.base.Seed + int64(i)
+		r.Seed = &s
+	}
+	return r
+}
+
+// validator checks requests against the server's configuration.
+type validator struct {
+	cfg    *Config
+	models map[string]ModelInfo
+	tok    Tokenizer
+	tmpl   ChatTemplate
+}
+
+func (v *validator) model(name string) (ModelInfo, *apiError) {
+	if name == "" {
+		return ModelInfo{}, badRequest("model", "missing_model", "model is required")
+	}
+	m, ok := v.models[name]
+	if !ok {
+		return ModelInfo{}, badRequest("model", "model_not_found", "the model %q does not exist; served models: %s", truncate(name, 200), v.modelList())
+	}
+	return m, nil
+}
+
+func (v *validator) modelList() string {
+	ids := make([]string, len(v.cfg.Models))
+	for i, m := range v.cfg.Models {
+		ids[i] = fmt.Sprintf("%q", m.ID)
+	}
+	return strings.Join(ids, ", ")
+}
+
+// sampling validates the shared parameters into j.base and j.n.
+func (v *validator) sampling(s *sampling, j *job) *apiError {
+	m, err := v.model(s.Model)
+	if err != nil {
+		return err
+	}
+	j.model = m
+	b := &j.base
+	b.Model = m.ID
+	j.n = 1
+	if s.N != nil {
+		if *s.N < 1 || *s.N > v.cfg.MaxN {
+			return invalidParam("n", "n is %d, want 1 to %d", *s.N, v.cfg.MaxN)
+		}
+		j.n = *s.N
+	}
+	b.Temperature = 1
+	if s.Temperature != nil {
+		if !(*s.Temperature >= 0 && *s.Temperature <= maxTemperature) {
+			return invalidParam("temperature", "temperature is %g, want 0 to %d", *s.Temperature, maxTemperature)
+		}
+		b.Temperature = float32(*s.Temperature)
+	}
+	b.TopP = 1
+	if s.TopP != nil {
+		if !(*s.TopP > 0 && *s.TopP <= 1) {
+			return invalidParam("top_p", "top_p is %g, want greater than 0 and at most 1", *s.TopP)
+		}
+		b.TopP = float32(*s.TopP)
+	}
+	if s.TopK != nil {
+		switch {
+		case *s.TopK == -1:
+		case *s.TopK < 0:
+			return invalidParam("top_k", "top_k is %d, want 0 or -1 (off) or a positive count", *s.TopK)
+		default:
+			b.TopK = *s.TopK
+		}
+	}
+	if s.MinP != nil {
+		if !(*s.MinP >= 0 && *s.MinP <= 1) {
+			return invalidParam("min_p", "min_p is %g, want 0 to 1", *s.MinP)
+		}
+		b.MinP = float32(*s.MinP)
+	}
+	b.RepetitionPenalty = 1
+	if s.RepetitionPenalty != nil {
+		if !(*s.RepetitionPenalty > 0 && *s.RepetitionPenalty <= maxRepetitionPn) {
+			return invalidParam("repetition_penalty", "repetition_penalty is %g, want greater than 0 and at most %d", *s.RepetitionPenalty, maxRepetitionPn)
+		}
+		b.RepetitionPenalty = float32(*s.RepetitionPenalty)
+	}
+	for _, p := range []struct {
+		name string
+		v    *float64
+	}{{"presence_penalty", s.PresencePenalty}, {"frequency_penalty", s.FrequencyPenalty}} {
+		if p.v != nil && *p.v != 0 {
+			return badRequest(p.name, "unsupported_parameter", "%s is not supported (got %g); leave it 0 and use repetition_penalty", p.name, *p.v)
+		}
+	}
+	if len(s.LogitBias) > 0 {
+		return badRequest("logit_bias", "unsupported_parameter", "logit_bias is not supported")
+	}
+	if len(s.Stop) > maxStops {
+		return invalidParam("stop", "stop has %d sequences, want at most %d", len(s.Stop), maxStops)
+	}
+	for i, st := range s.Stop {
+		if st == "" {
+			return invalidParam("stop", "stop sequence %d is empty", i)
+		}
+		if len(st) > maxStopBytes {
+			return invalidParam("stop", "stop sequence %d is %d bytes, want at most %d", i, len(st), maxStopBytes)
+		}
+	}
+	b.Stop = append([]string(nil), s.Stop...)
+	b.Seed = s.Seed
+	b.User = s.User
+	b.IgnoreEOS = s.IgnoreEOS
+	if s.MaxTokens != nil && *s.MaxTokens < 1 {
+		return invalidParam("max_tokens", "max_tokens is %d, want at least 1", *s.MaxTokens)
+	}
+	if s.StreamOptions != nil && !s.Stream {
+		return invalidParam("stream_options", "stream_options is only allowed when stream is true")
+	}
+	j.stream = s.Stream
+	j.includeUsage = s.StreamOptions != nil && s.StreamOptions.IncludeUsage
+	if rf := bytes.TrimSpace(s.ResponseFormat); len(rf) > 0 && !bytes.Equal(rf, []byte("null")) {
+		var f struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(rf, &f) != nil || f.Type != "text" {
+			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; only {\"type\":\"text\"} is", truncate(string(rf), 80))
+		}
+	}
+	return nil
+}
+
+// budget validates prompts against the context length and sets j.maxTokens.
+func (v *validator) budget(j *job, maxTokens *int, param, promptParam string) *apiError {
+	ctxLen := j.model.ContextLength
+	j.maxTokens = make([]int, len(j.prompts))
+	for i, p := range j.prompts {
+		if len(p) == 0 {
+			return invalidParam(promptParam, "%s %d is empty", promptParam, i)
+		}
+		if vs := j.model.VocabSize; vs > 0 {
+			for k, id := range p {
+				if id < 0 || int(id) >= vs {
+					return invalidParam(promptParam, "token id %d at position %d of %s %d is outside the vocabulary [0, %d)", id, k, promptParam, i, vs)
+				}
+			}
+		} else {
+			for k, id := range p {
+				if id < 0 {
+					return invalidParam(promptParam, "token id %d at position %d of %s %d is negative", id, k, promptParam, i)
+				}
+			}
+		}
+		if maxTokens != nil {
+			if total := len(p) + *maxTokens; total > ctxLen {
+				return badRequest(param, "context_length_exceeded",
+					"this model's maximum context length is %d tokens, but %d tokens were requested (%d in the prompt + %d for the completion); reduce the prompt or %s",
+					ctxLen, total, len(p), *maxTokens, param)
+			}
+			j.maxTokens[i] = *maxTokens
+			continue
+		}
+		left := ctxLen - len(p)
+		if left < 1 {
+			return badRequest(promptParam, "context_length_exceeded",
+				"this model's maximum context length is %d tokens, but the prompt has %d tokens, which leaves no room for a completion", ctxLen, len(p))
+		}
+		if d := v.cfg.DefaultMaxTokens; d > 0 && d < left {
+			left = d
+		}
+		j.maxTokens[i] = left
+	}
+	return nil
+}
+
+// chat validates a chat completion request.
+func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
+	j := &job{}
+	if err := v.sampling(&r.sampling, j); err != nil {
+		return nil, err
+	}
+	j.base.Tenant = tenant
+	if v.tmpl == nil {
+		return nil, badRequest("messages", "chat_unsupported", "model %q has no chat template; use /v1/completions with a prompt", j.model.ID)
+	}
+	if err := rejectPresent("tools", r.Tools, "tools are not supported"); err != nil {
+		return nil, err
+	}
+	if err := rejectPresent("functions", r.Functions, "functions are not supported"); err != nil {
+		return nil, err
+	}
+	if err := rejectPresent("function_call", r.FunctionCall, "function_call is not supported"); err != nil {
+		return nil, err
+	}
+	if tc := bytes.TrimSpace(r.ToolChoice); len(tc) > 0 && !bytes.Equal(tc, []byte("null")) && !bytes.Equal(tc, []byte(`"none"`)) {
+		return nil, badRequest("tool_choice", "unsupported_parameter", "tool_choice other than \"none\" is not supported")
+	}
+	if r.Logprobs != nil && *r.Logprobs {
+		j.base.Logprobs = true
+	}
+	if r.TopLogprobs != nil {
+		if *r.TopLogprobs < 0 || *r.TopLogprobs > maxTopLogprobs {
+			return nil, invalidParam("top_logprobs", "top_logprobs is %d, want 0 to %d", *r.TopLogprobs, maxTopLogprobs)
+		}
+		if *r.TopLogprobs > 0 && !j.base.Logprobs {
+			return nil, invalidParam("top_logprobs", "top_logprobs requires logprobs to be true")
+		}
+		j.base.TopLogprobs = *r.TopLogprobs
+	}
+	msgs, err := messages(r.Messages)
+	if err != nil {
+		return nil, err
+	}
+	addGen := r.AddGenerationPrompt == nil || *r.AddGenerationPrompt
+	text, rerr := v.tmpl.Render(msgs, addGen)
+	if rerr != nil {
+		return nil, invalidParam("messages", "cannot apply the chat template: %v", rerr)
+	}
+	j.prompts = [][]int32{v.tok.Encode(text)}
+	maxTokens, param := r.MaxTokens, "max_tokens"
+	if r.MaxCompletionTokens != nil {
+		if *r.MaxCompletionTokens < 1 {
+			return nil, invalidParam("max_completion_tokens", "max_completion_tokens is %d, want at least 1", *r.MaxCompletionTokens)
+		}
+		maxTokens, param = r.MaxCompletionTokens, "max_completion_tokens"
+	}
+	if err := v.budget(j, maxTokens, param, "messages"); err != nil {
+		return nil, err
+	}
+	if err := v.fits(j); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// messages validates and converts chat messages.
+func messages(in []chatMessage) ([]Message, *apiError) {
+	if len(in) == 0 {
+		return nil, invalidParam("messages", "messages is empty, want at least one message")
+	}
+	if len(in) > maxMessages {
+		return nil, invalidParam("messages", "messages has %d entries, want at most %d", len(in), maxMessages)
+	}
+	out := make([]Message, len(in))
+	for i, m := range in {
+		switch m.Role {
+		case "system", "developer", "user", "assistant":
+		case "tool", "function":
+			return nil, badRequest("messages", "unsupported_parameter", "message %d: role %q is not supported (no tool use)", i, m.Role)
+		case "":
+			return nil, invalidParam("messages", "message %d has no role", i)
+		default:
+			return nil, invalidParam("messages", "message %d: unknown role %q, want system, developer, user or assistant", i, truncate(m.Role, 40))
+		}
+		if tc := bytes.TrimSpace(m.ToolCalls); len(tc) > 0 && !bytes.Equal(tc, []byte("null")) && !bytes.Equal(tc, []byte("[]")) {
+			return nil, badRequest("messages", "unsupported_parameter", "message %d: tool_calls are not supported", i)
+		}
+		if !m.Content.set && m.Role != "assistant" {
+			return nil, invalidParam("messages", "message %d (%s) has no content", i, m.Role)
+		}
+		out[i] = Message{Role: m.Role, Content: m.Content.text, Name: m.Name}
+	}
+	return out, nil
+}
+
+// completion validates a legacy completion request.
+func (v *validator) completion(r *completionRequest, tenant string) (*job, *apiError) {
+	j := &job{}
+	if err := v.sampling(&r.sampling, j); err != nil {
+		return nil, err
+	}
+	j.base.Tenant = tenant
+	if r.Logprobs != nil {
+		if *r.Logprobs < 0 || *r.Logprobs > maxLogprobsLeg {
+			return nil, invalidParam("logprobs", "logprobs is %d, want 0 to %d", *r.Logprobs, maxLogprobsLeg)
+		}
+		j.base.Logprobs = true
+		j.base.TopLogprobs = *r.Logprobs
+	}
+	if r.Echo {
+		return nil, badRequest("echo", "unsupported_parameter", "echo is not supported")
+	}
+	if r.Suffix != nil && *r.Suffix != "" {
+		return nil, badRequest("suffix", "unsupported_parameter", "suffix is not supported")
+	}
+	if r.BestOf != nil && *r.BestOf != 1 && *r.BestOf != j.n {
+		return nil, badRequest("best_of", "unsupported_parameter", "best_of other than 1 is not supported")
+	}
+	if !r.Prompt.set {
+		return nil, invalidParam("prompt", "prompt is required")
+	}
+	count := len(r.Prompt.texts) + len(r.Prompt.ids)
+	if count > v.cfg.MaxPrompts {
+		return nil, invalidParam("prompt", "prompt holds %d prompts, want at most %d", count, v.cfg.MaxPrompts)
+	}
+	for _, t := range r.Prompt.texts {
+		j.prompts = append(j.prompts, v.tok.Encode(t))
+	}
+	j.prompts = append(j.prompts, r.Prompt.ids...)
+	if err := v.budget(j, r.MaxTokens, "max_tokens", "prompt"); err != nil {
+		return nil, err
+	}
+	if err := v.fits(j); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// fits rejects a job that could never get its generations admitted at once.
+func (v *validator) fits(j *job) *apiError {
+	if j.choices() > v.cfg.MaxInFlight {
+		return invalidParam("n", "%d prompt(s) × n=%d is %d generations, more than this server runs at once (%d)", len(j.prompts), j.n, j.choices(), v.cfg.MaxInFlight)
+	}
+	return nil
+}
+
+func rejectPresent(param string, raw json.RawMessage, msg string) *apiError {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || bytes.Equal(raw, []byte("[]")) {
+		return nil
+	}
+	return badRequest(param, "unsupported_parameter", "%s", msg)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,48 @@
+// Opens the gateway's demo page in headless Chromium, chats over the websocket and
+// opens a token's trace. Run by the Go test TestDemoPageInChromium, which passes
+// TROUPE_BASE_URL, TROUPE_API_KEY, TROUPE_CHROMIUM and optionally TROUPE_SCREENSHOT.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const profile = mkdtempSync(join(tmpdir(), "troupe-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.TROUPE_CHROMIUM,
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run"],
+});
+const result = {};
+try {
+  const page = context.pages()[0] ?? (await context.newPage());
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+  await page.goto(process.env.TROUPE_BASE_URL + "/?api_key=" + encodeURIComponent(process.env.TROUPE_API_KEY));
+  await page.waitForFunction(() => document.getElementById("status").textContent === "connected");
+  await page.waitForFunction(() => document.querySelectorAll("#model option").length > 0);
+  await page.fill("#prompt", "Hello from the browser");
+  await page.click("#send");
+  // Tokens arrive one by one: see a partial message first, then the whole of it.
+  await page.waitForFunction(() => document.querySelectorAll(".msg.assistant a.tok").length >= 3);
+  result.partialTokens = await page.locator(".msg.assistant a.tok").count();
+  await page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 30000 });
+  result.tokens = await page.locator(".msg.assistant a.tok").count();
+  result.text = await page.locator(".msg.assistant .body").innerText();
+  result.ttft = await page.locator("#ttft").innerText();
+  result.itl = await page.locator("#itl").innerText();
+  result.tps = await page.locator("#tps").innerText();
+  result.tokenTitle = await page.locator(".msg.assistant a.tok").nth(2).getAttribute("title");
+  result.traceHref = await page.locator(".msg.assistant a.tok").first().getAttribute("href");
+  await page.locator(".msg.assistant a.tok").first().click();
+  await page.waitForSelector("#waterfall .row.span");
+  result.spans = await page.locator("#waterfall .row.span").count();
+  result.spanNames = await page.locator("#waterfall .row.span .name").allInnerTexts();
+  if (process.env.TROUPE_SCREENSHOT) await page.screenshot({ path: process.env.TROUPE_SCREENSHOT, fullPage: true });
+  result.errors = errors;
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+console.log(JSON.stringify(result));
