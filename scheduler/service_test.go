@@ -78,7 +78,16 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		subjects = append(subjects, subj.ActorEndpoint(ShardKind, sh.ID, "forward"))
 		cleanups = append(cleanups, func() { ref.Stop(context.Background()); cache.Close(); m.Close() })
 	}
-	kv, _ := NewKV(blocks, 16)
+	pool, _ := NewKV(blocks, 16)
+	kvRef, err := actors.Spawn(ctx, sys, KVManagerProps("r0", pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanups = append(cleanups, func() { kvRef.Stop(context.Background()) })
+	kv, err := NewKVClient(ctx, nc, subj, "r0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
 	s, err := New(cfg, NewPipeline(nc, subjects, plane, b.Config.Vocab), kv, nil)
 	if err != nil {
