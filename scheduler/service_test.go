@@ -14,6 +14,7 @@ import (
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
 	"github.com/troupe/troupe/xgmi"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // replica is the demo model served over an embedded bus by a scheduler
@@ -26,6 +27,11 @@ type replica struct {
 }
 
 func startReplica(t testing.TB, stages int, cfg Config) *replica {
+	t.Helper()
+	return startReplicaTraced(t, stages, cfg, nil)
+}
+
+func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerProvider) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := bus.Start(ctx, bus.DefaultConfig())
@@ -68,7 +74,7 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, nil)
+		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, tp)
 		r.shards = append(r.shards, sh)
 		ref, err := actors.Spawn(ctx, sys, sh.Props())
 		if err != nil {
@@ -89,7 +95,7 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 		t.Fatal(err)
 	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
-	s, err := New(cfg, NewPipeline(nc, subjects, plane, b.Config.Vocab), kv, nil)
+	s, err := New(cfg, NewPipeline(nc, subjects, plane, b.Config.Vocab), kv, tp)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,106 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+	ttrace "github.com/troupe/troupe/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The per-token cost of the actor path: the same greedy decode of the demo
+// model called directly on the engine, and through the scheduler, the
+// KV-manager and a layer-shard actor on the bus, untraced and traced.
+//
+//	go test -run XXX -bench 'Decode' -benchtime 256x ./scheduler
+//
+// Each op is one generated token at batch 1; compare the µs/token metrics.
+
+const benchTokens = 256
+
+func BenchmarkDecodeDirect(b *testing.B) {
+	bundle, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bundle.Close()
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dev.Close()
+	m, err := models.Load(bundle.Config, bundle.Checkpoint, dev, models.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	var seq *models.Sequence
+	var logits []float32
+	for b.Loop() {
+		if seq == nil || seq.Len() >= benchTokens {
+			if seq != nil {
+				seq.Close()
+			}
+			if seq, err = m.NewSequence(benchTokens + 8); err != nil {
+				b.Fatal(err)
+			}
+			if logits, err = seq.Feed(ctx, []int32{473, 623}, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if logits, err = seq.Feed(ctx, []int32{int32(argmaxF(logits))}, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	seq.Close()
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+}
+
+func argmaxF(v []float32) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func benchActorPath(b *testing.B, tp trace.TracerProvider) {
+	r := startReplicaTraced(b, 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, tp)
+	ctx := context.Background()
+	b.ReportAllocs()
+	tokens := 0
+	for i := 0; tokens < b.N; i++ {
+		n := min(benchTokens, b.N-tokens)
+		_, err := r.client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("bench-", i), Prompt: []int32{473, 623}, MaxTokens: n, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		if err != nil {
+			b.Fatal(err)
+		}
+		tokens += n
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+}
+
+func BenchmarkDecodeActorPath(b *testing.B) { benchActorPath(b, nil) }
+
+func BenchmarkDecodeActorPathTraced(b *testing.B) {
+	cfg := ttrace.DefaultConfig()
+	p, err := ttrace.Setup(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+	}()
+	benchActorPath(b, p.TracerProvider())
+}
