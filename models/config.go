@@ -275,16 +275,16 @@ func tokenIDs(raw json.RawMessage) ([]int32, error) {
 
 // Validate checks that the dimensions are usable.
 func (c *Config) Validate() error {
-	const big = 1 << 20
 	for _, f := range []struct {
-		name string
-		v    int
+		name  string
+		v, hi int
 	}{
-		{"hidden_size", c.Hidden}, {"num_hidden_layers", c.Layers}, {"num_attention_heads", c.Heads},
-		{"num_key_value_heads", c.KVHeads}, {"head_dim", c.HeadDim}, {"vocab_size", c.Vocab},
+		{"hidden_size", c.Hidden, 1 << 17}, {"num_hidden_layers", c.Layers, 1024}, {"num_attention_heads", c.Heads, 1024},
+		{"num_key_value_heads", c.KVHeads, 1024}, {"head_dim", c.HeadDim, 1024}, {"vocab_size", c.Vocab, 1 << 22},
+		{"intermediate_size", c.Intermediate, 1 << 20}, {"num_experts", c.Experts, 1024},
 	} {
-		if f.v <= 0 || f.v > big*4 {
-			return unsupported("%s=%d", f.name, f.v)
+		if f.v < 0 || f.v > f.hi || (f.v == 0 && f.name != "intermediate_size" && f.name != "num_experts") {
+			return unsupported("%s=%d (want 1..%d)", f.name, f.v, f.hi)
 		}
 	}
 	if c.Intermediate <= 0 && c.Experts == 0 {

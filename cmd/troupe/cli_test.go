@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/safetensors"
+)
+
+func runCLI(t *testing.T, stdin string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	var err error
+	if args[0] == "tokenize" {
+		err = tokenizeFrom(args[1:], strings.NewReader(stdin), &out, &errOut)
+	} else {
+		err = dispatch(context.Background(), args, &out, &errOut)
+	}
+	return out.String(), errOut.String(), err
+}
+
+func TestGenerateJSON(t *testing.T) {
+	ref := demoRefs(t)[0]
+	out, _, err := runCLI(t, "", "generate", "--prompt-ids", "473,623", "--max-tokens", "6", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		IDs  []int32 `json:"ids"`
+		Text string  `json:"text"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output %q: %v", out, err)
+	}
+	if len(got.IDs) != 6 || got.IDs[0] != ref.GreedyIDs[0] || got.IDs[5] != ref.GreedyIDs[5] || !strings.HasPrefix(ref.Text, got.Text) {
+		t.Errorf("got %+v, want the start of %v %q", got, ref.GreedyIDs, ref.Text)
+	}
+	if _, _, err := runCLI(t, "", "generate", "--prompt-ids", "1,x"); err == nil {
+		t.Error("bad ids: no error")
+	}
+	if _, _, err := runCLI(t, "", "generate", "--prompt-ids", "99999"); err == nil {
+		t.Error("id outside the vocabulary: no error")
+	}
+}
+
+func TestTokenize(t *testing.T) {
+	out, _, err := runCLI(t, `["The kernel", ""]`, "tokenize")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(out) != "[[473,623],[]]" {
+		t.Errorf("got %s", out)
+	}
+	if _, _, err := runCLI(t, `{"not":"a list"}`, "tokenize"); err == nil {
+		t.Error("bad stdin: no error")
+	}
+}
+
+// TestInspectRefusals: inspect names the exact reason a checkpoint cannot be
+// served, before loading weights.
+func TestInspectRefusals(t *testing.T) {
+	good, err := os.ReadFile(filepath.Join("..", "..", "models", "demo", demo.Name, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpt, err := safetensors.FromBytes(demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(t *testing.T, cfg []byte, drop, reshape string) string {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644)
+		var ts []*safetensors.Tensor
+		for _, n := range ckpt.Names() {
+			if n == drop {
+				continue
+			}
+			x, _ := ckpt.Tensor(n)
+			if n == reshape {
+				x = &safetensors.Tensor{Name: n, DType: x.DType, Shape: []int{x.Shape[0] / 2, x.Shape[1] * 2}, Data: x.Data}
+			}
+			ts = append(ts, x)
+		}
+		f, _ := os.Create(filepath.Join(dir, "model.safetensors"))
+		if err := safetensors.Write(f, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		return dir
+	}
+	for _, c := range []struct {
+		name, want string
+		cfg        []byte
+		drop, resh string
+	}{
+		{"model type", `model_type "gpt_neox"`, bytes.Replace(good, []byte(`"olmo2"`), []byte(`"gpt_neox"`), 1), "", ""},
+		{"missing tensor", "missing tensor model.layers.3.mlp.up_proj.weight", good, "model.layers.3.mlp.up_proj.weight", ""},
+		{"mis-shaped tensor", "model.layers.0.self_attn.q_proj.weight has shape [192 768]", good, "", "model.layers.0.self_attn.q_proj.weight"},
+		{"option", "attention_bias", bytes.Replace(good, []byte(`"attention_bias": false`), []byte(`"attention_bias": true`), 1), "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := write(t, c.cfg, c.drop, c.resh)
+			_, _, err := runCLI(t, "", "inspect", "--model", dir)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got %v, want an error naming %q", err, c.want)
+			}
+		})
+	}
+	out, _, err := runCLI(t, "", "inspect", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Parameters < 17e6 || r.DTypes["BF16"] != r.Parameters {
+		t.Errorf("inspect --json: %s (%v)", out, err)
+	}
+}
