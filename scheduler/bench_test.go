@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -103,4 +105,73 @@ func BenchmarkDecodeActorPathTraced(b *testing.B) {
 		p.Shutdown(ctx)
 	}()
 	benchActorPath(b, p.TracerProvider())
+}
+
+// The actor path's own cost, measured on a model small enough that its
+// forward pass takes tens of microseconds (the llama-gqa fixture: 2 layers,
+// hidden 256): the difference between the two benchmarks' µs/token is what
+// the scheduler, the KV-manager, the shard actor and the bus add per token.
+//
+//	go test -run XXX -bench 'Overhead' -benchtime 2048x -count 5 ./scheduler
+func BenchmarkOverheadDirect(b *testing.B) {
+	bundle := fixture(b, "llama-gqa")
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dev.Close()
+	m, err := models.Load(bundle.Config, bundle.Checkpoint, dev, models.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	var seq *models.Sequence
+	var logits []float32
+	for b.Loop() {
+		if seq == nil || seq.Len() >= 400 {
+			if seq != nil {
+				seq.Close()
+			}
+			if seq, err = m.NewSequence(512); err != nil {
+				b.Fatal(err)
+			}
+			if logits, err = seq.Feed(ctx, []int32{1, 2}, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if logits, err = seq.Feed(ctx, []int32{int32(argmaxF(logits))}, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	seq.Close()
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+}
+
+func BenchmarkOverheadActorPath(b *testing.B) {
+	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil)
+	ctx := context.Background()
+	tokens := 0
+	for i := 0; tokens < b.N; i++ {
+		n := min(400, b.N-tokens)
+		_, err := r.client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("o-", i), Prompt: []int32{1, 2}, MaxTokens: n, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		if err != nil {
+			b.Fatal(err)
+		}
+		tokens += n
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+}
+
+// fixture opens one of the shared test checkpoints, skipping when absent.
+func fixture(b *testing.B, name string) *models.Bundle {
+	dir := filepath.Join("..", "..", "shared", "fixtures", name)
+	if _, err := os.Stat(dir); err != nil {
+		b.Skipf("shared fixtures not present: %v", err)
+	}
+	bundle, err := models.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bundle
 }

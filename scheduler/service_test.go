@@ -33,6 +33,16 @@ func startReplica(t testing.TB, stages int, cfg Config) *replica {
 
 func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerProvider) *replica {
 	t.Helper()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startReplicaWith(t, b, stages, cfg, tp)
+}
+
+// startReplicaWith serves bundle b, which it closes at the end of the test.
+func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider) *replica {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := bus.Start(ctx, bus.DefaultConfig())
 	if err != nil {
@@ -43,10 +53,6 @@ func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerPro
 		t.Fatal(err)
 	}
 	subj, _ := bus.NewSubjects("test")
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
 	dev, err := cpu.New(cpu.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
