@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -31,6 +32,9 @@ type Shard struct {
 	// Fault, when set, runs before each forward pass in the actor: a seam
 	// for injecting failures in tests.
 	Fault func()
+	// Remote, when set, reads inputs that another node published; without
+	// it only tensors of this process's plane are readable.
+	Remote RemoteReader
 
 	mu  sync.Mutex // one step at a time
 	out []float32
@@ -59,9 +63,14 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	cfg := s.model.Config
 	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits}
 	if !s.model.IsFirst() {
-		in, err := s.read(m.Input)
+		in, err := readRef(ctx, s.plane, s.Remote, m.Input)
 		if err != nil {
-			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+			// A producer that cannot be reached is a dead stage, not a bad plan.
+			code := bus.CodeBadRequest
+			if errors.Is(err, xgmi.ErrUnreachable) {
+				code = bus.CodeUnavailable
+			}
+			return ForwardReply{}, bus.Errorf(code, "shard %s: %w", s.ID, err)
 		}
 		b.Hidden = in
 	}
@@ -89,20 +98,30 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	return ForwardReply{Output: ref}, nil
 }
 
-func (s *Shard) read(ref bus.TensorRef) ([]float32, error) {
-	return readRef(s.plane, ref)
+// RemoteReader fetches a host buffer that another node published on its
+// plane (*xgmi.StreamClient implements it). Failures to reach the node wrap
+// xgmi.ErrUnreachable.
+type RemoteReader interface {
+	Fetch(ctx context.Context, node, name string, off, n int) ([]float32, error)
 }
 
-// readRef resolves a host tensor reference on this process's plane.
-func readRef(plane *xgmi.Host, ref bus.TensorRef) ([]float32, error) {
+// readRef resolves a host tensor reference: in place on this process's
+// plane, or through remote when another node published it.
+func readRef(ctx context.Context, plane *xgmi.Host, remote RemoteReader, ref bus.TensorRef) ([]float32, error) {
 	if err := ref.Validate(); err != nil {
 		return nil, err
 	}
 	if ref.Location != bus.LocationHost || ref.DType != bus.F32 {
 		return nil, fmt.Errorf("tensor %s on %s: only f32 host tensors are readable here", ref.Buffer, ref.Location)
 	}
+	if ref.Offset%4 != 0 || ref.Bytes%4 != 0 || ref.Offset/4 > 1<<31 || ref.Bytes/4 > 1<<31 {
+		return nil, fmt.Errorf("tensor %s: %d bytes at %d are not whole f32 elements in range", ref.Buffer, ref.Bytes, ref.Offset)
+	}
 	if ref.Node != plane.Node() {
-		return nil, fmt.Errorf("tensor %s lives on node %s, not reachable from %s", ref.Buffer, ref.Node, plane.Node())
+		if remote == nil {
+			return nil, fmt.Errorf("tensor %s lives on node %s, not reachable from %s", ref.Buffer, ref.Node, plane.Node())
+		}
+		return remote.Fetch(ctx, ref.Node, ref.Buffer, int(ref.Offset/4), int(ref.Bytes/4))
 	}
 	return plane.Read(ref.Buffer, int(ref.Offset/4), int(ref.Bytes/4))
 }
@@ -113,6 +132,8 @@ type Pipeline struct {
 	// StepTimeout bounds one stage's forward pass, so that a stage that
 	// died fails the step instead of hanging it.
 	StepTimeout time.Duration
+	// Remote reads the last stage's logits when it runs on another node.
+	Remote RemoteReader
 
 	nc     *nats.Conn
 	stages []string // forward subjects, in layer order
@@ -147,8 +168,13 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if len(b.Logits) == 0 {
 		return nil
 	}
-	rows, err := readRef(p.plane, out)
+	rctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
+	rows, err := readRef(rctx, p.plane, p.Remote, out)
+	cancel()
 	if err != nil {
+		if errors.Is(err, xgmi.ErrUnreachable) {
+			err = bus.Errorf(bus.CodeUnavailable, "%w", err)
+		}
 		return fmt.Errorf("pipeline logits: %w", err)
 	}
 	if want := len(b.Logits) * p.vocab; len(rows) != want {

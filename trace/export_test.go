@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -127,4 +128,32 @@ func TestExportOTLPGRPC(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + lis.Addr().String(),
 		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
 	}, rcv)
+}
+
+func TestSetupSpanExporter(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	cfg := DefaultConfig()
+	cfg.SpanExporter = exp
+	ctx := context.Background()
+	p, err := Setup(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRequest(p.Tracer(), "flushed", 2)
+	if err := p.ForceFlush(ctx); err != nil {
+		t.Fatalf("ForceFlush: %v", err)
+	}
+	if got, want := len(exp.GetSpans()), 3+4+5; got != want {
+		t.Errorf("after ForceFlush the exporter has %d spans, want %d", got, want)
+	}
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	// After Shutdown spans are neither exported nor stored.
+	_, span := p.Tracer().StartSample(ctx)
+	span.End()
+	if span.IsRecording() {
+		t.Error("span started after Shutdown is recording")
+	}
 }

@@ -24,8 +24,9 @@ type jaeger struct {
 }
 
 // jaegerConfig is the all-in-one pipeline with memory storage, every
-// listener on a port chosen by the test, and no metrics endpoint, so that
-// several runs can share a machine.
+// listener on a port chosen by the test, no metrics endpoint and no traces
+// of Jaeger's own (which it would send to localhost:4317), so that several
+// runs can share a machine.
 const jaegerConfig = `service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:
@@ -38,6 +39,8 @@ const jaegerConfig = `service:
       level: none
     logs:
       level: warn
+    traces:
+      level: none
 extensions:
   jaeger_storage:
     backends:
@@ -45,6 +48,7 @@ extensions:
         memory:
           max_traces: 10000
   jaeger_query:
+    enable_tracing: false
     storage:
       traces: memstore
     http:
@@ -98,6 +102,11 @@ func tryStartJaeger(t *testing.T, bin string) (jaeger, error) {
 	cmd := exec.Command(bin, "--config", cfgPath)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.Dir = dir
+	for _, kv := range os.Environ() { // the host's exporter settings are not Jaeger's
+		if !strings.HasPrefix(kv, "OTEL_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		return jaeger{}, fmt.Errorf("start %s: %w", bin, err)
 	}

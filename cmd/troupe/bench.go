@@ -7,12 +7,15 @@ import (
 	"io"
 	"math/rand/v2"
 	"time"
+
+	"github.com/troupe/troupe/models"
 )
 
 // benchResult is what bench prints.
 type benchResult struct {
 	Model         string  `json:"model"`
 	Device        string  `json:"device"`
+	Batch         int     `json:"batch"`
 	Prompt        int     `json:"prompt_tokens"`
 	Gen           int     `json:"gen_tokens"`
 	PrefillSecs   float64 `json:"prefill_seconds"`
@@ -31,39 +34,52 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	prompt := fs.Int("prompt", 512, "prompt tokens to prefill")
 	gen := fs.Int("gen", 128, "tokens to decode after the prompt")
 	runs := fs.Int("runs", 3, "repetitions; the best is reported")
+	batch := fs.Int("batch", 1, "sequences decoded together (each with its own prompt); rates count every sequence's tokens")
 	asJSON := fs.Bool("json", false, "print JSON only")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *prompt < 1 || *gen < 1 || *runs < 1 {
-		return fmt.Errorf("bench: --prompt, --gen and --runs must be positive")
+	if *prompt < 1 || *gen < 1 || *runs < 1 || *batch < 1 {
+		return fmt.Errorf("bench: --prompt, --gen, --runs and --batch must be positive")
+	}
+	if *batch > maxBenchBatch {
+		return fmt.Errorf("bench: --batch %d exceeds %d sequences", *batch, maxBenchBatch)
 	}
 	o.quiet = *asJSON
-	o.maxTokens = *prompt
+	o.maxTokens = max(*prompt, *batch)
 	l, err := load(ctx, o, stderr)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
 	cfg := l.model.Config
-	if *prompt+*gen > cfg.MaxPositions {
+	if *prompt+*gen+1 > cfg.MaxPositions {
 		return fmt.Errorf("bench: %d + %d tokens exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
 	}
 	// A fixed pseudo-random prompt, so runs compare.
 	rng := rand.New(rand.NewPCG(1, 1))
-	ids := make([]int32, *prompt)
-	for i := range ids {
-		ids[i] = int32(rng.IntN(cfg.Vocab))
+	prompts := make([][]int32, *batch)
+	for s := range prompts {
+		prompts[s] = make([]int32, *prompt)
+		for i := range prompts[s] {
+			prompts[s][i] = int32(rng.IntN(cfg.Vocab))
+		}
 	}
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), Prompt: *prompt, Gen: *gen}
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
 	for run := 0; run < *runs; run++ {
-		pre, dec, err := benchOnce(ctx, l, ids, *gen)
+		var pre, dec time.Duration
+		var err error
+		if *batch == 1 {
+			pre, dec, err = benchOnce(ctx, l, prompts[0], *gen)
+		} else {
+			pre, dec, err = benchBatch(ctx, l, prompts, *gen)
+		}
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
 		if !*asJSON {
 			fmt.Fprintf(stderr, "run %d/%d: prefill %d tokens in %s (%.0f tok/s), decode %d tokens in %s (%.1f tok/s)\n",
-				run+1, *runs, *prompt, pre.Round(time.Microsecond), float64(*prompt)/pre.Seconds(), *gen, dec.Round(time.Microsecond), float64(*gen)/dec.Seconds())
+				run+1, *runs, r.Prompt, pre.Round(time.Microsecond), float64(r.Prompt)/pre.Seconds(), r.Gen, dec.Round(time.Microsecond), float64(r.Gen)/dec.Seconds())
 		}
 		if run == 0 || pre.Seconds() < r.PrefillSecs {
 			r.PrefillSecs = pre.Seconds()
@@ -72,9 +88,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			r.DecodeSecs = dec.Seconds()
 		}
 	}
-	r.PrefillTokS = float64(*prompt) / r.PrefillSecs
-	r.DecodeTokS = float64(*gen) / r.DecodeSecs
-	r.DecodeMSPerTk = 1000 * r.DecodeSecs / float64(*gen)
+	if err := l.model.GraphError(); err != nil {
+		fmt.Fprintf(stderr, "bench: steps ran operation by operation: %v\n", err)
+	}
+	r.PrefillTokS = float64(r.Prompt) / r.PrefillSecs
+	r.DecodeTokS = float64(r.Gen) / r.DecodeSecs
+	r.DecodeMSPerTk = 1000 * r.DecodeSecs / float64(*gen) // per step
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(r)
 	}
@@ -83,35 +102,89 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// benchOnce prefills ids and then decodes gen tokens greedily.
+// maxBenchBatch is the most sequences --batch takes: the model's default
+// limit of sequences per step.
+const maxBenchBatch = 64
+
+// benchOnce prefills ids and then decodes gen tokens greedily, the argmax
+// taken on the device where it can be. One decode step before the timed
+// ones records the step on devices that replay recorded steps.
 func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, decode time.Duration, err error) {
-	seq, err := l.model.NewSequence(len(ids) + gen)
+	seq, err := l.model.NewSequence(len(ids) + gen + 1)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer seq.Close()
 	start := time.Now()
-	logits, err := seq.Feed(ctx, ids, false)
+	next, err := seq.FeedArgmax(ctx, ids)
 	if err != nil {
 		return 0, 0, err
 	}
 	prefill = time.Since(start)
+	if next, err = seq.FeedArgmax(ctx, []int32{next}); err != nil {
+		return 0, 0, err
+	}
 	start = time.Now()
 	for i := 0; i < gen; i++ {
-		next := int32(argmax(logits))
-		if logits, err = seq.Feed(ctx, []int32{next}, false); err != nil {
+		if next, err = seq.FeedArgmax(ctx, []int32{next}); err != nil {
 			return 0, 0, err
 		}
 	}
 	return prefill, time.Since(start), nil
 }
 
-func argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
+// benchBatch prefills each prompt in turn into one shared paged cache, then
+// decodes gen tokens of every sequence together, one step per token, after
+// one untimed step.
+func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int) (prefill, decode time.Duration, err error) {
+	m := l.model
+	const blockSize = 16
+	B, P := len(prompts), len(prompts[0])
+	per := (P + gen + 1 + blockSize - 1) / blockSize
+	cache, err := m.NewCache(B*per, blockSize)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cache.Close()
+	tables := make([][]int32, B)
+	for s := range tables {
+		tables[s] = make([]int32, per)
+		for i := range tables[s] {
+			tables[s][i] = int32(s*per + i)
 		}
 	}
-	return best
+	next := make([]int32, B)
+	step := &models.Batch{}
+	start := time.Now()
+	for s, ids := range prompts {
+		step.Tables = tables[s : s+1]
+		step.Tokens = ids
+		step.Pos = step.Pos[:0]
+		step.Seq = step.Seq[:0]
+		for i := range ids {
+			step.Pos = append(step.Pos, int32(i))
+			step.Seq = append(step.Seq, 0)
+		}
+		step.Logits = []int32{int32(P - 1)}
+		if err := m.ForwardArgmax(ctx, cache, step, next[s:s+1]); err != nil {
+			return 0, 0, err
+		}
+	}
+	prefill = time.Since(start)
+	step = &models.Batch{Tables: tables, Tokens: next, Pos: make([]int32, B), Seq: make([]int32, B), Logits: make([]int32, B)}
+	for s := range B {
+		step.Seq[s], step.Logits[s] = int32(s), int32(s)
+	}
+	for t := 0; t <= gen; t++ {
+		if t == 1 {
+			start = time.Now()
+		}
+		for s := range B {
+			step.Pos[s] = int32(P + t)
+		}
+		if err := m.ForwardArgmax(ctx, cache, step, next); err != nil {
+			return 0, 0, err
+		}
+	}
+	return prefill, time.Since(start), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 
 // node is one troupe process: its bus server and the actors it runs.
 type node struct {
+	cfg      serveConfig
 	bus      *bus.Node
 	nc       *nats.Conn
 	subj     bus.Subjects
@@ -33,10 +35,22 @@ type node struct {
 	tok      *tokenizer.Tokenizer
 	dev      gpu.Device
 	backend  *backend
+	plane    *xgmi.Host
+	stream   *xgmi.StreamClient // nil on a node without a data listener
+	dataAddr string             // advertised data-plane address; "" if none
+	view     *clusterView
+	tp       *trace.Provider
+	log      io.Writer
+	blocks   int
+	cacheDT  gpu.DType
+	groups   []*group // replica groups this node schedules with placements
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closers []func()
+
+	spawnedMu sync.Mutex
+	spawned   []func() // resources of actors started by the spawner
 }
 
 func busConfig(cfg serveConfig) bus.Config {
@@ -49,21 +63,44 @@ func busConfig(cfg serveConfig) bus.Config {
 	if c.RouteListen != "" {
 		bc.Cluster = bus.Cluster{Name: c.Name, Listen: c.RouteListen, Routes: c.Join, Auth: bus.Auth{User: c.User, Password: c.Password},
 			TLS: bus.TLSFiles{Cert: c.TLSCert, Key: c.TLSKey, CA: c.TLSCA, Verify: c.TLSCA != ""}}
+		if bc.Listen == "" {
+			// Routing needs a client listener; keep it on loopback.
+			bc.Listen = "127.0.0.1:0"
+		}
+		bc.JetStream.Replicas = registryReplicas(cfg)
 	}
 	bc.JetStream.StoreDir = c.StoreDir
 	return bc
 }
 
+// registryReplicas is the registry's replication: R3 once the cluster has
+// three nodes (this one and the routes it joins), else one per node.
+func registryReplicas(cfg serveConfig) int {
+	if cfg.Cluster.RouteListen == "" {
+		return 1
+	}
+	return min(3, len(cfg.Cluster.Join)+1)
+}
+
 // startNode starts the bus, loads the model and starts every replica's
-// layer-shard actors and scheduler.
+// layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{}
+	n := &node{cfg: cfg, tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
 		}
 	}()
-	if n.bus, err = bus.Start(ctx, busConfig(cfg)); err != nil {
+	bc := busConfig(cfg)
+	if bc.Cluster.Listen != "" && bc.JetStream.StoreDir == "" {
+		dir, err := os.MkdirTemp("", "troupe-"+cfg.Node+"-")
+		if err != nil {
+			return nil, fmt.Errorf("serve: store dir: %w", err)
+		}
+		n.closers = append(n.closers, func() { os.RemoveAll(dir) })
+		bc.JetStream.StoreDir = dir
+	}
+	if n.bus, err = bus.Start(ctx, bc); err != nil {
 		return nil, fmt.Errorf("serve: bus: %w", err)
 	}
 	n.closers = append(n.closers, func() {
@@ -78,32 +115,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.subj, err = bus.NewSubjects(cfg.Cluster.Name); err != nil {
 		return nil, err
 	}
-	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node}, n.nc); err != nil {
-		return nil, err
-	}
-	n.closers = append(n.closers, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		n.actors.Shutdown(sctx)
-	})
-	js, err := jetstream.New(n.nc)
-	if err != nil {
-		return nil, fmt.Errorf("serve: jetstream: %w", err)
-	}
-	rc := actors.DefaultRegistryConfig()
-	rc.Bucket = n.subj.RegistryBucket()
-	if n.registry, err = actors.OpenRegistry(ctx, js, rc); err != nil {
-		return nil, fmt.Errorf("serve: registry: %w", err)
-	}
-	sp, err := actors.StartSpawner(ctx, n.actors, n.registry, actors.DefaultSpawnerConfig())
-	if err != nil {
-		return nil, fmt.Errorf("serve: spawner: %w", err)
-	}
-	n.closers = append(n.closers, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		sp.Close(sctx)
-	})
+	// The model and device outlive every actor that uses them.
 	if n.bundle, err = openBundle(cfg.Model); err != nil {
 		return nil, err
 	}
@@ -118,72 +130,160 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { n.dev.Close() })
+	// Resources of spawned actors are released after the actors stop.
+	n.closers = append(n.closers, n.closeSpawned)
+	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node}, n.nc); err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.actors.Shutdown(sctx)
+	})
+	if n.registry, err = openRegistry(ctx, n.nc, n.subj, bc.JetStream.Replicas); err != nil {
+		return nil, err
+	}
 	mc := n.bundle.Config
-	fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
-	if cfg.Shards > mc.Layers {
-		return nil, fmt.Errorf("serve: %d stages for %d layers", cfg.Shards, mc.Layers)
+	n.blocks = cfg.KVBlocks
+	if n.blocks <= 0 {
+		n.blocks = min(cfg.MaxSeqs, 64) * ((mc.MaxPositions + 15) / 16)
 	}
-	blocks := cfg.KVBlocks
-	if blocks <= 0 {
-		blocks = min(cfg.MaxSeqs, 64) * ((mc.MaxPositions + 15) / 16)
-	}
-	cacheDT := gpu.F32
+	n.cacheDT = gpu.F32
 	if cfg.Device == "cuda" {
-		cacheDT = gpu.BF16
+		n.cacheDT = gpu.BF16
 	}
-	plane := xgmi.NewHost(cfg.Node)
+	n.plane = xgmi.NewHost(cfg.Node)
 	runCtx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	if err := n.startDataPlane(ctx, runCtx); err != nil {
+		return nil, err
+	}
+	scfg := actors.DefaultSpawnerConfig()
+	scfg.Kinds[scheduler.ShardKind] = n.spawnShard
+	sp, err := actors.StartSpawner(ctx, n.actors, n.registry, scfg)
+	if err != nil {
+		return nil, fmt.Errorf("serve: spawner: %w", err)
+	}
+	n.closers = append(n.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sp.Close(sctx)
+	})
+	if n.view, err = startClusterView(runCtx, n.nc, n.subj, n.registry, &n.wg); err != nil {
+		return nil, err
+	}
 	var scheds []*scheduler.Scheduler
-	for r := 0; r < cfg.Replicas; r++ {
-		var stages []string
-		for s := 0; s < cfg.Shards; s++ {
-			first, last := s*mc.Layers/cfg.Shards, (s+1)*mc.Layers/cfg.Shards
-			m, err := models.Load(mc, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: first, LastLayer: last, MaxTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, CacheDType: cacheDT})
-			if err != nil {
-				return nil, err
-			}
-			n.closers = append(n.closers, func() { m.Close() })
-			cache, err := m.NewCache(blocks, 16)
-			if err != nil {
-				return nil, err
-			}
-			n.closers = append(n.closers, cache.Close)
-			sh := scheduler.NewShard(fmt.Sprintf("r%d-s%d", r, s), s, m, cache, plane, tp.TracerProvider())
-			ref, err := actors.Spawn(ctx, n.actors, sh.Props())
-			if err != nil {
-				return nil, fmt.Errorf("serve: spawn %s: %w", sh.ID, err)
-			}
-			n.closers = append(n.closers, func() {
-				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				ref.Stop(sctx)
-			})
-			stages = append(stages, n.subj.ActorEndpoint(scheduler.ShardKind, sh.ID, "forward"))
-		}
-		kv, err := scheduler.NewKV(blocks, 16)
+	if cfg.Placement != "" {
+		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
+		s, err := n.startGroup(ctx, runCtx, 0, cfg.Placement)
 		if err != nil {
 			return nil, err
 		}
-		sc := scheduler.Config{MaxQueue: cfg.MaxQueue, MaxBatchTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs, Context: mc.MaxPositions, Vocab: mc.Vocab, EOS: mc.EOS}
-		s, err := scheduler.New(sc, scheduler.NewPipeline(n.nc, stages, plane, mc.Vocab), kv, tp.TracerProvider())
-		if err != nil {
-			return nil, err
-		}
-		svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, func() generate.Detokenizer { return n.tok.NewDecoder(true) })
-		if err != nil {
-			return nil, err
-		}
-		n.closers = append(n.closers, svc.Close)
 		scheds = append(scheds, s)
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			s.Run(runCtx)
-		}()
+	} else {
+		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
+		if cfg.Shards > mc.Layers {
+			return nil, fmt.Errorf("serve: %d stages for %d layers", cfg.Shards, mc.Layers)
+		}
+		for r := 0; r < cfg.Replicas; r++ {
+			s, err := n.startLocalReplica(ctx, runCtx, r)
+			if err != nil {
+				return nil, err
+			}
+			scheds = append(scheds, s)
+		}
 	}
 	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), scheds: scheds, maxQueue: cfg.MaxQueue}
 	return n, nil
+}
+
+func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replicas int) (*actors.Registry, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("serve: jetstream: %w", err)
+	}
+	rc := actors.DefaultRegistryConfig()
+	rc.Bucket = subj.RegistryBucket()
+	rc.Replicas = replicas
+	// A replicated bucket needs its peers: wait for the cluster to form.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		octx, ocancel := context.WithTimeout(wctx, 5*time.Second)
+		reg, err := actors.OpenRegistry(octx, js, rc)
+		ocancel()
+		if err == nil {
+			return reg, nil
+		}
+		select {
+		case <-wctx.Done():
+			return nil, fmt.Errorf("serve: registry (%d replicas): %w", replicas, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// replicaID names replica r scheduled by this node; node names keep it
+// unique in the cluster.
+func (n *node) replicaID(r int) string { return fmt.Sprintf("%s-r%d", n.cfg.Node, r) }
+
+// startLocalReplica runs replica r entirely in this process: its stages,
+// its KV-manager and its scheduler.
+func (n *node) startLocalReplica(ctx, runCtx context.Context, r int) (*scheduler.Scheduler, error) {
+	mc := n.bundle.Config
+	replica := n.replicaID(r)
+	var stages []string
+	for s := 0; s < n.cfg.Shards; s++ {
+		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: replica, Index: s,
+			First: s * mc.Layers / n.cfg.Shards, Last: (s + 1) * mc.Layers / n.cfg.Shards, Blocks: n.blocks, BlockSize: 16}
+		p, err := n.startShard(ctx, scheduler.ShardID(replica, s), args)
+		if err != nil {
+			return nil, err
+		}
+		stages = append(stages, p.Subject()+".forward")
+	}
+	kv, err := n.startKV(ctx, replica)
+	if err != nil {
+		return nil, err
+	}
+	pipe := scheduler.NewPipeline(n.nc, stages, n.plane, mc.Vocab)
+	return n.startScheduler(runCtx, pipe, kv)
+}
+
+// startKV spawns replica's KV-manager and returns a client of it.
+func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient, error) {
+	pool, err := scheduler.NewKV(n.blocks, 16)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := actors.Spawn(ctx, n.actors, scheduler.KVManagerProps(replica, pool)); err != nil {
+		return nil, fmt.Errorf("serve: kv-manager %s: %w", replica, err)
+	}
+	kv, err := scheduler.NewKVClient(context.WithoutCancel(ctx), n.nc, n.subj, replica)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return kv, nil
+}
+
+func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv scheduler.Blocks) (*scheduler.Scheduler, error) {
+	mc := n.bundle.Config
+	sc := scheduler.Config{MaxQueue: n.cfg.MaxQueue, MaxBatchTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, Context: mc.MaxPositions, Vocab: mc.Vocab, EOS: mc.EOS}
+	s, err := scheduler.New(sc, e, kv, n.tp.TracerProvider())
+	if err != nil {
+		return nil, err
+	}
+	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, func() generate.Detokenizer { return n.tok.NewDecoder(true) })
+	if err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, svc.Close)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		s.Run(runCtx)
+	}()
+	return s, nil
 }
 
 // Close stops the actors and releases everything, in reverse order.
@@ -196,6 +296,16 @@ func (n *node) Close() {
 		n.closers[i]()
 	}
 	n.closers = nil
+}
+
+func (n *node) closeSpawned() {
+	n.spawnedMu.Lock()
+	fs := n.spawned
+	n.spawned = nil
+	n.spawnedMu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
 }
 
 // backend adapts the scheduler client to the gateway.
@@ -247,6 +357,10 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 }
 
 func (b *backend) Ready() (bool, string) {
+	if len(b.scheds) == 0 {
+		// Requests go to the cluster's schedulers over the bus.
+		return true, ""
+	}
 	for _, s := range b.scheds {
 		if s.Stats().Waiting < b.maxQueue {
 			return true, ""

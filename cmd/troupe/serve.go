@@ -47,6 +47,19 @@ type serveConfig struct {
 	Cluster clusterConfig `json:"cluster"`
 	// TraceSampleRatio is the fraction of requests traced.
 	TraceSampleRatio float64 `json:"trace_sample_ratio"`
+	// DataListen is the data-plane listener (host:port) that serves this
+	// node's activations to other nodes; empty on a clustered node picks a
+	// free port on the route listener's host.
+	DataListen string `json:"data_listen"`
+	// Placement places one replica group's stages on nodes: placements
+	// separated by ';' in order of preference, each a ','-separated list of
+	// the nodes of its stages. Empty runs Replicas local replicas.
+	Placement string `json:"placement"`
+	// StepTimeout bounds one stage's forward pass before the stage counts
+	// as dead.
+	StepTimeout time.Duration `json:"step_timeout"`
+	// Insecure allows network listeners without credentials.
+	Insecure bool `json:"insecure"`
 }
 
 // clusterConfig configures the embedded NATS server's listeners.
@@ -76,6 +89,7 @@ func defaultServeConfig() serveConfig {
 		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
+		StepTimeout: 10 * time.Second,
 	}
 }
 
@@ -108,6 +122,11 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&fcfg.Cluster.TLSKey, "tls-key", "", "TLS key for the bus ports")
 	fs.StringVar(&fcfg.Cluster.TLSCA, "tls-ca", "", "CA that bus peers' certificates must chain to")
 	fs.Float64Var(&fcfg.TraceSampleRatio, "trace-sample", cfg.TraceSampleRatio, "fraction of requests traced")
+	fs.StringVar(&fcfg.Cluster.StoreDir, "store-dir", "", "JetStream store directory (default: a temporary one)")
+	fs.StringVar(&fcfg.DataListen, "data-listen", "", "data-plane listen address (default: a free port on the route listener's host)")
+	fs.StringVar(&fcfg.Placement, "placement", "", "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
+	fs.DurationVar(&fcfg.StepTimeout, "step-timeout", cfg.StepTimeout, "longest forward pass of one stage before it counts as dead")
+	fs.BoolVar(&fcfg.Insecure, "insecure", false, "allow bus and data-plane listeners on the network without credentials")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -173,10 +192,31 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 			cfg.Cluster.TLSCA = fcfg.Cluster.TLSCA
 		case "trace-sample":
 			cfg.TraceSampleRatio = fcfg.TraceSampleRatio
+		case "store-dir":
+			cfg.Cluster.StoreDir = fcfg.Cluster.StoreDir
+		case "data-listen":
+			cfg.DataListen = fcfg.DataListen
+		case "placement":
+			cfg.Placement = fcfg.Placement
+		case "step-timeout":
+			cfg.StepTimeout = fcfg.StepTimeout
+		case "insecure":
+			cfg.Insecure = fcfg.Insecure
 		}
 	})
-	if cfg.Shards < 1 || cfg.Replicas < 1 {
-		return cfg, fmt.Errorf("serve: --shards and --replicas must be at least 1")
+	if cfg.Shards < 1 || cfg.Replicas < 0 {
+		return cfg, fmt.Errorf("serve: --shards must be at least 1 and --replicas at least 0")
+	}
+	if cfg.StepTimeout <= 0 {
+		return cfg, fmt.Errorf("serve: --step-timeout %v: want > 0", cfg.StepTimeout)
+	}
+	if cfg.Placement != "" {
+		if _, err := parsePlacements(cfg.Placement); err != nil {
+			return cfg, fmt.Errorf("serve: --placement: %w", err)
+		}
+	}
+	if err := checkExposure(cfg); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }
@@ -249,6 +289,9 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		return fmt.Errorf("serve: %w", err)
 	}
 	if err := gw.Mount("/debug/", trace.Handler(tp.Store())); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if err := gw.Mount("GET /v1/cluster", n.clusterHandler()); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))

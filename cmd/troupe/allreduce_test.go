@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int{"8": 8, "4K": 4 << 10, "64KiB": 64 << 10, "1M": 1 << 20, "64MiB": 64 << 20, "1GiB": 1 << 30, "2kB": 2 << 10} {
+		got, err := parseBytes(in)
+		if err != nil || got != want {
+			t.Errorf("parseBytes(%q): got %d, %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "1T", "1.5M"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q): no error", in)
+		}
+	}
+}
+
+func TestAllReduceBenchTable(t *testing.T) {
+	var out bytes.Buffer
+	err := dispatch(t.Context(), []string{"allreduce-bench", "--ranks", "3", "--min", "8", "--max", "64K", "--factor", "8", "--iters", "3", "--warmup", "1", "--window", "16K", "--dtype", "f16"}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		rows++
+		if len(f) != 9 || f[2] != "f16" || f[3] != "sum" || f[8] != "0" {
+			t.Errorf("row %q: want 9 columns, f16, sum and 0 wrong", line)
+		}
+	}
+	if rows != 5 {
+		t.Errorf("got %d rows, want 5 (8 B to 32 KiB by 8)", rows)
+	}
+	if !strings.Contains(out.String(), "# cuda: not available") {
+		t.Errorf("table lacks the cuda line:\n%s", out.String())
+	}
+}
+
+func TestAllReduceBenchJSON(t *testing.T) {
+	var out bytes.Buffer
+	err := dispatch(t.Context(), []string{"allreduce-bench", "--json", "--ranks", "2", "--min", "1K", "--max", "4K", "--iters", "2", "--algo", "twoshot", "--cuda=false"}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res allReduceResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v in %s", err, out.String())
+	}
+	if res.Ranks != 2 || len(res.Rows) != 3 || res.CUDA != "not probed" {
+		t.Fatalf("got %+v, want 2 ranks, 3 rows, cuda not probed", res)
+	}
+	for _, r := range res.Rows {
+		if r.Algo != "twoshot" || r.Wrong != 0 || r.TimeUS <= 0 || r.BusBW != r.AlgBW {
+			t.Errorf("row %+v: want twoshot, 0 wrong, a positive time and busbw = algbw on 2 ranks", r)
+		}
+	}
+}
+
+func TestAllReduceBenchBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"--ranks", "0"}, {"--dtype", "i32"}, {"--algo", "ring"}, {"--min", "1M", "--max", "1K"}, {"--window", "100"}} {
+		if err := dispatch(t.Context(), append([]string{"allreduce-bench", "--cuda=false"}, args...), io.Discard, io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+func TestProbeCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := dispatch(t.Context(), []string{"probe", "--ranks", "4"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "fabric host: 4 ranks") || !strings.Contains(out.String(), "fabric cuda:") {
+		t.Errorf("probe printed:\n%s", out.String())
+	}
+	out.Reset()
+	if err := dispatch(t.Context(), []string{"probe", "--json"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var res probeResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Host.Links) != 2 || res.Host.Links[0].Kind != "host" {
+		t.Errorf("host links: got %+v, want two host links", res.Host.Links)
+	}
+	if len(res.CUDA.Devices) == 0 && !strings.HasPrefix(res.CUDA.Note, "no GPUs: ") {
+		t.Errorf("cuda without devices: note %q, want it to say why", res.CUDA.Note)
+	}
+}

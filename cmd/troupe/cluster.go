@@ -1,0 +1,540 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/scheduler"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// The cluster side of a node: the data-plane listener and its address
+// actor, the layer-shard factory of the spawner, replica groups placed
+// across nodes, and the cluster view served at /v1/cluster.
+
+// planeKind is the actor kind that answers a node's data-plane address.
+const planeKind = "plane"
+
+// PlaneAddr is the request and reply of a plane actor's "addr" endpoint.
+type PlaneAddr struct {
+	Addr string `msgpack:"addr"`
+}
+
+// Schema implements bus.Message.
+func (PlaneAddr) Schema() bus.Schema { return bus.Schema{ID: "troupe.plane.addr", Version: 1} }
+
+type planeCall = *actors.Call[PlaneAddr, PlaneAddr]
+
+type planeActor struct{ addr string }
+
+func (a planeActor) Receive(_ context.Context, c planeCall) error {
+	return c.Reply(PlaneAddr{Addr: a.addr})
+}
+
+// dataKey derives the data plane's shared key from the cluster's
+// credentials, so that only holders of the bus credentials can fetch.
+func dataKey(c clusterConfig) []byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "troupe data plane\x00%s\x00%s\x00%s", c.Name, c.User, c.Password)
+	return h.Sum(nil)
+}
+
+// startDataPlane serves this node's host buffers to peers and connects the
+// stream client that reads theirs, when the node is clustered.
+func (n *node) startDataPlane(ctx, runCtx context.Context) error {
+	listen := n.cfg.DataListen
+	if listen == "" && n.cfg.Cluster.RouteListen != "" {
+		host, _, err := net.SplitHostPort(n.cfg.Cluster.RouteListen)
+		if err != nil {
+			return fmt.Errorf("serve: --route-listen: %w", err)
+		}
+		listen = net.JoinHostPort(host, "0")
+	}
+	if listen == "" {
+		return nil
+	}
+	scfg := xgmi.DefaultStreamConfig()
+	scfg.Key = dataKey(n.cfg.Cluster)
+	srv, err := xgmi.NewStreamServer(n.plane, scfg)
+	if err != nil {
+		return fmt.Errorf("serve: data plane: %w", err)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("serve: data plane: %w", err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	if addr.IP.IsUnspecified() {
+		ln.Close()
+		return fmt.Errorf("serve: data plane listens on %s: give a reachable host in --data-listen", addr)
+	}
+	n.dataAddr = addr.String()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := srv.Serve(runCtx, ln); err != nil {
+			fmt.Fprintf(n.log, "data plane: %v\n", err)
+		}
+	}()
+	if _, err := actors.Spawn(ctx, n.actors, actors.Props[planeCall]{
+		Kind: planeKind, ID: n.cfg.Node,
+		New:         func() actors.Actor[planeCall] { return planeActor{n.dataAddr} },
+		Description: "data-plane address of node " + n.cfg.Node,
+		Endpoints: []actors.Endpoint[planeCall]{
+			actors.Handle("addr", func(c *actors.Call[PlaneAddr, PlaneAddr]) planeCall { return c }),
+		},
+	}); err != nil {
+		return fmt.Errorf("serve: plane actor: %w", err)
+	}
+	n.stream, err = xgmi.NewStreamClient(scfg, func(ctx context.Context, node string) (string, error) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		r, err := bus.Request[PlaneAddr, PlaneAddr](rctx, n.nc, n.subj.ActorEndpoint(planeKind, node, "addr"), PlaneAddr{})
+		return r.Addr, err
+	})
+	if err != nil {
+		return fmt.Errorf("serve: data plane: %w", err)
+	}
+	n.closers = append(n.closers, n.stream.Close)
+	return nil
+}
+
+// spawnShard is the spawner's factory of layer-shards: args are
+// scheduler.ShardArgs. Spawning a shard that already runs returns it.
+func (n *node) spawnShard(ctx context.Context, sys *actors.System, id string, raw []byte) (actors.Process, error) {
+	if p, ok := sys.Lookup(scheduler.ShardKind, id); ok {
+		return p, nil
+	}
+	var args scheduler.ShardArgs
+	if err := bus.Decode(raw, &args); err != nil {
+		return nil, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", id, err)
+	}
+	if args.Model != n.bundle.Name {
+		return nil, bus.Errorf(bus.CodeBadRequest, "shard %s: node %s serves %s, not %s", id, n.cfg.Node, n.bundle.Name, args.Model)
+	}
+	if err := args.Validate(n.bundle.Config.Layers); err != nil {
+		return nil, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", id, err)
+	}
+	return n.startShard(ctx, id, args)
+}
+
+// startShard loads layers [args.First, args.Last) and starts their actor.
+func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardArgs) (actors.Process, error) {
+	mc := n.bundle.Config
+	m, err := models.Load(mc, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: args.First, LastLayer: args.Last, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT})
+	if err != nil {
+		return nil, fmt.Errorf("shard %s: %w", id, err)
+	}
+	cache, err := m.NewCache(args.Blocks, args.BlockSize)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("shard %s: %w", id, err)
+	}
+	sh := scheduler.NewShard(id, args.Index, m, cache, n.plane, n.tp.TracerProvider())
+	if n.stream != nil {
+		sh.Remote = n.stream
+	}
+	ref, err := actors.Spawn(ctx, n.actors, sh.Props())
+	if err != nil {
+		cache.Close()
+		m.Close()
+		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
+	}
+	n.spawnedMu.Lock()
+	n.spawned = append(n.spawned, func() { cache.Close(); m.Close() })
+	n.spawnedMu.Unlock()
+	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d\n", n.cfg.Node, id, args.First, args.Last)
+	return ref, nil
+}
+
+// parsePlacements reads a placement spec: placements separated by ';', in
+// order of preference, each a ','-separated list of the nodes of its
+// stages, first layers first ("a,b,c;a": three stages on a, b and c, and a
+// whole copy on a).
+func parsePlacements(spec string) ([][]string, error) {
+	var out [][]string
+	for i, p := range strings.Split(spec, ";") {
+		var nodes []string
+		for _, f := range strings.Split(p, ",") {
+			f = strings.TrimSpace(f)
+			if f == "" || f != bus.Token(f) {
+				return nil, fmt.Errorf("placement %d: node %q: want a non-empty name of letters, digits, '-' or '_'", i, f)
+			}
+			nodes = append(nodes, f)
+		}
+		out = append(out, nodes)
+	}
+	if len(out) == 0 || len(out) > 16 {
+		return nil, fmt.Errorf("placement %q: want 1..16 placements", spec)
+	}
+	return out, nil
+}
+
+// group is a replica group: one scheduler and KV-manager over a Failover
+// of placements whose stages run on the nodes the placements name.
+type group struct {
+	replica string
+	plans   [][]scheduler.Stage
+	fo      *scheduler.Failover
+}
+
+func (g *group) stageID(p, s int) string {
+	return scheduler.ShardID(fmt.Sprintf("%s-p%d", g.replica, p), s)
+}
+
+// startGroup spawns every placement's stages on their nodes, then the
+// group's KV-manager and scheduler, and a watcher that marks placements
+// with a dead node down and restores them once the node is back.
+func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*scheduler.Scheduler, error) {
+	specs, err := parsePlacements(spec)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --placement: %w", err)
+	}
+	mc := n.bundle.Config
+	g := &group{replica: n.replicaID(gi)}
+	var engines []scheduler.Engine
+	var names []string
+	for p, nodes := range specs {
+		plan, err := scheduler.Plan(mc.Layers, nodes)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --placement: %w", err)
+		}
+		g.plans = append(g.plans, plan)
+		if err := n.spawnPlacement(ctx, g, p, 2*time.Minute); err != nil {
+			return nil, err
+		}
+		var subjects []string
+		for s := range plan {
+			subjects = append(subjects, n.subj.ActorEndpoint(scheduler.ShardKind, g.stageID(p, s), "forward"))
+		}
+		pipe := scheduler.NewPipeline(n.nc, subjects, n.plane, mc.Vocab)
+		pipe.StepTimeout = n.cfg.StepTimeout
+		if n.stream != nil {
+			pipe.Remote = n.stream
+		}
+		engines = append(engines, pipe)
+		names = append(names, strings.Join(nodes, ","))
+	}
+	if g.fo, err = scheduler.NewFailover(engines, names, 16, n.cfg.MaxBatchTokens, mc.Vocab); err != nil {
+		return nil, err
+	}
+	g.fo.Switched = func(from, to string, err error) {
+		fmt.Fprintf(n.log, "replica %s: moved from placement %s to %s: %v\n", g.replica, from, to, err)
+	}
+	n.groups = append(n.groups, g)
+	kv, err := n.startKV(ctx, g.replica)
+	if err != nil {
+		return nil, err
+	}
+	s, err := n.startScheduler(runCtx, g.fo, kv)
+	if err != nil {
+		return nil, err
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.watchGroup(runCtx, g)
+	}()
+	return s, nil
+}
+
+// spawnPlacement starts (or finds running) every stage of placement p,
+// waiting up to wait for the nodes' spawners to answer.
+func (n *node) spawnPlacement(ctx context.Context, g *group, p int, wait time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for s, st := range g.plans[p] {
+		args, err := bus.Encode(scheduler.ShardArgs{Model: n.bundle.Name, Replica: g.replica, Index: s, First: st.First, Last: st.Last, Blocks: n.blocks, BlockSize: 16})
+		if err != nil {
+			return err
+		}
+		req := actors.SpawnRequest{Kind: scheduler.ShardKind, ID: g.stageID(p, s), Args: args}
+		for {
+			rctx, rcancel := context.WithTimeout(wctx, time.Minute)
+			_, err = actors.SpawnOn(rctx, n.nc, n.subj, st.Node, req)
+			rcancel()
+			if err == nil {
+				n.view.touch(st.Node)
+				break
+			}
+			if c := bus.CodeOf(err); (c != bus.CodeUnavailable && c != bus.CodeDeadline) || wctx.Err() != nil {
+				return fmt.Errorf("serve: stage %d of placement %d on node %s: %w", s, p, st.Node, err)
+			}
+			select {
+			case <-wctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// watchGroup marks a placement down as soon as one of its nodes stops
+// beating, and restores it when every node is back and its stages run
+// again.
+func (n *node) watchGroup(ctx context.Context, g *group) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		states := g.fo.State()
+		for p, plan := range g.plans {
+			alive := true
+			for _, st := range plan {
+				alive = alive && (st.Node == n.cfg.Node || n.view.alive(st.Node))
+			}
+			switch {
+			case states[p].Up && !alive:
+				g.fo.Down(p)
+				fmt.Fprintf(n.log, "replica %s: placement %s lost a node\n", g.replica, states[p].Name)
+			case !states[p].Up && alive:
+				if err := n.spawnPlacement(ctx, g, p, 5*time.Second); err != nil {
+					continue
+				}
+				g.fo.Restore(p)
+				fmt.Fprintf(n.log, "replica %s: placement %s is back\n", g.replica, states[p].Name)
+			}
+		}
+	}
+}
+
+// clusterView follows node heartbeats and reads the registry.
+type clusterView struct {
+	reg  *actors.Registry
+	mu   sync.Mutex
+	seen map[string]actors.Heartbeat // by node; guarded by mu
+	at   map[string]time.Time        // local receipt time; guarded by mu
+}
+
+// deadAfter is how long a node may miss heartbeats before it counts dead.
+const deadAfter = 3 * time.Second
+
+func startClusterView(ctx context.Context, nc *nats.Conn, subj bus.Subjects, reg *actors.Registry, wg *sync.WaitGroup) (*clusterView, error) {
+	v := &clusterView{reg: reg, seen: map[string]actors.Heartbeat{}, at: map[string]time.Time{}}
+	sub, err := bus.Subscribe(ctx, nc, subj.HeartbeatAll(), func(_ context.Context, hb actors.Heartbeat) {
+		v.mu.Lock()
+		v.seen[hb.Node], v.at[hb.Node] = hb, time.Now()
+		v.mu.Unlock()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: heartbeats: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sub.Unsubscribe()
+	}()
+	return v, nil
+}
+
+// touch records a sign of life from node other than a heartbeat.
+func (v *clusterView) touch(node string) {
+	v.mu.Lock()
+	v.at[node] = time.Now()
+	v.mu.Unlock()
+}
+
+func (v *clusterView) alive(node string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	at, ok := v.at[node]
+	return ok && time.Since(at) < deadAfter
+}
+
+// ClusterNode is one node in the cluster view.
+type ClusterNode struct {
+	Name     string    `json:"name"`
+	Alive    bool      `json:"alive"`
+	LastSeen time.Time `json:"last_seen"`
+	Actors   int       `json:"actors"`
+}
+
+// ClusterActor is one registry entry in the cluster view.
+type ClusterActor struct {
+	Kind    string    `json:"kind"`
+	ID      string    `json:"id"`
+	Node    string    `json:"node"`
+	Status  string    `json:"status"`
+	Alive   bool      `json:"alive"`
+	Updated time.Time `json:"updated"`
+}
+
+// ClusterPlacement is one placement of a replica group.
+type ClusterPlacement struct {
+	Replica string `json:"replica"`
+	Nodes   string `json:"nodes"`
+	Up      bool   `json:"up"`
+	Active  bool   `json:"active"`
+}
+
+// ClusterStatus is the body of GET /v1/cluster.
+type ClusterStatus struct {
+	Node       string             `json:"node"`
+	Nodes      []ClusterNode      `json:"nodes"`
+	Actors     []ClusterActor     `json:"actors"`
+	Placements []ClusterPlacement `json:"placements,omitempty"`
+}
+
+func (n *node) clusterStatus(ctx context.Context) (ClusterStatus, error) {
+	st := ClusterStatus{Node: n.cfg.Node}
+	n.view.mu.Lock()
+	for name, hb := range n.view.seen {
+		at := n.view.at[name]
+		st.Nodes = append(st.Nodes, ClusterNode{Name: name, Alive: time.Since(at) < deadAfter, LastSeen: at.UTC(), Actors: hb.Actors})
+	}
+	n.view.mu.Unlock()
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
+	recs, err := n.registry.List(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, r := range recs {
+		st.Actors = append(st.Actors, ClusterActor{Kind: r.Kind, ID: r.ID, Node: r.Node, Status: string(r.Status), Alive: r.Alive, Updated: r.Updated.UTC()})
+	}
+	sort.Slice(st.Actors, func(i, j int) bool {
+		a, b := st.Actors[i], st.Actors[j]
+		return a.Node+"/"+a.Kind+"/"+a.ID < b.Node+"/"+b.Kind+"/"+b.ID
+	})
+	for _, g := range n.groups {
+		for _, p := range g.fo.State() {
+			st.Placements = append(st.Placements, ClusterPlacement{Replica: g.replica, Nodes: p.Name, Up: p.Up, Active: p.Active})
+		}
+	}
+	return st, nil
+}
+
+// clusterHandler serves GET /v1/cluster.
+func (n *node) clusterHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		st, err := n.clusterStatus(ctx)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(st)
+	})
+}
+
+// cmdCluster prints a running cluster's nodes, placements and actors.
+func cmdCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flags("cluster", stderr)
+	server := fs.String("server", "http://127.0.0.1:8080", "gateway URL of any node")
+	key := fs.String("api-key", "", "API key of the gateway, if it requires one")
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("cluster: unexpected arguments %q", fs.Args())
+	}
+	st, raw, err := fetchCluster(ctx, *server, *key)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(raw)
+		return err
+	}
+	fmt.Fprintf(stdout, "NODE\tSTATE\tLAST SEEN\tACTORS\n")
+	for _, nd := range st.Nodes {
+		state := "alive"
+		if !nd.Alive {
+			state = "dead"
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t%s ago\t%d\n", nd.Name, state, time.Since(nd.LastSeen).Round(100*time.Millisecond), nd.Actors)
+	}
+	if len(st.Placements) > 0 {
+		fmt.Fprintf(stdout, "\nREPLICA\tPLACEMENT\tSTATE\n")
+		for _, p := range st.Placements {
+			state := "down"
+			if p.Up {
+				state = "up"
+			}
+			if p.Active {
+				state += ", active"
+			}
+			fmt.Fprintf(stdout, "%s\t%s\t%s\n", p.Replica, p.Nodes, state)
+		}
+	}
+	fmt.Fprintf(stdout, "\nNODE\tKIND\tID\tSTATUS\n")
+	for _, a := range st.Actors {
+		status := a.Status
+		if !a.Alive {
+			status += " (expired)"
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", a.Node, a.Kind, a.ID, status)
+	}
+	return nil
+}
+
+func fetchCluster(ctx context.Context, server, key string) (ClusterStatus, []byte, error) {
+	var st ClusterStatus
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(server, "/")+"/v1/cluster", nil)
+	if err != nil {
+		return st, nil, fmt.Errorf("cluster: %w", err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, nil, fmt.Errorf("cluster: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return st, nil, fmt.Errorf("cluster: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, raw, fmt.Errorf("cluster: %s: %s", resp.Status, strings.TrimSpace(string(raw)))
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, raw, fmt.Errorf("cluster: %w", err)
+	}
+	return st, raw, nil
+}
+
+// checkExposure refuses network listeners without credentials unless the
+// operator asked for it.
+func checkExposure(cfg serveConfig) error {
+	c := cfg.Cluster
+	if c.User != "" && c.Password != "" || cfg.Insecure {
+		return nil
+	}
+	for _, l := range []struct{ flag, addr string }{
+		{"--bus-listen", c.ClientListen}, {"--route-listen", c.RouteListen}, {"--data-listen", cfg.DataListen},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		host, _, err := net.SplitHostPort(l.addr)
+		if err != nil {
+			return fmt.Errorf("serve: %s %q: %w", l.flag, l.addr, err)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return fmt.Errorf("serve: %s %s is reachable from the network: give --bus-user and --bus-password, or --insecure to run without them", l.flag, l.addr)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models/demo"
+	"go.uber.org/goleak"
+)
+
+// netnsLab is a set of network namespaces, each one host, joined by veth
+// pairs to a bridge in the root namespace, which also has an address so
+// that the test can reach every host.
+type netnsLab struct {
+	t      *testing.T
+	prefix string
+	subnet string // e.g. 10.231.7
+	hosts  []string
+}
+
+func run(t testing.TB, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newNetnsLab(t *testing.T, hosts int) *netnsLab {
+	if testing.Short() {
+		t.Skip("multi-host test: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("multi-host test needs root to create network namespaces")
+	}
+	if err := exec.Command("ip", "netns", "list").Run(); err != nil {
+		t.Skipf("multi-host test needs `ip netns`: %v", err)
+	}
+	pid := os.Getpid()
+	l := &netnsLab{t: t, prefix: fmt.Sprintf("tr%d", pid%100000), subnet: fmt.Sprintf("10.%d.%d", 200+pid%50, (pid/50)%250)}
+	br := l.prefix + "br"
+	run(t, "ip", "link", "add", br, "type", "bridge")
+	t.Cleanup(func() { exec.Command("ip", "link", "del", br).Run() })
+	run(t, "ip", "addr", "add", l.subnet+".254/24", "dev", br)
+	run(t, "ip", "link", "set", br, "up")
+	for i := 0; i < hosts; i++ {
+		ns := fmt.Sprintf("%sh%d", l.prefix, i)
+		veth := fmt.Sprintf("%sv%d", l.prefix, i)
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "link", "add", veth, "type", "veth", "peer", "name", veth+"p")
+		run(t, "ip", "link", "set", veth+"p", "netns", ns)
+		run(t, "ip", "link", "set", veth, "master", br)
+		run(t, "ip", "link", "set", veth, "up")
+		run(t, "ip", "netns", "exec", ns, "ip", "addr", "add", l.ip(i)+"/24", "dev", veth+"p")
+		run(t, "ip", "netns", "exec", ns, "ip", "link", "set", veth+"p", "up")
+		run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+		l.hosts = append(l.hosts, ns)
+	}
+	return l
+}
+
+func (l *netnsLab) ip(i int) string { return fmt.Sprintf("%s.%d", l.subnet, i+1) }
+
+// proc is a troupe process in a namespace.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	out  strings.Builder
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func (p *proc) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+func (l *netnsLab) start(bin string, host int, args ...string) *proc {
+	p := &proc{done: make(chan struct{})}
+	p.cmd = exec.Command("ip", append([]string{"netns", "exec", l.hosts[host], bin, "serve"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		l.t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	l.t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if l.t.Failed() {
+			l.t.Logf("log of host %d:\n%s", host, p.log())
+		}
+	})
+	return p
+}
+
+func buildTroupe(t *testing.T) string {
+	bin := filepath.Join(t.TempDir(), "troupe")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// completion streams a greedy completion of prompt from url and returns
+// its text; onChunk runs after each streamed chunk.
+func completion(ctx context.Context, url, prompt string, maxTokens int, onChunk func(n int)) (string, error) {
+	body, _ := json.Marshal(map[string]any{"model": demo.Name, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "stream": true, "ignore_eos": true})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return "", fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	n := 0
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct{ Text string }
+			Error   *struct{ Message string }
+		}
+		if err := json.Unmarshal([]byte(line), &ch); err != nil {
+			return text.String(), err
+		}
+		if ch.Error != nil {
+			return text.String(), fmt.Errorf("stream error: %s", ch.Error.Message)
+		}
+		for _, c := range ch.Choices {
+			text.WriteString(c.Text)
+		}
+		n++
+		if onChunk != nil {
+			onChunk(n)
+		}
+	}
+	return text.String(), sc.Err()
+}
+
+func clusterOf(t *testing.T, url string) ClusterStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, _, err := fetchCluster(ctx, url, "")
+	if err != nil {
+		t.Logf("cluster view: %v", err)
+	}
+	return st
+}
+
+func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestClusterNetns runs three troupe processes on three hosts (network
+// namespaces). Host 0 schedules one replica group with two placements: a
+// pipeline whose three stages span the three hosts, and a whole copy on
+// host 0. It checks the pipeline against the reference, SIGKILLs host 1
+// mid-stream, checks the request completes with the fault-free tokens, the
+// cluster reports the dead node, the restarted node gets work again, and
+// nothing joins or subscribes without the credentials.
+func TestClusterNetns(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	// Cleanups run last-first: this one runs after every process is reaped.
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		goleak.VerifyNone(t, ignore)
+	})
+	lab := newNetnsLab(t, 3)
+	bin := buildTroupe(t)
+	dir := t.TempDir()
+	const user, pass = "troupe", "s3cret-cluster-password"
+	nodeArgs := func(i int, extra ...string) []string {
+		var join []string
+		for j := 0; j < 3; j++ {
+			if j != i {
+				join = append(join, "nats-route://"+lab.ip(j)+":6222")
+			}
+		}
+		args := []string{"--node", fmt.Sprintf("h%d", i), "--listen", lab.ip(i) + ":8080",
+			"--route-listen", lab.ip(i) + ":6222", "--bus-listen", lab.ip(i) + ":4222", "--join", strings.Join(join, ","),
+			"--bus-user", user, "--bus-password", pass, "--store-dir", filepath.Join(dir, fmt.Sprint(i)),
+			"--threads", "1", "--max-seqs", "8", "--kv-blocks", "256", "--step-timeout", "3s"}
+		return append(args, extra...)
+	}
+	procs := make([]*proc, 3)
+	for _, i := range []int{1, 2} {
+		procs[i] = lab.start(bin, i, nodeArgs(i, "--replicas", "0")...)
+	}
+	procs[0] = lab.start(bin, 0, nodeArgs(0, "--placement", "h0,h1,h2;h0")...)
+	url := "http://" + lab.ip(0) + ":8080"
+	began := time.Now()
+	waitUntil(t, "host 0 serving", 90*time.Second, func() bool {
+		resp, err := http.Get(url + "/ready")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	t.Logf("cluster of 3 up in %v", time.Since(began).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// 1. The pipeline across three hosts gives the reference tokens.
+	for _, ref := range demoRefs(t)[:2] {
+		got, err := completion(ctx, url, ref.Prompt, len(ref.GreedyIDs), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != ref.Text {
+			t.Errorf("prompt %q over three hosts: got %q, want %q", ref.Prompt, got, ref.Text)
+		}
+	}
+	st := clusterOf(t, url)
+	if len(st.Placements) != 2 || !st.Placements[0].Active || st.Placements[0].Nodes != "h0,h1,h2" {
+		t.Fatalf("placements %+v: want h0,h1,h2 active", st.Placements)
+	}
+
+	// 2. A fault-free run, then the same request with host 1 killed mid-stream.
+	prompt := demoRefs(t)[0].Prompt
+	const long = 160
+	want, err := completion(ctx, url, prompt, long, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killed time.Time
+	got, err := completion(ctx, url, prompt, long, func(n int) {
+		if n == 10 {
+			procs[1].cmd.Process.Signal(syscall.SIGKILL)
+			killed = time.Now()
+		}
+	})
+	if err != nil {
+		t.Fatalf("request across the kill: %v", err)
+	}
+	if killed.IsZero() {
+		t.Fatal("the stream ended before the kill")
+	}
+	if got != want {
+		t.Errorf("request across the kill:\ngot  %q\nwant %q", got, want)
+	}
+	<-procs[1].done
+
+	// 3. The cluster reports the dead node.
+	noticed := time.Since(killed).Round(100 * time.Millisecond)
+	waitUntil(t, "node h1 reported dead", 15*time.Second, func() bool {
+		for _, nd := range clusterOf(t, url).Nodes {
+			if nd.Name == "h1" {
+				return !nd.Alive
+			}
+		}
+		return false
+	})
+	t.Logf("request finished %v after the kill; dead node reported %v after the kill", noticed, time.Since(killed).Round(100*time.Millisecond))
+	st = clusterOf(t, url)
+	if st.Placements[0].Up || !st.Placements[1].Active {
+		t.Errorf("placements after the kill %+v: want h0,h1,h2 down and h0 active", st.Placements)
+	}
+
+	// 4. The restarted node rejoins and the pipeline through it serves again.
+	procs[1] = lab.start(bin, 1, nodeArgs(1, "--replicas", "0")...)
+	waitUntil(t, "placement h0,h1,h2 back", 60*time.Second, func() bool {
+		st := clusterOf(t, url)
+		return len(st.Placements) == 2 && st.Placements[0].Up
+	})
+	got, err = completion(ctx, url, prompt, long, nil)
+	if err != nil || got != want {
+		t.Errorf("after the restart: got %q, %v; want %q", got, err, want)
+	}
+	st = clusterOf(t, url)
+	if !st.Placements[0].Active {
+		t.Errorf("placements after the restart %+v: want h0,h1,h2 active", st.Placements)
+	}
+	if !strings.Contains(procs[1].log(), "shard h0-r0-p0-s1 runs layers") {
+		t.Errorf("restarted node started no shard:\n%s", procs[1].log())
+	}
+
+	// 5. Without credentials: no client connection, no route.
+	for _, opts := range [][]nats.Option{nil, {nats.UserInfo(user, "wrong")}} {
+		nc, err := nats.Connect("nats://"+lab.ip(0)+":4222", append(opts, nats.Timeout(3*time.Second), nats.MaxReconnects(0))...)
+		if err == nil {
+			nc.Close()
+			t.Error("a client without the credentials connected to the bus")
+		}
+	}
+	rogue := bus.DefaultConfig()
+	rogue.Name, rogue.Listen = "rogue", "127.0.0.1:0"
+	rogue.JetStream.Enabled = false
+	rogue.Cluster = bus.Cluster{Name: "troupe", Listen: "127.0.0.1:0", Routes: []string{"nats-route://" + lab.ip(0) + ":6222"}}
+	rn, err := bus.Start(ctx, rogue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rn.Shutdown(context.Background())
+	rc, err := rn.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	sub, err := rc.SubscribeSync("troupe.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Heartbeats flow every second on the cluster; none may reach the rogue.
+	if msg, err := sub.NextMsg(3 * time.Second); err == nil {
+		t.Errorf("a node without credentials received %s", msg.Subject)
+	}
+	if rn.NumRoutes() != 0 {
+		t.Errorf("a node without credentials has %d routes", rn.NumRoutes())
+	}
+}

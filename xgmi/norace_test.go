@@ -1,0 +1,5 @@
+//go:build !race
+
+package xgmi
+
+const raceEnabled = false
