@@ -51,7 +51,7 @@ func TestDemoGreedy(t *testing.T) {
 		t.Run(ln.name, func(t *testing.T) {
 			dev := ln.open(t)
 			defer dev.Close()
-			m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{})
+			m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{CacheDType: ln.cache})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func TestDemoGreedy(t *testing.T) {
 				got := greedy(t, m, s.PromptIDs, len(s.GreedyIDs))
 				for j := range s.GreedyIDs {
 					if got.ids[j] != s.GreedyIDs[j] {
-						if got.margins[j] < greedyTolerance {
+						if got.margins[j] < ln.greedyMargin() {
 							t.Logf("sample %d step %d: tie (margin %.2g)", i, j, got.margins[j])
 							break
 						}

@@ -23,6 +23,9 @@ type Options struct {
 	// pipeline stage; both zero means all layers. The first stage embeds
 	// tokens and the last produces logits.
 	FirstLayer, LastLayer int
+	// Eager issues every operation one by one even on a device that can
+	// record and replay steps (gpu.Grapher), for comparison and debugging.
+	Eager bool
 }
 
 type layer struct {
@@ -31,6 +34,10 @@ type layer struct {
 	qNorm, kNorm                       gpu.Buffer
 	gate, up, down                     gpu.Buffer
 	moe                                *gpu.MoEArgs
+	// On a gpu.Packer device q, k and v (gate and up) are views of one
+	// packed weight, so that a single-token step computes them with one
+	// product; nil when loaded separately.
+	qkv, gateUp gpu.Buffer
 }
 
 // Model is a loaded checkpoint on a device.
@@ -43,18 +50,23 @@ type Model struct {
 	layers              []layer
 	invFreq             gpu.Buffer
 	owned               []gpu.Buffer
+	rn                  gpu.ResidualNormer // nil when the device has no fused norms
 
-	s scratch
+	s        scratch
+	graphs   map[graphKey]gpu.Graph
+	graphErr error // why recording was given up; nil while it works
 }
 
 // scratch holds the activations of one Forward call.
 type scratch struct {
-	ids, pos, seq, slots, table, rows gpu.Buffer
-	x, h, q, k, v, att, o, gate, up   gpu.Buffer
-	logits, last                      gpu.Buffer
-	logitRows                         int
-	hostTable                         []int32
-	maxBlocks                         int
+	idx                             index
+	x, h, q, k, v, att, o, gate, up gpu.Buffer
+	// Single-token products of packed weights: qkv1 holds q1|k1|v1 and
+	// gu1 holds g1|u1 (views); nil when no layer is packed.
+	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
+	logits, last, next            gpu.Buffer // next: the argmax of each logits row
+	logitRows                     int
+	hostLogits                    []float32
 }
 
 // Device returns the device the model runs on.
@@ -82,6 +94,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 		return nil, err
 	}
 	m := &Model{Config: *cfg, dev: dev, opts: o}
+	m.rn, _ = dev.(gpu.ResidualNormer)
 	if err := m.load(ckpt); err != nil {
 		m.Close()
 		return nil, err
@@ -108,6 +121,48 @@ func (m *Model) weight(ckpt *safetensors.Checkpoint, name string) (gpu.Buffer, e
 	}
 	m.owned = append(m.owned, b)
 	return b, nil
+}
+
+// packed loads the named tensors back to back into one buffer on a
+// gpu.Packer device and returns it with a view of each tensor. It returns a
+// nil buffer, loading nothing, where the device does not pack or the
+// tensors do not share a dtype or do not keep views 16-byte aligned.
+func (m *Model) packed(ckpt *safetensors.Checkpoint, names ...string) (gpu.Buffer, []gpu.Buffer, error) {
+	pk, ok := m.dev.(gpu.Packer)
+	if !ok {
+		return nil, nil, nil
+	}
+	var dt gpu.DType
+	data := make([][]byte, len(names))
+	for i, name := range names {
+		t, ok := ckpt.Tensor(name)
+		if !ok {
+			return nil, nil, fmt.Errorf("load: missing tensor %s", name)
+		}
+		tdt, err := dtypeOf(t.DType)
+		if err != nil {
+			return nil, nil, fmt.Errorf("load: tensor %s: %w", name, err)
+		}
+		if i > 0 && tdt != dt || len(t.Data)%16 != 0 {
+			return nil, nil, nil
+		}
+		dt, data[i] = tdt, t.Data
+	}
+	whole, err := pk.Pack(dt, data...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load: packing %s: %w", strings.Join(names, ", "), err)
+	}
+	m.owned = append(m.owned, whole)
+	parts := make([]gpu.Buffer, len(data))
+	off := 0
+	for i, d := range data {
+		n := len(d) / dt.Size()
+		if parts[i], err = pk.Slice(whole, off, n); err != nil {
+			return nil, nil, fmt.Errorf("load: tensor %s: %w", names[i], err)
+		}
+		off += n
+	}
+	return whole, parts, nil
 }
 
 func dtypeOf(s string) (gpu.DType, error) {
@@ -150,9 +205,18 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 	for l := m.opts.FirstLayer; l < m.opts.LastLayer; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		var ly layer
-		ly.q = get(p + "self_attn.q_proj.weight")
-		ly.k = get(p + "self_attn.k_proj.weight")
-		ly.v = get(p + "self_attn.v_proj.weight")
+		if err == nil {
+			var parts []gpu.Buffer
+			ly.qkv, parts, err = m.packed(ckpt, p+"self_attn.q_proj.weight", p+"self_attn.k_proj.weight", p+"self_attn.v_proj.weight")
+			if ly.qkv != nil {
+				ly.q, ly.k, ly.v = parts[0], parts[1], parts[2]
+			}
+		}
+		if ly.qkv == nil {
+			ly.q = get(p + "self_attn.q_proj.weight")
+			ly.k = get(p + "self_attn.k_proj.weight")
+			ly.v = get(p + "self_attn.v_proj.weight")
+		}
 		ly.o = get(p + "self_attn.o_proj.weight")
 		switch c.Arch {
 		case OLMo2:
@@ -177,8 +241,17 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 			}
 			ly.moe = a
 		} else {
-			ly.gate = get(p + "mlp.gate_proj.weight")
-			ly.up = get(p + "mlp.up_proj.weight")
+			if err == nil {
+				var parts []gpu.Buffer
+				ly.gateUp, parts, err = m.packed(ckpt, p+"mlp.gate_proj.weight", p+"mlp.up_proj.weight")
+				if ly.gateUp != nil {
+					ly.gate, ly.up = parts[0], parts[1]
+				}
+			}
+			if ly.gateUp == nil {
+				ly.gate = get(p + "mlp.gate_proj.weight")
+				ly.up = get(p + "mlp.up_proj.weight")
+			}
 			ly.down = get(p + "mlp.down_proj.weight")
 		}
 		m.layers = append(m.layers, ly)
@@ -229,11 +302,6 @@ func (m *Model) allocScratch() (err error) {
 	if c.Experts > 0 {
 		ffn = max(ffn, c.MoEIntermediate)
 	}
-	s.ids = m.alloc(gpu.I32, T)
-	s.pos = m.alloc(gpu.I32, T)
-	s.seq = m.alloc(gpu.I32, T)
-	s.slots = m.alloc(gpu.I32, T)
-	s.rows = m.alloc(gpu.I32, T)
 	s.x = m.alloc(gpu.F32, T*c.Hidden)
 	s.h = m.alloc(gpu.F32, T*c.Hidden)
 	s.o = m.alloc(gpu.F32, T*c.Hidden)
@@ -243,6 +311,9 @@ func (m *Model) allocScratch() (err error) {
 	s.v = m.alloc(gpu.F32, T*kw)
 	s.gate = m.alloc(gpu.F32, T*ffn)
 	s.up = m.alloc(gpu.F32, T*ffn)
+	if err := m.allocPacked(); err != nil {
+		return err
+	}
 	inv := c.InvFreq()
 	m.invFreq = m.alloc(gpu.F32, len(inv))
 	return m.dev.Write(m.invFreq, 0, gpu.F32Bytes(inv))
@@ -250,6 +321,8 @@ func (m *Model) allocScratch() (err error) {
 
 // Close frees the model's device memory.
 func (m *Model) Close() error {
+	m.dropGraphs(nil)
+	m.s.idx.free(m.dev)
 	for _, b := range m.owned {
 		m.dev.Free(b)
 	}
@@ -358,6 +431,7 @@ type Cache struct {
 	NumBlocks, BlockSize int
 	k, v                 []gpu.Buffer
 	dev                  gpu.Device
+	m                    *Model // whose recorded steps use this cache
 }
 
 // NewCache allocates a KV cache of numBlocks blocks of blockSize tokens.
@@ -365,7 +439,7 @@ func (m *Model) NewCache(numBlocks, blockSize int) (*Cache, error) {
 	if numBlocks <= 0 || blockSize <= 0 {
 		return nil, fmt.Errorf("kv cache: %d blocks of %d tokens", numBlocks, blockSize)
 	}
-	c := &Cache{NumBlocks: numBlocks, BlockSize: blockSize, dev: m.dev}
+	c := &Cache{NumBlocks: numBlocks, BlockSize: blockSize, dev: m.dev, m: m}
 	n := numBlocks * blockSize * m.Config.KVHeads * m.Config.HeadDim
 	for range m.layers {
 		k, err := m.dev.Alloc(m.opts.CacheDType, n)
@@ -389,8 +463,12 @@ func (m *Model) BlockBytes(blockSize int) int64 {
 	return int64(2*len(m.layers)*blockSize*m.Config.KVHeads*m.Config.HeadDim) * int64(m.opts.CacheDType.Size())
 }
 
-// Close frees the cache.
+// Close frees the cache, and the model's recorded steps that use it. Call
+// it from the goroutine that runs the model.
 func (c *Cache) Close() {
+	if c.m != nil {
+		c.m.dropGraphs(c)
+	}
 	for _, b := range append(c.k, c.v...) {
 		c.dev.Free(b)
 	}
@@ -419,27 +497,131 @@ type Batch struct {
 // Forward runs one step. For the last stage it writes the logits of the
 // rows named by b.Logits into out ([len(b.Logits), Vocab]); an earlier
 // stage writes its output activations ([len(b.Pos), Hidden]) instead.
+//
+// On a device that records steps (gpu.Grapher) the operations after the
+// index upload are recorded once per shape (tokens, logits rows, cache) and
+// replayed; the indexes live in fixed buffers rewritten before each replay.
 func (m *Model) Forward(ctx context.Context, cache *Cache, b *Batch, out []float32) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c := &m.Config
+	n, r := len(b.Pos), len(b.Logits)
+	want := r * c.Vocab
+	if !m.last() {
+		want = n * c.Hidden
+	}
+	if len(out) < want {
+		return fmt.Errorf("forward: out holds %d floats, needs %d", len(out), want)
+	}
+	if m.last() {
+		if err := m.ensureLogits(r); err != nil {
+			return err
+		}
+	}
+	if err := m.upload(cache, b); err != nil {
+		return err
+	}
+	if err := m.step(cache, n, r, false); err != nil {
+		return err
+	}
+	if !m.last() {
+		return m.dev.Read(gpu.F32Bytes(out[:want]), m.s.x, 0)
+	}
+	if r == 0 {
+		return nil
+	}
+	return m.dev.Read(gpu.F32Bytes(out[:want]), m.s.logits, 0)
+}
+
+// ForwardArgmax runs one step of the last stage like Forward and writes
+// into ids the greedy choice of each row named by b.Logits: the index of
+// the largest logit, the lowest index among equal maxima. On a device with
+// gpu.Argmaxer the choice is made on the device and only the ids are read
+// back; elsewhere the logits are read and compared on the host.
+func (m *Model) ForwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids []int32) error {
+	if !m.last() {
+		return fmt.Errorf("forward: argmax needs the last stage (layers [%d, %d) of %d)", m.opts.FirstLayer, m.opts.LastLayer, m.Config.Layers)
+	}
+	r, V := len(b.Logits), m.Config.Vocab
+	if len(ids) < r {
+		return fmt.Errorf("forward: ids holds %d values, needs %d", len(ids), r)
+	}
+	if _, ok := m.dev.(gpu.Argmaxer); !ok {
+		if cap(m.s.hostLogits) < r*V {
+			m.s.hostLogits = make([]float32, r*V)
+		}
+		logits := m.s.hostLogits[:r*V]
+		if err := m.Forward(ctx, cache, b, logits); err != nil {
+			return err
+		}
+		for i := range r {
+			ids[i] = argmax(logits[i*V : (i+1)*V])
+		}
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := m.ensureLogits(r); err != nil {
 		return err
 	}
 	if err := m.upload(cache, b); err != nil {
 		return err
 	}
-	if err := m.layersForward(cache, len(b.Pos)); err != nil {
+	if err := m.step(cache, len(b.Pos), r, true); err != nil {
 		return err
 	}
-	if !m.last() {
-		want := len(b.Pos) * m.Config.Hidden
-		if len(out) < want {
-			return fmt.Errorf("forward: out holds %d floats, needs %d", len(out), want)
-		}
-		return m.dev.Read(gpu.F32Bytes(out[:want]), m.s.x, 0)
+	if r == 0 {
+		return nil
 	}
-	return m.logits(len(b.Logits), out)
+	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 }
 
-// upload validates the batch and writes its indexes to the device.
+// argmax is the index of the largest value, the lowest among equals; NaNs
+// are skipped as the devices' argmax does.
+func argmax(v []float32) int32 {
+	best := -1
+	for i, x := range v {
+		if x != x {
+			continue
+		}
+		if best < 0 || x > v[best] {
+			best = i
+		}
+	}
+	return int32(max(best, 0))
+}
+
+// ensureLogits sizes the logits buffers for r rows.
+func (m *Model) ensureLogits(r int) error {
+	s, d, c := &m.s, m.dev, &m.Config
+	if s.logitRows >= r || r == 0 {
+		return nil
+	}
+	m.dropGraphs(nil)
+	for _, b := range []gpu.Buffer{s.logits, s.last, s.next} {
+		if b != nil {
+			d.Free(b)
+		}
+	}
+	s.logits, s.last, s.next, s.logitRows = nil, nil, nil, 0
+	var err error
+	if s.logits, err = d.Alloc(gpu.F32, r*c.Vocab); err != nil {
+		return fmt.Errorf("forward: logits: %w", err)
+	}
+	if s.last, err = d.Alloc(gpu.F32, r*c.Hidden); err != nil {
+		return fmt.Errorf("forward: logits: %w", err)
+	}
+	if s.next, err = d.Alloc(gpu.I32, r); err != nil {
+		return fmt.Errorf("forward: logits: %w", err)
+	}
+	s.logitRows = r
+	return nil
+}
+
+// upload validates the batch and writes its indexes (and, for a stage
+// after the first, its activations) to the device.
 func (m *Model) upload(cache *Cache, b *Batch) error {
 	c, s := &m.Config, &m.s
 	n := len(b.Pos)
@@ -455,13 +637,20 @@ func (m *Model) upload(cache *Cache, b *Batch) error {
 	if len(b.Tables) == 0 || len(b.Tables) > m.opts.MaxSeqs {
 		return fmt.Errorf("forward: %d sequences (limit %d)", len(b.Tables), m.opts.MaxSeqs)
 	}
-	if len(cache.k) != len(m.layers) {
-		return fmt.Errorf("forward: cache has %d layers, model %d", len(cache.k), len(m.layers))
+	if cache == nil || len(cache.k) != len(m.layers) {
+		return fmt.Errorf("forward: cache does not match the model's %d layers", len(m.layers))
+	}
+	if len(b.Logits) > n {
+		return fmt.Errorf("forward: %d logits rows for a batch of %d", len(b.Logits), n)
 	}
 	// Block tables are uploaded as fixed-width rows covering the whole
 	// context, so the attention's shape does not change from step to step.
 	maxBlocks := (c.MaxPositions + cache.BlockSize - 1) / cache.BlockSize
-	slots := make([]int32, n)
+	if err := m.ensureIndex(maxBlocks); err != nil {
+		return err
+	}
+	ix := &s.idx
+	slots := ix.section(secSlots, n)
 	for i := range n {
 		sq, p := b.Seq[i], b.Pos[i]
 		if sq < 0 || int(sq) >= len(b.Tables) {
@@ -489,21 +678,7 @@ func (m *Model) upload(cache *Cache, b *Batch) error {
 		}
 	}
 	need := len(b.Tables) * maxBlocks
-	if s.table == nil || s.maxBlocks != maxBlocks {
-		if s.table != nil {
-			m.dev.Free(s.table)
-		}
-		tb, err := m.dev.Alloc(gpu.I32, m.opts.MaxSeqs*maxBlocks)
-		if err != nil {
-			s.table = nil
-			return fmt.Errorf("forward: block tables: %w", err)
-		}
-		s.table, s.maxBlocks = tb, maxBlocks
-	}
-	if cap(s.hostTable) < need {
-		s.hostTable = make([]int32, need)
-	}
-	ht := s.hostTable[:need]
+	ht := ix.section(secTable, need)
 	for i, t := range b.Tables {
 		if len(t) > maxBlocks {
 			return fmt.Errorf("forward: block table of sequence %d has %d blocks, more than the context needs (%d)", i, len(t), maxBlocks)
@@ -511,21 +686,50 @@ func (m *Model) upload(cache *Cache, b *Batch) error {
 		copy(ht[i*maxBlocks:], t)
 		clear(ht[i*maxBlocks+len(t) : (i+1)*maxBlocks])
 	}
-	for _, w := range []struct {
-		dst gpu.Buffer
-		src []int32
-	}{{s.pos, b.Pos}, {s.seq, b.Seq}, {s.slots, slots}, {s.table, ht}, {s.rows, b.Logits}} {
-		if err := m.dev.Write(w.dst, 0, gpu.I32Bytes(w.src)); err != nil {
-			return fmt.Errorf("forward: %w", err)
-		}
-	}
 	if m.first() {
-		if err := m.dev.Write(s.ids, 0, gpu.I32Bytes(b.Tokens)); err != nil {
+		copy(ix.section(secIDs, n), b.Tokens)
+	}
+	copy(ix.section(secPos, n), b.Pos)
+	copy(ix.section(secSeq, n), b.Seq)
+	copy(ix.section(secRows, len(b.Logits)), b.Logits)
+	if err := ix.write(m.dev, n, len(b.Logits), need); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	if !m.first() {
+		return m.dev.Write(s.x, 0, gpu.F32Bytes(b.Hidden))
+	}
+	return nil
+}
+
+// ops issues the operations of one step over the indexes already written:
+// the embedding (first stage), the layers, and for the last stage the final
+// norm and LM head over r rows, with their argmax when argmax is set.
+func (m *Model) ops(cache *Cache, n, r int, argmax bool) error {
+	c, s, d := &m.Config, &m.s, m.dev
+	if m.first() {
+		if err := d.Embed(s.x, m.embed, s.idx.ids, n, c.Hidden); err != nil {
 			return fmt.Errorf("forward: %w", err)
 		}
-		return m.dev.Embed(s.x, m.embed, s.ids, n, c.Hidden)
 	}
-	return m.dev.Write(s.x, 0, gpu.F32Bytes(b.Hidden))
+	if err := m.layersForward(cache, n); err != nil {
+		return err
+	}
+	if !m.last() || r == 0 {
+		return nil
+	}
+	var e errs
+	e.do(d.Embed(s.last, s.x, s.idx.rows, r, c.Hidden))
+	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
+	e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
+	if argmax {
+		if am, ok := d.(gpu.Argmaxer); ok {
+			e.do(am.Argmax(s.next, s.logits, r, c.Vocab))
+		}
+	}
+	if e.err != nil {
+		return fmt.Errorf("forward: logits: %w", e.err)
+	}
+	return nil
 }
 
 // layersForward runs every layer over the n tokens in s.x.
@@ -535,48 +739,77 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 	eps := float32(c.NormEps)
 	attn := gpu.AttnArgs{
 		N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
-		BlockSize: cache.BlockSize, MaxBlocks: s.maxBlocks,
+		BlockSize: cache.BlockSize, MaxBlocks: s.idx.maxBlocks,
 		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
-		Pos:   s.pos, Seq: s.seq, BlockTable: s.table,
+		Pos:   s.idx.pos, Seq: s.idx.seq, BlockTable: s.idx.table,
 	}
+	// pending: the last layer's MLP output in s.o is still to be added to
+	// the residual, fused with the next layer's input norm.
+	pending := false
 	for i := range m.layers {
 		ly := &m.layers[i]
 		var e errs
 		// Attention input: pre-norm architectures normalise first.
 		in := s.x
 		if c.Arch != OLMo2 {
-			e.do(d.RMSNorm(s.h, s.x, ly.attnNorm, n, c.Hidden, eps))
+			if pending {
+				e.do(m.rn.AddRMSNorm(s.h, s.x, s.o, ly.attnNorm, n, c.Hidden, eps))
+				pending = false
+			} else {
+				e.do(d.RMSNorm(s.h, s.x, ly.attnNorm, n, c.Hidden, eps))
+			}
 			in = s.h
 		}
-		e.do(d.MatMul(s.q, in, ly.q, n, c.Hidden, qw))
-		e.do(d.MatMul(s.k, in, ly.k, n, c.Hidden, kw))
-		e.do(d.MatMul(s.v, in, ly.v, n, c.Hidden, kw))
+		q, k, v := s.q, s.k, s.v
+		if n == 1 && ly.qkv != nil && s.qkv1 != nil {
+			e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
+			q, k, v = s.q1, s.k1, s.v1
+		} else {
+			e.do(d.MatMul(q, in, ly.q, n, c.Hidden, qw))
+			e.do(d.MatMul(k, in, ly.k, n, c.Hidden, kw))
+			e.do(d.MatMul(v, in, ly.v, n, c.Hidden, kw))
+		}
 		switch c.Arch {
 		case OLMo2: // QK-norm across the whole projection
-			e.do(d.RMSNorm(s.q, s.q, ly.qNorm, n, qw, eps))
-			e.do(d.RMSNorm(s.k, s.k, ly.kNorm, n, kw, eps))
+			e.do(d.RMSNorm(q, q, ly.qNorm, n, qw, eps))
+			e.do(d.RMSNorm(k, k, ly.kNorm, n, kw, eps))
 		case Qwen3, Qwen3MoE: // QK-norm per head
-			e.do(d.RMSNorm(s.q, s.q, ly.qNorm, n*c.Heads, c.HeadDim, eps))
-			e.do(d.RMSNorm(s.k, s.k, ly.kNorm, n*c.KVHeads, c.HeadDim, eps))
+			e.do(d.RMSNorm(q, q, ly.qNorm, n*c.Heads, c.HeadDim, eps))
+			e.do(d.RMSNorm(k, k, ly.kNorm, n*c.KVHeads, c.HeadDim, eps))
 		}
-		e.do(d.RoPE(s.q, s.pos, m.invFreq, n, c.Heads, c.HeadDim))
-		e.do(d.RoPE(s.k, s.pos, m.invFreq, n, c.KVHeads, c.HeadDim))
-		e.do(d.StoreKV(cache.k[i], cache.v[i], s.k, s.v, s.slots, n, kw))
-		e.do(d.Attention(s.att, s.q, cache.k[i], cache.v[i], attn))
+		e.do(d.RoPE(q, s.idx.pos, m.invFreq, n, c.Heads, c.HeadDim))
+		e.do(d.RoPE(k, s.idx.pos, m.invFreq, n, c.KVHeads, c.HeadDim))
+		e.do(d.StoreKV(cache.k[i], cache.v[i], k, v, s.idx.slots, n, kw))
+		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
-		if c.Arch == OLMo2 {
+		switch {
+		case c.Arch == OLMo2 && m.rn != nil:
+			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
+			e.do(m.mlp(ly, s.x, s.o, n))
+			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postFFNorm, n, c.Hidden, eps))
+		case c.Arch == OLMo2:
 			e.do(d.RMSNorm(s.o, s.o, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(m.mlp(ly, s.x, s.o, n))
 			e.do(d.RMSNorm(s.o, s.o, ly.postFFNorm, n, c.Hidden, eps))
-		} else {
+			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
+		case m.rn != nil:
+			e.do(m.rn.AddRMSNorm(s.h, s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
+			e.do(m.mlp(ly, s.h, s.o, n))
+			pending = true
+		default:
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.h, s.x, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
+			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		}
-		e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		if e.err != nil {
 			return fmt.Errorf("forward: layer %d: %w", m.opts.FirstLayer+i, e.err)
+		}
+	}
+	if pending {
+		if err := d.Add(s.x, s.x, s.o, n*c.Hidden); err != nil {
+			return fmt.Errorf("forward: residual: %w", err)
 		}
 	}
 	return nil
@@ -591,44 +824,18 @@ func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {
 		return d.MoE(out, in, a)
 	}
 	var e errs
-	e.do(d.MatMul(s.gate, in, ly.gate, n, c.Hidden, c.Intermediate))
-	e.do(d.MatMul(s.up, in, ly.up, n, c.Hidden, c.Intermediate))
-	e.do(d.SiLUMul(s.gate, s.gate, s.up, n*c.Intermediate))
-	e.do(d.MatMul(out, s.gate, ly.down, n, c.Intermediate, c.Hidden))
+	F := c.Intermediate
+	if n == 1 && ly.gateUp != nil && s.gu1 != nil {
+		e.do(d.MatMul(s.gu1, in, ly.gateUp, 1, c.Hidden, 2*F))
+		e.do(d.SiLUMul(s.g1, s.g1, s.u1, F))
+		e.do(d.MatMul(out, s.g1, ly.down, 1, F, c.Hidden))
+		return e.err
+	}
+	e.do(d.MatMul(s.gate, in, ly.gate, n, c.Hidden, F))
+	e.do(d.MatMul(s.up, in, ly.up, n, c.Hidden, F))
+	e.do(d.SiLUMul(s.gate, s.gate, s.up, n*F))
+	e.do(d.MatMul(out, s.gate, ly.down, n, F, c.Hidden))
 	return e.err
-}
-
-// logits computes the final norm and LM head for the r rows in s.rows.
-func (m *Model) logits(r int, out []float32) error {
-	c, s, d := &m.Config, &m.s, m.dev
-	if r == 0 {
-		return nil
-	}
-	if len(out) < r*c.Vocab {
-		return fmt.Errorf("forward: out holds %d floats, needs %d", len(out), r*c.Vocab)
-	}
-	if s.logitRows < r {
-		if s.logits != nil {
-			d.Free(s.logits)
-			d.Free(s.last)
-		}
-		var err error
-		if s.logits, err = d.Alloc(gpu.F32, r*c.Vocab); err != nil {
-			return fmt.Errorf("forward: logits: %w", err)
-		}
-		if s.last, err = d.Alloc(gpu.F32, r*c.Hidden); err != nil {
-			return fmt.Errorf("forward: logits: %w", err)
-		}
-		s.logitRows = r
-	}
-	var e errs
-	e.do(d.Embed(s.last, s.x, s.rows, r, c.Hidden))
-	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
-	e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
-	if e.err != nil {
-		return fmt.Errorf("forward: logits: %w", e.err)
-	}
-	return d.Read(gpu.F32Bytes(out[:r*c.Vocab]), s.logits, 0)
 }
 
 // errs keeps the first error of a sequence of calls.

@@ -102,3 +102,43 @@ func resize(v []int32, n int) []int32 {
 	}
 	return v[:n]
 }
+
+// FeedArgmax appends tokens like Feed and returns the greedy choice after
+// the last one: the index of the largest logit, the lowest among equal
+// maxima. Where the device computes the argmax (gpu.Argmaxer) only the id
+// is read back, not the logits.
+func (s *Sequence) FeedArgmax(ctx context.Context, ids []int32) (int32, error) {
+	if len(ids) == 0 {
+		return 0, fmt.Errorf("feed: no tokens")
+	}
+	if s.pos+len(ids) > s.Cap() {
+		return 0, fmt.Errorf("feed: %d tokens after %d exceed the context of %d", len(ids), s.pos, s.Cap())
+	}
+	chunk := s.m.opts.MaxTokens
+	b := &Batch{Tables: [][]int32{s.table}}
+	var next [1]int32
+	for start := 0; start < len(ids); start += chunk {
+		part := ids[start:min(start+chunk, len(ids))]
+		n := len(part)
+		b.Tokens = part
+		b.Pos = resize(b.Pos, n)
+		b.Seq = resize(b.Seq, n)
+		for i := range n {
+			b.Pos[i] = int32(s.pos + i)
+			b.Seq[i] = 0
+		}
+		var err error
+		if start+n == len(ids) {
+			b.Logits = append(b.Logits[:0], int32(n-1))
+			err = s.m.ForwardArgmax(ctx, s.cache, b, next[:])
+		} else {
+			b.Logits = b.Logits[:0]
+			err = s.m.Forward(ctx, s.cache, b, nil)
+		}
+		if err != nil {
+			return 0, err
+		}
+		s.pos += n
+	}
+	return next[0], nil
+}

@@ -18,7 +18,11 @@ type Buffer struct {
 	size     int // bytes allocated
 	readOnly bool
 	freed    bool
+	parent   *Buffer // the allocation a view (Slice) shares; nil for an allocation
 }
+
+// dead reports whether b, or the allocation it views, was freed.
+func (b *Buffer) dead() bool { return b.freed || (b.parent != nil && b.parent.freed) }
 
 // DType implements gpu.Buffer.
 func (b *Buffer) DType() gpu.DType { return b.dt }
@@ -43,7 +47,7 @@ func (d *Device) buf(op, arg string, b gpu.Buffer) (*Buffer, error) {
 	if cb.dev != d {
 		return nil, fmt.Errorf("%s: %s belongs to another device", op, arg)
 	}
-	if cb.freed {
+	if cb.dead() {
 		return nil, fmt.Errorf("%s: %s was freed", op, arg)
 	}
 	return cb, nil
@@ -122,6 +126,10 @@ func (d *Device) Free(b gpu.Buffer) {
 	defer d.leave()
 	cb, err := d.buf("free", "b", b)
 	if err != nil {
+		return
+	}
+	if cb.parent != nil { // a view releases nothing
+		cb.freed = true
 		return
 	}
 	cb.freed = true

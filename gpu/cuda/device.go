@@ -164,7 +164,18 @@ func spinRecv[T any](c <-chan T, spin time.Duration) (T, bool) {
 	}
 }
 
-func ptr[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
+// ptr is the address of *p for a driver call that reads or writes it. The
+// value must live on the heap, not on a goroutine stack: the runtime moves
+// a stack when it grows, possibly between taking the address and the
+// driver's use of it, and a driver write would then land in the old copy.
+// Handing p to a Pinner makes the compiler allocate it on the heap, which
+// the collector never moves; the caller keeps it alive past the call.
+func ptr[T any](p *T) uintptr {
+	var pin runtime.Pinner
+	pin.Pin(p)
+	pin.Unpin()
+	return uintptr(unsafe.Pointer(p))
+}
 
 func (d *Device) init() error {
 	drv, err := loadDriver(d.cfg.Library)
@@ -299,14 +310,16 @@ func (d *Device) loadKernels() error {
 		d.modules = append(d.modules, mod)
 	}
 	for _, name := range kernelNames() {
-		cname := append([]byte(name), 0)
+		cname := make([]byte, len(name)+1)
+		copy(cname, name)
 		var fn uintptr
 		for _, mod := range d.modules {
-			if d.drv.cuModuleGetFunction.call(ptr(&fn), mod, uintptr(unsafe.Pointer(&cname[0]))) == nil {
+			if d.drv.cuModuleGetFunction.call(ptr(&fn), mod, ptr(&cname[0])) == nil {
 				break
 			}
 			fn = 0
 		}
+		runtime.KeepAlive(cname)
 		if fn == 0 {
 			return fmt.Errorf("cuda: kernel %s is in no module: rebuild with kernels/build.sh", name)
 		}

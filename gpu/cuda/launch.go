@@ -86,7 +86,7 @@ func (d *Device) checkSpan(k string, name string, b *Buffer, dt gpu.DType, off, 
 		return fmt.Errorf("cuda: launch %s: argument %s is nil", k, name)
 	case b.dev != d:
 		return fmt.Errorf("cuda: launch %s: argument %s belongs to another device", k, name)
-	case b.freed:
+	case b.dead():
 		return fmt.Errorf("cuda: launch %s: argument %s was freed", k, name)
 	case dt != 0 && b.dt != dt:
 		return fmt.Errorf("cuda: launch %s: argument %s holds %s, the kernel reads %s", k, name, b.dt, dt)

@@ -63,7 +63,7 @@ func (d *Device) CopyPeer(dst *Buffer, src *Buffer, n int) error {
 		return err
 	}
 	defer d.leave()
-	if dst == nil || src == nil || dst.dev != d || src.dev == nil || dst.freed || src.freed {
+	if dst == nil || src == nil || dst.dev != d || src.dev == nil || dst.dead() || src.dead() {
 		return fmt.Errorf("cuda: copy peer: dst must be a live buffer of this device and src a live buffer")
 	}
 	if dst.dt != src.dt || n < 0 || n > dst.n || n > src.n {

@@ -1,0 +1,187 @@
+//go:build cuda
+
+package models_test
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cuda"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// The CUDA lane runs with a bf16 KV cache, as the command line does: its
+// logits agree with the references to 1e-2, and a greedy step may differ
+// only where the model's own top-2 gap is below 2e-2.
+func init() {
+	extraLanes = append(extraLanes, lane{name: "cuda", open: openCUDA, tol: 1e-2, margin: 2e-2, cache: gpu.BF16})
+}
+
+func openCUDA(t testing.TB) gpu.Device {
+	t.Helper()
+	d, err := cuda.Open(context.Background(), cuda.DefaultConfig())
+	if err != nil {
+		t.Fatalf("cuda: %v", err)
+	}
+	return d
+}
+
+// TestCUDAGraphsMatchEager checks that recorded and replayed steps give the
+// logits of the same operations issued one by one, bit for bit, and that the
+// device-side greedy choice (FeedArgmax) follows the same path as the host's
+// argmax of the logits.
+func TestCUDAGraphsMatchEager(t *testing.T) {
+	ctx := context.Background()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dev := openCUDA(t)
+	defer dev.Close()
+	load := func(eager bool) *models.Model {
+		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16, Eager: eager})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	graphed, eager, fast := load(false), load(true), load(false)
+	prompt := []int32{1, 450, 846, 338, 263, 2987, 17, 2988}
+	const steps = 24
+	seqs := make([]*models.Sequence, 3)
+	for i, m := range []*models.Model{graphed, eager, fast} {
+		s, err := m.NewSequence(len(prompt) + steps + 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		seqs[i] = s
+	}
+	feed := func(s *models.Sequence, ids []int32) []float32 {
+		out, err := s.Feed(ctx, ids, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), out...)
+	}
+	g, e := feed(seqs[0], prompt), feed(seqs[1], prompt)
+	next, err := seqs[2].FeedArgmax(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range steps {
+		for j := range g {
+			if g[j] != e[j] {
+				t.Fatalf("step %d: logit %d replayed %v, eager %v", step, j, g[j], e[j])
+			}
+		}
+		want := int32(argmax(g))
+		if next != want {
+			t.Fatalf("step %d: device argmax %d, host argmax of the logits %d", step, next, want)
+		}
+		g, e = feed(seqs[0], []int32{want}), feed(seqs[1], []int32{want})
+		if next, err = seqs[2].FeedArgmax(ctx, []int32{want}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range []*models.Model{graphed, fast} {
+		if err := m.GraphError(); err != nil {
+			t.Fatalf("steps were not recorded: %v", err)
+		}
+		if m.Graphs() == 0 {
+			t.Fatal("no step was recorded")
+		}
+	}
+	if eager.Graphs() != 0 {
+		t.Fatalf("the eager model recorded %d steps", eager.Graphs())
+	}
+}
+
+// TestCUDABatchedArgmax decodes three sequences in one step and checks each
+// row's device argmax against the same sequence decoded alone.
+func TestCUDABatchedArgmax(t *testing.T) {
+	ctx := context.Background()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dev := openCUDA(t)
+	defer dev.Close()
+	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	prompts := [][]int32{{1, 450, 846}, {1, 2987, 17, 2988, 338}, {1, 263}}
+	const steps, bs, per = 8, 16, 1
+	cache, err := m.NewCache(len(prompts)*per, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	var tables [][]int32
+	next := make([]int32, len(prompts))
+	alone := make([][]int32, len(prompts))
+	margins := make([][]float64, len(prompts))
+	for s, p := range prompts {
+		tables = append(tables, []int32{int32(s)})
+		batch := &models.Batch{Tables: tables[s : s+1], Tokens: p, Logits: []int32{int32(len(p) - 1)}}
+		for i := range p {
+			batch.Pos = append(batch.Pos, int32(i))
+			batch.Seq = append(batch.Seq, 0)
+		}
+		if err := m.ForwardArgmax(ctx, cache, batch, next[s:s+1]); err != nil {
+			t.Fatal(err)
+		}
+		seq, err := m.NewSequence(bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits, err := seq.Feed(ctx, p, false)
+		for i := 0; i < steps && err == nil; i++ {
+			tok := int32(argmax(logits))
+			alone[s] = append(alone[s], tok)
+			margins[s] = append(margins[s], margin(logits, int(tok)))
+			logits, err = seq.Feed(ctx, []int32{tok}, false)
+		}
+		seq.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := &models.Batch{Tables: tables, Seq: []int32{0, 1, 2}, Logits: []int32{0, 1, 2}, Pos: make([]int32, 3)}
+	diverged := make([]bool, len(prompts))
+	for i := range steps {
+		for s := range prompts {
+			if !diverged[s] && next[s] != alone[s][i] {
+				if margins[s][i] >= greedyTolerance {
+					t.Fatalf("step %d sequence %d: batched %d, alone %d (margin %.3g)", i, s, next[s], alone[s][i], margins[s][i])
+				}
+				t.Logf("step %d sequence %d: tie (margin %.2g)", i, s, margins[s][i])
+				diverged[s] = true
+			}
+			step.Pos[s] = int32(len(prompts[s]) + i)
+		}
+		step.Tokens = next
+		if err := m.ForwardArgmax(ctx, cache, step, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// margin is the gap between logit best and the largest other logit.
+func margin(logits []float32, best int) float64 {
+	second := math.Inf(-1)
+	for j, v := range logits {
+		if j != best {
+			second = math.Max(second, float64(v))
+		}
+	}
+	return float64(logits[best]) - second
+}
