@@ -14,7 +14,7 @@ import (
 func cmdTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("trace", stderr)
 	server := fs.String("server", "http://127.0.0.1:8080", "troupe server whose recent traces to read")
-	jaeger := fs.String("jaeger", "", "read the trace from this Jaeger query service instead (e.g. http://localhost:16686)")
+	jaeger := fs.String("jaeger", "", "read the trace (by request or trace id) from this Jaeger query service instead, e.g. http://localhost:16686")
 	apiKey := fs.String("api-key", "", "API key for the server")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
@@ -35,7 +35,7 @@ func cmdTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var err error
 	client := &http.Client{Transport: keyTransport{key: *apiKey}}
 	if *jaeger != "" {
-		w, err = trace.JaegerClient{BaseURL: strings.TrimRight(*jaeger, "/"), HTTP: client}.Request(ctx, id)
+		w, err = trace.JaegerClient{BaseURL: strings.TrimRight(*jaeger, "/"), HTTP: client}.Fetch(ctx, id)
 	} else {
 		w, err = trace.FetchRequest(ctx, client, strings.TrimRight(*server, "/"), id)
 	}
