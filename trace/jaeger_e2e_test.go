@@ -1,197 +1,15 @@
 package trace
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"net"
+	"github.com/troupe/troupe/trace/tracetest"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
-
-// jaeger is a Jaeger all-in-one process on loopback ports of its own.
-type jaeger struct {
-	otlpGRPC, otlpHTTP string // host:port
-	query              string // base URL of the query API
-}
-
-// jaegerConfig is the all-in-one pipeline with memory storage, every
-// listener on a port chosen by the test, no metrics endpoint and no traces
-// of Jaeger's own (which it would send to localhost:4317), so that several
-// runs can share a machine.
-const jaegerConfig = `service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: none
-    logs:
-      level: warn
-    traces:
-      level: none
-extensions:
-  jaeger_storage:
-    backends:
-      memstore:
-        memory:
-          max_traces: 10000
-  jaeger_query:
-    enable_tracing: false
-    storage:
-      traces: memstore
-    http:
-      endpoint: %[3]s
-    grpc:
-      endpoint: %[4]s
-receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: %[1]s
-      http:
-        endpoint: %[2]s
-processors:
-  batch:
-    timeout: 100ms
-exporters:
-  jaeger_storage_exporter:
-    trace_storage: memstore
-`
-
-// startJaeger runs the Jaeger binary bin until the end of the test. A
-// port taken between choosing and binding it makes Jaeger exit; it is then
-// started again on new ports.
-func startJaeger(t *testing.T, bin string) jaeger {
-	t.Helper()
-	var lastErr error
-	for range 3 {
-		j, err := tryStartJaeger(t, bin)
-		if err == nil {
-			return j
-		}
-		lastErr = err
-		t.Logf("jaeger did not start, trying new ports: %v", err)
-	}
-	t.Fatalf("jaeger: %v", lastErr)
-	return jaeger{}
-}
-
-func tryStartJaeger(t *testing.T, bin string) (jaeger, error) {
-	ports, err := freePorts(4)
-	if err != nil {
-		return jaeger{}, err
-	}
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "jaeger.yaml")
-	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, jaegerConfig, ports[0], ports[1], ports[2], ports[3]), 0o644); err != nil {
-		return jaeger{}, err
-	}
-	var out lockedBuffer
-	cmd := exec.Command(bin, "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.Dir = dir
-	for _, kv := range os.Environ() { // the host's exporter settings are not Jaeger's
-		if !strings.HasPrefix(kv, "OTEL_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	if err := cmd.Start(); err != nil {
-		return jaeger{}, fmt.Errorf("start %s: %w", bin, err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { // owned by this test; the cleanup below waits for it
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	j := jaeger{otlpGRPC: ports[0], otlpHTTP: ports[1], query: "http://" + ports[2]}
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-exited:
-			return jaeger{}, fmt.Errorf("exited early (%v):\n%s", waitErr, out.String())
-		default:
-		}
-		if ready(j.query + "/api/services") {
-			break
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return jaeger{}, fmt.Errorf("query API not ready after 60s:\n%s", out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			t.Logf("jaeger output:\n%s", out.String())
-		}
-	})
-	return j, nil
-}
-
-func ready(u string) bool {
-	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get(u)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// freePorts returns n loopback addresses whose ports were free a moment ago.
-func freePorts(n int) ([]string, error) {
-	addrs := make([]string, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		addrs = append(addrs, l.Addr().String())
-	}
-	return addrs, nil
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestJaegerEndToEnd exports a request's spans to a real Jaeger over OTLP
 // gRPC and over OTLP HTTP, each configured as the OTEL_* variables would,
@@ -204,13 +22,13 @@ func TestJaegerEndToEnd(t *testing.T) {
 			"into $HOME/.cache/troupe/tools, or build it there with " +
 			"`go build -o jaeger github.com/jaegertracing/jaeger/cmd/jaeger` and set TROUPE_JAEGER to the binary")
 	}
-	j := startJaeger(t, bin)
+	j := tracetest.StartJaeger(t, bin)
 
 	for _, tc := range []struct {
 		protocol, endpoint string
 	}{
-		{ProtocolGRPC, "http://" + j.otlpGRPC},
-		{ProtocolHTTP, "http://" + j.otlpHTTP},
+		{ProtocolGRPC, "http://" + j.OTLPGRPC},
+		{ProtocolHTTP, "http://" + j.OTLPHTTP},
 	} {
 		t.Run(strings.ReplaceAll(tc.protocol, "/", "-"), func(t *testing.T) {
 			t.Parallel()
@@ -240,7 +58,7 @@ func TestJaegerEndToEnd(t *testing.T) {
 				t.Fatalf("Shutdown (flush to jaeger): %v", err)
 			}
 
-			client := JaegerClient{BaseURL: j.query, Service: service, HTTP: &http.Client{Timeout: 5 * time.Second}}
+			client := JaegerClient{BaseURL: j.Query, Service: service, HTTP: &http.Client{Timeout: 5 * time.Second}}
 			var w Waterfall
 			for {
 				w, err = client.Request(ctx, requestID)
