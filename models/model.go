@@ -323,6 +323,12 @@ func (m *Model) allocScratch() (err error) {
 func (m *Model) Close() error {
 	m.dropGraphs(nil)
 	m.s.idx.free(m.dev)
+	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next} {
+		if b != nil {
+			m.dev.Free(b)
+		}
+	}
+	m.s.logits, m.s.last, m.s.next, m.s.logitRows = nil, nil, nil, 0
 	for _, b := range m.owned {
 		m.dev.Free(b)
 	}

@@ -35,7 +35,12 @@
 // Buffers are device allocations. Weights copies to the device before it
 // returns. Write is stream-ordered and asynchronous (through pinned staging
 // memory); Read waits for all issued work. Free releases memory once the
-// work issued before it is done.
+// work issued before it is done. Slice (gpu.Slicer) views part of a buffer
+// (16-byte aligned start) without copying; Pack (gpu.Packer) stores several
+// weights back to back in one allocation, so that one GEMV computes several
+// products. A view releases nothing and dies with its allocation. Addresses
+// the driver reads or writes are heap values (the runtime moves goroutine
+// stacks).
 //
 // # Graphs
 //
