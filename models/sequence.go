@@ -49,12 +49,6 @@ func (s *Sequence) Close() { s.cache.Close() }
 // call). With all set it returns the logits of every fed token instead
 // ([len(ids), Vocab]).
 func (s *Sequence) Feed(ctx context.Context, ids []int32, all bool) ([]float32, error) {
-	if len(ids) == 0 {
-		return nil, fmt.Errorf("feed: no tokens")
-	}
-	if s.pos+len(ids) > s.Cap() {
-		return nil, fmt.Errorf("feed: %d tokens after %d exceed the context of %d", len(ids), s.pos, s.Cap())
-	}
 	V := s.m.Config.Vocab
 	rows := 1
 	if all {
@@ -64,43 +58,27 @@ func (s *Sequence) Feed(ctx context.Context, ids []int32, all bool) ([]float32, 
 		s.logits = make([]float32, rows*V)
 	}
 	out := s.logits[:rows*V]
-	chunk := s.m.opts.MaxTokens
-	b := &Batch{Tables: [][]int32{s.table}}
-	for start := 0; start < len(ids); start += chunk {
-		part := ids[start:min(start+chunk, len(ids))]
-		n := len(part)
-		b.Tokens = part
-		b.Pos = resize(b.Pos, n)
-		b.Seq = resize(b.Seq, n)
-		for i := range n {
-			b.Pos[i] = int32(s.pos + i)
-			b.Seq[i] = 0
-		}
+	err := s.feed(ids, func(b *Batch, start int, last bool) error {
+		n := len(b.Tokens)
 		dst := out
-		if all {
+		switch {
+		case all:
 			b.Logits = resize(b.Logits, n)
 			for i := range n {
 				b.Logits[i] = int32(i)
 			}
 			dst = out[start*V:]
-		} else if start+n == len(ids) {
+		case last:
 			b.Logits = append(b.Logits[:0], int32(n-1))
-		} else {
+		default:
 			b.Logits = b.Logits[:0]
 		}
-		if err := s.m.Forward(ctx, s.cache, b, dst); err != nil {
-			return nil, err
-		}
-		s.pos += n
+		return s.m.Forward(ctx, s.cache, b, dst)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
-}
-
-func resize(v []int32, n int) []int32 {
-	if cap(v) < n {
-		return make([]int32, n)
-	}
-	return v[:n]
 }
 
 // FeedArgmax appends tokens like Feed and returns the greedy choice after
@@ -108,37 +86,50 @@ func resize(v []int32, n int) []int32 {
 // maxima. Where the device computes the argmax (gpu.Argmaxer) only the id
 // is read back, not the logits.
 func (s *Sequence) FeedArgmax(ctx context.Context, ids []int32) (int32, error) {
+	var next [1]int32
+	err := s.feed(ids, func(b *Batch, _ int, last bool) error {
+		if !last {
+			b.Logits = b.Logits[:0]
+			return s.m.Forward(ctx, s.cache, b, nil)
+		}
+		b.Logits = append(b.Logits[:0], int32(len(b.Tokens)-1))
+		return s.m.ForwardArgmax(ctx, s.cache, b, next[:])
+	})
+	return next[0], err
+}
+
+// feed runs ids through the model in chunks of its step size: step gets each
+// chunk's batch with tokens, positions and sequence filled in, the chunk's
+// offset in ids, and whether it is the last.
+func (s *Sequence) feed(ids []int32, step func(b *Batch, start int, last bool) error) error {
 	if len(ids) == 0 {
-		return 0, fmt.Errorf("feed: no tokens")
+		return fmt.Errorf("feed: no tokens")
 	}
 	if s.pos+len(ids) > s.Cap() {
-		return 0, fmt.Errorf("feed: %d tokens after %d exceed the context of %d", len(ids), s.pos, s.Cap())
+		return fmt.Errorf("feed: %d tokens after %d exceed the context of %d", len(ids), s.pos, s.Cap())
 	}
 	chunk := s.m.opts.MaxTokens
 	b := &Batch{Tables: [][]int32{s.table}}
-	var next [1]int32
 	for start := 0; start < len(ids); start += chunk {
-		part := ids[start:min(start+chunk, len(ids))]
-		n := len(part)
-		b.Tokens = part
+		n := min(chunk, len(ids)-start)
+		b.Tokens = ids[start : start+n]
 		b.Pos = resize(b.Pos, n)
 		b.Seq = resize(b.Seq, n)
 		for i := range n {
 			b.Pos[i] = int32(s.pos + i)
 			b.Seq[i] = 0
 		}
-		var err error
-		if start+n == len(ids) {
-			b.Logits = append(b.Logits[:0], int32(n-1))
-			err = s.m.ForwardArgmax(ctx, s.cache, b, next[:])
-		} else {
-			b.Logits = b.Logits[:0]
-			err = s.m.Forward(ctx, s.cache, b, nil)
-		}
-		if err != nil {
-			return 0, err
+		if err := step(b, start, start+n == len(ids)); err != nil {
+			return err
 		}
 		s.pos += n
 	}
-	return next[0], nil
+	return nil
+}
+
+func resize(v []int32, n int) []int32 {
+	if cap(v) < n {
+		return make([]int32, n)
+	}
+	return v[:n]
 }

@@ -30,6 +30,12 @@ func BenchmarkDecodeDirect(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	benchDirect(b, bundle, []int32{473, 623}, benchTokens)
+}
+
+// benchDirect decodes greedily on the engine itself, one token per op,
+// restarting the sequence every limit tokens. It closes bundle.
+func benchDirect(b *testing.B, bundle *models.Bundle, prompt []int32, limit int) {
 	defer bundle.Close()
 	dev, err := cpu.New(cpu.DefaultConfig())
 	if err != nil {
@@ -46,14 +52,14 @@ func BenchmarkDecodeDirect(b *testing.B) {
 	var seq *models.Sequence
 	var logits []float32
 	for b.Loop() {
-		if seq == nil || seq.Len() >= benchTokens {
+		if seq == nil || seq.Len() >= limit {
 			if seq != nil {
 				seq.Close()
 			}
-			if seq, err = m.NewSequence(benchTokens + 8); err != nil {
+			if seq, err = m.NewSequence(limit + 8); err != nil {
 				b.Fatal(err)
 			}
-			if logits, err = seq.Feed(ctx, []int32{473, 623}, false); err != nil {
+			if logits, err = seq.Feed(ctx, prompt, false); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -114,38 +120,7 @@ func BenchmarkDecodeActorPathTraced(b *testing.B) {
 //
 //	go test -run XXX -bench 'Overhead' -benchtime 2048x -count 5 ./scheduler
 func BenchmarkOverheadDirect(b *testing.B) {
-	bundle := fixture(b, "llama-gqa")
-	dev, err := cpu.New(cpu.DefaultConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dev.Close()
-	m, err := models.Load(bundle.Config, bundle.Checkpoint, dev, models.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	ctx := context.Background()
-	var seq *models.Sequence
-	var logits []float32
-	for b.Loop() {
-		if seq == nil || seq.Len() >= 400 {
-			if seq != nil {
-				seq.Close()
-			}
-			if seq, err = m.NewSequence(512); err != nil {
-				b.Fatal(err)
-			}
-			if logits, err = seq.Feed(ctx, []int32{1, 2}, false); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if logits, err = seq.Feed(ctx, []int32{int32(argmaxF(logits))}, false); err != nil {
-			b.Fatal(err)
-		}
-	}
-	seq.Close()
-	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+	benchDirect(b, fixture(b, "llama-gqa"), []int32{1, 2}, 400)
 }
 
 func BenchmarkOverheadActorPath(b *testing.B) {
