@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/generate"
 	"github.com/troupe/troupe/models/sample"
@@ -19,6 +20,7 @@ type Service struct {
 	subj  bus.Subjects
 	s     *Scheduler
 	subs  []*bus.Subscription
+	svc   micro.Service
 	detok func() generate.Detokenizer
 }
 
@@ -37,24 +39,48 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 		return nil, err
 	}
 	sv.subs = append(sv.subs, sub)
-	sub, err = bus.Serve(ctx, nc, subj.ActorEndpoint("scheduler", model, "stats"), "", func(context.Context, StatsMsg) (StatsMsg, error) {
+	// The scheduler is a micro service like every actor kind: PING, INFO
+	// and STATS (with the scheduler's counters) come with it.
+	stats := func() StatsMsg {
 		st := s.Stats()
-		return StatsMsg{Waiting: st.Waiting, Running: st.Running, Steps: st.Steps, Tokens: st.Tokens, Preemptions: st.Preemptions, KV: st.KV}, nil
+		return StatsMsg{Waiting: st.Waiting, Running: st.Running, Steps: st.Steps, Tokens: st.Tokens, Preemptions: st.Preemptions, KV: st.KV}
+	}
+	sv.svc, err = micro.AddService(nc, micro.Config{
+		Name:         "scheduler",
+		Version:      "1.0.0",
+		Description:  "continuous batching for " + model,
+		Metadata:     map[string]string{"model": model},
+		StatsHandler: func(*micro.Endpoint) any { return stats() },
 	})
 	if err != nil {
 		sv.Close()
-		return nil, err
+		return nil, fmt.Errorf("scheduler: micro service: %w", err)
 	}
-	sv.subs = append(sv.subs, sub)
+	err = sv.svc.AddEndpoint("stats", micro.HandlerFunc(func(r micro.Request) {
+		data, err := bus.Encode(stats())
+		if err != nil {
+			_ = r.Error(string(bus.CodeInternal), err.Error(), nil)
+			return
+		}
+		_ = r.Respond(data)
+	}), micro.WithEndpointSubject(subj.ActorEndpoint("scheduler", model, "stats")))
+	if err != nil {
+		sv.Close()
+		return nil, fmt.Errorf("scheduler: stats endpoint: %w", err)
+	}
 	return sv, nil
 }
 
-// Close unsubscribes.
+// Close unsubscribes and stops the micro service.
 func (sv *Service) Close() {
 	for _, s := range sv.subs {
 		s.Unsubscribe()
 	}
 	sv.subs = nil
+	if sv.svc != nil {
+		sv.svc.Stop()
+		sv.svc = nil
+	}
 }
 
 func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
@@ -218,5 +220,26 @@ func TestShardPanicRestarts(t *testing.T) {
 	}
 	if st := r.refs[1].Stats(); st.Restarts != 1 {
 		t.Errorf("shard stats %+v, want one restart", st)
+	}
+}
+
+// TestSchedulerMicroService: the scheduler answers the micro service
+// PING, INFO and STATS requests, its stats carrying its counters.
+func TestSchedulerMicroService(t *testing.T) {
+	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4})
+	if _, err := r.client.Generate(context.Background(), SubmitMsg{ID: "m", Prompt: []int32{473}, MaxTokens: 3, IgnoreEOS: true}, func(FrameMsg) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"PING", "INFO", "STATS"} {
+		msg, err := r.client.nc.Request("$SRV."+verb+".scheduler", nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", verb, err)
+		}
+		if !strings.Contains(string(msg.Data), `"name":"scheduler"`) {
+			t.Errorf("%s answered %s", verb, msg.Data)
+		}
+		if verb == "STATS" && !strings.Contains(string(msg.Data), `"Tokens":3`) {
+			t.Errorf("STATS lacks the scheduler's counters: %s", msg.Data)
+		}
 	}
 }
