@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/chat"
@@ -294,6 +295,19 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	if err := gw.Mount("GET /v1/cluster", n.clusterHandler()); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	// The gateway is a micro service like every actor kind: PING, INFO and
+	// STATS (with the backend's queue and KV figures) on the bus.
+	gsvc, err := micro.AddService(n.nc, micro.Config{
+		Name:         "gateway",
+		Version:      "1.0.0",
+		Description:  "OpenAI-compatible HTTP and websocket gateway",
+		Metadata:     map[string]string{"node": cfg.Node, "listen": ln.Addr().String(), "model": n.bundle.Name},
+		StatsHandler: func(*micro.Endpoint) any { return n.backend.Stats() },
+	})
+	if err != nil {
+		return fmt.Errorf("serve: gateway service: %w", err)
+	}
+	defer gsvc.Stop()
 	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))
 	err = gw.Serve(ctx, ln)
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/troupe/troupe/models/demo"
@@ -223,4 +224,38 @@ func metric(t testing.TB, s *server, name string) float64 {
 	}
 	t.Fatalf("metric %s not exported:\n%s", name, raw)
 	return 0
+}
+
+// TestServeMicroServices: every kind of actor of a serving node answers the
+// micro service PING, INFO and STATS requests on the bus.
+func TestServeMicroServices(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	startServe(t, func(c *serveConfig) {
+		c.Cluster.ClientListen, c.Cluster.User, c.Cluster.Password = addr, "ops", "secret"
+	})
+	nc, err := nats.Connect("nats://"+addr, nats.UserInfo("ops", "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, kind := range []string{"gateway", "scheduler", "shard", "kvmgr", "spawner"} {
+		for _, verb := range []string{"PING", "INFO", "STATS"} {
+			msg, err := nc.Request("$SRV."+verb+"."+kind, nil, 5*time.Second)
+			if err != nil {
+				t.Errorf("%s %s: %v", verb, kind, err)
+				continue
+			}
+			if !strings.Contains(string(msg.Data), `"name":"`+kind+`"`) {
+				t.Errorf("%s %s answered %s", verb, kind, msg.Data)
+			}
+		}
+	}
+	if _, err := nats.Connect("nats://" + addr); err == nil {
+		t.Error("a client without credentials connected")
+	}
 }
