@@ -12,8 +12,11 @@ import (
 const attnGrain = 16 << 10
 
 // Attention implements gpu.Ops: paged, grouped-query attention with an
-// online softmax, one pass over the cache per (token, head), block by
-// block. Work is split over (token, head) pairs.
+// online softmax over runs of adjacent cache blocks. With three or more
+// tokens and an F32 or BF16 cache, consecutive tokens of one sequence go
+// through the cache together in tiles (attendTile) and work is split over
+// (head, tile) pairs; otherwise (decode, F16 caches) each (token, head)
+// pair makes its own pass (attendOne).
 func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	const op = "attention"
 	b, err := d.args(op, out, q, kc, vc, a.Pos, a.Seq, a.BlockTable)
@@ -67,6 +70,10 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 		}
 		work += (p + 1) * qw
 	}
+	if a.N >= attnTileMin && kcm.dt == vcm.dt && (kcm.dt == gpu.F32 || kcm.dt == gpu.BF16) {
+		d.attendTiles(o, qv, kcm, vcm, pos, seq, bt, kw, work, a)
+		return nil
+	}
 	units := a.N * a.Heads
 	grain := units
 	if work >= attnGrain {
@@ -90,6 +97,202 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 		}
 	})
 	return nil
+}
+
+// Tiling of attention over many tokens.
+const (
+	// attnTile is the most tokens of one sequence that attendTile takes
+	// through each run of keys; a multiple of 6, so that a tile splits
+	// into the triples that score keys and the pairs that sum values.
+	attnTile = 24
+	// attnTileMin is the fewest tokens in a call, and in a tile, worth
+	// the tiled path; fewer (decode) take attendOne token by token.
+	attnTileMin = 3
+)
+
+// tileScratch is one thread's workspace for attendTile.
+type tileScratch struct {
+	s   []float32 // [attnTile][run] scores, then probabilities
+	kf  []float32 // [run][HeadDim] keys widened from BF16
+	vf  []float32 // [run][HeadDim] values widened from BF16
+	q   []float32 // [attnTile][HeadDim] queries times Scale
+	acc []float32 // [attnTile][HeadDim] value sums
+	mx  []float32 // [attnTile] running maxima
+	sum []float32 // [attnTile] running sums of exponentials
+}
+
+// attendTiles runs attention over tiles of up to attnTile consecutive
+// tokens of one sequence, one (head, tile) pair per unit of work. Units go
+// out head by head, each head's tiles in the order first, last, second,
+// second to last, ..., so that any run of units holds about as much causal
+// work as any other of its length and the threads finish together.
+func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, kw, work int, a gpu.AttnArgs) {
+	tiles := d.tiles[:0]
+	for t := 0; t < a.N; {
+		e := t + 1
+		for e < a.N && e-t < attnTile && seq[e] == seq[t] {
+			e++
+		}
+		tiles = append(tiles, int32(t))
+		t = e
+	}
+	tiles = append(tiles, int32(a.N))
+	d.tiles = tiles
+	nt := len(tiles) - 1
+	units := nt * a.Heads
+	grain := units
+	if work >= attnGrain {
+		grain = 1
+	}
+	hd, qw := a.HeadDim, a.Heads*a.HeadDim
+	d.pool.For(units, grain, func(tid, lo, hi int) {
+		run := max(a.BlockSize, attnRun)
+		s := d.scratch[tid].get(attnTile*(run+2*hd+2) + 2*run*hd)
+		sc := tileScratch{s: s[:attnTile*run]}
+		s = s[attnTile*run:]
+		sc.kf, sc.vf, s = s[:run*hd], s[run*hd:2*run*hd], s[2*run*hd:]
+		sc.q, sc.acc, s = s[:attnTile*hd], s[attnTile*hd:2*attnTile*hd], s[2*attnTile*hd:]
+		sc.mx, sc.sum = s[:attnTile], s[attnTile:2*attnTile]
+		for u := lo; u < hi; u++ {
+			h, i := u/nt, u%nt
+			if i%2 == 0 {
+				i /= 2
+			} else {
+				i = nt - 1 - i/2
+			}
+			t0, t1 := int(tiles[i]), int(tiles[i+1])
+			table := bt[int(seq[t0])*a.MaxBlocks:][:a.MaxBlocks]
+			kh := h / (a.Heads / a.KVHeads)
+			if t1-t0 < attnTileMin {
+				one := attnScratch{scores: sc.s[:run], acc: sc.acc[:hd], q: sc.q[:hd]}
+				for t := t0; t < t1; t++ {
+					d.attendOne(o[t*qw+h*hd:][:hd], qv[t*qw+h*hd:][:hd], kc, vc, table, int(pos[t]), kh, kw, a, one)
+				}
+				continue
+			}
+			d.attendTile(o[t0*qw+h*hd:], qv[t0*qw+h*hd:], kc, vc, table, pos[t0:t1], kh, kw, a, sc)
+		}
+	})
+}
+
+// attendTile computes one head of len(pos) tokens of one sequence: o and q
+// start at the first token's head and step by Heads*HeadDim. Each run of
+// adjacent cache blocks is scored for three tokens at a time and its values
+// summed for two at a time, so that each key and value row is read (and
+// widened) once per group rather than once per token; a token takes only
+// the keys at or before its position, and runs past the last token's
+// position are never read.
+func (d *Device) attendTile(o, q []float32, kc, vc mat, table, pos []int32, kh, kw int, a gpu.AttnArgs, sc tileScratch) {
+	hd, bs, qw := a.HeadDim, a.BlockSize, a.Heads*a.HeadDim
+	n := len(pos)
+	n3 := (n + 2) / 3 * 3
+	run := len(sc.s) / attnTile
+	pmax := 0
+	for i := range n3 {
+		qi := sc.q[i*hd : (i+1)*hd]
+		if i >= n {
+			clear(qi)
+			continue
+		}
+		pmax = max(pmax, int(pos[i]))
+		for c, v := range q[i*qw : i*qw+hd] {
+			qi[c] = v * a.Scale
+		}
+	}
+	acc, mx, sum := sc.acc[:n*hd], sc.mx[:n], sc.sum[:n]
+	clear(acc)
+	clear(sum)
+	for i := range mx {
+		mx[i] = float32(math.Inf(-1))
+	}
+	var cnts [attnTile]int
+	for j := 0; j*bs <= pmax; {
+		nb := 1
+		for (nb+1)*bs <= run && (j+nb)*bs <= pmax && table[j+nb] == table[j]+int32(nb) {
+			nb++
+		}
+		start := j * bs
+		cnt := min(nb*bs, pmax+1-start)
+		base := int(table[j])*bs*kw + kh*hd
+		j += nb
+		for i := range n3 {
+			c := 0
+			if i < n {
+				c = min(max(int(pos[i])+1-start, 0), cnt)
+			}
+			cnts[i] = c
+		}
+		// BF16 rows feed the kernels directly for a tile of one or two
+		// groups; for more, they are widened once for all of them.
+		half := kc.dt == gpu.BF16 && n <= 6
+		kf, vf, fb, fs := kc.f, vc.f, base, kw
+		if kc.dt == gpu.BF16 && !half {
+			d.k.cvtBF16Rows(sc.kf, kc.h[base:], kw, cnt, hd)
+			d.k.cvtBF16Rows(sc.vf, vc.h[base:], kw, cnt, hd)
+			kf, vf, fb, fs = sc.kf, sc.vf, 0, hd
+		}
+		for g := 0; g < n3; g += 3 {
+			c := max(cnts[g], cnts[g+1], cnts[g+2])
+			if c == 0 {
+				continue
+			}
+			if half {
+				d.k.dots3BF16(sc.s[g*run:], run, sc.q[g*hd:], hd, kc.h[base:], kw, c, hd)
+			} else {
+				d.k.dots3F32(sc.s[g*run:], run, sc.q[g*hd:], hd, kf[fb:], fs, c, hd)
+			}
+		}
+		for i := range n {
+			c := cnts[i]
+			if c == 0 {
+				continue
+			}
+			row := sc.s[i*run : i*run+c]
+			bm := d.k.max(row)
+			if bm > mx[i] {
+				if sum[i] != 0 {
+					f := expf(mx[i] - bm)
+					sum[i] *= f
+					for k := range acc[i*hd : (i+1)*hd] {
+						acc[i*hd+k] *= f
+					}
+				}
+				mx[i] = bm
+			}
+			sum[i] += d.k.expShift(row, mx[i])
+		}
+		for i := 0; i < n; i += 2 {
+			c0, c1 := cnts[i], 0
+			if i+1 < n {
+				c1 = cnts[i+1]
+			}
+			cm := min(c0, c1)
+			if cm > 0 {
+				if half {
+					d.k.accum2BF16(acc[i*hd:], hd, vc.h[base:], kw, sc.s[i*run:], run, cm, hd)
+				} else {
+					d.k.accum2F32(acc[i*hd:], hd, vf[fb:], fs, sc.s[i*run:], run, cm, hd)
+				}
+			}
+			for r, c := range [2]int{c0, c1} {
+				if c <= cm {
+					continue
+				}
+				ar, pr := acc[(i+r)*hd:(i+r+1)*hd], sc.s[(i+r)*run+cm:(i+r)*run+c]
+				if half {
+					d.k.accumBF16(ar, vc.h[base+cm*kw:], kw, pr)
+				} else {
+					d.k.accum(ar, vf[fb+cm*fs:], fs, pr)
+				}
+			}
+		}
+	}
+	for i := range n {
+		inv := 1 / sum[i]
+		for c, v := range acc[i*hd : (i+1)*hd] {
+			o[i*qw+c] = v * inv
+		}
+	}
 }
 
 // attnRun is the most positions attendOne scores at once when the blocks

@@ -162,14 +162,16 @@ func TestKernelsAgree(t *testing.T) {
 		}
 	}
 	for _, k8 := range []int{8, 16, 24, 64, 392} {
-		xs, ws, os := k8+8*rng.IntN(3), k8+8*rng.IntN(3), 3+rng.IntN(4)
-		x, w := randF32(rng, 3*xs+k8), randF32(rng, 2*ws+k8)
-		got, want, scale := make([]float32, 3*os+3), make([]float32, 3*os+3), make([]float32, 3*os+3)
-		fast.gemm4x3(got, os, x, xs, w, ws, k8)
-		genericKernels.gemm4x3(want, os, x, xs, w, ws, k8)
-		genericKernels.gemm4x3(scale, os, absF32(x), xs, absF32(w), ws, k8)
-		if e := diff(got, want, scale); e > tol {
-			t.Errorf("gemm4x3 k=%d: error %.3g", k8, e)
+		for _, n3 := range []int{1, 2, 5} {
+			xs, ws, os := k8+8*rng.IntN(3), k8+8*rng.IntN(3), 3*n3+rng.IntN(4)
+			x, w := randF32(rng, 3*xs+k8), randF32(rng, (3*n3-1)*ws+k8)
+			got, want, scale := make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3)
+			fast.gemm4x3(got, os, x, xs, w, ws, k8, n3)
+			genericKernels.gemm4x3(want, os, x, xs, w, ws, k8, n3)
+			genericKernels.gemm4x3(scale, os, absF32(x), xs, absF32(w), ws, k8, n3)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("gemm4x3 k=%d n3=%d: error %.3g", k8, n3, e)
+			}
 		}
 	}
 	for _, hd := range []int{3, 8, 24, 64, 72, 128, 136} {
@@ -193,6 +195,60 @@ func TestKernelsAgree(t *testing.T) {
 			genericKernels.accumBF16(scale, absU16(vh), vs, absF32(p))
 			if e := diff(got, want, scale); e > tol {
 				t.Errorf("accum bf16 hd=%d rows=%d: error %.3g", hd, rows, e)
+			}
+		}
+	}
+	for _, hd := range []int{3, 8, 24, 64, 72, 128} {
+		for _, nk := range []int{1, 3, 4, 7, 16, 65} {
+			ks, qs, ss := hd+rng.IntN(9), hd+rng.IntN(3), nk+rng.IntN(3)
+			q, kf, kh := randF32(rng, 2*qs+hd), randF32(rng, (nk-1)*ks+hd), randU16(rng, (nk-1)*ks+hd, gpu.BF16)
+			got, want, scale := make([]float32, 2*ss+nk), make([]float32, 2*ss+nk), make([]float32, 2*ss+nk)
+			fast.dots3F32(got, ss, q, qs, kf, ks, nk, hd)
+			genericKernels.dots3F32(want, ss, q, qs, kf, ks, nk, hd)
+			genericKernels.dots3F32(scale, ss, absF32(q), qs, absF32(kf), ks, nk, hd)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("dots3 f32 hd=%d nk=%d: error %.3g", hd, nk, e)
+			}
+			fast.dots3BF16(got, ss, q, qs, kh, ks, nk, hd)
+			genericKernels.dots3BF16(want, ss, q, qs, kh, ks, nk, hd)
+			genericKernels.dots3BF16(scale, ss, absF32(q), qs, absU16(kh), ks, nk, hd)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("dots3 bf16 hd=%d nk=%d: error %.3g", hd, nk, e)
+			}
+			// nk value rows into two accumulators.
+			as, ps := hd+rng.IntN(3), nk+rng.IntN(3)
+			p := randF32(rng, ps+nk)
+			vf, vh := randF32(rng, (nk-1)*ks+hd), randU16(rng, (nk-1)*ks+hd, gpu.BF16)
+			got, want = randF32(rng, as+hd), make([]float32, as+hd)
+			copy(want, got)
+			scale = absF32(got)
+			fast.accum2F32(got, as, vf, ks, p, ps, nk, hd)
+			genericKernels.accum2F32(want, as, vf, ks, p, ps, nk, hd)
+			genericKernels.accum2F32(scale, as, absF32(vf), ks, absF32(p), ps, nk, hd)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("accum2 f32 hd=%d rows=%d: error %.3g", hd, nk, e)
+			}
+			copy(got, want)
+			scale = absF32(got)
+			fast.accum2BF16(got, as, vh, ks, p, ps, nk, hd)
+			genericKernels.accum2BF16(want, as, vh, ks, p, ps, nk, hd)
+			genericKernels.accum2BF16(scale, as, absU16(vh), ks, absF32(p), ps, nk, hd)
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("accum2 bf16 hd=%d rows=%d: error %.3g", hd, nk, e)
+			}
+		}
+	}
+	for _, n := range []int{3, 8, 64, 72} {
+		for _, rows := range []int{1, 5} {
+			ss := n + rng.IntN(9)
+			src := randU16(rng, (rows-1)*ss+n, gpu.BF16)
+			got, want := make([]float32, rows*n), make([]float32, rows*n)
+			fast.cvtBF16Rows(got, src, ss, rows, n)
+			genericKernels.cvtBF16Rows(want, src, ss, rows, n)
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("cvt bf16 rows n=%d rows=%d: element %d is %v, want %v", n, rows, i, got[i], want[i])
+				}
 			}
 		}
 	}
@@ -226,6 +282,9 @@ func TestKernelsAgree(t *testing.T) {
 		sg, sw := fast.expShift(got, m), genericKernels.expShift(want, m)
 		if e := relErr(got, want); e > tol || math.Abs(float64(sg-sw)) > tol*float64(sw) {
 			t.Errorf("expShift n=%d: error %.3g, sum %v, want %v", n, e, sg, sw)
+		}
+		if g, w := fast.max(x), genericKernels.max(x); g != w {
+			t.Errorf("max n=%d: got %v, want %v", n, g, w)
 		}
 		u := randF32(rng, n)
 		fast.siluMul(got, x, u)

@@ -16,6 +16,7 @@ type Device struct {
 	k       *kernels
 	pool    *pool
 	scratch []scratch // per thread, indexed by tid
+	tiles   []int32   // Attention's tile starts, reused between calls
 	closed  bool
 }
 

@@ -12,16 +12,32 @@ type kernels struct {
 	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
 	// gemm4x3 sets out[i*ostride+j] = x[i*xstride:][:k8] · w[j*wstride:][:k8]
-	// for i < 4, j < 3; k8 is a positive multiple of 8.
-	gemm4x3 func(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int)
+	// for i < 4, j < 3*n3: a 4x3 tile repeated over n3 triples of rows of
+	// w. k8 is a positive multiple of 8.
+	gemm4x3 func(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int)
 	// accum adds Σ_r p[r]*v[r*vstride : r*vstride+len(acc)] to acc for
 	// r < len(p).
 	accum     func(acc, v []float32, vstride int, p []float32)
 	accumBF16 func(acc []float32, v []uint16, vstride int, p []float32)
+	// dots3* set s[i*sstride+j] = q[i*qstride:][:hd] · k[j*kstride:][:hd]
+	// for i < 3, j < nk: the scores of three queries against nk keys, each
+	// key read once.
+	dots3F32  func(s []float32, sstride int, q []float32, qstride int, k []float32, kstride, nk, hd int)
+	dots3BF16 func(s []float32, sstride int, q []float32, qstride int, k []uint16, kstride, nk, hd int)
+	// accum2* add Σ_r p[a*pstride+r]*v[r*vstride:][:hd] to
+	// acc[a*astride:][:hd] for a < 2, r < rows: the value sums of two
+	// queries, each value row read once.
+	accum2F32  func(acc []float32, astride int, v []float32, vstride int, p []float32, pstride, rows, hd int)
+	accum2BF16 func(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int)
+	// max returns the largest element of a non-empty s.
+	max func(s []float32) float32
 	// expShift sets s[i] = exp(s[i]-m) and returns Σ s[i]; m ≥ max(s).
 	expShift func(s []float32, m float32) float32
 	// siluMul sets o[i] = silu(g[i]) * u[i]; o may alias g or u.
 	siluMul func(o, g, u []float32)
+	// cvtBF16Rows widens rows rows of n elements of src, which start
+	// sstride apart, into dst[r*n:][:n].
+	cvtBF16Rows func(dst []float32, src []uint16, sstride, rows, n int)
 	// cvtBF16 and cvtF16 widen src into dst[:len(src)].
 	cvtBF16 func(dst []float32, src []uint16)
 	cvtF16  func(dst []float32, src []uint16)
@@ -30,18 +46,24 @@ type kernels struct {
 }
 
 var genericKernels = &kernels{
-	name:      "generic",
-	gemvF32:   gemvF32Go,
-	gemvBF16:  gemvBF16Go,
-	gemvF16:   gemvF16Go,
-	gemm4x3:   gemm4x3Go,
-	accum:     accumGo,
-	accumBF16: accumBF16Go,
-	expShift:  expShiftGo,
-	siluMul:   siluMulGo,
-	cvtBF16:   cvtBF16Go,
-	cvtF16:    cvtF16Go,
-	sum:       sumGo,
+	name:        "generic",
+	gemvF32:     gemvF32Go,
+	gemvBF16:    gemvBF16Go,
+	gemvF16:     gemvF16Go,
+	gemm4x3:     gemm4x3Go,
+	accum:       accumGo,
+	accumBF16:   accumBF16Go,
+	dots3F32:    dots3F32Go,
+	dots3BF16:   dots3BF16Go,
+	accum2F32:   accum2F32Go,
+	accum2BF16:  accum2BF16Go,
+	max:         maxGo,
+	expShift:    expShiftGo,
+	siluMul:     siluMulGo,
+	cvtBF16Rows: cvtBF16RowsGo,
+	cvtBF16:     cvtBF16Go,
+	cvtF16:      cvtF16Go,
+	sum:         sumGo,
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {
@@ -100,10 +122,10 @@ func gemvF16Go(out, x []float32, w []uint16, stride, rows, k int) {
 	}
 }
 
-func gemm4x3Go(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int) {
+func gemm4x3Go(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
 	for i := range 4 {
 		xr := x[i*xstride : i*xstride+k8]
-		for j := range 3 {
+		for j := range 3 * n3 {
 			out[i*ostride+j] = dotGo(xr, w[j*wstride:j*wstride+k8])
 		}
 	}
@@ -170,5 +192,45 @@ func siluMulGo(o, g, u []float32) {
 	g, u = g[:len(o)], u[:len(o)]
 	for i := range o {
 		o[i] = g[i] / (1 + expf(-g[i])) * u[i]
+	}
+}
+
+func dots3F32Go(s []float32, sstride int, q []float32, qstride int, k []float32, kstride, nk, hd int) {
+	for i := range 3 {
+		gemvF32Go(s[i*sstride:i*sstride+nk], q[i*qstride:i*qstride+hd], k, kstride, nk, hd)
+	}
+}
+
+func dots3BF16Go(s []float32, sstride int, q []float32, qstride int, k []uint16, kstride, nk, hd int) {
+	for i := range 3 {
+		gemvBF16Go(s[i*sstride:i*sstride+nk], q[i*qstride:i*qstride+hd], k, kstride, nk, hd)
+	}
+}
+
+func accum2F32Go(acc []float32, astride int, v []float32, vstride int, p []float32, pstride, rows, hd int) {
+	for a := range 2 {
+		accumGo(acc[a*astride:a*astride+hd], v, vstride, p[a*pstride:a*pstride+rows])
+	}
+}
+
+func accum2BF16Go(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int) {
+	for a := range 2 {
+		accumBF16Go(acc[a*astride:a*astride+hd], v, vstride, p[a*pstride:a*pstride+rows])
+	}
+}
+
+func maxGo(s []float32) float32 {
+	m := s[0]
+	for _, v := range s[1:] {
+		if v > m {
+			m = v
+		}
+	}
+	return m
+}
+
+func cvtBF16RowsGo(dst []float32, src []uint16, sstride, rows, n int) {
+	for r := range rows {
+		cvtBF16Go(dst[r*n:(r+1)*n], src[r*sstride:r*sstride+n])
 	}
 }

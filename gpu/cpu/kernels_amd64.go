@@ -16,18 +16,24 @@ func fastKernels() *kernels {
 }
 
 var avx2Kernels = &kernels{
-	name:      "avx2",
-	gemvF32:   gemvF32Asm,
-	gemvBF16:  gemvBF16Asm,
-	gemvF16:   gemvF16Asm,
-	gemm4x3:   gemm4x3Asm,
-	accum:     accumAsm,
-	accumBF16: accumBF16Asm,
-	expShift:  expShiftAsm,
-	siluMul:   siluMulAsm,
-	cvtBF16:   cvtBF16Asm,
-	cvtF16:    cvtF16Asm,
-	sum:       sumAsm,
+	name:        "avx2",
+	gemvF32:     gemvF32Asm,
+	gemvBF16:    gemvBF16Asm,
+	gemvF16:     gemvF16Asm,
+	gemm4x3:     gemm4x3Asm,
+	accum:       accumAsm,
+	accumBF16:   accumBF16Asm,
+	dots3F32:    dots3F32Asm,
+	dots3BF16:   dots3BF16Asm,
+	accum2F32:   accum2F32Asm,
+	accum2BF16:  accum2BF16Asm,
+	max:         maxAsm,
+	expShift:    expShiftAsm,
+	siluMul:     siluMulAsm,
+	cvtBF16Rows: cvtBF16RowsAsm,
+	cvtBF16:     cvtBF16Asm,
+	cvtF16:      cvtF16Asm,
+	sum:         sumAsm,
 }
 
 //go:noescape
@@ -40,13 +46,28 @@ func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
 func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
 
 //go:noescape
-func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride, k8 int)
+func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride, k8, n3 int)
 
 //go:noescape
 func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
 
 //go:noescape
 func accumBF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int)
+
+//go:noescape
+func dots3F32AVX2(s *float32, sstride int, q *float32, qstride int, k *float32, kstride int, nk4 int, hd8 int)
+
+//go:noescape
+func dots3BF16AVX2(s *float32, sstride int, q *float32, qstride int, k *uint16, kstride int, nk4 int, hd8 int)
+
+//go:noescape
+func accum2F32AVX2(acc *float32, astride int, v *float32, vstride int, p *float32, pstride int, rows int, hd8 int)
+
+//go:noescape
+func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float32, pstride int, rows int, hd8 int)
+
+//go:noescape
+func maxF32AVX2(s *float32, n8 int) float32
 
 //go:noescape
 func expShiftAVX2(s *float32, n8 int, m float32) float32
@@ -56,6 +77,9 @@ func siluMulAVX2(out, gate, up *float32, n8 int)
 
 //go:noescape
 func cvtBF16AVX2(dst *float32, src *uint16, n8 int)
+
+//go:noescape
+func cvtBF16RowsAVX2(dst *float32, src *uint16, sstride, rows, n8 int)
 
 //go:noescape
 func cvtF16AVX2(dst *float32, src *uint16, n8 int)
@@ -125,14 +149,17 @@ func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 	}
 }
 
-func gemm4x3Asm(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8 int) {
+func gemm4x3Asm(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
 	if k8 <= 0 || k8%8 != 0 {
 		panic("cpu: gemm4x3 depth is not a positive multiple of 8")
 	}
-	_ = out[3*ostride+2]
+	if n3 <= 0 {
+		return
+	}
+	_ = out[3*ostride+3*n3-1]
 	_ = x[3*xstride+k8-1]
-	_ = w[2*wstride+k8-1]
-	gemm4x3AVX2(&out[0], ostride, &x[0], xstride, &w[0], wstride, k8)
+	_ = w[(3*n3-1)*wstride+k8-1]
+	gemm4x3AVX2(&out[0], ostride, &x[0], xstride, &w[0], wstride, k8, n3)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {
@@ -209,4 +236,115 @@ func siluMulAsm(o, g, u []float32) {
 		siluMulAVX2(&o[0], &g[0], &u[0], n8)
 	}
 	siluMulGo(o[n8:], g[n8:], u[n8:])
+}
+
+// checkDots3 panics unless the slices hold what a dots3 of nk keys of
+// length hd reads and writes; the assembly trusts its pointers.
+func checkDots3(s []float32, sstride int, q []float32, qstride, klen, kstride, nk, hd int) {
+	_ = s[2*sstride+nk-1]
+	_ = q[2*qstride+hd-1]
+	if (nk-1)*kstride+hd > klen {
+		panic("cpu: dots3 keys out of range")
+	}
+}
+
+func dots3F32Asm(s []float32, sstride int, q []float32, qstride int, k []float32, kstride, nk, hd int) {
+	if nk <= 0 {
+		return
+	}
+	if hd <= 0 || hd%8 != 0 {
+		dots3F32Go(s, sstride, q, qstride, k, kstride, nk, hd)
+		return
+	}
+	checkDots3(s, sstride, q, qstride, len(k), kstride, nk, hd)
+	nk4 := nk &^ 3
+	if nk4 > 0 {
+		dots3F32AVX2(&s[0], sstride, &q[0], qstride, &k[0], kstride, nk4, hd)
+	}
+	if nk4 < nk {
+		for i := range 3 {
+			gemvF32Asm(s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
+		}
+	}
+}
+
+func dots3BF16Asm(s []float32, sstride int, q []float32, qstride int, k []uint16, kstride, nk, hd int) {
+	if nk <= 0 {
+		return
+	}
+	if hd <= 0 || hd%8 != 0 {
+		dots3BF16Go(s, sstride, q, qstride, k, kstride, nk, hd)
+		return
+	}
+	checkDots3(s, sstride, q, qstride, len(k), kstride, nk, hd)
+	nk4 := nk &^ 3
+	if nk4 > 0 {
+		dots3BF16AVX2(&s[0], sstride, &q[0], qstride, &k[0], kstride, nk4, hd)
+	}
+	if nk4 < nk {
+		for i := range 3 {
+			gemvBF16Asm(s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
+		}
+	}
+}
+
+// checkAccum2 panics unless the slices hold what an accum2 of rows value
+// rows of length hd reads and writes; the assembly trusts its pointers.
+func checkAccum2(acc []float32, astride, vlen, vstride int, p []float32, pstride, rows, hd int) {
+	_ = acc[astride+hd-1]
+	_ = p[pstride+rows-1]
+	if (rows-1)*vstride+hd > vlen {
+		panic("cpu: accum2 values out of range")
+	}
+}
+
+func accum2F32Asm(acc []float32, astride int, v []float32, vstride int, p []float32, pstride, rows, hd int) {
+	if rows <= 0 || hd <= 0 {
+		return
+	}
+	if hd%8 != 0 {
+		accum2F32Go(acc, astride, v, vstride, p, pstride, rows, hd)
+		return
+	}
+	checkAccum2(acc, astride, len(v), vstride, p, pstride, rows, hd)
+	accum2F32AVX2(&acc[0], astride, &v[0], vstride, &p[0], pstride, rows, hd)
+}
+
+func accum2BF16Asm(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int) {
+	if rows <= 0 || hd <= 0 {
+		return
+	}
+	if hd%8 != 0 {
+		accum2BF16Go(acc, astride, v, vstride, p, pstride, rows, hd)
+		return
+	}
+	checkAccum2(acc, astride, len(v), vstride, p, pstride, rows, hd)
+	accum2BF16AVX2(&acc[0], astride, &v[0], vstride, &p[0], pstride, rows, hd)
+}
+
+func maxAsm(s []float32) float32 {
+	n8 := len(s) &^ 7
+	if n8 == 0 {
+		return maxGo(s)
+	}
+	m := maxF32AVX2(&s[0], n8)
+	for _, v := range s[n8:] {
+		if v > m {
+			m = v
+		}
+	}
+	return m
+}
+
+func cvtBF16RowsAsm(dst []float32, src []uint16, sstride, rows, n int) {
+	if rows <= 0 || n <= 0 {
+		return
+	}
+	if n%8 != 0 {
+		cvtBF16RowsGo(dst, src, sstride, rows, n)
+		return
+	}
+	_ = dst[rows*n-1]
+	_ = src[(rows-1)*sstride+n-1]
+	cvtBF16RowsAVX2(&dst[0], &src[0], sstride, rows, n)
 }

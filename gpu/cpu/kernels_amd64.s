@@ -371,10 +371,11 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride int, k8 int)
-// out[i*ostride+j] = x[i*xstride : +k8] · w[j*wstride : +k8] for i < 4, j < 3;
-// k8 is a positive multiple of 8.
-TEXT ·gemm4x3AVX2(SB), NOSPLIT, $0-56
+// func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride int, k8 int, n3 int)
+// out[i*ostride+j] = x[i*xstride : +k8] · w[j*wstride : +k8] for i < 4,
+// j < 3*n3: the 4x3 tile repeated over n3 consecutive triples of w's rows,
+// the four rows of x staying in L1. k8 is a positive multiple of 8, n3 > 0.
+TEXT ·gemm4x3AVX2(SB), NOSPLIT, $0-64
 	MOVQ out+0(FP), DI
 	MOVQ ostride+8(FP), BX
 	SHLQ $2, BX
@@ -391,6 +392,7 @@ TEXT ·gemm4x3AVX2(SB), NOSPLIT, $0-56
 	LEAQ (R11)(R10*2), R13
 	LEAQ (DX)(R8*2), R9
 	ADDQ DX, R8
+triple:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -454,6 +456,16 @@ loop:
 	VEXTRACTPS $1, X8, (R10)
 	VEXTRACTPS $2, X8, 4(R10)
 	VEXTRACTPS $3, X8, 8(R10)
+	// Next triple: w's rows advance by three strides, out by three columns.
+	MOVQ R8, R10
+	SUBQ DX, R10
+	LEAQ (R10)(R10*2), R10
+	ADDQ R10, DX
+	ADDQ R10, R8
+	ADDQ R10, R9
+	ADDQ $12, DI
+	DECQ n3+56(FP)
+	JNZ triple
 	VZEROUPPER
 	RET
 
@@ -886,5 +898,415 @@ loop:
 	ADDQ $8, AX
 	JMP loop
 done:
+	VZEROUPPER
+	RET
+
+// func dots3BF16AVX2(s *float32, sstride int, q *float32, qstride int, k *uint16, kstride int, nk4 int, hd8 int)
+// s[i*sstride+j] = q[i*qstride : +hd8] · k[j*kstride : +hd8] for i < 3, j < nk4;
+// nk4 is a positive multiple of 4 and hd8 of 8. Each key row is widened once
+// for the three queries.
+TEXT ·dots3BF16AVX2(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ q+16(FP), SI
+	MOVQ qstride+24(FP), AX
+	SHLQ $2, AX
+	LEAQ (SI)(AX*1), R11
+	LEAQ (SI)(AX*2), R12
+	MOVQ k+32(FP), DX
+	MOVQ kstride+40(FP), R10
+	SHLQ $1, R10
+	LEAQ (DX)(R10*1), R8
+	LEAQ (DX)(R10*2), R9
+	LEAQ (R8)(R10*2), R13
+	MOVQ nk4+48(FP), CX
+	MOVQ hd8+56(FP), BX
+	SHLQ $1, BX
+group:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+inner:
+	VMOVUPS (SI)(AX*2), Y12
+	VMOVUPS (R11)(AX*2), Y13
+	VMOVUPS (R12)(AX*2), Y14
+	VPMOVZXWD (DX)(AX*1), Y15
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y15, Y12, Y0
+	VFMADD231PS Y15, Y13, Y4
+	VFMADD231PS Y15, Y14, Y8
+	VPMOVZXWD (R8)(AX*1), Y15
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y15, Y12, Y1
+	VFMADD231PS Y15, Y13, Y5
+	VFMADD231PS Y15, Y14, Y9
+	VPMOVZXWD (R9)(AX*1), Y15
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y15, Y12, Y2
+	VFMADD231PS Y15, Y13, Y6
+	VFMADD231PS Y15, Y14, Y10
+	VPMOVZXWD (R13)(AX*1), Y15
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y15, Y12, Y3
+	VFMADD231PS Y15, Y13, Y7
+	VFMADD231PS Y15, Y14, Y11
+	ADDQ $16, AX
+	CMPQ AX, BX
+	JLT inner
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X12
+	VADDPS X12, X0, X0
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X13
+	VADDPS X13, X4, X4
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X14
+	VADDPS X14, X8, X8
+	MOVQ sstride+8(FP), AX
+	SHLQ $2, AX
+	VMOVUPS X0, (DI)
+	VMOVUPS X4, (DI)(AX*1)
+	VMOVUPS X8, (DI)(AX*2)
+	ADDQ $16, DI
+	LEAQ (DX)(R10*4), DX
+	LEAQ (R8)(R10*4), R8
+	LEAQ (R9)(R10*4), R9
+	LEAQ (R13)(R10*4), R13
+	SUBQ $4, CX
+	JNZ group
+	VZEROUPPER
+	RET
+
+// func dots3F32AVX2(s *float32, sstride int, q *float32, qstride int, k *float32, kstride int, nk4 int, hd8 int)
+// dots3BF16AVX2 for float32 keys.
+TEXT ·dots3F32AVX2(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ q+16(FP), SI
+	MOVQ qstride+24(FP), AX
+	SHLQ $2, AX
+	LEAQ (SI)(AX*1), R11
+	LEAQ (SI)(AX*2), R12
+	MOVQ k+32(FP), DX
+	MOVQ kstride+40(FP), R10
+	SHLQ $2, R10
+	LEAQ (DX)(R10*1), R8
+	LEAQ (DX)(R10*2), R9
+	LEAQ (R8)(R10*2), R13
+	MOVQ nk4+48(FP), CX
+	MOVQ hd8+56(FP), BX
+	SHLQ $2, BX
+group:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+inner:
+	VMOVUPS (SI)(AX*1), Y12
+	VMOVUPS (R11)(AX*1), Y13
+	VMOVUPS (R12)(AX*1), Y14
+	VMOVUPS (DX)(AX*1), Y15
+	VFMADD231PS Y15, Y12, Y0
+	VFMADD231PS Y15, Y13, Y4
+	VFMADD231PS Y15, Y14, Y8
+	VMOVUPS (R8)(AX*1), Y15
+	VFMADD231PS Y15, Y12, Y1
+	VFMADD231PS Y15, Y13, Y5
+	VFMADD231PS Y15, Y14, Y9
+	VMOVUPS (R9)(AX*1), Y15
+	VFMADD231PS Y15, Y12, Y2
+	VFMADD231PS Y15, Y13, Y6
+	VFMADD231PS Y15, Y14, Y10
+	VMOVUPS (R13)(AX*1), Y15
+	VFMADD231PS Y15, Y12, Y3
+	VFMADD231PS Y15, Y13, Y7
+	VFMADD231PS Y15, Y14, Y11
+	ADDQ $32, AX
+	CMPQ AX, BX
+	JLT inner
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X12
+	VADDPS X12, X0, X0
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X13
+	VADDPS X13, X4, X4
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X14
+	VADDPS X14, X8, X8
+	MOVQ sstride+8(FP), AX
+	SHLQ $2, AX
+	VMOVUPS X0, (DI)
+	VMOVUPS X4, (DI)(AX*1)
+	VMOVUPS X8, (DI)(AX*2)
+	ADDQ $16, DI
+	LEAQ (DX)(R10*4), DX
+	LEAQ (R8)(R10*4), R8
+	LEAQ (R9)(R10*4), R9
+	LEAQ (R13)(R10*4), R13
+	SUBQ $4, CX
+	JNZ group
+	VZEROUPPER
+	RET
+
+// func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float32, pstride int, rows int, hd8 int)
+// acc[a*astride+c] += Σ_r p[a*pstride+r]*float32(v[r*vstride+c]) for a < 2,
+// c < hd8; rows > 0, hd8 a multiple of 8. Each value row is widened once
+// for the two accumulators.
+TEXT ·accum2BF16AVX2(SB), NOSPLIT, $0-64
+	MOVQ acc+0(FP), DI
+	MOVQ astride+8(FP), AX
+	LEAQ (DI)(AX*4), R10
+	MOVQ v+16(FP), SI
+	MOVQ vstride+24(FP), R8
+	SHLQ $1, R8
+	MOVQ p+32(FP), DX
+	MOVQ pstride+40(FP), AX
+	LEAQ (DX)(AX*4), R9
+	MOVQ hd8+56(FP), CX
+	XORQ AX, AX
+chunk32:
+	LEAQ 32(AX), BX
+	CMPQ BX, CX
+	JGT chunk8
+	VMOVUPS 0(DI)(AX*4), Y0
+	VMOVUPS 32(DI)(AX*4), Y1
+	VMOVUPS 64(DI)(AX*4), Y2
+	VMOVUPS 96(DI)(AX*4), Y3
+	VMOVUPS 0(R10)(AX*4), Y4
+	VMOVUPS 32(R10)(AX*4), Y5
+	VMOVUPS 64(R10)(AX*4), Y6
+	VMOVUPS 96(R10)(AX*4), Y7
+	MOVQ SI, R11
+	XORQ R12, R12
+	MOVQ rows+48(FP), R13
+rows32:
+	VBROADCASTSS (DX)(R12*1), Y8
+	VBROADCASTSS (R9)(R12*1), Y9
+	VPMOVZXWD 0(R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VPMOVZXWD 16(R11)(AX*2), Y11
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VPMOVZXWD 32(R11)(AX*2), Y12
+	VPSLLD $16, Y12, Y12
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	VPMOVZXWD 48(R11)(AX*2), Y13
+	VPSLLD $16, Y13, Y13
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows32
+	VMOVUPS Y0, 0(DI)(AX*4)
+	VMOVUPS Y1, 32(DI)(AX*4)
+	VMOVUPS Y2, 64(DI)(AX*4)
+	VMOVUPS Y3, 96(DI)(AX*4)
+	VMOVUPS Y4, 0(R10)(AX*4)
+	VMOVUPS Y5, 32(R10)(AX*4)
+	VMOVUPS Y6, 64(R10)(AX*4)
+	VMOVUPS Y7, 96(R10)(AX*4)
+	ADDQ $32, AX
+	JMP chunk32
+chunk8:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*4), Y0
+	VMOVUPS (R10)(AX*4), Y4
+	MOVQ SI, R11
+	XORQ R12, R12
+	MOVQ rows+48(FP), R13
+rows8:
+	VBROADCASTSS (DX)(R12*1), Y8
+	VBROADCASTSS (R9)(R12*1), Y9
+	VPMOVZXWD (R11)(AX*2), Y10
+	VPSLLD $16, Y10, Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows8
+	VMOVUPS Y0, (DI)(AX*4)
+	VMOVUPS Y4, (R10)(AX*4)
+	ADDQ $8, AX
+	JMP chunk8
+done:
+	VZEROUPPER
+	RET
+
+// func accum2F32AVX2(acc *float32, astride int, v *float32, vstride int, p *float32, pstride int, rows int, hd8 int)
+// accum2BF16AVX2 for float32 values.
+TEXT ·accum2F32AVX2(SB), NOSPLIT, $0-64
+	MOVQ acc+0(FP), DI
+	MOVQ astride+8(FP), AX
+	LEAQ (DI)(AX*4), R10
+	MOVQ v+16(FP), SI
+	MOVQ vstride+24(FP), R8
+	SHLQ $2, R8
+	MOVQ p+32(FP), DX
+	MOVQ pstride+40(FP), AX
+	LEAQ (DX)(AX*4), R9
+	MOVQ hd8+56(FP), CX
+	XORQ AX, AX
+chunk32:
+	LEAQ 32(AX), BX
+	CMPQ BX, CX
+	JGT chunk8
+	VMOVUPS 0(DI)(AX*4), Y0
+	VMOVUPS 32(DI)(AX*4), Y1
+	VMOVUPS 64(DI)(AX*4), Y2
+	VMOVUPS 96(DI)(AX*4), Y3
+	VMOVUPS 0(R10)(AX*4), Y4
+	VMOVUPS 32(R10)(AX*4), Y5
+	VMOVUPS 64(R10)(AX*4), Y6
+	VMOVUPS 96(R10)(AX*4), Y7
+	MOVQ SI, R11
+	XORQ R12, R12
+	MOVQ rows+48(FP), R13
+rows32:
+	VBROADCASTSS (DX)(R12*1), Y8
+	VBROADCASTSS (R9)(R12*1), Y9
+	VMOVUPS 0(R11)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VMOVUPS 32(R11)(AX*4), Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS 64(R11)(AX*4), Y12
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	VMOVUPS 96(R11)(AX*4), Y13
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows32
+	VMOVUPS Y0, 0(DI)(AX*4)
+	VMOVUPS Y1, 32(DI)(AX*4)
+	VMOVUPS Y2, 64(DI)(AX*4)
+	VMOVUPS Y3, 96(DI)(AX*4)
+	VMOVUPS Y4, 0(R10)(AX*4)
+	VMOVUPS Y5, 32(R10)(AX*4)
+	VMOVUPS Y6, 64(R10)(AX*4)
+	VMOVUPS Y7, 96(R10)(AX*4)
+	ADDQ $32, AX
+	JMP chunk32
+chunk8:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*4), Y0
+	VMOVUPS (R10)(AX*4), Y4
+	MOVQ SI, R11
+	XORQ R12, R12
+	MOVQ rows+48(FP), R13
+rows8:
+	VBROADCASTSS (DX)(R12*1), Y8
+	VBROADCASTSS (R9)(R12*1), Y9
+	VMOVUPS (R11)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows8
+	VMOVUPS Y0, (DI)(AX*4)
+	VMOVUPS Y4, (R10)(AX*4)
+	ADDQ $8, AX
+	JMP chunk8
+done:
+	VZEROUPPER
+	RET
+
+// func maxF32AVX2(s *float32, n8 int) float32
+// max(s[i]) for i < n8, a positive multiple of 8.
+TEXT ·maxF32AVX2(SB), NOSPLIT, $0-20
+	MOVQ s+0(FP), SI
+	MOVQ n8+8(FP), CX
+	SHLQ $2, CX
+	VMOVUPS (SI), Y0
+	VMOVAPS Y0, Y1
+	MOVQ $32, AX
+loop16:
+	LEAQ 32(AX), BX
+	CMPQ BX, CX
+	JGT loop8
+	VMAXPS (SI)(AX*1), Y0, Y0
+	VMAXPS 32(SI)(AX*1), Y1, Y1
+	ADDQ $64, AX
+	JMP loop16
+loop8:
+	CMPQ AX, CX
+	JGE done
+	VMAXPS (SI)(AX*1), Y0, Y0
+done:
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func cvtBF16RowsAVX2(dst *float32, src *uint16, sstride int, rows int, n8 int)
+// dst[r*n8+i] = float32(src[r*sstride+i]) for r < rows, i < n8; rows > 0,
+// n8 a positive multiple of 8.
+TEXT ·cvtBF16RowsAVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ sstride+16(FP), R8
+	SHLQ $1, R8
+	MOVQ rows+24(FP), R9
+	MOVQ n8+32(FP), CX
+row:
+	XORQ AX, AX
+loop:
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	CMPQ AX, CX
+	JLT loop
+	LEAQ (DI)(CX*4), DI
+	ADDQ R8, SI
+	DECQ R9
+	JNZ row
 	VZEROUPPER
 	RET

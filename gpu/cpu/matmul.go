@@ -107,7 +107,9 @@ func (d *Device) gemm(out, x []float32, w mat, n, k, m int) {
 }
 
 // gemmPanel multiplies all n input rows by the panel of weight rows
-// [j0, j0+rows) held in pan (row stride ps, depth kp).
+// [j0, j0+rows) held in pan (row stride ps, depth kp). For each block of
+// four input rows one kernel call sweeps every whole triple of the panel,
+// so the Go loop runs once per block rather than once per 4x3 tile.
 func (d *Device) gemmPanel(out, x []float32, n, k, m, kp, j0, rows int, pan []float32, ps int, xp, tmp []float32) {
 	for i := 0; i < n; i += 4 {
 		ni := min(4, n-i)
@@ -124,13 +126,15 @@ func (d *Device) gemmPanel(out, x []float32, n, k, m, kp, j0, rows int, pan []fl
 			}
 			xt, xs = xp, kp
 		}
-		for j := 0; j < rows; j += 3 {
+		j := 0
+		if ni == 4 && rows >= 3 {
+			// Whole triples in one call; the x rows stay in L1.
+			j = rows / 3 * 3
+			d.k.gemm4x3(out[i*m+j0:], m, xt, xs, pan, ps, kp, rows/3)
+		}
+		for ; j < rows; j += 3 {
 			nj := min(3, rows-j)
-			if ni == 4 && nj == 3 {
-				d.k.gemm4x3(out[i*m+j0+j:], m, xt, xs, pan[j*ps:], ps, kp)
-				continue
-			}
-			d.k.gemm4x3(tmp, 3, xt, xs, pan[j*ps:], ps, kp)
+			d.k.gemm4x3(tmp, 3, xt, xs, pan[j*ps:], ps, kp, 1)
 			for a := range ni {
 				copy(out[(i+a)*m+j0+j:(i+a)*m+j0+j+nj], tmp[3*a:3*a+nj])
 			}
