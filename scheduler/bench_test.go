@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func BenchmarkDecodeDirect(b *testing.B) {
 // restarting the sequence every limit tokens. It closes bundle.
 func benchDirect(b *testing.B, bundle *models.Bundle, prompt []int32, limit int) {
 	defer bundle.Close()
-	dev, err := cpu.New(cpu.DefaultConfig())
+	dev, err := cpu.New(benchCPU())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -149,4 +150,14 @@ func fixture(b *testing.B, name string) *models.Bundle {
 		b.Fatal(err)
 	}
 	return bundle
+}
+
+// benchCPU is the CPU lane's configuration for benchmarks; TROUPE_THREADS
+// overrides the thread count.
+func benchCPU() cpu.Config {
+	c := cpu.DefaultConfig()
+	if n, err := strconv.Atoi(os.Getenv("TROUPE_THREADS")); err == nil {
+		c.Threads = n
+	}
+	return c
 }

@@ -86,7 +86,7 @@ func (sv *Service) Close() {
 func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
 	p := generate.Params{
 		Params:    sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty},
-		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, TopLogprobs: m.TopLogprobs,
+		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, Logprobs: m.Logprobs, TopLogprobs: m.TopLogprobs,
 	}
 	if m.HasSeed {
 		seed := m.Seed

@@ -55,7 +55,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 		t.Fatal(err)
 	}
 	subj, _ := bus.NewSubjects("test")
-	dev, err := cpu.New(cpu.DefaultConfig())
+	dev, err := cpu.New(benchCPU())
 	if err != nil {
 		t.Fatal(err)
 	}

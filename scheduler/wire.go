@@ -21,6 +21,7 @@ type SubmitMsg struct {
 	Seed              int64    `msgpack:"seed"`
 	Stop              []string `msgpack:"stop"`
 	IgnoreEOS         bool     `msgpack:"ignore_eos"`
+	Logprobs          bool     `msgpack:"logprobs"`
 	TopLogprobs       int      `msgpack:"top_logprobs"`
 }
 

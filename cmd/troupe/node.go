@@ -319,7 +319,7 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 	m := scheduler.SubmitMsg{
 		ID: req.RequestID, Tenant: req.Tenant, Prompt: req.Prompt, MaxTokens: req.MaxTokens,
 		Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, MinP: req.MinP, RepetitionPenalty: req.RepetitionPenalty,
-		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, TopLogprobs: req.TopLogprobs,
+		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
 	}
 	if req.Seed != nil {
 		m.HasSeed, m.Seed = true, *req.Seed

@@ -17,7 +17,10 @@ type Params struct {
 	Stop []string
 	// IgnoreEOS keeps generating past end-of-sequence tokens.
 	IgnoreEOS bool
-	// TopLogprobs asks for the most likely alternatives at each step.
+	// Logprobs asks for each token's log-probability; TopLogprobs for the
+	// most likely alternatives at each step as well. Both cost a pass over
+	// the vocabulary per token.
+	Logprobs    bool
 	TopLogprobs int
 }
 
@@ -95,8 +98,11 @@ func (s *State) Generated() int { return s.n }
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
-	id, lp := s.sampler.Sample(logits, s.seen)
-	st := Step{ID: id, Logprob: lp}
+	id := s.sampler.Sample(logits, s.seen)
+	st := Step{ID: id}
+	if s.p.Logprobs || s.p.TopLogprobs > 0 {
+		st.Logprob = sample.LogProb(logits, int(id))
+	}
 	if s.p.TopLogprobs > 0 {
 		st.TopIDs, st.TopLPs = sample.TopLogProbs(logits, s.p.TopLogprobs)
 	}

@@ -64,10 +64,10 @@ func New(p Params) *Sampler {
 // Greedy reports whether the sampler always picks the most likely token.
 func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 
-// Sample picks a token from logits, penalising tokens in seen. It returns
-// the token and its log-probability under the unmodified distribution. It
-// modifies logits when a repetition penalty is set.
-func (s *Sampler) Sample(logits []float32, seen []int32) (int32, float32) {
+// Sample picks a token from logits, penalising tokens in seen. It modifies
+// logits when a repetition penalty is set; LogProb gives the chosen token's
+// log-probability under them.
+func (s *Sampler) Sample(logits []float32, seen []int32) int32 {
 	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 {
 		for _, id := range seen {
 			if id >= 0 && int(id) < len(logits) {
@@ -80,11 +80,13 @@ func (s *Sampler) Sample(logits []float32, seen []int32) (int32, float32) {
 		}
 	}
 	if s.Greedy() {
-		best := Argmax(logits)
-		return int32(best), LogProb(logits, best)
+		return int32(Argmax(logits))
+	}
+	n := len(logits)
+	if s.p.TopK == 0 && (s.p.TopP == 0 || s.p.TopP >= 1) && s.p.MinP == 0 {
+		return s.plain(logits)
 	}
 	// Candidates sorted by logit, descending.
-	n := len(logits)
 	if cap(s.idx) < n {
 		s.idx = make([]int, n)
 		s.prob = make([]float64, n)
@@ -144,8 +146,31 @@ func (s *Sampler) Sample(logits []float32, seen []int32) (int32, float32) {
 			break
 		}
 	}
-	id := idx[pick]
-	return int32(id), LogProb(logits, id)
+	return int32(idx[pick])
+}
+
+// plain draws from softmax(logits / temperature) without filtering, in
+// one pass and no sort.
+func (s *Sampler) plain(logits []float32) int32 {
+	if cap(s.prob) < len(logits) {
+		s.prob = make([]float64, len(logits))
+	}
+	prob := s.prob[:len(logits)]
+	t := float64(s.p.Temperature)
+	top := float64(logits[Argmax(logits)]) / t
+	var total float64
+	for i, l := range logits {
+		prob[i] = math.Exp(float64(l)/t - top)
+		total += prob[i]
+	}
+	r := s.rng.Float64() * total
+	for i, p := range prob {
+		r -= p
+		if r < 0 {
+			return int32(i)
+		}
+	}
+	return int32(Argmax(logits))
 }
 
 // Argmax returns the index of the largest value, the lowest on ties.

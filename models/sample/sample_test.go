@@ -12,7 +12,7 @@ func draws(p Params, logits []float32, n int) map[int32]int {
 	got := map[int32]int{}
 	for range n {
 		l := append([]float32(nil), logits...)
-		id, _ := s.Sample(l, nil)
+		id := s.Sample(l, nil)
 		got[id]++
 	}
 	return got
@@ -20,8 +20,8 @@ func draws(p Params, logits []float32, n int) map[int32]int {
 
 func TestGreedyAndTies(t *testing.T) {
 	s := New(Params{})
-	if id, lp := s.Sample([]float32{1, 3, 3, 2}, nil); id != 1 || lp >= 0 {
-		t.Errorf("got %d (logprob %v), want 1 with a negative logprob", id, lp)
+	if id := s.Sample([]float32{1, 3, 3, 2}, nil); id != 1 {
+		t.Errorf("got %d, want 1: the first of equal maxima", id)
 	}
 }
 
@@ -30,8 +30,8 @@ func TestSeedReproducible(t *testing.T) {
 	p := Params{Temperature: 1, Seed: seed(7)}
 	a, b := New(p), New(p)
 	for i := range 50 {
-		x, _ := a.Sample(append([]float32(nil), logits...), nil)
-		y, _ := b.Sample(append([]float32(nil), logits...), nil)
+		x := a.Sample(append([]float32(nil), logits...), nil)
+		y := b.Sample(append([]float32(nil), logits...), nil)
 		if x != y {
 			t.Fatalf("draw %d: %d != %d with the same seed", i, x, y)
 		}
@@ -61,7 +61,7 @@ func TestFilters(t *testing.T) {
 func TestRepetitionPenalty(t *testing.T) {
 	s := New(Params{RepetitionPenalty: 2})
 	logits := []float32{4, 3, -1}
-	if id, _ := s.Sample(logits, []int32{0}); id != 1 {
+	if id := s.Sample(logits, []int32{0}); id != 1 {
 		t.Errorf("got %d, want 1 once token 0 is penalised", id)
 	}
 	if logits[0] != 2 {
@@ -88,6 +88,24 @@ func TestValidate(t *testing.T) {
 	for _, p := range []Params{{Temperature: -1}, {TopP: 1.5}, {MinP: -0.1}, {TopK: -1}, {RepetitionPenalty: float32(math.NaN())}} {
 		if p.Validate() == nil {
 			t.Errorf("%+v: got no error", p)
+		}
+	}
+}
+
+// TestPlainMatchesDistribution: unfiltered sampling draws tokens in
+// proportion to softmax(logits / temperature).
+func TestPlainMatchesDistribution(t *testing.T) {
+	logits := []float32{1, 2, 0, 1.5}
+	const n = 20000
+	got := draws(Params{Temperature: 0.8, Seed: seed(9)}, logits, n)
+	var z float64
+	for _, l := range logits {
+		z += math.Exp(float64(l) / 0.8)
+	}
+	for i, l := range logits {
+		want := math.Exp(float64(l)/0.8) / z
+		if frac := float64(got[int32(i)]) / n; math.Abs(frac-want) > 0.015 {
+			t.Errorf("token %d drawn %.3f of the time, want %.3f", i, frac, want)
 		}
 	}
 }
