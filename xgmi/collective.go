@@ -61,7 +61,7 @@ type Config struct {
 // DefaultConfig chooses by size with the crossover measured on the host
 // fabric (docs/xgmi.md).
 func DefaultConfig() Config {
-	return Config{Algorithm: Auto, OneShotMaxBytes: 32 << 10}
+	return Config{Algorithm: Auto, OneShotMaxBytes: 256}
 }
 
 // Validate reports a configuration that cannot work.
@@ -165,10 +165,15 @@ func (r *Rank) inputs() [][]byte {
 // ID is the rank's index.
 func (r *Rank) ID() int { return r.id }
 
+// wrap names the rank and the collective in the error of a wait.
+func (r *Rank) wrap(op string, err error) error {
+	return fmt.Errorf("xgmi: rank %d: %s: %w", r.id, op, err)
+}
+
 // fail aborts the communicator with err and returns it.
 func (r *Rank) fail(err error) error {
 	if !errors.Is(err, ErrAborted) && !errors.Is(err, ErrClosed) {
-		r.comm.fab.Abort(fmt.Errorf("rank %d: %w", r.id, err))
+		r.comm.fab.Abort(err)
 	}
 	return err
 }
@@ -195,12 +200,12 @@ func (r *Rank) begin(ctx context.Context) (uint64, error) {
 func (r *Rank) Barrier(ctx context.Context) error {
 	seq, err := r.begin(ctx)
 	if err != nil {
-		return r.fail(err)
+		return r.fail(r.wrap("barrier", err))
 	}
 	fab := r.comm.fab
 	fab.Post(r.id, slotReady, seq)
 	if err := r.waitAll(ctx, slotReady, seq); err != nil {
-		return r.fail(err)
+		return r.fail(r.wrap("barrier", err))
 	}
 	fab.Post(r.id, slotDone, seq)
 	return nil
@@ -216,10 +221,10 @@ func (c *Comm) Algorithm(bytes int) Algorithm { return c.cfg.choose(bytes) }
 // the same bits whichever algorithm runs.
 func (r *Rank) AllReduce(ctx context.Context, dst, src []byte, dt gpu.DType) error {
 	if err := checkReducible(dt); err != nil {
-		return r.fail(err)
+		return r.fail(r.wrap("all-reduce", err))
 	}
-	if err := checkBuffers("all-reduce", dt, len(src), dst, src); err != nil {
-		return r.fail(err)
+	if err := checkBuffers(dt, len(src), dst, src); err != nil {
+		return r.fail(r.wrap("all-reduce", err))
 	}
 	algo := r.comm.cfg.choose(len(src))
 	win := r.comm.fab.WindowBytes()
@@ -233,7 +238,7 @@ func (r *Rank) AllReduce(ctx context.Context, dst, src []byte, dt gpu.DType) err
 			err = r.twoShot(ctx, dst[off:off+c], src[off:off+c], dt)
 		}
 		if err != nil {
-			return r.fail(err)
+			return r.fail(r.wrap("all-reduce", err))
 		}
 		off += c
 	}
@@ -320,7 +325,7 @@ func (r *Rank) twoShot(ctx context.Context, dst, src []byte, dt gpu.DType) error
 func (r *Rank) AllGather(ctx context.Context, dst, src []byte) error {
 	n := len(r.comm.ranks)
 	if len(dst) != n*len(src) {
-		return r.fail(fmt.Errorf("xgmi: all-gather: %d bytes out for %d in over %d ranks, want %d", len(dst), len(src), n, n*len(src)))
+		return r.fail(r.wrap("all-gather", fmt.Errorf("%d bytes out for %d in over %d ranks, want %d", len(dst), len(src), n, n*len(src))))
 	}
 	fab := r.comm.fab
 	win := fab.WindowBytes()
@@ -328,14 +333,14 @@ func (r *Rank) AllGather(ctx context.Context, dst, src []byte) error {
 		c := min(len(src)-off, win)
 		seq, err := r.begin(ctx)
 		if err != nil {
-			return r.fail(err)
+			return r.fail(r.wrap("all-gather", err))
 		}
 		copy(fab.Window(r.id), src[off:off+c])
 		fab.Post(r.id, slotReady, seq)
 		for k := range n {
 			p := (r.id + k) % n
 			if err := fab.Wait(ctx, p, slotReady, seq); err != nil {
-				return r.fail(err)
+				return r.fail(r.wrap("all-gather", err))
 			}
 			copy(dst[p*len(src)+off:p*len(src)+off+c], fab.Window(p)[:c])
 		}
@@ -350,7 +355,7 @@ func (r *Rank) AllGather(ctx context.Context, dst, src []byte) error {
 func (r *Rank) Broadcast(ctx context.Context, buf []byte, root int) error {
 	n := len(r.comm.ranks)
 	if root < 0 || root >= n {
-		return r.fail(fmt.Errorf("xgmi: broadcast: root %d outside %d ranks", root, n))
+		return r.fail(r.wrap("broadcast", fmt.Errorf("root %d outside %d ranks", root, n)))
 	}
 	fab := r.comm.fab
 	win := fab.WindowBytes()
@@ -358,14 +363,14 @@ func (r *Rank) Broadcast(ctx context.Context, buf []byte, root int) error {
 		c := min(len(buf)-off, win)
 		seq, err := r.begin(ctx)
 		if err != nil {
-			return r.fail(err)
+			return r.fail(r.wrap("broadcast", err))
 		}
 		if r.id == root {
 			copy(fab.Window(r.id), buf[off:off+c])
 			fab.Post(r.id, slotReady, seq)
 		} else {
 			if err := fab.Wait(ctx, root, slotReady, seq); err != nil {
-				return r.fail(err)
+				return r.fail(r.wrap("broadcast", err))
 			}
 			copy(buf[off:off+c], fab.Window(root)[:c])
 		}
@@ -376,17 +381,17 @@ func (r *Rank) Broadcast(ctx context.Context, buf []byte, root int) error {
 }
 
 // checkBuffers checks the lengths and alignment of a collective's buffers.
-func checkBuffers(op string, dt gpu.DType, want int, bufs ...[]byte) error {
+func checkBuffers(dt gpu.DType, want int, bufs ...[]byte) error {
 	es := dt.Size()
 	for _, b := range bufs {
 		if len(b) != want {
-			return fmt.Errorf("xgmi: %s: buffers of %d and %d bytes, want equal", op, len(b), want)
+			return fmt.Errorf("buffers of %d and %d bytes, want equal", len(b), want)
 		}
 		if len(b)%es != 0 {
-			return fmt.Errorf("xgmi: %s: %d bytes is not a whole number of %s elements", op, len(b), dt)
+			return fmt.Errorf("%d bytes is not a whole number of %s elements", len(b), dt)
 		}
 		if len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(es) != 0 {
-			return fmt.Errorf("xgmi: %s: buffer not aligned to its %d-byte %s elements", op, es, dt)
+			return fmt.Errorf("buffer not aligned to its %d-byte %s elements", es, dt)
 		}
 	}
 	return nil

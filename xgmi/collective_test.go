@@ -599,3 +599,20 @@ func benchAllReduce(b *testing.B, c *Comm, dt gpu.DType, size int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkSum is the reduction kernel alone: two 1 MiB inputs into one
+// output, the work of a two-rank one-shot step.
+func BenchmarkSum(b *testing.B) {
+	for _, dt := range dtypes {
+		b.Run(dt.String(), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(5, 5))
+			n := (1 << 20) / dt.Size()
+			ins := [][]byte{randomInput(r, dt, n), randomInput(r, dt, n)}
+			out := alignedCopy(ins[0])
+			b.SetBytes(2 << 20)
+			for b.Loop() {
+				sumInto(dt, out, ins)
+			}
+		})
+	}
+}

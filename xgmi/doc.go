@@ -3,8 +3,11 @@
 //
 // Host is the host-memory path, used by the CPU lane and by actors of one
 // process: a stage publishes its output under a name and the next stage
-// reads it in place. Peer-memory paths between GPUs (CUDA peer access and
-// IPC handles, AMD's XGMI later) and collectives build on the same naming.
+// reads it in place. Stream carries the same buffers between hosts over an
+// authenticated TCP connection. Collectives (Comm: all-reduce, all-gather,
+// broadcast) run over a Fabric of ranks; HostFabric is the host-memory one,
+// and docs/xgmi.md describes the GPU fabrics (CUDA peer memory, AMD's XGMI)
+// that fit the same interface.
 //
 // Host is safe for concurrent use. A published buffer is owned by its
 // publisher, which must not change it until the readers are done with the

@@ -2,6 +2,7 @@ package xgmi
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
@@ -116,29 +117,35 @@ func sumF16(out []uint16, ins [][]byte) {
 		x0 := u16s(ins[0])[lo:][:len(o)]
 		if last == 0 {
 			for i := range o {
-				o[i] = gpu.F32ToF16(gpu.F16ToF32(x0[i]))
+				o[i] = f32ToF16(f16ToF32(x0[i]))
 			}
 			continue
 		}
 		x1 := u16s(ins[1])[lo:][:len(o)]
 		if last == 1 {
 			for i := range o {
-				o[i] = gpu.F32ToF16(gpu.F16ToF32(x0[i]) + gpu.F16ToF32(x1[i]))
+				v := f16ToF32(x0[i]) + f16ToF32(x1[i])
+				if o[i] = f32ToF16Fast(v); o[i] == slowF16 {
+					o[i] = gpu.F32ToF16(v)
+				}
 			}
 			continue
 		}
 		for i := range a {
-			a[i] = gpu.F16ToF32(x0[i]) + gpu.F16ToF32(x1[i])
+			a[i] = f16ToF32(x0[i]) + f16ToF32(x1[i])
 		}
 		for r := 2; r < last; r++ {
 			x := u16s(ins[r])[lo:][:len(a)]
 			for i := range a {
-				a[i] += gpu.F16ToF32(x[i])
+				a[i] += f16ToF32(x[i])
 			}
 		}
 		x := u16s(ins[last])[lo:][:len(o)]
 		for i := range o {
-			o[i] = gpu.F32ToF16(a[i] + gpu.F16ToF32(x[i]))
+			v := a[i] + f16ToF32(x[i])
+			if o[i] = f32ToF16Fast(v); o[i] == slowF16 {
+				o[i] = gpu.F32ToF16(v)
+			}
 		}
 	}
 }
@@ -148,7 +155,7 @@ func sumF16(out []uint16, ins [][]byte) {
 // Every AllReduce must match it bit for bit.
 func SumReference(dt gpu.DType, out []byte, ins [][]byte) error {
 	if err := checkReducible(dt); err != nil {
-		return err
+		return fmt.Errorf("xgmi: reference: %w", err)
 	}
 	for r, in := range ins {
 		if len(in) != len(out) {
@@ -202,7 +209,7 @@ func checkReducible(dt gpu.DType) error {
 	case gpu.F32, gpu.BF16, gpu.F16:
 		return nil
 	}
-	return fmt.Errorf("xgmi: cannot sum %s: want f32, bf16 or f16", dt)
+	return fmt.Errorf("cannot sum %s: want f32, bf16 or f16", dt)
 }
 
 // f32s and u16s view little-endian bytes as elements; the bytes must be
@@ -220,4 +227,42 @@ func u16s(b []byte) []uint16 {
 		return nil
 	}
 	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
+}
+
+// f16ToF32 is gpu.F16ToF32 without its normalisation loop, so that it
+// inlines: a subnormal half is its mantissa times 2^-24, exact in f32.
+func f16ToF32(h uint16) float32 {
+	s := uint32(h&0x8000) << 16
+	m := uint32(h & 0x3ff)
+	e := uint32(h>>10) & 0x1f
+	if e == 0 {
+		return math.Float32frombits(s | math.Float32bits(float32(m)*0x1p-24))
+	}
+	e += 112 + (e+1)>>5*112 // 1 … 30 -> 113 … 142; 31 (infinity, NaN) -> 255
+	return math.Float32frombits(s | e<<23 | m<<13)
+}
+
+// slowF16 is what f32ToF16Fast returns for values it leaves to
+// gpu.F32ToF16; that never produces it (its NaN is 0x7e00 or 0xfe00).
+const slowF16 = 0xffff
+
+// f32ToF16Fast is gpu.F32ToF16 (to nearest, ties to even) for values whose
+// half is normal or overflows to infinity, and slowF16 for the others
+// (subnormal halves, zeros, NaNs), so that it inlines.
+func f32ToF16Fast(f float32) uint16 {
+	u := math.Float32bits(f)
+	a := u & 0x7fffffff
+	if a-113<<23 >= 30<<23 { // exponent outside 2^-14 … 2^15
+		return slowF16
+	}
+	a += 0xfff + a>>13&1 // round the mantissa to 10 bits; a carry bumps the exponent
+	return uint16(u>>16)&0x8000 | uint16(a>>13-112<<10)
+}
+
+// f32ToF16 is gpu.F32ToF16.
+func f32ToF16(f float32) uint16 {
+	if h := f32ToF16Fast(f); h != slowF16 {
+		return h
+	}
+	return gpu.F32ToF16(f)
 }

@@ -64,7 +64,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: troupe <command> [flags]\n\ncommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-16s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun `troupe <command> -h` for a command's flags.")
 }
