@@ -28,9 +28,7 @@ type benchResult struct {
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("bench", stderr)
 	var o loadOptions
-	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
-	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
-	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
+	o.flags(fs)
 	prompt := fs.Int("prompt", 512, "prompt tokens to prefill")
 	gen := fs.Int("gen", 128, "tokens to decode after the prompt")
 	runs := fs.Int("runs", 3, "repetitions; the best is reported")

@@ -15,9 +15,7 @@ import (
 func cmdGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("generate", stderr)
 	var o loadOptions
-	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
-	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
-	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
+	o.flags(fs)
 	idsFlag := fs.String("prompt-ids", "", "comma-separated prompt token ids")
 	maxTokens := fs.Int("max-tokens", 16, "tokens to generate at most")
 	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -60,6 +61,13 @@ type loadOptions struct {
 	threads       int
 	maxTokens     int
 	quiet         bool
+}
+
+// flags registers the model, device and thread flags.
+func (o *loadOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
+	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
 }
 
 // load opens the bundle, the device and the model, reporting progress to

@@ -13,9 +13,7 @@ import (
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("run", stderr)
 	var o loadOptions
-	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
-	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
-	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
+	o.flags(fs)
 	maxTokens := fs.Int("max-tokens", 128, "tokens to generate at most")
 	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	topP := fs.Float64("top-p", 0, "nucleus sampling mass (0: off)")
