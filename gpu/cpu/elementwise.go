@@ -13,58 +13,35 @@ const elemGrain = 16 << 10
 
 // Add implements gpu.Ops.
 func (d *Device) Add(out, a, c gpu.Buffer, n int) error {
-	const op = "add"
-	b, err := d.args(op, out, a, c)
-	if err != nil {
-		return err
-	}
-	if err := checkDims(op, n); err != nil {
-		return err
-	}
-	o, err := f32(op, "out", b[0], n)
-	if err != nil {
-		return err
-	}
-	av, err := f32(op, "a", b[1], n)
-	if err != nil {
-		return err
-	}
-	cv, err := f32(op, "b", b[2], n)
-	if err != nil {
-		return err
-	}
-	d.pool.For(n, elemGrain, func(_, lo, hi int) {
-		o, av, cv := o[lo:hi], av[lo:hi], cv[lo:hi]
+	return d.binary("add", [3]string{"out", "a", "b"}, out, a, c, n, elemGrain, func(o, x, y []float32) {
 		for i := range o {
-			o[i] = av[i] + cv[i]
+			o[i] = x[i] + y[i]
 		}
 	})
-	return nil
 }
 
 // SiLUMul implements gpu.Ops.
 func (d *Device) SiLUMul(out, gate, up gpu.Buffer, n int) error {
-	const op = "silumul"
-	b, err := d.args(op, out, gate, up)
+	return d.binary("silumul", [3]string{"out", "gate", "up"}, out, gate, up, n, elemGrain/4, d.k.siluMul)
+}
+
+// binary checks three F32 buffers of n elements and runs kernel over them
+// in parallel chunks of at least grain elements.
+func (d *Device) binary(op string, names [3]string, out, x, y gpu.Buffer, n, grain int, kernel func(o, x, y []float32)) error {
+	b, err := d.args(op, out, x, y)
 	if err != nil {
 		return err
 	}
 	if err := checkDims(op, n); err != nil {
 		return err
 	}
-	o, err := f32(op, "out", b[0], n)
-	if err != nil {
-		return err
+	var v [3][]float32
+	for i := range v {
+		if v[i], err = f32(op, names[i], b[i], n); err != nil {
+			return err
+		}
 	}
-	g, err := f32(op, "gate", b[1], n)
-	if err != nil {
-		return err
-	}
-	u, err := f32(op, "up", b[2], n)
-	if err != nil {
-		return err
-	}
-	d.pool.For(n, elemGrain/4, func(_, lo, hi int) { d.k.siluMul(o[lo:hi], g[lo:hi], u[lo:hi]) })
+	d.pool.For(n, grain, func(_, lo, hi int) { kernel(v[0][lo:hi], v[1][lo:hi], v[2][lo:hi]) })
 	return nil
 }
 
