@@ -64,6 +64,10 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	if err != nil {
 		t.Fatal(err)
 	}
+	devRef, err := actors.Spawn(ctx, sys, DeviceProps("d0", dev))
+	if err != nil {
+		t.Fatal(err)
+	}
 	const blocks = 256
 	var cleanups []func()
 	var subjects []string
@@ -83,6 +87,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 			t.Fatal(err)
 		}
 		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, tp)
+		sh.Device = devRef
 		r.shards = append(r.shards, sh)
 		ref, err := actors.Spawn(ctx, sys, sh.Props())
 		if err != nil {

@@ -32,6 +32,9 @@ type Shard struct {
 	// Fault, when set, runs before each forward pass in the actor: a seam
 	// for injecting failures in tests.
 	Fault func()
+	// Device, when set, is the actor owning the shard's device: forward
+	// passes run there, in turn with the other shards on the device.
+	Device *actors.Ref[DeviceJob]
 	// Remote, when set, reads inputs that another node published; without
 	// it only tensors of this process's plane are readable.
 	Remote RemoteReader
@@ -84,7 +87,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		s.out = make([]float32, n)
 	}
 	out := s.out[:n]
-	if err := s.model.Forward(ctx, s.cache, b, out); err != nil {
+	if err := s.onDevice(ctx, func() error { return s.model.Forward(ctx, s.cache, b, out) }); err != nil {
 		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 	}
 	name := "shard/" + s.ID

@@ -144,6 +144,7 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 		return nil, fmt.Errorf("shard %s: %w", id, err)
 	}
 	sh := scheduler.NewShard(id, args.Index, m, cache, n.plane, n.tp.TracerProvider())
+	sh.Device = n.device
 	if n.stream != nil {
 		sh.Remote = n.stream
 	}

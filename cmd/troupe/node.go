@@ -34,6 +34,7 @@ type node struct {
 	bundle   *models.Bundle
 	tok      *tokenizer.Tokenizer
 	dev      gpu.Device
+	device   *actors.Ref[scheduler.DeviceJob]
 	backend  *backend
 	plane    *xgmi.Host
 	stream   *xgmi.StreamClient // nil on a node without a data listener
@@ -151,6 +152,11 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	n.cacheDT = gpu.F32
 	if cfg.Device == "cuda" {
 		n.cacheDT = gpu.BF16
+	}
+	// The device actor owns the device: every shard on it runs its forward
+	// passes there, one at a time.
+	if n.device, err = actors.Spawn(ctx, n.actors, scheduler.DeviceProps(cfg.Node+"-0", n.dev)); err != nil {
+		return nil, fmt.Errorf("serve: device actor: %w", err)
 	}
 	n.plane = xgmi.NewHost(cfg.Node)
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -243,7 +243,7 @@ func TestServeMicroServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	for _, kind := range []string{"gateway", "scheduler", "shard", "kvmgr", "spawner"} {
+	for _, kind := range []string{"gateway", "scheduler", "shard", "kvmgr", "spawner", "device"} {
 		for _, verb := range []string{"PING", "INFO", "STATS"} {
 			msg, err := nc.Request("$SRV."+verb+"."+kind, nil, 5*time.Second)
 			if err != nil {

@@ -27,10 +27,11 @@ type wsFrame struct {
 }
 
 // TestServeWebsocketClients: 100 concurrent websocket clients stream from
-// the real engine; every request completes with contiguous sequence
-// numbers, and identical greedy requests get identical tokens.
+// two replicas of the real engine; every request completes with contiguous
+// sequence numbers, and identical greedy requests get identical tokens.
 func TestServeWebsocketClients(t *testing.T) {
-	s := startServe(t, func(c *serveConfig) { c.MaxSeqs = 32 })
+	// Two replicas share the one CPU device through its device actor.
+	s := startServe(t, func(c *serveConfig) { c.MaxSeqs, c.Replicas = 32, 2 })
 	wsURL := "ws" + strings.TrimPrefix(s.url, "http") + "/v1/stream"
 	const clients, tokens = 100, 8
 	results := make([][]int32, clients)
