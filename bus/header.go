@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 )
 
@@ -47,21 +46,24 @@ func (h HeaderCarrier) Keys() []string {
 	return keys
 }
 
-// inject writes ctx's deadline and trace context into h, using the
-// propagator installed with otel.SetTextMapPropagator (none by default).
+// traceContext is the propagation format on the bus: W3C traceparent and
+// tracestate headers.
+var traceContext = propagation.TraceContext{}
+
+// inject writes ctx's deadline and trace context into h.
 func inject(ctx context.Context, h nats.Header) {
 	if d, ok := ctx.Deadline(); ok {
 		h.Set(HeaderDeadline, strconv.FormatInt(d.UnixNano(), 10))
 	}
-	otel.GetTextMapPropagator().Inject(ctx, HeaderCarrier(h))
+	traceContext.Inject(ctx, HeaderCarrier(h))
 }
 
 // MsgContext derives a context for handling m from parent: it carries m's
-// trace context (through the installed otel propagator) and m's deadline,
+// W3C trace context and m's deadline,
 // if it has one. A malformed deadline is an error with CodeBadRequest. The
 // caller must call cancel.
 func MsgContext(parent context.Context, m *nats.Msg) (ctx context.Context, cancel context.CancelFunc, err error) {
-	ctx = otel.GetTextMapPropagator().Extract(parent, HeaderCarrier(m.Header))
+	ctx = traceContext.Extract(parent, HeaderCarrier(m.Header))
 	v := m.Header.Get(HeaderDeadline)
 	if v == "" {
 		ctx, cancel = context.WithCancel(ctx)

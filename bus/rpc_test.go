@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -144,9 +142,6 @@ func TestPublishRejectsOversizedPayload(t *testing.T) {
 }
 
 func TestTraceContextCrossesTheBus(t *testing.T) {
-	prev := otel.GetTextMapPropagator()
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	defer otel.SetTextMapPropagator(prev)
 
 	nc := connect(t, startNode(t, DefaultConfig()))
 	seen := make(chan trace.SpanContext, 1)

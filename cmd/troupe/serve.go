@@ -17,8 +17,6 @@ import (
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/chat"
 	"github.com/troupe/troupe/trace"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
 )
 
 // serveConfig is the configuration of `troupe serve`, read from a JSON file
@@ -260,8 +258,6 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	// Trace context crosses the bus as W3C traceparent headers.
-	otel.SetTextMapPropagator(propagation.TraceContext{})
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
