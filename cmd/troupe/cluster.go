@@ -155,7 +155,7 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
 	}
 	n.spawnedMu.Lock()
-	n.spawned = append(n.spawned, func() { cache.Close(); m.Close() })
+	n.spawned[id] = func() { cache.Close(); m.Close() }
 	n.spawnedMu.Unlock()
 	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d\n", n.cfg.Node, id, args.First, args.Last)
 	return ref, nil
@@ -199,7 +199,7 @@ func (g *group) stageID(p, s int) string {
 // startGroup spawns every placement's stages on their nodes, then the
 // group's KV-manager and scheduler, and a watcher that marks placements
 // with a dead node down and restores them once the node is back.
-func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*scheduler.Scheduler, error) {
+func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*replica, error) {
 	specs, err := parsePlacements(spec)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --placement: %w", err)
@@ -236,12 +236,12 @@ func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*sc
 		fmt.Fprintf(n.log, "replica %s: moved from placement %s to %s: %v\n", g.replica, from, to, err)
 	}
 	n.groups = append(n.groups, g)
-	kv, err := n.startKV(ctx, g.replica)
+	kv, _, err := n.startKV(ctx, g.replica)
 	if err != nil {
 		return nil, err
 	}
-	s, err := n.startScheduler(runCtx, g.fo, kv)
-	if err != nil {
+	rep := &replica{id: g.replica}
+	if err := n.startScheduler(runCtx, g.fo, kv, rep); err != nil {
 		return nil, err
 	}
 	n.wg.Add(1)
@@ -249,7 +249,7 @@ func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*sc
 		defer n.wg.Done()
 		n.watchGroup(runCtx, g)
 	}()
-	return s, nil
+	return rep, nil
 }
 
 // spawnPlacement starts (or finds running) every stage of placement p,

@@ -30,6 +30,7 @@ func commands() []command {
 		{"synth", "write a random-weight checkpoint of a real model's shape", cmdSynth},
 		{"trace", "print the per-token latency breakdown of a request", cmdTrace},
 		{"cluster", "print a cluster's nodes, placements and actors", cmdCluster},
+		{"scale", "change the number of replicas a server runs, while it serves", cmdScale},
 		{"probe", "print the data-plane topology: host fabric and GPU peer links", cmdProbe},
 		{"allreduce-bench", "measure all-reduce on the data plane (nccl-tests table)", cmdAllReduceBench},
 	}

@@ -47,11 +47,15 @@ type node struct {
 	groups   []*group // replica groups this node schedules with placements
 
 	cancel  context.CancelFunc
+	runCtx  context.Context // ends when the node closes
 	wg      sync.WaitGroup
 	closers []func()
 
 	spawnedMu sync.Mutex
-	spawned   []func() // resources of actors started by the spawner
+	spawned   map[string]func() // resources of shards, by actor id, released after they stop
+
+	replicasMu sync.Mutex
+	replicas   []*replica // local replicas, by number
 }
 
 func busConfig(cfg serveConfig) bus.Config {
@@ -86,7 +90,7 @@ func registryReplicas(cfg serveConfig) int {
 // startNode starts the bus, loads the model and starts every replica's
 // layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{cfg: cfg, tp: tp, log: log}
+	n := &node{spawned: map[string]func(){}, cfg: cfg, tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -178,28 +182,29 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.view, err = startClusterView(runCtx, n.nc, n.subj, n.registry, &n.wg); err != nil {
 		return nil, err
 	}
-	var scheds []*scheduler.Scheduler
+	n.runCtx = runCtx
+	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), maxQueue: cfg.MaxQueue}
 	if cfg.Placement != "" {
 		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
-		s, err := n.startGroup(ctx, runCtx, 0, cfg.Placement)
+		rep, err := n.startGroup(ctx, runCtx, 0, cfg.Placement)
 		if err != nil {
 			return nil, err
 		}
-		scheds = append(scheds, s)
+		n.replicas = append(n.replicas, rep)
 	} else {
 		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
 		if cfg.Shards > mc.Layers {
 			return nil, fmt.Errorf("serve: %d stages for %d layers", cfg.Shards, mc.Layers)
 		}
 		for r := 0; r < cfg.Replicas; r++ {
-			s, err := n.startLocalReplica(ctx, runCtx, r)
+			rep, err := n.startLocalReplica(ctx, runCtx, r)
 			if err != nil {
 				return nil, err
 			}
-			scheds = append(scheds, s)
+			n.replicas = append(n.replicas, rep)
 		}
 	}
-	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), scheds: scheds, maxQueue: cfg.MaxQueue}
+	n.backend.setScheds(n.replicas)
 	return n, nil
 }
 
@@ -233,63 +238,144 @@ func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replica
 // unique in the cluster.
 func (n *node) replicaID(r int) string { return fmt.Sprintf("%s-r%d", n.cfg.Node, r) }
 
+// replica is a replica this node schedules: its scheduler and, for a
+// local replica, the actors it started.
+type replica struct {
+	id     string
+	sched  *scheduler.Scheduler
+	svc    *scheduler.Service
+	cancel context.CancelFunc
+	done   chan struct{}
+	actors []actors.Process // shards, then the KV-manager
+}
+
 // startLocalReplica runs replica r entirely in this process: its stages,
 // its KV-manager and its scheduler.
-func (n *node) startLocalReplica(ctx, runCtx context.Context, r int) (*scheduler.Scheduler, error) {
+func (n *node) startLocalReplica(ctx, runCtx context.Context, r int) (*replica, error) {
 	mc := n.bundle.Config
-	replica := n.replicaID(r)
+	rep := &replica{id: n.replicaID(r)}
 	var stages []string
 	for s := 0; s < n.cfg.Shards; s++ {
-		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: replica, Index: s,
+		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: rep.id, Index: s,
 			First: s * mc.Layers / n.cfg.Shards, Last: (s + 1) * mc.Layers / n.cfg.Shards, Blocks: n.blocks, BlockSize: 16}
-		p, err := n.startShard(ctx, scheduler.ShardID(replica, s), args)
+		p, err := n.startShard(ctx, scheduler.ShardID(rep.id, s), args)
 		if err != nil {
+			n.stopActors(rep)
 			return nil, err
 		}
+		rep.actors = append(rep.actors, p)
 		stages = append(stages, p.Subject()+".forward")
 	}
-	kv, err := n.startKV(ctx, replica)
+	kv, kvRef, err := n.startKV(ctx, rep.id)
 	if err != nil {
+		n.stopActors(rep)
 		return nil, err
 	}
+	rep.actors = append(rep.actors, kvRef)
 	pipe := scheduler.NewPipeline(n.nc, stages, n.plane, mc.Vocab)
-	return n.startScheduler(runCtx, pipe, kv)
+	if err := n.startScheduler(runCtx, pipe, kv, rep); err != nil {
+		n.stopActors(rep)
+		return nil, err
+	}
+	return rep, nil
+}
+
+// stopActors stops a replica's actors and frees their memory.
+func (n *node) stopActors(rep *replica) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, p := range rep.actors {
+		p.Stop(ctx)
+		n.release(p.Address().ID)
+	}
+	rep.actors = nil
+}
+
+// scale grows or shrinks the local replicas to want while serving. A
+// replica that goes stops taking requests at once, finishes those it runs,
+// then stops its actors and frees its cache.
+func (n *node) scale(ctx context.Context, want int) (int, error) {
+	if n.cfg.Placement != "" {
+		return 0, fmt.Errorf("scale: this node runs placements (%s), not local replicas", n.cfg.Placement)
+	}
+	if want < 1 || want > 64 {
+		return 0, fmt.Errorf("scale: %d replicas: want 1 to 64", want)
+	}
+	n.replicasMu.Lock()
+	defer n.replicasMu.Unlock()
+	for len(n.replicas) < want {
+		rep, err := n.startLocalReplica(ctx, n.runCtx, len(n.replicas))
+		if err != nil {
+			return len(n.replicas), err
+		}
+		n.replicas = append(n.replicas, rep)
+		n.backend.setScheds(n.replicas)
+	}
+	for len(n.replicas) > want {
+		rep := n.replicas[len(n.replicas)-1]
+		n.replicas = n.replicas[:len(n.replicas)-1]
+		n.backend.setScheds(n.replicas)
+		rep.svc.Close()
+		for {
+			st := rep.sched.Stats()
+			if st.Waiting == 0 && st.Running == 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				// Out of patience: end what still runs with a final frame.
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		rep.cancel()
+		<-rep.done
+		n.stopActors(rep)
+	}
+	return len(n.replicas), nil
 }
 
 // startKV spawns replica's KV-manager and returns a client of it.
-func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient, error) {
+func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient, actors.Process, error) {
 	pool, err := scheduler.NewKV(n.blocks, 16)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := actors.Spawn(ctx, n.actors, scheduler.KVManagerProps(replica, pool)); err != nil {
-		return nil, fmt.Errorf("serve: kv-manager %s: %w", replica, err)
+	ref, err := actors.Spawn(ctx, n.actors, scheduler.KVManagerProps(replica, pool))
+	if err != nil {
+		return nil, nil, fmt.Errorf("serve: kv-manager %s: %w", replica, err)
 	}
 	kv, err := scheduler.NewKVClient(context.WithoutCancel(ctx), n.nc, n.subj, replica)
 	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+		return nil, ref, fmt.Errorf("serve: %w", err)
 	}
-	return kv, nil
+	return kv, ref, nil
 }
 
-func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv scheduler.Blocks) (*scheduler.Scheduler, error) {
+// startScheduler starts rep's scheduler over engine e and kv; it runs until
+// rep.cancel or the node's end.
+func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv scheduler.Blocks, rep *replica) error {
 	mc := n.bundle.Config
 	sc := scheduler.Config{MaxQueue: n.cfg.MaxQueue, MaxBatchTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, Context: mc.MaxPositions, Vocab: mc.Vocab, EOS: mc.EOS}
 	s, err := scheduler.New(sc, e, kv, n.tp.TracerProvider())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, func() generate.Detokenizer { return n.tok.NewDecoder(true) })
 	if err != nil {
-		return nil, err
+		return err
 	}
 	n.closers = append(n.closers, svc.Close)
+	ctx, cancel := context.WithCancel(runCtx)
+	rep.sched, rep.svc, rep.cancel, rep.done = s, svc, cancel, make(chan struct{})
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		s.Run(runCtx)
+		defer close(rep.done)
+		s.Run(ctx)
 	}()
-	return s, nil
+	return nil
 }
 
 // Close stops the actors and releases everything, in reverse order.
@@ -307,18 +393,48 @@ func (n *node) Close() {
 func (n *node) closeSpawned() {
 	n.spawnedMu.Lock()
 	fs := n.spawned
-	n.spawned = nil
+	n.spawned = map[string]func(){}
 	n.spawnedMu.Unlock()
-	for i := len(fs) - 1; i >= 0; i-- {
-		fs[i]()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// release frees the resources of the stopped shard id.
+func (n *node) release(id string) {
+	n.spawnedMu.Lock()
+	f := n.spawned[id]
+	delete(n.spawned, id)
+	n.spawnedMu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
 // backend adapts the scheduler client to the gateway.
 type backend struct {
 	client   *scheduler.Client
-	scheds   []*scheduler.Scheduler
 	maxQueue int
+
+	mu     sync.Mutex
+	scheds []*scheduler.Scheduler
+}
+
+// setScheds records the schedulers whose state Ready and Stats report.
+func (b *backend) setScheds(reps []*replica) {
+	scheds := make([]*scheduler.Scheduler, len(reps))
+	for i, r := range reps {
+		scheds[i] = r.sched
+	}
+	b.mu.Lock()
+	b.scheds = scheds
+	b.mu.Unlock()
+}
+
+func (b *backend) schedulers() []*scheduler.Scheduler {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.scheds
 }
 
 func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emit func(gateway.Token) error) (gateway.Finish, error) {
@@ -363,11 +479,12 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 }
 
 func (b *backend) Ready() (bool, string) {
-	if len(b.scheds) == 0 {
+	scheds := b.schedulers()
+	if len(scheds) == 0 {
 		// Requests go to the cluster's schedulers over the bus.
 		return true, ""
 	}
-	for _, s := range b.scheds {
+	for _, s := range scheds {
 		if s.Stats().Waiting < b.maxQueue {
 			return true, ""
 		}
@@ -379,7 +496,7 @@ func (b *backend) Ready() (bool, string) {
 func (b *backend) Stats() gateway.Stats {
 	var st gateway.Stats
 	var used, total int
-	for _, s := range b.scheds {
+	for _, s := range b.schedulers() {
 		x := s.Stats()
 		st.QueueDepth += x.Waiting
 		st.Running += x.Running

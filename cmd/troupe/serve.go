@@ -291,6 +291,9 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	if err := gw.Mount("GET /v1/cluster", n.clusterHandler()); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	if err := gw.Mount("/v1/admin/replicas", n.replicasHandler()); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	// The gateway is a micro service like every actor kind: PING, INFO and
 	// STATS (with the backend's queue and KV figures) on the bus.
 	gsvc, err := micro.AddService(n.nc, micro.Config{
