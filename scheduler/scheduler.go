@@ -428,6 +428,9 @@ func (s *Scheduler) preempt(q *seq) {
 func (s *Scheduler) emit(q *seq, st generate.Step, span *stepSpan, sampleStart time.Time) {
 	now := time.Now()
 	q.emitted++
+	if q.emitted == 1 {
+		q.span.firstToken()
+	}
 	f := Frame{
 		Seq: q.emitted, ID: st.ID, Text: st.Text, Logprob: st.Logprob, TopIDs: st.TopIDs, TopLPs: st.TopLPs,
 		Queued: q.started.Sub(q.arrived), SinceStart: now.Sub(q.started), SinceLast: now.Sub(q.last),

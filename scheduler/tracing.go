@@ -73,6 +73,14 @@ func (r *requestSpan) admitted() {
 
 func (r *requestSpan) preempted() { r.req.AddEvent("preempted") }
 
+// firstToken ends the prefill span: the prompt is in the cache.
+func (r *requestSpan) firstToken() {
+	if r.prefill != nil {
+		r.prefill.End()
+		r.prefill = nil
+	}
+}
+
 func (r *requestSpan) end(reason string) {
 	r.queue.End()
 	if r.prefill != nil {
