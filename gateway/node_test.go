@@ -1,12 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/troupe/troupe/gateway/gatewaytest"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,63 +13,12 @@ import (
 	"time"
 )
 
-// nodeProject prepares a directory that runs the scripts of testdata/npm with their
-// node_modules, or skips the test. node_modules comes from TROUPE_NODE_MODULES or from
-// an `npm ci` in testdata/npm.
-func nodeProject(t *testing.T, pkg string) string {
-	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("node is not installed; install Node.js 20+ to run the official npm client tests")
-	}
-	src, err := filepath.Abs(filepath.Join("testdata", "npm"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	modules := os.Getenv("TROUPE_NODE_MODULES")
-	if modules == "" {
-		modules = filepath.Join(src, "node_modules")
-	}
-	if _, err := os.Stat(filepath.Join(modules, pkg, "package.json")); err != nil {
-		t.Skipf("npm package %s not found in %s; run `npm ci` in gateway/testdata/npm or set TROUPE_NODE_MODULES to a node_modules directory that has it", pkg, modules)
-	}
-	dir := t.TempDir()
-	for _, f := range []string{"package.json", "sdk.mjs", "browser.mjs"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func runNode(t *testing.T, dir, script string, timeout time.Duration, env ...string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", script)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
-	}
-	return out
-}
-
 func TestNodeOpenAISDK(t *testing.T) {
-	dir := nodeProject(t, "openai")
+	dir := gatewaytest.NodeProject(t, filepath.Join("testdata", "npm"), "openai")
 	cfg := testConfig()
 	cfg.APIKeys = []string{"sk-node"}
 	env := newEnv(t, cfg, nil)
-	out := runNode(t, dir, "sdk.mjs", 60*time.Second, "TROUPE_BASE_URL="+env.ts.URL, "TROUPE_API_KEY=sk-node")
+	out := gatewaytest.RunNode(t, dir, "sdk.mjs", 60*time.Second, "TROUPE_BASE_URL="+env.ts.URL, "TROUPE_API_KEY=sk-node")
 	var res struct {
 		OK     bool `json:"ok"`
 		Checks int  `json:"checks"`
@@ -88,7 +36,7 @@ func TestDemoPageInChromium(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("no Chromium at %s; `apt-get install -y chromium` or set TROUPE_CHROMIUM", chromium)
 	}
-	dir := nodeProject(t, "playwright-core")
+	dir := gatewaytest.NodeProject(t, filepath.Join("testdata", "npm"), "playwright-core")
 	cfg := testConfig()
 	cfg.APIKeys = []string{"sk-browser"}
 	env := newEnv(t, cfg, &echoBackend{delay: 15 * time.Millisecond})
@@ -114,7 +62,7 @@ func TestDemoPageInChromium(t *testing.T) {
 	if shot := os.Getenv("TROUPE_SCREENSHOT"); shot != "" {
 		vars = append(vars, "TROUPE_SCREENSHOT="+shot)
 	}
-	out := runNode(t, dir, "browser.mjs", 120*time.Second, vars...)
+	out := gatewaytest.RunNode(t, dir, "browser.mjs", 120*time.Second, vars...)
 	var res struct {
 		PartialTokens int      `json:"partialTokens"`
 		Tokens        int      `json:"tokens"`
