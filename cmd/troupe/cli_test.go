@@ -121,3 +121,22 @@ func TestInspectRefusals(t *testing.T) {
 		t.Errorf("inspect --json: %s (%v)", out, err)
 	}
 }
+
+// TestServeConfigFile: the file replaces the defaults and flags override the
+// file, lists included; unknown keys are refused.
+func TestServeConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "serve.json")
+	os.WriteFile(file, []byte(`{"listen":"127.0.0.1:9000","replicas":3,"api_keys":["a"],"max_seqs":7}`), 0o644)
+	cfg, err := parseServe([]string{"--config", file, "--listen", "127.0.0.1:9001", "--api-keys", "b,c"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9001" || cfg.Replicas != 3 || cfg.MaxSeqs != 7 || strings.Join(cfg.APIKeys, ",") != "b,c" || cfg.Shards != 1 {
+		t.Errorf("config %+v", cfg)
+	}
+	os.WriteFile(file, []byte(`{"replcas":3}`), 0o644)
+	if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "replcas") {
+		t.Errorf("unknown key: got %v", err)
+	}
+}

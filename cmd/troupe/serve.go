@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,40 +93,54 @@ func defaultServeConfig() serveConfig {
 	}
 }
 
+// bindServeFlags binds the flags of `troupe serve` to c's fields, with c's
+// values as their defaults, and returns the --config flag.
+func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
+	file := fs.String("config", "", "JSON configuration file (flags override it)")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP listen address")
+	fs.StringVar(&c.Model, "model", c.Model, "model directory (default: the embedded demo model)")
+	fs.StringVar(&c.Device, "device", c.Device, "compute lane: cpu, cuda or ref")
+	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU threads (0: all)")
+	fs.IntVar(&c.Shards, "shards", c.Shards, "pipeline stages per replica")
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of the model")
+	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "requests waiting before 429s")
+	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "tokens per step")
+	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")
+	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts)")
+	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
+	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
+	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")
+	fs.StringVar(&c.Cluster.ClientListen, "bus-listen", c.Cluster.ClientListen, "NATS client listen address (default: none)")
+	fs.StringVar(&c.Cluster.RouteListen, "route-listen", c.Cluster.RouteListen, "NATS cluster route listen address (default: none)")
+	fs.Func("join", "comma-separated route URLs of other nodes", func(v string) error { c.Cluster.Join = splitList(v); return nil })
+	fs.StringVar(&c.Cluster.User, "bus-user", c.Cluster.User, "user for the bus ports")
+	fs.StringVar(&c.Cluster.Password, "bus-password", c.Cluster.Password, "password for the bus ports")
+	fs.StringVar(&c.Cluster.TLSCert, "tls-cert", c.Cluster.TLSCert, "TLS certificate for the bus ports")
+	fs.StringVar(&c.Cluster.TLSKey, "tls-key", c.Cluster.TLSKey, "TLS key for the bus ports")
+	fs.StringVar(&c.Cluster.TLSCA, "tls-ca", c.Cluster.TLSCA, "CA that bus peers' certificates must chain to")
+	fs.Float64Var(&c.TraceSampleRatio, "trace-sample", c.TraceSampleRatio, "fraction of requests traced")
+	fs.StringVar(&c.Cluster.StoreDir, "store-dir", c.Cluster.StoreDir, "JetStream store directory (default: a temporary one)")
+	fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "data-plane listen address (default: a free port on the route listener's host)")
+	fs.StringVar(&c.Placement, "placement", c.Placement, "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
+	fs.DurationVar(&c.StepTimeout, "step-timeout", c.StepTimeout, "longest forward pass of one stage before it counts as dead")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow bus and data-plane listeners on the network without credentials")
+	return file
+}
+
+// serveFlagsOver applies the flags in args over c.
+func serveFlagsOver(c *serveConfig, args []string) error {
+	fs := flag.NewFlagSet("troupe serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	bindServeFlags(fs, c)
+	return fs.Parse(args)
+}
+
 // parseServe reads the config file named by --config and applies the flags
 // given on the command line over it.
 func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	cfg := defaultServeConfig()
 	fs := flags("serve", stderr)
-	file := fs.String("config", "", "JSON configuration file (flags override it)")
-	var fcfg serveConfig
-	fs.StringVar(&fcfg.Listen, "listen", cfg.Listen, "HTTP listen address")
-	fs.StringVar(&fcfg.Model, "model", "", "model directory (default: the embedded demo model)")
-	fs.StringVar(&fcfg.Device, "device", cfg.Device, "compute lane: cpu, cuda or ref")
-	fs.IntVar(&fcfg.Threads, "threads", 0, "CPU threads (0: all)")
-	fs.IntVar(&fcfg.Shards, "shards", cfg.Shards, "pipeline stages per replica")
-	fs.IntVar(&fcfg.Replicas, "replicas", cfg.Replicas, "replicas of the model")
-	fs.IntVar(&fcfg.MaxQueue, "max-queue", cfg.MaxQueue, "requests waiting before 429s")
-	fs.IntVar(&fcfg.MaxBatchTokens, "max-batch-tokens", cfg.MaxBatchTokens, "tokens per step")
-	fs.IntVar(&fcfg.MaxSeqs, "max-seqs", cfg.MaxSeqs, "sequences per step")
-	fs.IntVar(&fcfg.KVBlocks, "kv-blocks", 0, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts)")
-	keys := fs.String("api-keys", "", "comma-separated API keys (default: none required)")
-	fs.StringVar(&fcfg.Node, "node", cfg.Node, "this node's name")
-	fs.StringVar(&fcfg.Cluster.Name, "cluster", cfg.Cluster.Name, "cluster name")
-	fs.StringVar(&fcfg.Cluster.ClientListen, "bus-listen", "", "NATS client listen address (default: none)")
-	fs.StringVar(&fcfg.Cluster.RouteListen, "route-listen", "", "NATS cluster route listen address (default: none)")
-	join := fs.String("join", "", "comma-separated route URLs of other nodes")
-	fs.StringVar(&fcfg.Cluster.User, "bus-user", "", "user for the bus ports")
-	fs.StringVar(&fcfg.Cluster.Password, "bus-password", "", "password for the bus ports")
-	fs.StringVar(&fcfg.Cluster.TLSCert, "tls-cert", "", "TLS certificate for the bus ports")
-	fs.StringVar(&fcfg.Cluster.TLSKey, "tls-key", "", "TLS key for the bus ports")
-	fs.StringVar(&fcfg.Cluster.TLSCA, "tls-ca", "", "CA that bus peers' certificates must chain to")
-	fs.Float64Var(&fcfg.TraceSampleRatio, "trace-sample", cfg.TraceSampleRatio, "fraction of requests traced")
-	fs.StringVar(&fcfg.Cluster.StoreDir, "store-dir", "", "JetStream store directory (default: a temporary one)")
-	fs.StringVar(&fcfg.DataListen, "data-listen", "", "data-plane listen address (default: a free port on the route listener's host)")
-	fs.StringVar(&fcfg.Placement, "placement", "", "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
-	fs.DurationVar(&fcfg.StepTimeout, "step-timeout", cfg.StepTimeout, "longest forward pass of one stage before it counts as dead")
-	fs.BoolVar(&fcfg.Insecure, "insecure", false, "allow bus and data-plane listeners on the network without credentials")
+	file := bindServeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -133,76 +148,21 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 		return cfg, fmt.Errorf("serve: unexpected arguments %q", fs.Args())
 	}
 	if *file != "" {
+		// The file replaces the defaults; the flags, parsed again, override it.
+		cfg = defaultServeConfig()
 		raw, err := os.ReadFile(*file)
 		if err != nil {
 			return cfg, fmt.Errorf("serve: %w", err)
 		}
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
+		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&cfg); err != nil {
 			return cfg, fmt.Errorf("serve: %s: %w", *file, err)
 		}
-	}
-	fcfg.APIKeys = splitList(*keys)
-	fcfg.Cluster.Join = splitList(*join)
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "listen":
-			cfg.Listen = fcfg.Listen
-		case "model":
-			cfg.Model = fcfg.Model
-		case "device":
-			cfg.Device = fcfg.Device
-		case "threads":
-			cfg.Threads = fcfg.Threads
-		case "shards":
-			cfg.Shards = fcfg.Shards
-		case "replicas":
-			cfg.Replicas = fcfg.Replicas
-		case "max-queue":
-			cfg.MaxQueue = fcfg.MaxQueue
-		case "max-batch-tokens":
-			cfg.MaxBatchTokens = fcfg.MaxBatchTokens
-		case "max-seqs":
-			cfg.MaxSeqs = fcfg.MaxSeqs
-		case "kv-blocks":
-			cfg.KVBlocks = fcfg.KVBlocks
-		case "api-keys":
-			cfg.APIKeys = fcfg.APIKeys
-		case "node":
-			cfg.Node = fcfg.Node
-		case "cluster":
-			cfg.Cluster.Name = fcfg.Cluster.Name
-		case "bus-listen":
-			cfg.Cluster.ClientListen = fcfg.Cluster.ClientListen
-		case "route-listen":
-			cfg.Cluster.RouteListen = fcfg.Cluster.RouteListen
-		case "join":
-			cfg.Cluster.Join = fcfg.Cluster.Join
-		case "bus-user":
-			cfg.Cluster.User = fcfg.Cluster.User
-		case "bus-password":
-			cfg.Cluster.Password = fcfg.Cluster.Password
-		case "tls-cert":
-			cfg.Cluster.TLSCert = fcfg.Cluster.TLSCert
-		case "tls-key":
-			cfg.Cluster.TLSKey = fcfg.Cluster.TLSKey
-		case "tls-ca":
-			cfg.Cluster.TLSCA = fcfg.Cluster.TLSCA
-		case "trace-sample":
-			cfg.TraceSampleRatio = fcfg.TraceSampleRatio
-		case "store-dir":
-			cfg.Cluster.StoreDir = fcfg.Cluster.StoreDir
-		case "data-listen":
-			cfg.DataListen = fcfg.DataListen
-		case "placement":
-			cfg.Placement = fcfg.Placement
-		case "step-timeout":
-			cfg.StepTimeout = fcfg.StepTimeout
-		case "insecure":
-			cfg.Insecure = fcfg.Insecure
+		if err := serveFlagsOver(&cfg, args); err != nil {
+			return cfg, err
 		}
-	})
+	}
 	if cfg.Shards < 1 || cfg.Replicas < 0 {
 		return cfg, fmt.Errorf("serve: --shards must be at least 1 and --replicas at least 0")
 	}
