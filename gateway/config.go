@@ -56,6 +56,13 @@ type Config struct {
 	// AllowedOrigins are extra origin host patterns (path.Match) allowed to open the
 	// websocket; the gateway's own host is always allowed.
 	AllowedOrigins []string
+	// PingInterval is how often the gateway pings each websocket; a client whose pong
+	// has not come back by the next ping is disconnected (its requests stay resumable
+	// for ResumeGrace).
+	PingInterval time.Duration
+	// WriteTimeout bounds one websocket frame's write; a client that stops reading is
+	// disconnected once it passes.
+	WriteTimeout time.Duration
 
 	// TraceURLTemplate is where the demo page fetches a token's trace; "{trace_id}" is
 	// replaced by the token's trace id.
@@ -81,6 +88,8 @@ func DefaultConfig() Config {
 		ResumeBufferFrames: 8192,
 		MaxStreamsPerConn:  64,
 		MaxRetainedStreams: 4096,
+		PingInterval:       20 * time.Second,
+		WriteTimeout:       10 * time.Second,
 		TraceURLTemplate:   "/debug/traces/{trace_id}",
 		ReadHeaderTimeout:  10 * time.Second,
 		IdleTimeout:        120 * time.Second,
@@ -128,6 +137,8 @@ func (c Config) Validate() error {
 		{"resume buffer frames", int64(c.ResumeBufferFrames)},
 		{"max streams per connection", int64(c.MaxStreamsPerConn)},
 		{"max retained streams", int64(c.MaxRetainedStreams)},
+		{"websocket ping interval", int64(c.PingInterval)},
+		{"websocket write timeout", int64(c.WriteTimeout)},
 		{"read header timeout", int64(c.ReadHeaderTimeout)},
 		{"idle timeout", int64(c.IdleTimeout)},
 		{"shutdown timeout", int64(c.ShutdownTimeout)},

@@ -294,17 +294,48 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithCancel(s.base)
 	defer cancel()
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		defer cancel() // a failed write ends the connection
 		c.writeLoop(ctx)
-	}()
+	})
+	wg.Go(func() {
+		defer cancel() // so does a missing pong
+		c.pingLoop(ctx)
+	})
 	c.readLoop(ctx)
 	cancel()
-	<-writerDone
+	wg.Wait()
 	s.detachAll(c)
 	_ = conn.CloseNow()
+}
+
+// pingLoop pings the client every PingInterval and returns when a pong has not
+// come back by the next ping, or when ctx ends. Pongs are read by readLoop.
+func (c *wsConn) pingLoop(ctx context.Context) {
+	every := c.s.cfg.PingInterval
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, every)
+		err := c.conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// write sends one text frame, giving up after WriteTimeout.
+func (c *wsConn) write(ctx context.Context, b []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
+	defer cancel()
+	return c.conn.Write(ctx, websocket.MessageText, b)
 }
 
 func (c *wsConn) readLoop(ctx context.Context) {
@@ -443,7 +474,7 @@ func (c *wsConn) writeLoop(ctx context.Context) {
 			c.mu.Unlock()
 			wrote := len(ctl) > 0
 			for _, b := range ctl {
-				if c.conn.Write(ctx, websocket.MessageText, b) != nil {
+				if c.write(ctx, b) != nil {
 					return
 				}
 			}
@@ -455,7 +486,7 @@ func (c *wsConn) writeLoop(ctx context.Context) {
 					continue
 				}
 				for _, b := range frames {
-					if c.conn.Write(ctx, websocket.MessageText, b) != nil {
+					if c.write(ctx, b) != nil {
 						return
 					}
 				}

@@ -344,3 +344,56 @@ func TestWSBackendErrors(t *testing.T) {
 		t.Errorf("failing backend: %+v", frames)
 	}
 }
+
+// TestWSPingDropsSilentClient: a client that answers pings stays connected and
+// served; one that never reads (so never answers) is disconnected.
+func TestWSPingDropsSilentClient(t *testing.T) {
+	cfg := testConfig()
+	cfg.PingInterval = 50 * time.Millisecond
+	env := newEnv(t, cfg, nil)
+	live := dialWS(t, env)
+	frames := make(chan wsIn, 64)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		defer close(frames)
+		for {
+			_, b, err := live.Read(t.Context())
+			if err != nil {
+				return
+			}
+			var f wsIn
+			if json.Unmarshal(b, &f) == nil {
+				frames <- f
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		live.CloseNow()
+		<-readerDone
+	})
+	_ = dialWS(t, env) // never reads, so never pongs
+	waitFor(t, "both sockets open", func() bool { return env.srv.met.wsConns.Load() == 2 })
+	waitFor(t, "the silent socket dropped", func() bool { return env.srv.met.wsConns.Load() == 1 })
+	time.Sleep(4 * cfg.PingInterval) // the live socket answers several more pings
+
+	sendWS(t, live, `{"type":"generate","id":"a","model":"echo-1","prompt":"hi"}`)
+	var text string
+	for f := range frames {
+		if f.Type == "token" {
+			text += f.Text
+		}
+		if f.Type == "done" || f.Type == "error" {
+			if f.Type == "error" {
+				t.Fatalf("error frame %+v", f)
+			}
+			break
+		}
+	}
+	if text != "hi" {
+		t.Errorf("live socket after pings: text %q, want hi", text)
+	}
+	if n := env.srv.met.wsConns.Load(); n != 1 {
+		t.Errorf("open sockets = %d, want 1", n)
+	}
+}

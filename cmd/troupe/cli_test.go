@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/safetensors"
@@ -134,6 +135,16 @@ func TestServeConfigFile(t *testing.T) {
 	}
 	if cfg.Listen != "127.0.0.1:9001" || cfg.Replicas != 3 || cfg.MaxSeqs != 7 || strings.Join(cfg.APIKeys, ",") != "b,c" || cfg.Shards != 1 {
 		t.Errorf("config %+v", cfg)
+	}
+	os.WriteFile(file, []byte(`{"step_timeout":"1m30s","cluster":{"name":"x"}}`), 0o644)
+	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.StepTimeout != 90*time.Second || cfg.Cluster.Name != "x" {
+		t.Errorf("step_timeout as a duration: %v, %v", cfg.StepTimeout, err)
+	}
+	for _, bad := range []string{`{"step_timeout":5}`, `{"step_timeout":"5 parsecs"}`, `{"cluster":{"nmae":"x"}}`} {
+		os.WriteFile(file, []byte(bad), 0o644)
+		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
 	}
 	os.WriteFile(file, []byte(`{"replcas":3}`), 0o644)
 	if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "replcas") {

@@ -56,7 +56,7 @@ type serveConfig struct {
 	// the nodes of its stages. Empty runs Replicas local replicas.
 	Placement string `json:"placement"`
 	// StepTimeout bounds one stage's forward pass before the stage counts
-	// as dead.
+	// as dead; in a config file, a duration string such as "10s".
 	StepTimeout time.Duration `json:"step_timeout"`
 	// Insecure allows network listeners without credentials.
 	Insecure bool `json:"insecure"`
@@ -81,6 +81,29 @@ type clusterConfig struct {
 	TLSCA   string `json:"tls_ca"`
 	// StoreDir keeps JetStream data on disk; empty keeps it in memory.
 	StoreDir string `json:"store_dir"`
+}
+
+// UnmarshalJSON decodes a config file strictly (unknown keys are errors),
+// reading durations as Go duration strings ("10s", "1m30s").
+func (c *serveConfig) UnmarshalJSON(b []byte) error {
+	type plain serveConfig
+	aux := struct {
+		*plain
+		StepTimeout *string `json:"step_timeout"`
+	}{plain: (*plain)(c)}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&aux); err != nil {
+		return err
+	}
+	if aux.StepTimeout != nil {
+		d, err := time.ParseDuration(*aux.StepTimeout)
+		if err != nil {
+			return fmt.Errorf("step_timeout: %w", err)
+		}
+		c.StepTimeout = d
+	}
+	return nil
 }
 
 func defaultServeConfig() serveConfig {
