@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -168,6 +169,11 @@ type StreamConfig struct {
 	HandshakeTimeout time.Duration
 	// IdleTimeout closes a server connection with no request for this long.
 	IdleTimeout time.Duration
+	// TLS, when set, encrypts every connection: a server uses it as its
+	// tls.Config (its certificate, and ClientCAs to verify clients), a
+	// client likewise (RootCAs to verify servers; ServerName defaults to
+	// the host it dials). The key handshake then runs inside TLS.
+	TLS *tls.Config
 }
 
 // DefaultStreamConfig has no key (Validate fails until one is set), a
@@ -255,8 +261,17 @@ func (s *StreamServer) handle(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	r := bufio.NewReaderSize(c, 64<<10)
-	w := bufio.NewWriterSize(c, 64<<10)
+	rw := c // deadlines go on c; bytes through rw
+	if s.cfg.TLS != nil {
+		tc := tls.Server(c, s.cfg.TLS)
+		_ = c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+		if tc.Handshake() != nil {
+			return
+		}
+		rw = tc
+	}
+	r := bufio.NewReaderSize(rw, 64<<10)
+	w := bufio.NewWriterSize(rw, 64<<10)
 	if !s.handshake(c, r, w) {
 		return
 	}
@@ -413,7 +428,6 @@ func (c *StreamClient) connect(ctx context.Context, node string, p *peer) error 
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	r, w := bufio.NewReaderSize(conn, 64<<10), bufio.NewWriter(conn)
 	dl := time.Now().Add(c.cfg.HandshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
@@ -423,6 +437,18 @@ func (c *StreamClient) connect(ctx context.Context, node string, p *peer) error 
 		conn.Close()
 		return fmt.Errorf("xgmi: handshake with %s at %s: %w", node, addr, err)
 	}
+	if c.cfg.TLS != nil {
+		cfg := c.cfg.TLS.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(conn, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fail(fmt.Errorf("%w: tls: %w", ErrAuth, err))
+		}
+		conn = tc
+	}
+	r, w := bufio.NewReaderSize(conn, 64<<10), bufio.NewWriter(conn)
 	typ, nonce, err := readFrame(r, nil, nonceSize)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrUnreachable, err))

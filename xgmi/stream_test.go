@@ -22,6 +22,11 @@ func startStream(t testing.TB, h *Host, key []byte) string {
 	t.Helper()
 	cfg := DefaultStreamConfig()
 	cfg.Key = key
+	return startStreamConfig(t, h, cfg)
+}
+
+func startStreamConfig(t testing.TB, h *Host, cfg StreamConfig) string {
+	t.Helper()
 	srv, err := NewStreamServer(h, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +51,11 @@ func newClient(t testing.TB, key []byte, addrs map[string]string) *StreamClient 
 	t.Helper()
 	cfg := DefaultStreamConfig()
 	cfg.Key = key
+	return newClientConfig(t, cfg, addrs)
+}
+
+func newClientConfig(t testing.TB, cfg StreamConfig, addrs map[string]string) *StreamClient {
+	t.Helper()
 	c, err := NewStreamClient(cfg, func(_ context.Context, node string) (string, error) {
 		a, ok := addrs[node]
 		if !ok {

@@ -68,6 +68,11 @@ func (n *node) startDataPlane(ctx, runCtx context.Context) error {
 	}
 	scfg := xgmi.DefaultStreamConfig()
 	scfg.Key = dataKey(n.cfg.Cluster)
+	tlsCfg, err := dataTLS(n.cfg.Cluster)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	scfg.TLS = tlsCfg
 	srv, err := xgmi.NewStreamServer(n.plane, scfg)
 	if err != nil {
 		return fmt.Errorf("serve: data plane: %w", err)
