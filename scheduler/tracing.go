@@ -33,13 +33,23 @@ const (
 	AttrReason    = attribute.Key("finish.reason")
 )
 
-type stepTracer struct{ t trace.Tracer }
+// stepTracer makes the scheduler's spans. Without a tracer provider (nil
+// or noop) it is off: requests still carry their submitter's trace context
+// to the layer-shards and their trace id to the frames, but the per-step
+// spans, which would record nothing, are not made.
+type stepTracer struct {
+	t    trace.Tracer
+	off  bool
+	none trace.Span // a span that records nothing, for the off tracer
+}
 
 func newStepTracer(tp trace.TracerProvider) stepTracer {
+	_, isNoop := tp.(noop.TracerProvider)
+	off := tp == nil || isNoop
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return stepTracer{t: tp.Tracer("github.com/troupe/troupe/scheduler")}
+	return stepTracer{t: tp.Tracer("github.com/troupe/troupe/scheduler"), off: off, none: trace.SpanFromContext(context.Background())}
 }
 
 // requestSpan is the trace of one request.
@@ -100,19 +110,27 @@ func (r *requestSpan) traceID() string { return r.tid }
 // spans and ctxs are beside the step's sequences (in), by index; the
 // scheduler keeps one stepSpan and reuses its slices every step.
 type stepSpan struct {
-	t     trace.Tracer
+	st    stepTracer
 	ctx   context.Context
 	in    []*seq
 	spans []trace.Span
 	ctxs  []context.Context
 	opts  []trace.SpanStartOption
-	fwd   time.Time
 }
 
 // step starts the spans of a step into ss.
 func (st stepTracer) step(ss *stepSpan, ctx context.Context, in []*seq, tokens int) {
-	ss.t, ss.ctx, ss.in = st.t, ctx, in
+	ss.st, ss.ctx, ss.in = st, ctx, in
 	ss.spans, ss.ctxs = ss.spans[:0], ss.ctxs[:0]
+	if st.off {
+		// The forward pass still runs in the first request's trace.
+		if len(in) > 0 {
+			if sc := trace.SpanContextFromContext(in[0].span.ctx); sc.IsValid() {
+				ss.ctx = trace.ContextWithSpanContext(ctx, sc)
+			}
+		}
+		return
+	}
 	var lead trace.SpanContext
 	for i, q := range in {
 		ss.opts = append(ss.opts[:0], trace.WithAttributes(
@@ -127,7 +145,6 @@ func (st stepTracer) step(ss *stepSpan, ctx context.Context, in []*seq, tokens i
 		}
 		ss.spans, ss.ctxs = append(ss.spans, sp), append(ss.ctxs, c)
 	}
-	ss.fwd = time.Now()
 }
 
 func (ss *stepSpan) forwardDone(err error) {
@@ -141,6 +158,9 @@ func (ss *stepSpan) forwardDone(err error) {
 
 // sampled records the sampling of one token and starts its emission span.
 func (ss *stepSpan) sampled(q *seq, f Frame, start, end time.Time) trace.Span {
+	if ss.st.off {
+		return ss.st.none
+	}
 	c := q.span.ctx
 	var st trace.Span
 	for i, x := range ss.in {
@@ -152,9 +172,9 @@ func (ss *stepSpan) sampled(q *seq, f Frame, start, end time.Time) trace.Span {
 	if st != nil {
 		st.SetAttributes(AttrTokenSeq.Int(f.Seq), AttrTokenID.Int(int(f.ID)))
 	}
-	_, sp := ss.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
+	_, sp := ss.st.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
 	sp.End(trace.WithTimestamp(end))
-	_, em := ss.t.Start(c, SpanEmit, trace.WithAttributes(AttrTokenSeq.Int(f.Seq)))
+	_, em := ss.st.t.Start(c, SpanEmit, trace.WithAttributes(AttrTokenSeq.Int(f.Seq)))
 	return em
 }
 
