@@ -114,6 +114,9 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	if err != nil {
 		t.Fatal(err)
 	}
+	if local {
+		kv.Local(kvRef)
+	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
 	pipe := NewPipeline(nc, subjects, plane, b.Config.Vocab)
 	for i, ref := range r.refs {

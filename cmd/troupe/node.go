@@ -360,6 +360,9 @@ func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient
 	if err != nil {
 		return nil, ref, fmt.Errorf("serve: %w", err)
 	}
+	// The KV-manager runs in this process: the scheduler reaches it
+	// through its mailbox.
+	kv.Local(ref)
 	return kv, ref, nil
 }
 
