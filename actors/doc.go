@@ -28,6 +28,13 @@
 // they TrySend and answer bus.CodeOverloaded when full. Mailbox depth is in
 // Stats (and so in micro STATS and the stats endpoint).
 //
+// # Local requests
+//
+// Ask is a request to an actor of this process without the bus: the same
+// Call a Handle endpoint makes, put in the mailbox as a Go value and
+// answered through a channel, with the bus path's error codes. Callers
+// that may reach an actor either way use Ask when they hold its Ref.
+//
 // # Supervision
 //
 // An error from Receive is counted and the actor continues. A panic in

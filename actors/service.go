@@ -72,8 +72,9 @@ func description(err error) string {
 	return err.Error()
 }
 
-// Call is a request from the bus waiting in a mailbox. The actor must answer
-// every Call exactly once, with Reply or Fail; later answers are ignored.
+// Call is a request from the bus, or from Ask in this process, waiting in a
+// mailbox. The actor must answer every Call exactly once, with Reply or
+// Fail; later answers are ignored.
 type Call[Req, Resp bus.Message] struct {
 	Req      Req
 	nc       *nats.Conn
@@ -81,6 +82,8 @@ type Call[Req, Resp bus.Message] struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	answered atomic.Bool
+	// local, set by Ask, takes the answer instead of the reply subject.
+	local chan answer[Resp]
 }
 
 // Context carries the caller's deadline and trace context; it is also
@@ -97,6 +100,10 @@ func (c *Call[Req, Resp]) Reply(resp Resp) error {
 	if !c.answer() {
 		return nil
 	}
+	if c.local != nil {
+		c.local <- answer[Resp]{resp: resp}
+		return nil
+	}
 	data, err := bus.Encode(resp)
 	if err != nil {
 		return c.publish(errorMsg(c.reply, err))
@@ -107,6 +114,10 @@ func (c *Call[Req, Resp]) Reply(resp Resp) error {
 // Fail answers with err's bus.Code and description.
 func (c *Call[Req, Resp]) Fail(err error) error {
 	if !c.answer() {
+		return nil
+	}
+	if c.local != nil {
+		c.local <- answer[Resp]{err: localError(err)}
 		return nil
 	}
 	return c.publish(errorMsg(c.reply, err))

@@ -50,6 +50,7 @@ func benchDirect(b *testing.B, bundle *models.Bundle, prompt []int32, limit int)
 	defer m.Close()
 	ctx := context.Background()
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	var seq *models.Sequence
 	var logits []float32
 	for b.Loop() {
@@ -69,7 +70,19 @@ func benchDirect(b *testing.B, bundle *models.Bundle, prompt []int32, limit int)
 		}
 	}
 	seq.Close()
+	perToken(b, cpu0)
+}
+
+// perToken reports the wall and CPU time per token of a benchmark that
+// generated b.N tokens since cpu0 (a cpuTime reading at its start). CPU
+// time counts every thread of the process, so it holds what the bus, the
+// actors and the scheduler spend around the forward passes, and it is less
+// disturbed than wall time by other work on a shared machine.
+func perToken(b *testing.B, cpu0 time.Duration) {
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+	if cpu := cpuTime() - cpu0; cpu > 0 {
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/token")
+	}
 }
 
 func argmaxF(v []float32) int {
@@ -83,9 +96,10 @@ func argmaxF(v []float32) int {
 }
 
 func benchActorPath(b *testing.B, tp trace.TracerProvider) {
-	r := startReplicaTraced(b, 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, tp)
+	r := startReplicaTraced(b, 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, tp, viaLocal)
 	ctx := context.Background()
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	tokens := 0
 	for i := 0; tokens < b.N; i++ {
 		n := min(benchTokens, b.N-tokens)
@@ -95,7 +109,7 @@ func benchActorPath(b *testing.B, tp trace.TracerProvider) {
 		}
 		tokens += n
 	}
-	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+	perToken(b, cpu0)
 }
 
 func BenchmarkDecodeActorPath(b *testing.B) { benchActorPath(b, nil) }
@@ -115,18 +129,27 @@ func BenchmarkDecodeActorPathTraced(b *testing.B) {
 }
 
 // The actor path's own cost, measured on a model small enough that its
-// forward pass takes tens of microseconds (the llama-gqa fixture: 2 layers,
-// hidden 256): the difference between the two benchmarks' µs/token is what
-// the scheduler, the KV-manager, the shard actor and the bus add per token.
+// forward pass takes a couple of hundred microseconds (the llama-gqa
+// fixture: 2 layers, hidden 256): the difference between the direct and an
+// actor-path benchmark's µs/token is what the scheduler, the KV-manager,
+// the layer-shard and device actors and the client's frames on the bus add
+// per token. ActorPath reaches the shard through its mailbox, as a node
+// does with the shards of its own replicas; ActorPathBus over the bus, as
+// with a shard on another node (here in the same process).
 //
 //	go test -run XXX -bench 'Overhead' -benchtime 2048x -count 5 ./scheduler
 func BenchmarkOverheadDirect(b *testing.B) {
 	benchDirect(b, fixture(b, "llama-gqa"), []int32{1, 2}, 400)
 }
 
-func BenchmarkOverheadActorPath(b *testing.B) {
-	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil)
+func BenchmarkOverheadActorPath(b *testing.B)    { benchOverhead(b, viaLocal) }
+func BenchmarkOverheadActorPathBus(b *testing.B) { benchOverhead(b, viaBus) }
+
+func benchOverhead(b *testing.B, local bool) {
+	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, local)
 	ctx := context.Background()
+	b.ReportAllocs()
+	cpu0 := cpuTime()
 	tokens := 0
 	for i := 0; tokens < b.N; i++ {
 		n := min(400, b.N-tokens)
@@ -136,7 +159,7 @@ func BenchmarkOverheadActorPath(b *testing.B) {
 		}
 		tokens += n
 	}
-	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/token")
+	perToken(b, cpu0)
 }
 
 // fixture opens one of the shared test checkpoints, skipping when absent.
@@ -160,4 +183,59 @@ func benchCPU() cpu.Config {
 		c.Threads = n
 	}
 	return c
+}
+
+// BenchmarkOverheadScheduler is the scheduler alone over the engine, with
+// no actor and no bus: a local KV pool, the model called on the
+// scheduler's goroutine, frames counted by the sink.
+func BenchmarkOverheadScheduler(b *testing.B) {
+	bundle := fixture(b, "llama-gqa")
+	defer bundle.Close()
+	dev, err := cpu.New(benchCPU())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dev.Close()
+	cfg := Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}
+	m, err := models.Load(bundle.Config, bundle.Checkpoint, dev, models.Options{MaxTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	const blocks = 256
+	cache, err := m.NewCache(blocks, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cache.Close()
+	kv, _ := NewKV(blocks, 16)
+	cfg.Vocab, cfg.Context, cfg.EOS = bundle.Config.Vocab, bundle.Config.MaxPositions, bundle.Config.EOS
+	s, err := New(cfg, &ModelEngine{Model: m, Cache: cache}, kv, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	tokens := 0
+	for i := 0; tokens < b.N; i++ {
+		n := min(400, b.N-tokens)
+		final := make(chan Frame, 1)
+		err := s.Submit(&Request{ID: fmt.Sprint("s-", i), Prompt: []int32{1, 2}, Params: greedy(n), Detok: nop{}, Sink: func(f Frame) {
+			if f.Final {
+				final <- f
+			}
+		}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f := <-final; f.CompletionTokens != n {
+			b.Fatalf("final frame %+v, want %d tokens", f, n)
+		}
+		tokens += n
+	}
+	perToken(b, cpu0)
 }

@@ -73,11 +73,6 @@ type KVJob func(*KV)
 // KVManagerProps describes the KV-manager actor of a replica owning kv.
 // Its endpoints answer start, grow, commit, free and capacity.
 func KVManagerProps(replica string, kv *KV) actors.Props[KVJob] {
-	reply := func(id string, r KVReply) KVReply {
-		r.Table = append([]int32(nil), kv.Table(id)...)
-		r.Stats = kv.Stats()
-		return r
-	}
 	return actors.Props[KVJob]{
 		Kind:        bus.KVManagerKind,
 		ID:          replica,
@@ -85,51 +80,70 @@ func KVManagerProps(replica string, kv *KV) actors.Props[KVJob] {
 		Mailbox:     256,
 		Description: "paged KV blocks with prefix reuse",
 		Endpoints: []actors.Endpoint[KVJob]{
-			actors.Handle("start", func(c *actors.Call[KVStartMsg, KVReply]) KVJob {
-				return func(kv *KV) {
-					cached, err := kv.Start(c.Req.ID, c.Req.Tenant, c.Req.Prompt)
-					switch {
-					case err == nil:
-						c.Reply(reply(c.Req.ID, KVReply{Cached: cached}))
-					case isFull(err):
-						c.Reply(reply(c.Req.ID, KVReply{Full: true}))
-					default:
-						c.Fail(bus.Errorf(bus.CodeConflict, "%v", err))
-					}
-				}
-			}),
-			actors.Handle("grow", func(c *actors.Call[KVGrowMsg, KVReply]) KVJob {
-				return func(kv *KV) {
-					err := kv.Grow(c.Req.ID, c.Req.N)
-					if err != nil && !isFull(err) {
-						c.Fail(bus.Errorf(bus.CodeNotFound, "%v", err))
-						return
-					}
-					c.Reply(reply(c.Req.ID, KVReply{Full: err != nil}))
-				}
-			}),
-			actors.Handle("commit", func(c *actors.Call[KVCommitMsg, KVReply]) KVJob {
-				return func(kv *KV) {
-					if c.Req.From < 0 || c.Req.From > 1<<20 {
-						c.Fail(bus.Errorf(bus.CodeBadRequest, "commit from block %d", c.Req.From))
-						return
-					}
-					tokens := append(make([]int32, c.Req.From*kv.BlockSize()), c.Req.Tokens...)
-					kv.Commit(c.Req.ID, tokens)
-					c.Reply(KVReply{Stats: kv.Stats()})
-				}
-			}),
-			actors.Handle("free", func(c *actors.Call[KVFreeMsg, KVReply]) KVJob {
-				return func(kv *KV) {
-					kv.Free(c.Req.ID)
-					c.Reply(KVReply{Stats: kv.Stats()})
-				}
-			}),
-			actors.Handle(bus.KVCapacity, func(c *actors.Call[KVStats, KVStats]) KVJob {
-				return func(kv *KV) { c.Reply(kv.Stats()) }
-			}),
+			actors.Handle("start", kvStart),
+			actors.Handle("grow", kvGrow),
+			actors.Handle("commit", kvCommit),
+			actors.Handle("free", kvFree),
+			actors.Handle(bus.KVCapacity, kvCapacity),
 		},
 	}
+}
+
+// The KV-manager's endpoints, as jobs on its pool: the wraps of its Handle
+// endpoints, which KVClient also hands to actors.Ask.
+
+func kvReply(kv *KV, id string, r KVReply) KVReply {
+	r.Table = append([]int32(nil), kv.Table(id)...)
+	r.Stats = kv.Stats()
+	return r
+}
+
+func kvStart(c *actors.Call[KVStartMsg, KVReply]) KVJob {
+	return func(kv *KV) {
+		cached, err := kv.Start(c.Req.ID, c.Req.Tenant, c.Req.Prompt)
+		switch {
+		case err == nil:
+			c.Reply(kvReply(kv, c.Req.ID, KVReply{Cached: cached}))
+		case isFull(err):
+			c.Reply(kvReply(kv, c.Req.ID, KVReply{Full: true}))
+		default:
+			c.Fail(bus.Errorf(bus.CodeConflict, "%v", err))
+		}
+	}
+}
+
+func kvGrow(c *actors.Call[KVGrowMsg, KVReply]) KVJob {
+	return func(kv *KV) {
+		err := kv.Grow(c.Req.ID, c.Req.N)
+		if err != nil && !isFull(err) {
+			c.Fail(bus.Errorf(bus.CodeNotFound, "%v", err))
+			return
+		}
+		c.Reply(kvReply(kv, c.Req.ID, KVReply{Full: err != nil}))
+	}
+}
+
+func kvCommit(c *actors.Call[KVCommitMsg, KVReply]) KVJob {
+	return func(kv *KV) {
+		if c.Req.From < 0 || c.Req.From > 1<<20 {
+			c.Fail(bus.Errorf(bus.CodeBadRequest, "commit from block %d", c.Req.From))
+			return
+		}
+		tokens := append(make([]int32, c.Req.From*kv.BlockSize()), c.Req.Tokens...)
+		kv.Commit(c.Req.ID, tokens)
+		c.Reply(KVReply{Stats: kv.Stats()})
+	}
+}
+
+func kvFree(c *actors.Call[KVFreeMsg, KVReply]) KVJob {
+	return func(kv *KV) {
+		kv.Free(c.Req.ID)
+		c.Reply(KVReply{Stats: kv.Stats()})
+	}
+}
+
+func kvCapacity(c *actors.Call[KVStats, KVStats]) KVJob {
+	return func(kv *KV) { c.Reply(kv.Stats()) }
 }
 
 func isFull(err error) bool { return err != nil && errors.Is(err, ErrNoBlocks) }
@@ -150,6 +164,7 @@ type KVClient struct {
 	subj    bus.Subjects
 	replica string
 	ctx     context.Context
+	local   *actors.Ref[KVJob]
 
 	mu        sync.Mutex
 	stats     KVStats
@@ -169,6 +184,24 @@ func NewKVClient(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replica 
 	return c, nil
 }
 
+// Local makes c reach the KV-manager through ref, its actor in this
+// process, with actors.Ask instead of the bus. Once ref has stopped, c goes
+// back to the bus. Call Local before c's first use by the scheduler.
+func (c *KVClient) Local(ref *actors.Ref[KVJob]) { c.local = ref }
+
+// kvRequest asks c's KV-manager: through its mailbox when it is local and
+// running, else over the bus.
+func kvRequest[Req bus.Message](c *KVClient, endpoint string, wrap func(*actors.Call[Req, KVReply]) KVJob, req Req) (KVReply, error) {
+	if ref := c.local; ref != nil {
+		select {
+		case <-ref.Done():
+		default:
+			return actors.Ask(c.ctx, ref, wrap, req)
+		}
+	}
+	return bus.Request[Req, KVReply](c.ctx, c.nc, c.subj.KVManager(c.replica, endpoint), req)
+}
+
 func (c *KVClient) update(id string, r KVReply, keepTable bool) {
 	c.mu.Lock()
 	c.stats = r.Stats
@@ -180,7 +213,7 @@ func (c *KVClient) update(id string, r KVReply, keepTable bool) {
 
 // Start implements Blocks.
 func (c *KVClient) Start(id, tenant string, prompt []int32) (int, error) {
-	r, err := bus.Request[KVStartMsg, KVReply](c.ctx, c.nc, c.subj.KVManager(c.replica, "start"), KVStartMsg{ID: id, Tenant: tenant, Prompt: prompt})
+	r, err := kvRequest(c, "start", kvStart, KVStartMsg{ID: id, Tenant: tenant, Prompt: prompt})
 	if err != nil {
 		return 0, err
 	}
@@ -201,7 +234,7 @@ func (c *KVClient) Grow(id string, n int) error {
 	if len(t)*c.stats.BlockSize >= n {
 		return nil
 	}
-	r, err := bus.Request[KVGrowMsg, KVReply](c.ctx, c.nc, c.subj.KVManager(c.replica, "grow"), KVGrowMsg{ID: id, N: n})
+	r, err := kvRequest(c, "grow", kvGrow, KVGrowMsg{ID: id, N: n})
 	if err != nil {
 		return err
 	}
@@ -220,7 +253,7 @@ func (c *KVClient) Commit(id string, tokens []int32) {
 	if full <= from {
 		return
 	}
-	r, err := bus.Request[KVCommitMsg, KVReply](c.ctx, c.nc, c.subj.KVManager(c.replica, "commit"), KVCommitMsg{ID: id, From: from, Tokens: tokens[from*bs : full*bs]})
+	r, err := kvRequest(c, "commit", kvCommit, KVCommitMsg{ID: id, From: from, Tokens: tokens[from*bs : full*bs]})
 	if err != nil {
 		return // prefix reuse is an optimisation: a lost commit costs a recompute later
 	}
@@ -232,7 +265,7 @@ func (c *KVClient) Commit(id string, tokens []int32) {
 func (c *KVClient) Free(id string) {
 	delete(c.tables, id)
 	delete(c.committed, id)
-	r, err := bus.Request[KVFreeMsg, KVReply](c.ctx, c.nc, c.subj.KVManager(c.replica, "free"), KVFreeMsg{ID: id})
+	r, err := kvRequest(c, "free", kvFree, KVFreeMsg{ID: id})
 	if err == nil {
 		c.update(id, r, false)
 	}

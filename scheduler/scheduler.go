@@ -123,6 +123,10 @@ type Scheduler struct {
 	admitted uint64
 	batch    models.Batch
 	logits   []float32
+	in       []*seq // the step's sequences, in table order
+	chunks   []int  // tokens of each
+	sampled  []*seq // the step's sequences that get a token
+	span     stepSpan
 }
 
 type op struct {
@@ -318,9 +322,13 @@ func (s *Scheduler) finishWaiting(q *seq, err error) {
 // step runs one forward pass over the running sequences.
 func (s *Scheduler) step(ctx context.Context) error {
 	b := &s.batch
-	var in []*seq    // sequences in this step, in table order
-	var chunks []int // tokens of each
-	var sampled []*seq
+	in, chunks, sampled := s.in, s.chunks, s.sampled
+	// The slices grow in place; keep them for the next step.
+	defer func() {
+		clear(in)
+		clear(sampled)
+		s.in, s.chunks, s.sampled = in[:0], chunks[:0], sampled[:0]
+	}()
 plan:
 	for {
 		b.Tokens, b.Pos, b.Seq, b.Tables, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Tables[:0], b.Logits[:0]
@@ -362,10 +370,12 @@ plan:
 	if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
 		s.logits = make([]float32, need)
 	}
-	span := s.tracer.step(ctx, in, len(b.Tokens))
+	span := &s.span
+	s.tracer.step(span, ctx, in, len(b.Tokens))
 	err := s.engine.Forward(span.ctx, b, s.logits[:len(b.Logits)*s.cfg.Vocab])
 	span.forwardDone(err)
 	if err != nil {
+		span.end()
 		return err
 	}
 	s.mu.Lock()
@@ -382,7 +392,7 @@ plan:
 		t0 := time.Now()
 		st := q.gen.Next(row)
 		q.tokens = append(q.tokens, st.ID)
-		s.emit(q, st, &span, t0)
+		s.emit(q, st, span, t0)
 	}
 	span.end()
 	return nil

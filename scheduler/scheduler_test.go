@@ -15,6 +15,7 @@ import (
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 )
 
@@ -234,5 +235,59 @@ func waitFor(t testing.TB, cond func() bool) {
 			t.Fatal("condition not reached")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// traceEngine records the span context each forward pass runs under.
+type traceEngine struct {
+	mu  sync.Mutex
+	got []trace.SpanContext
+}
+
+func (e *traceEngine) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	e.mu.Lock()
+	e.got = append(e.got, trace.SpanContextFromContext(ctx))
+	e.mu.Unlock()
+	clear(logits)
+	return nil
+}
+
+// TestUntracedKeepsTraceContext: without a tracer provider the scheduler
+// makes no spans, but the forward passes still run in the submitter's
+// trace and the frames carry its id.
+func TestUntracedKeepsTraceContext(t *testing.T) {
+	eng := &traceEngine{}
+	kv, _ := NewKV(16, 16)
+	s, err := New(Config{MaxQueue: 4, MaxBatchTokens: 16, MaxSeqs: 2, Context: 64, Vocab: 8}, eng, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5}, TraceFlags: trace.FlagsSampled, Remote: true})
+	col := newCollect()
+	if err := s.Submit(&Request{ID: "t", Prompt: []int32{1, 2}, Params: greedy(3), Detok: nop{}, Sink: col.sink, Trace: trace.ContextWithRemoteSpanContext(context.Background(), sc)}); err != nil {
+		t.Fatal(err)
+	}
+	frames := col.wait(t)
+	if len(frames) != 3 {
+		t.Fatalf("got %d frames, want 3", len(frames))
+	}
+	for _, f := range frames {
+		if f.TraceID != sc.TraceID().String() {
+			t.Errorf("frame %d trace id %q, want %q", f.Seq, f.TraceID, sc.TraceID())
+		}
+	}
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	if len(eng.got) != 3 {
+		t.Fatalf("%d forward passes, want 3", len(eng.got))
+	}
+	for i, got := range eng.got {
+		if got.TraceID() != sc.TraceID() {
+			t.Errorf("forward %d ran in trace %v, want %v", i, got.TraceID(), sc.TraceID())
+		}
 	}
 }

@@ -28,22 +28,29 @@ type replica struct {
 	refs   []*actors.Ref[ShardCall]
 }
 
-func startReplica(t testing.TB, stages int, cfg Config) *replica {
+// The two ways a scheduler reaches the layer-shard actors of its process.
+const (
+	viaBus   = false // requests on their forward subjects
+	viaLocal = true  // Pipeline.Local: through their mailboxes
+)
+
+func startReplica(t testing.TB, stages int, cfg Config, local bool) *replica {
 	t.Helper()
-	return startReplicaTraced(t, stages, cfg, nil)
+	return startReplicaTraced(t, stages, cfg, nil, local)
 }
 
-func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerProvider) *replica {
+func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerProvider, local bool) *replica {
 	t.Helper()
 	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startReplicaWith(t, b, stages, cfg, tp)
+	return startReplicaWith(t, b, stages, cfg, tp, local)
 }
 
 // startReplicaWith serves bundle b, which it closes at the end of the test.
-func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider) *replica {
+// With local, the pipeline reaches its stages through Pipeline.Local.
+func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider, local bool) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := bus.Start(ctx, bus.DefaultConfig())
@@ -107,8 +114,20 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	if err != nil {
 		t.Fatal(err)
 	}
+	if local {
+		kv.Local(kvRef)
+	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
-	s, err := New(cfg, NewPipeline(nc, subjects, plane, b.Config.Vocab), kv, tp)
+	pipe := NewPipeline(nc, subjects, plane, b.Config.Vocab)
+	for i, ref := range r.refs {
+		if !local {
+			break
+		}
+		if err := pipe.Local(i, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(cfg, pipe, kv, tp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +156,15 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 
 // TestPipelineOverBus serves the demo model as a two-stage pipeline behind
 // the bus and checks concurrent requests against the reference.
-func TestPipelineOverBus(t *testing.T) {
+func TestPipelineOverBus(t *testing.T) { testPipeline(t, viaBus) }
+
+// TestPipelineLocal is TestPipelineOverBus with the stages reached through
+// their mailboxes.
+func TestPipelineLocal(t *testing.T) { testPipeline(t, viaLocal) }
+
+func testPipeline(t *testing.T, local bool) {
 	samples := demoSamples(t)
-	r := startReplica(t, 2, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16})
+	r := startReplica(t, 2, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16}, local)
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*len(samples))
 	for c := 0; c < 2; c++ {
@@ -175,7 +200,7 @@ func TestPipelineOverBus(t *testing.T) {
 }
 
 func TestClientErrors(t *testing.T) {
-	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4})
+	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, viaLocal)
 	ctx := context.Background()
 	_, err := r.client.Generate(ctx, SubmitMsg{ID: "x", Prompt: []int32{1}, MaxTokens: 100000}, func(FrameMsg) error { return nil })
 	var be *bus.Error
@@ -197,10 +222,16 @@ func TestClientErrors(t *testing.T) {
 }
 
 // TestShardPanicRestarts: a layer-shard that panics fails the step in
-// flight, is restarted by its supervisor, and the next request succeeds.
+// flight, is restarted by its supervisor, and the next request succeeds,
+// whichever way the pipeline reaches it.
 func TestShardPanicRestarts(t *testing.T) {
+	t.Run("bus", func(t *testing.T) { testShardPanicRestarts(t, viaBus) })
+	t.Run("local", func(t *testing.T) { testShardPanicRestarts(t, viaLocal) })
+}
+
+func testShardPanicRestarts(t *testing.T, local bool) {
 	samples := demoSamples(t)
-	r := startReplica(t, 2, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4})
+	r := startReplica(t, 2, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, local)
 	var once sync.Once
 	r.shards[1].Fault = func() { once.Do(func() { panic("injected fault") }) }
 	ctx := context.Background()
@@ -231,7 +262,7 @@ func TestShardPanicRestarts(t *testing.T) {
 // TestSchedulerMicroService: the scheduler answers the micro service
 // PING, INFO and STATS requests, its stats carrying its counters.
 func TestSchedulerMicroService(t *testing.T) {
-	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4})
+	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, viaLocal)
 	if _, err := r.client.Generate(context.Background(), SubmitMsg{ID: "m", Prompt: []int32{473}, MaxTokens: 3, IgnoreEOS: true}, func(FrameMsg) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -140,14 +140,31 @@ type Pipeline struct {
 
 	nc     *nats.Conn
 	stages []string // forward subjects, in layer order
+	local  []*actors.Ref[ShardCall]
 	plane  *xgmi.Host
 	vocab  int
 	step   uint64
+	plan   plan // the step's plan as local stages see it
 }
 
 // NewPipeline drives the stages listening on the given forward subjects.
 func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *Pipeline {
-	return &Pipeline{StepTimeout: 30 * time.Second, nc: nc, stages: stages, plane: plane, vocab: vocab}
+	return &Pipeline{StepTimeout: 30 * time.Second, nc: nc, stages: stages, local: make([]*actors.Ref[ShardCall], len(stages)), plane: plane, vocab: vocab}
+}
+
+// Local makes stage i reach ref, its layer-shard actor in this process,
+// through the actor's mailbox (actors.Ask) instead of the bus: the plan is
+// a Go value, nothing is encoded, and the reply comes back on a channel.
+// The actor handles the call exactly as one from its forward endpoint (the
+// Fault seam, supervision, StepTimeout and the trace context all apply).
+// Once ref has stopped, the stage goes back to its subject, where a
+// successor may answer. Call Local before the first Forward.
+func (p *Pipeline) Local(i int, ref *actors.Ref[ShardCall]) error {
+	if i < 0 || i >= len(p.stages) {
+		return fmt.Errorf("pipeline: stage %d of %d", i, len(p.stages))
+	}
+	p.local[i] = ref
+	return nil
 }
 
 // Forward implements Engine: the plan goes to each stage in turn, each
@@ -156,14 +173,39 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	p.step++
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
 	var out bus.TensorRef
+	copied := false
 	for i, subj := range p.stages {
 		if i > 0 {
 			msg.Tokens, msg.Input = nil, out
 		}
+		ref := p.local[i]
+		if ref != nil && stopped(ref) {
+			ref = nil
+		}
+		if ref != nil && !copied {
+			// A local stage shares the plan's memory, which the scheduler
+			// reuses next step: it gets a copy that only it holds.
+			p.plan.copyOf(b)
+			msg.Tokens, msg.Pos, msg.Seq, msg.Tables, msg.Logits = p.plan.tokens, p.plan.pos, p.plan.seq, p.plan.tables, p.plan.logits
+			if i > 0 {
+				msg.Tokens = nil
+			}
+			copied = true
+		}
 		sctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
-		r, err := bus.Request[ForwardMsg, ForwardReply](sctx, p.nc, subj, msg)
+		var r ForwardReply
+		var err error
+		if ref != nil {
+			r, err = actors.Ask(sctx, ref, shardCall, msg)
+		} else {
+			r, err = bus.Request[ForwardMsg, ForwardReply](sctx, p.nc, subj, msg)
+		}
 		cancel()
 		if err != nil {
+			if copied {
+				// The stage may still read the copy: leave it to the stage.
+				p.plan = plan{}
+			}
 			return fmt.Errorf("pipeline stage %d: %w", i, err)
 		}
 		out = r.Output
@@ -187,8 +229,47 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	return nil
 }
 
+// plan is a step's batch indexes, copied into memory of the pipeline's.
+type plan struct {
+	tokens, pos, seq, logits []int32
+	tables                   [][]int32
+	flat                     []int32 // the tables' entries
+}
+
+func (p *plan) copyOf(b *models.Batch) {
+	p.tokens = append(p.tokens[:0], b.Tokens...)
+	p.pos = append(p.pos[:0], b.Pos...)
+	p.seq = append(p.seq[:0], b.Seq...)
+	p.logits = append(p.logits[:0], b.Logits...)
+	n := 0
+	for _, t := range b.Tables {
+		n += len(t)
+	}
+	if cap(p.flat) < n {
+		p.flat = make([]int32, 0, 2*n)
+	}
+	p.flat, p.tables = p.flat[:0], p.tables[:0]
+	for _, t := range b.Tables {
+		start := len(p.flat)
+		p.flat = append(p.flat, t...)
+		p.tables = append(p.tables, p.flat[start:len(p.flat):len(p.flat)])
+	}
+}
+
+func stopped(ref *actors.Ref[ShardCall]) bool {
+	select {
+	case <-ref.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // ShardCall is a forward request in a layer-shard actor's mailbox.
 type ShardCall = *actors.Call[ForwardMsg, ForwardReply]
+
+// shardCall is the forward endpoint's wrap: the call is the message.
+func shardCall(c ShardCall) ShardCall { return c }
 
 // ShardKind is the actor kind of layer-shards.
 const ShardKind = "shard"
@@ -204,7 +285,7 @@ func (s *Shard) Props() actors.Props[ShardCall] {
 		Mailbox:     16,
 		Description: fmt.Sprintf("layers %d-%d", s.First, s.Last),
 		Endpoints: []actors.Endpoint[ShardCall]{
-			actors.Handle("forward", func(c *actors.Call[ForwardMsg, ForwardReply]) ShardCall { return c }),
+			actors.Handle("forward", shardCall),
 		},
 	}
 }

@@ -33,13 +33,23 @@ const (
 	AttrReason    = attribute.Key("finish.reason")
 )
 
-type stepTracer struct{ t trace.Tracer }
+// stepTracer makes the scheduler's spans. Without a tracer provider (nil
+// or noop) it is off: requests still carry their submitter's trace context
+// to the layer-shards and their trace id to the frames, but the per-step
+// spans, which would record nothing, are not made.
+type stepTracer struct {
+	t    trace.Tracer
+	off  bool
+	none trace.Span // a span that records nothing, for the off tracer
+}
 
 func newStepTracer(tp trace.TracerProvider) stepTracer {
+	_, isNoop := tp.(noop.TracerProvider)
+	off := tp == nil || isNoop
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return stepTracer{t: tp.Tracer("github.com/troupe/troupe/scheduler")}
+	return stepTracer{t: tp.Tracer("github.com/troupe/troupe/scheduler"), off: off, none: trace.SpanFromContext(context.Background())}
 }
 
 // requestSpan is the trace of one request.
@@ -97,32 +107,44 @@ func (r *requestSpan) traceID() string { return r.tid }
 
 // stepSpan covers one step: a decode.step span under every request in the
 // batch; the forward pass runs under the first, the others link to it.
+// spans and ctxs are beside the step's sequences (in), by index; the
+// scheduler keeps one stepSpan and reuses its slices every step.
 type stepSpan struct {
-	t     trace.Tracer
+	st    stepTracer
 	ctx   context.Context
-	spans map[*seq]trace.Span
-	ctxs  map[*seq]context.Context
-	fwd   time.Time
+	in    []*seq
+	spans []trace.Span
+	ctxs  []context.Context
+	opts  []trace.SpanStartOption
 }
 
-func (st stepTracer) step(ctx context.Context, in []*seq, tokens int) stepSpan {
-	ss := stepSpan{t: st.t, ctx: ctx, spans: make(map[*seq]trace.Span, len(in)), ctxs: make(map[*seq]context.Context, len(in))}
+// step starts the spans of a step into ss.
+func (st stepTracer) step(ss *stepSpan, ctx context.Context, in []*seq, tokens int) {
+	ss.st, ss.ctx, ss.in = st, ctx, in
+	ss.spans, ss.ctxs = ss.spans[:0], ss.ctxs[:0]
+	if st.off {
+		// The forward pass still runs in the first request's trace.
+		if len(in) > 0 {
+			if sc := trace.SpanContextFromContext(in[0].span.ctx); sc.IsValid() {
+				ss.ctx = trace.ContextWithSpanContext(ctx, sc)
+			}
+		}
+		return
+	}
 	var lead trace.SpanContext
 	for i, q := range in {
-		opts := []trace.SpanStartOption{trace.WithAttributes(
-			AttrBatchSize.Int(len(in)), AttrTokens.Int(tokens), AttrPosition.Int(q.done), AttrKVBlocks.Int(len(q.tokens)/16+1))}
+		ss.opts = append(ss.opts[:0], trace.WithAttributes(
+			AttrBatchSize.Int(len(in)), AttrTokens.Int(tokens), AttrPosition.Int(q.done), AttrKVBlocks.Int(len(q.tokens)/16+1)))
 		if i > 0 && lead.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: lead}))
+			ss.opts = append(ss.opts, trace.WithLinks(trace.Link{SpanContext: lead}))
 		}
-		c, sp := st.t.Start(q.span.ctx, SpanStep, opts...)
+		c, sp := st.t.Start(q.span.ctx, SpanStep, ss.opts...)
 		if i == 0 {
 			lead = sp.SpanContext()
 			ss.ctx = trace.ContextWithSpan(ctx, sp)
 		}
-		ss.spans[q], ss.ctxs[q] = sp, c
+		ss.spans, ss.ctxs = append(ss.spans, sp), append(ss.ctxs, c)
 	}
-	ss.fwd = time.Now()
-	return ss
 }
 
 func (ss *stepSpan) forwardDone(err error) {
@@ -136,21 +158,32 @@ func (ss *stepSpan) forwardDone(err error) {
 
 // sampled records the sampling of one token and starts its emission span.
 func (ss *stepSpan) sampled(q *seq, f Frame, start, end time.Time) trace.Span {
-	c := ss.ctxs[q]
-	if c == nil {
-		c = q.span.ctx
+	if ss.st.off {
+		return ss.st.none
 	}
-	if st := ss.spans[q]; st != nil {
+	c := q.span.ctx
+	var st trace.Span
+	for i, x := range ss.in {
+		if x == q {
+			c, st = ss.ctxs[i], ss.spans[i]
+			break
+		}
+	}
+	if st != nil {
 		st.SetAttributes(AttrTokenSeq.Int(f.Seq), AttrTokenID.Int(int(f.ID)))
 	}
-	_, sp := ss.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
+	_, sp := ss.st.t.Start(c, SpanSample, trace.WithTimestamp(start), trace.WithAttributes(AttrTokenID.Int(int(f.ID))))
 	sp.End(trace.WithTimestamp(end))
-	_, em := ss.t.Start(c, SpanEmit, trace.WithAttributes(AttrTokenSeq.Int(f.Seq)))
+	_, em := ss.st.t.Start(c, SpanEmit, trace.WithAttributes(AttrTokenSeq.Int(f.Seq)))
 	return em
 }
 
+// end ends the step's spans and lets go of what they referenced.
 func (ss *stepSpan) end() {
 	for _, sp := range ss.spans {
 		sp.End()
 	}
+	clear(ss.spans)
+	clear(ss.ctxs)
+	ss.ctx, ss.in = nil, nil
 }

@@ -231,6 +231,15 @@ func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*re
 		if n.stream != nil {
 			pipe.Remote = n.stream
 		}
+		// Stages on this node are reached through their mailboxes.
+		for s := range plan {
+			proc, ok := n.actors.Lookup(scheduler.ShardKind, g.stageID(p, s))
+			if ref, isShard := proc.(*actors.Ref[scheduler.ShardCall]); ok && isShard {
+				if err := pipe.Local(s, ref); err != nil {
+					return nil, err
+				}
+			}
+		}
 		engines = append(engines, pipe)
 		names = append(names, strings.Join(nodes, ","))
 	}

@@ -273,6 +273,16 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, r int) (*replica, 
 	}
 	rep.actors = append(rep.actors, kvRef)
 	pipe := scheduler.NewPipeline(n.nc, stages, n.plane, mc.Vocab)
+	// The stages run in this process: the scheduler reaches them through
+	// their mailboxes, not the bus.
+	for s, p := range rep.actors[:len(stages)] {
+		if ref, ok := p.(*actors.Ref[scheduler.ShardCall]); ok {
+			if err := pipe.Local(s, ref); err != nil {
+				n.stopActors(rep)
+				return nil, err
+			}
+		}
+	}
 	if err := n.startScheduler(runCtx, pipe, kv, rep); err != nil {
 		n.stopActors(rep)
 		return nil, err
@@ -350,6 +360,9 @@ func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient
 	if err != nil {
 		return nil, ref, fmt.Errorf("serve: %w", err)
 	}
+	// The KV-manager runs in this process: the scheduler reaches it
+	// through its mailbox.
+	kv.Local(ref)
 	return kv, ref, nil
 }
 
