@@ -399,15 +399,15 @@ func (n *node) releaseStopped(ctx context.Context, evs *actors.Events) {
 			if !ok {
 				return
 			}
-			if ev.Actor.Kind == scheduler.ShardKind && ev.Type == actors.EventStopped {
-				n.release(ev.Actor.ID)
+			if ev.Actor.Kind == scheduler.ShardKind && ev.Type == actors.EventStopped && n.release(ev.Actor.ID) {
+				fmt.Fprintf(n.log, "node %s: shard %s stopped, memory freed\n", n.cfg.Node, ev.Actor.ID)
 			}
 		}
 	}
 }
 
-// release frees the resources of the stopped shard id.
-func (n *node) release(id string) {
+// release frees the resources of the stopped shard id, if it holds any.
+func (n *node) release(id string) bool {
 	n.spawnedMu.Lock()
 	f := n.spawned[id]
 	delete(n.spawned, id)
@@ -415,6 +415,7 @@ func (n *node) release(id string) {
 	if f != nil {
 		f()
 	}
+	return f != nil
 }
 
 // backend adapts the scheduler client to the gateway.

@@ -94,11 +94,13 @@ func startLoad(t *testing.T, url string, clients int) *streamLoad {
 				ref := refs[k%len(refs)]
 				// A request runs to its end even after stop: a request
 				// lost or changed in the switch must show.
-				got, err := completion(context.Background(), url, ref.Prompt, len(ref.GreedyIDs), func(n int) {
+				rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				got, err := completion(rctx, url, ref.Prompt, len(ref.GreedyIDs), func(n int) {
 					if n == 1 {
 						l.started <- struct{}{}
 					}
 				})
+				rcancel()
 				if err != nil {
 					t.Errorf("client %d, request %d: %v", i, k, err)
 					return
