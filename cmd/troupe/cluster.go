@@ -133,14 +133,14 @@ func (n *node) spawnShard(ctx context.Context, sys *actors.System, id string, ra
 
 // startShard loads layers [args.First, args.Last) and starts their actor.
 func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardArgs) (actors.Process, error) {
-	mc := n.bundle.Config
-	m, err := models.Load(mc, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: args.First, LastLayer: args.Last, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT})
+	span := [2]int{args.First, args.Last}
+	m, err := n.acquireWeights(span)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", id, err)
 	}
 	cache, err := m.NewCache(args.Blocks, args.BlockSize)
 	if err != nil {
-		m.Close()
+		n.releaseWeights(span)
 		return nil, fmt.Errorf("shard %s: %w", id, err)
 	}
 	sh := scheduler.NewShard(id, args.Index, m, cache, n.plane, n.tp.TracerProvider())
@@ -151,14 +151,56 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 	ref, err := actors.Spawn(ctx, n.actors, sh.Props())
 	if err != nil {
 		cache.Close()
-		m.Close()
+		n.releaseWeights(span)
 		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
 	}
 	n.spawnedMu.Lock()
-	n.spawned[id] = func() { cache.Close(); m.Close() }
+	n.spawned[id] = func() { cache.Close(); n.releaseWeights(span) }
 	n.spawnedMu.Unlock()
 	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d\n", n.cfg.Node, id, args.First, args.Last)
 	return ref, nil
+}
+
+// sharedWeights are the loaded weights of one layer range, shared by the
+// shards of that range on this node (of replicas with the same
+// placement); each shard has its own KV cache.
+type sharedWeights struct {
+	m    *models.Model
+	refs int
+}
+
+// acquireWeights returns the weights of layers [span[0], span[1]), loading
+// them if no shard here holds them. The shards sharing them run their
+// forward passes one at a time on the node's device actor, which is what
+// makes sharing the model's scratch buffers safe.
+func (n *node) acquireWeights(span [2]int) (*models.Model, error) {
+	n.weightsMu.Lock()
+	defer n.weightsMu.Unlock()
+	if w := n.weights[span]; w != nil {
+		w.refs++
+		return w.m, nil
+	}
+	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT})
+	if err != nil {
+		return nil, err
+	}
+	n.weights[span] = &sharedWeights{m: m, refs: 1}
+	return m, nil
+}
+
+// releaseWeights drops a shard's hold on the weights of span, freeing them
+// with the last.
+func (n *node) releaseWeights(span [2]int) {
+	n.weightsMu.Lock()
+	defer n.weightsMu.Unlock()
+	w := n.weights[span]
+	if w == nil {
+		return
+	}
+	if w.refs--; w.refs == 0 {
+		delete(n.weights, span)
+		w.m.Close()
+	}
 }
 
 // parsePlacements reads a placement spec: placements separated by ';', in

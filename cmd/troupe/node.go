@@ -53,6 +53,9 @@ type node struct {
 	spawnedMu sync.Mutex
 	spawned   map[string]func() // resources of shards, by actor id, released after they stop
 
+	weightsMu sync.Mutex
+	weights   map[[2]int]*sharedWeights // by layer range; guarded by weightsMu
+
 	// resizeMu is held across a whole resize, so that resizes run one at
 	// a time; it guards nextRep.
 	resizeMu sync.Mutex
@@ -95,7 +98,7 @@ func registryReplicas(cfg serveConfig) int {
 // startNode starts the bus, loads the model and starts every replica's
 // layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{spawned: map[string]func(){}, cfg: cfg, tp: tp, log: log}
+	n := &node{spawned: map[string]func(){}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -201,7 +204,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if cfg.Placement != "" {
 		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
 		n.shape = shape{placement: cfg.Placement}
-		replicas = 1
+		replicas = max(1, cfg.Replicas)
 	} else {
 		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
 		if cfg.Shards > mc.Layers {
