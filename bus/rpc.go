@@ -94,6 +94,10 @@ type Subscription struct {
 // Unsubscribe stops delivery at once.
 func (s *Subscription) Unsubscribe() error { return s.sub.Unsubscribe() }
 
+// Valid reports whether the subscription is still registered: false after
+// Unsubscribe, or once a Drain has handed out its last pending message.
+func (s *Subscription) Valid() bool { return s.sub.IsValid() }
+
 // Drain stops delivery after the messages already received are handled.
 func (s *Subscription) Drain() error { return s.sub.Drain() }
 

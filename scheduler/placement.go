@@ -73,3 +73,40 @@ func (a ShardArgs) Validate(layers int) error {
 
 // ShardID names the layer-shard of stage index of replica.
 func ShardID(replica string, index int) string { return fmt.Sprintf("%s-s%d", replica, index) }
+
+// Spread picks the node of each of stages stages: the nodes of current
+// first, in their order, then those of others not in current. With fewer
+// nodes than stages, each node takes a run of consecutive stages (the
+// earlier nodes one more when the count does not divide), so that the
+// pipeline crosses between nodes as rarely as the spread allows.
+func Spread(stages int, current, others []string) ([]string, error) {
+	if stages < 1 || stages > 64 {
+		return nil, fmt.Errorf("placement: %d stages: want 1 to 64", stages)
+	}
+	var cand []string
+	seen := map[string]bool{}
+	for _, n := range append(append([]string(nil), current...), others...) {
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		cand = append(cand, n)
+	}
+	if len(cand) == 0 {
+		return nil, errors.New("placement: no nodes")
+	}
+	if stages <= len(cand) {
+		return cand[:stages], nil
+	}
+	out := make([]string, 0, stages)
+	for j, n := range cand {
+		k := stages / len(cand)
+		if j < stages%len(cand) {
+			k++
+		}
+		for ; k > 0; k-- {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}

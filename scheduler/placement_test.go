@@ -34,6 +34,30 @@ func TestPlan(t *testing.T) {
 			t.Errorf("Plan(2, %q): no error", nodes)
 		}
 	}
+	for _, tc := range []struct {
+		stages         int
+		current, other []string
+		want           string
+	}{
+		{3, []string{"h0"}, []string{"h0", "h1", "h2"}, "h0,h1,h2"},
+		{2, []string{"h2", "h0", "h1"}, nil, "h2,h0"},
+		{1, []string{"h1"}, []string{"h0"}, "h1"},
+		{5, []string{"a"}, []string{"b"}, "a,a,a,b,b"},
+		{4, nil, []string{"b", "a", "b"}, "b,b,a,a"},
+	} {
+		got, err := Spread(tc.stages, tc.current, tc.other)
+		if err != nil || strings.Join(got, ",") != tc.want {
+			t.Errorf("Spread(%d, %q, %q) = %q, %v; want %s", tc.stages, tc.current, tc.other, got, err, tc.want)
+		}
+	}
+	for _, stages := range []int{0, -1, 65} {
+		if _, err := Spread(stages, []string{"a"}, nil); err == nil {
+			t.Errorf("Spread(%d stages): no error", stages)
+		}
+	}
+	if _, err := Spread(2, nil, []string{""}); err == nil {
+		t.Error("Spread over no nodes: no error")
+	}
 	a := ShardArgs{Replica: "r0", First: 0, Last: 4, Blocks: 8, BlockSize: 16}
 	if err := a.Validate(8); err != nil {
 		t.Errorf("valid args: %v", err)

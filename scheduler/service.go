@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,9 +21,15 @@ type Service struct {
 	nc    *nats.Conn
 	subj  bus.Subjects
 	s     *Scheduler
-	subs  []*bus.Subscription
+	subs  []*bus.Subscription // the submit subscription first
 	svc   micro.Service
 	detok func() generate.Detokenizer
+
+	// closingMu is held for reading by each submit handler and for
+	// writing by Drain when it stops taking requests.
+	closingMu sync.RWMutex
+	closing   bool
+	active    atomic.Int64 // requests taken and not yet ended with a final frame
 }
 
 // Serve subscribes the scheduler s to model's subjects. newDetok makes a
@@ -71,6 +79,49 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 	return sv, nil
 }
 
+// Drain hands the service's place over to the model's other schedulers
+// without losing a request: it handles the submits already delivered to
+// it, refuses later ones with CodeUnavailable (Client.Generate submits
+// those again, to another scheduler), and waits until every request it
+// took has ended with its final frame. Then it closes the service. When
+// ctx ends first, Drain closes the service and returns ctx's error; the
+// requests still running are the caller's to end (by stopping the
+// scheduler's Run).
+func (sv *Service) Drain(ctx context.Context) error {
+	var err error
+	if len(sv.subs) > 0 {
+		err = sv.subs[0].Drain()
+		for err == nil && sv.subs[0].Valid() {
+			err = pause(ctx)
+		}
+	}
+	sv.closingMu.Lock()
+	sv.closing = true
+	sv.closingMu.Unlock()
+	for err == nil && sv.active.Load() > 0 {
+		err = pause(ctx)
+	}
+	sv.Close()
+	if err != nil {
+		return fmt.Errorf("scheduler: drain: %w", err)
+	}
+	return nil
+}
+
+// Active is the number of requests the service took that have not ended.
+func (sv *Service) Active() int { return int(sv.active.Load()) }
+
+func pause(ctx context.Context) error {
+	t := time.NewTimer(5 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // Close unsubscribes and stops the micro service.
 func (sv *Service) Close() {
 	for _, s := range sv.subs {
@@ -100,6 +151,9 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 	trace := context.WithoutCancel(ctx)
 	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.detok(), Trace: trace}
 	r.Sink = func(f Frame) {
+		if f.Final {
+			sv.active.Add(-1)
+		}
 		msg := FrameMsg{
 			Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
 			Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
@@ -108,7 +162,14 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 		// Publishing only buffers; a lost connection ends the client's wait.
 		_ = bus.Publish(trace, sv.nc, subject, msg)
 	}
+	sv.closingMu.RLock()
+	defer sv.closingMu.RUnlock()
+	if sv.closing {
+		return SubmitReply{}, bus.Errorf(bus.CodeUnavailable, "scheduler is draining")
+	}
+	sv.active.Add(1)
 	if err := sv.s.Submit(r); err != nil {
+		sv.active.Add(-1)
 		if errors.Is(err, ErrOverloaded) {
 			return SubmitReply{}, bus.Errorf(bus.CodeOverloaded, "%v", err)
 		}
@@ -144,7 +205,7 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 		return FrameMsg{}, fmt.Errorf("generate: %w", err)
 	}
 	defer sub.Unsubscribe()
-	if _, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m); err != nil {
+	if err := c.submit(ctx, m); err != nil {
 		return FrameMsg{}, err
 	}
 	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
@@ -177,6 +238,26 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 		}
 		if f.Final {
 			return f, nil
+		}
+	}
+}
+
+// submit hands m to one of the model's schedulers. A scheduler that is
+// draining refuses it, and nobody answers while the last one is replaced:
+// then it submits again, a few times, before giving up.
+func (c *Client) submit(ctx context.Context, m SubmitMsg) error {
+	const tries = 6
+	for i := 1; ; i++ {
+		_, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
+		if err == nil || bus.CodeOf(err) != bus.CodeUnavailable || i == tries {
+			return err
+		}
+		t := time.NewTimer(time.Duration(i*i) * 10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
 		}
 	}
 }

@@ -138,14 +138,14 @@ func (n *node) spawnShard(ctx context.Context, sys *actors.System, id string, ra
 
 // startShard loads layers [args.First, args.Last) and starts their actor.
 func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardArgs) (actors.Process, error) {
-	mc := n.bundle.Config
-	m, err := models.Load(mc, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: args.First, LastLayer: args.Last, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT})
+	span := [2]int{args.First, args.Last}
+	m, err := n.acquireWeights(span)
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", id, err)
 	}
 	cache, err := m.NewCache(args.Blocks, args.BlockSize)
 	if err != nil {
-		m.Close()
+		n.releaseWeights(span)
 		return nil, fmt.Errorf("shard %s: %w", id, err)
 	}
 	sh := scheduler.NewShard(id, args.Index, m, cache, n.plane, n.tp.TracerProvider())
@@ -156,14 +156,56 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 	ref, err := actors.Spawn(ctx, n.actors, sh.Props())
 	if err != nil {
 		cache.Close()
-		m.Close()
+		n.releaseWeights(span)
 		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
 	}
 	n.spawnedMu.Lock()
-	n.spawned[id] = func() { cache.Close(); m.Close() }
+	n.spawned[id] = func() { cache.Close(); n.releaseWeights(span) }
 	n.spawnedMu.Unlock()
 	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d\n", n.cfg.Node, id, args.First, args.Last)
 	return ref, nil
+}
+
+// sharedWeights are the loaded weights of one layer range, shared by the
+// shards of that range on this node (of replicas with the same
+// placement); each shard has its own KV cache.
+type sharedWeights struct {
+	m    *models.Model
+	refs int
+}
+
+// acquireWeights returns the weights of layers [span[0], span[1]), loading
+// them if no shard here holds them. The shards sharing them run their
+// forward passes one at a time on the node's device actor, which is what
+// makes sharing the model's scratch buffers safe.
+func (n *node) acquireWeights(span [2]int) (*models.Model, error) {
+	n.weightsMu.Lock()
+	defer n.weightsMu.Unlock()
+	if w := n.weights[span]; w != nil {
+		w.refs++
+		return w.m, nil
+	}
+	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT})
+	if err != nil {
+		return nil, err
+	}
+	n.weights[span] = &sharedWeights{m: m, refs: 1}
+	return m, nil
+}
+
+// releaseWeights drops a shard's hold on the weights of span, freeing them
+// with the last.
+func (n *node) releaseWeights(span [2]int) {
+	n.weightsMu.Lock()
+	defer n.weightsMu.Unlock()
+	w := n.weights[span]
+	if w == nil {
+		return
+	}
+	if w.refs--; w.refs == 0 {
+		delete(n.weights, span)
+		w.m.Close()
+	}
 }
 
 // parsePlacements reads a placement spec: placements separated by ';', in
@@ -195,6 +237,8 @@ type group struct {
 	replica string
 	plans   [][]scheduler.Stage
 	fo      *scheduler.Failover
+	stop    context.CancelFunc // ends the watcher
+	done    chan struct{}      // closed when the watcher has returned
 }
 
 func (g *group) stageID(p, s int) string {
@@ -203,14 +247,22 @@ func (g *group) stageID(p, s int) string {
 
 // startGroup spawns every placement's stages on their nodes, then the
 // group's KV-manager and scheduler, and a watcher that marks placements
-// with a dead node down and restores them once the node is back.
-func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*replica, error) {
+// with a dead node down and restores them once the node is back. On an
+// error it stops what it started.
+func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *replica, err error) {
 	specs, err := parsePlacements(spec)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --placement: %w", err)
 	}
 	mc := n.bundle.Config
-	g := &group{replica: n.replicaID(gi)}
+	g := &group{replica: id}
+	rep := &replica{id: id, shape: shape{placement: spec}, group: g}
+	defer func() {
+		if err != nil {
+			n.stopStages(g)
+			n.stopActors(rep)
+		}
+	}()
 	var engines []scheduler.Engine
 	var names []string
 	for p, nodes := range specs {
@@ -249,21 +301,40 @@ func (n *node) startGroup(ctx, runCtx context.Context, gi int, spec string) (*re
 	g.fo.Switched = func(from, to string, err error) {
 		fmt.Fprintf(n.log, "replica %s: moved from placement %s to %s: %v\n", g.replica, from, to, err)
 	}
-	n.groups = append(n.groups, g)
-	kv, _, err := n.startKV(ctx, g.replica)
+	kv, kvRef, err := n.startKV(ctx, g.replica)
+	if kvRef != nil {
+		rep.actors = append(rep.actors, kvRef)
+	}
 	if err != nil {
 		return nil, err
 	}
-	rep := &replica{id: g.replica}
 	if err := n.startScheduler(runCtx, g.fo, kv, rep); err != nil {
 		return nil, err
 	}
+	wctx, stop := context.WithCancel(runCtx)
+	g.stop, g.done = stop, make(chan struct{})
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		n.watchGroup(runCtx, g)
+		defer close(g.done)
+		n.watchGroup(wctx, g)
 	}()
 	return rep, nil
+}
+
+// stopStages stops every stage of g's placements on their nodes, through
+// their spawners; a node that is gone has nothing left to stop.
+func (n *node) stopStages(g *group) {
+	for p, plan := range g.plans {
+		for s, st := range plan {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := actors.StopOn(ctx, n.nc, n.subj, st.Node, scheduler.ShardKind, g.stageID(p, s))
+			cancel()
+			if c := bus.CodeOf(err); err != nil && c != bus.CodeNotFound && c != bus.CodeUnavailable {
+				fmt.Fprintf(n.log, "replica %s: stopping stage %d of placement %d on %s: %v\n", g.replica, s, p, st.Node, err)
+			}
+		}
+	}
 }
 
 // spawnPlacement starts (or finds running) every stage of placement p,
@@ -367,6 +438,20 @@ func (v *clusterView) touch(node string) {
 	v.mu.Unlock()
 }
 
+// aliveNodes lists the nodes that beat lately, by name.
+func (v *clusterView) aliveNodes() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []string
+	for node, at := range v.at {
+		if time.Since(at) < deadAfter {
+			out = append(out, node)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 func (v *clusterView) alive(node string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -428,7 +513,14 @@ func (n *node) clusterStatus(ctx context.Context) (ClusterStatus, error) {
 		a, b := st.Actors[i], st.Actors[j]
 		return a.Node+"/"+a.Kind+"/"+a.ID < b.Node+"/"+b.Kind+"/"+b.ID
 	})
-	for _, g := range n.groups {
+	n.replicasMu.Lock()
+	reps := append([]*replica(nil), n.replicas...)
+	n.replicasMu.Unlock()
+	for _, rep := range reps {
+		g := rep.group
+		if g == nil {
+			continue
+		}
 		for _, p := range g.fo.State() {
 			st.Placements = append(st.Placements, ClusterPlacement{Replica: g.replica, Nodes: p.Name, Up: p.Up, Active: p.Active})
 		}

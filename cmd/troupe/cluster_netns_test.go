@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/scheduler"
 	"go.uber.org/goleak"
 )
 
@@ -26,7 +27,7 @@ import (
 // pairs to a bridge in the root namespace, which also has an address so
 // that the test can reach every host.
 type netnsLab struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	subnet string // e.g. 10.231.7
 	hosts  []string
@@ -39,7 +40,7 @@ func run(t testing.TB, args ...string) {
 	}
 }
 
-func newNetnsLab(t *testing.T, hosts int) *netnsLab {
+func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 	if testing.Short() {
 		t.Skip("multi-host test: skipped in -short mode")
 	}
@@ -118,7 +119,7 @@ func (l *netnsLab) start(bin string, host int, args ...string) *proc {
 	return p
 }
 
-func buildTroupe(t *testing.T) string {
+func buildTroupe(t testing.TB) string {
 	bin := filepath.Join(t.TempDir(), "troupe")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
@@ -171,7 +172,7 @@ func completion(ctx context.Context, url, prompt string, maxTokens int, onChunk 
 	return text.String(), sc.Err()
 }
 
-func clusterOf(t *testing.T, url string) ClusterStatus {
+func clusterOf(t testing.TB, url string) ClusterStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -182,7 +183,7 @@ func clusterOf(t *testing.T, url string) ClusterStatus {
 	return st
 }
 
-func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
+func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
@@ -199,8 +200,9 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 // pipeline whose three stages span the three hosts, and a whole copy on
 // host 0. It checks the pipeline against the reference, SIGKILLs host 1
 // mid-stream, checks the request completes with the fault-free tokens, the
-// cluster reports the dead node, the restarted node gets work again, and
-// nothing joins or subscribes without the credentials.
+// cluster reports the dead node, the restarted node gets work again, the
+// stages change while serving, and nothing joins or subscribes
+// without the credentials.
 func TestClusterNetns(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	// Cleanups run last-first: this one runs after every process is reaped.
@@ -317,7 +319,45 @@ func TestClusterNetns(t *testing.T) {
 		t.Errorf("restarted node started no shard:\n%s", procs[1].log())
 	}
 
-	// 5. Without credentials: no client connection, no route.
+	// 5. The stages change while clients stream: the preferred placement
+	// shrinks to one stage on h0, then grows to three stages spread over
+	// the live hosts, started there through their spawners. Every text is
+	// the reference; the old stages stop on every host.
+	l := startLoad(t, url, 4)
+	for _, step := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--stages", "1"}, "1 replicas of 1 stages, placements h0;h0"},
+		{[]string{"--stages", "3"}, "1 replicas of 3 stages, placements h0,h1,h2;h0"},
+		// A second replica group on the same hosts, sharing their weights.
+		{[]string{"--replicas", "2"}, "2 replicas of 3 stages, placements h0,h1,h2;h0"},
+	} {
+		l.waitStarted(4)
+		if got := scaleCLI(t, url, step.args...); got != step.want {
+			t.Fatalf("scale %v: got %q, want %q", step.args, got, step.want)
+		}
+	}
+	l.waitStarted(4)
+	t.Logf("%d requests completed across three changes", l.stop())
+	st = clusterOf(t, url)
+	if len(st.Placements) != 4 || st.Placements[0].Replica != "h0-r2" || st.Placements[0].Nodes != "h0,h1,h2" || !st.Placements[0].Active {
+		t.Errorf("placements after scaling %+v: want h0-r2 and h0-r3 on h0,h1,h2 active", st.Placements)
+	}
+	waitUntil(t, "only the new stages in the registry", 30*time.Second, func() bool {
+		var got []string
+		for _, a := range clusterOf(t, url).Actors {
+			if a.Kind == scheduler.ShardKind {
+				got = append(got, a.ID+"@"+a.Node)
+			}
+		}
+		return strings.Join(got, " ") == "h0-r2-p0-s0@h0 h0-r2-p1-s0@h0 h0-r3-p0-s0@h0 h0-r3-p1-s0@h0 h0-r2-p0-s1@h1 h0-r3-p0-s1@h1 h0-r2-p0-s2@h2 h0-r3-p0-s2@h2"
+	})
+	waitUntil(t, "host 1 freeing the old stage", 30*time.Second, func() bool {
+		return strings.Contains(procs[1].log(), "shard h0-r0-p0-s1 stopped, memory freed")
+	})
+
+	// 6. Without credentials: no client connection, no route.
 	for _, opts := range [][]nats.Option{nil, {nats.UserInfo(user, "wrong")}} {
 		nc, err := nats.Connect("nats://"+lab.ip(0)+":4222", append(opts, nats.Timeout(3*time.Second), nats.MaxReconnects(0))...)
 		if err == nil {

@@ -44,7 +44,6 @@ type node struct {
 	log      io.Writer
 	blocks   int
 	cacheDT  gpu.DType
-	groups   []*group // replica groups this node schedules with placements
 
 	cancel  context.CancelFunc
 	runCtx  context.Context // ends when the node closes
@@ -54,8 +53,17 @@ type node struct {
 	spawnedMu sync.Mutex
 	spawned   map[string]func() // resources of shards, by actor id, released after they stop
 
+	weightsMu sync.Mutex
+	weights   map[[2]int]*sharedWeights // by layer range; guarded by weightsMu
+
+	// resizeMu is held across a whole resize, so that resizes run one at
+	// a time; it guards nextRep.
+	resizeMu sync.Mutex
+	nextRep  int // number of the next replica started
+
 	replicasMu sync.Mutex
-	replicas   []*replica // local replicas, by number
+	replicas   []*replica // the replicas serving, oldest first; guarded by replicasMu
+	shape      shape      // what the replicas look like; guarded by replicasMu
 }
 
 func busConfig(cfg serveConfig) bus.Config {
@@ -90,7 +98,7 @@ func registryReplicas(cfg serveConfig) int {
 // startNode starts the bus, loads the model and starts every replica's
 // layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{spawned: map[string]func(){}, cfg: cfg, tp: tp, log: log}
+	n := &node{spawned: map[string]func(){}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -164,7 +172,16 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	}
 	n.plane = xgmi.NewHost(cfg.Node)
 	runCtx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
+	n.cancel, n.runCtx = cancel, runCtx
+	// A shard stopped by anyone (a resize here, another node's scheduler
+	// through the spawner) gives its weights and cache back.
+	evs := n.actors.Subscribe(1024)
+	n.closers = append(n.closers, evs.Close)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.releaseStopped(runCtx, evs)
+	}()
 	if err := n.startDataPlane(ctx, runCtx); err != nil {
 		return nil, err
 	}
@@ -182,29 +199,31 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.view, err = startClusterView(runCtx, n.nc, n.subj, n.registry, &n.wg); err != nil {
 		return nil, err
 	}
-	n.runCtx = runCtx
 	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), maxQueue: cfg.MaxQueue}
+	replicas := cfg.Replicas
 	if cfg.Placement != "" {
 		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
-		rep, err := n.startGroup(ctx, runCtx, 0, cfg.Placement)
-		if err != nil {
-			return nil, err
-		}
-		n.replicas = append(n.replicas, rep)
+		n.shape = shape{placement: cfg.Placement}
+		replicas = max(1, cfg.Replicas)
 	} else {
 		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
 		if cfg.Shards > mc.Layers {
 			return nil, fmt.Errorf("serve: %d stages for %d layers", cfg.Shards, mc.Layers)
 		}
-		for r := 0; r < cfg.Replicas; r++ {
-			rep, err := n.startLocalReplica(ctx, runCtx, r)
-			if err != nil {
-				return nil, err
-			}
-			n.replicas = append(n.replicas, rep)
-		}
+		n.shape = shape{stages: cfg.Shards}
 	}
-	n.backend.setScheds(n.replicas)
+	n.resizeMu.Lock()
+	defer n.resizeMu.Unlock()
+	var reps []*replica
+	for r := 0; r < replicas; r++ {
+		rep, err := n.startReplica(ctx, n.shape)
+		if err != nil {
+			return nil, err
+		}
+		reps = append(reps, rep)
+		n.publish(reps)
+	}
+	n.publish(reps)
 	return n, nil
 }
 
@@ -238,26 +257,39 @@ func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replica
 // unique in the cluster.
 func (n *node) replicaID(r int) string { return fmt.Sprintf("%s-r%d", n.cfg.Node, r) }
 
-// replica is a replica this node schedules: its scheduler and, for a
-// local replica, the actors it started.
+// replica is a replica this node schedules: its scheduler and the actors
+// it started here.
 type replica struct {
 	id     string
+	shape  shape
+	group  *group // the placements of a replica group; nil for a local replica
 	sched  *scheduler.Scheduler
 	svc    *scheduler.Service
 	cancel context.CancelFunc
 	done   chan struct{}
-	actors []actors.Process // shards, then the KV-manager
+	actors []actors.Process // local shards, then the KV-manager
 }
 
-// startLocalReplica runs replica r entirely in this process: its stages,
-// its KV-manager and its scheduler.
-func (n *node) startLocalReplica(ctx, runCtx context.Context, r int) (*replica, error) {
+// startReplica starts the next replica, shaped by sh: local stages, or a
+// replica group over placements. The caller holds resizeMu.
+func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
+	id := n.replicaID(n.nextRep)
+	n.nextRep++
+	if sh.placement != "" {
+		return n.startGroup(ctx, n.runCtx, id, sh.placement)
+	}
+	return n.startLocalReplica(ctx, n.runCtx, id, sh.stages)
+}
+
+// startLocalReplica runs replica id entirely in this process: its stages
+// pipeline stages, its KV-manager and its scheduler.
+func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCount int) (*replica, error) {
 	mc := n.bundle.Config
-	rep := &replica{id: n.replicaID(r)}
+	rep := &replica{id: id, shape: shape{stages: stageCount}}
 	var stages []string
-	for s := 0; s < n.cfg.Shards; s++ {
+	for s := 0; s < stageCount; s++ {
 		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: rep.id, Index: s,
-			First: s * mc.Layers / n.cfg.Shards, Last: (s + 1) * mc.Layers / n.cfg.Shards, Blocks: n.blocks, BlockSize: 16}
+			First: s * mc.Layers / stageCount, Last: (s + 1) * mc.Layers / stageCount, Blocks: n.blocks, BlockSize: 16}
 		p, err := n.startShard(ctx, scheduler.ShardID(rep.id, s), args)
 		if err != nil {
 			n.stopActors(rep)
@@ -301,51 +333,6 @@ func (n *node) stopActors(rep *replica) {
 	rep.actors = nil
 }
 
-// scale grows or shrinks the local replicas to want while serving. A
-// replica that goes stops taking requests at once, finishes those it runs,
-// then stops its actors and frees its cache.
-func (n *node) scale(ctx context.Context, want int) (int, error) {
-	if n.cfg.Placement != "" {
-		return 0, fmt.Errorf("scale: this node runs placements (%s), not local replicas", n.cfg.Placement)
-	}
-	if want < 1 || want > 64 {
-		return 0, fmt.Errorf("scale: %d replicas: want 1 to 64", want)
-	}
-	n.replicasMu.Lock()
-	defer n.replicasMu.Unlock()
-	for len(n.replicas) < want {
-		rep, err := n.startLocalReplica(ctx, n.runCtx, len(n.replicas))
-		if err != nil {
-			return len(n.replicas), err
-		}
-		n.replicas = append(n.replicas, rep)
-		n.backend.setScheds(n.replicas)
-	}
-	for len(n.replicas) > want {
-		rep := n.replicas[len(n.replicas)-1]
-		n.replicas = n.replicas[:len(n.replicas)-1]
-		n.backend.setScheds(n.replicas)
-		rep.svc.Close()
-		for {
-			st := rep.sched.Stats()
-			if st.Waiting == 0 && st.Running == 0 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				// Out of patience: end what still runs with a final frame.
-			case <-time.After(20 * time.Millisecond):
-				continue
-			}
-			break
-		}
-		rep.cancel()
-		<-rep.done
-		n.stopActors(rep)
-	}
-	return len(n.replicas), nil
-}
-
 // startKV spawns replica's KV-manager and returns a client of it.
 func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient, actors.Process, error) {
 	pool, err := scheduler.NewKV(n.blocks, 16)
@@ -379,7 +366,6 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 	if err != nil {
 		return err
 	}
-	n.closers = append(n.closers, svc.Close)
 	ctx, cancel := context.WithCancel(runCtx)
 	rep.sched, rep.svc, rep.cancel, rep.done = s, svc, cancel, make(chan struct{})
 	n.wg.Add(1)
@@ -397,6 +383,11 @@ func (n *node) Close() {
 		n.cancel()
 	}
 	n.wg.Wait()
+	n.replicasMu.Lock()
+	for _, rep := range n.replicas {
+		rep.svc.Close()
+	}
+	n.replicasMu.Unlock()
 	for i := len(n.closers) - 1; i >= 0; i-- {
 		n.closers[i]()
 	}
@@ -413,8 +404,26 @@ func (n *node) closeSpawned() {
 	}
 }
 
-// release frees the resources of the stopped shard id.
-func (n *node) release(id string) {
+// releaseStopped frees the resources of each shard that stops, until ctx
+// ends (Close frees those of the shards still running).
+func (n *node) releaseStopped(ctx context.Context, evs *actors.Events) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-evs.C:
+			if !ok {
+				return
+			}
+			if ev.Actor.Kind == scheduler.ShardKind && ev.Type == actors.EventStopped && n.release(ev.Actor.ID) {
+				fmt.Fprintf(n.log, "node %s: shard %s stopped, memory freed\n", n.cfg.Node, ev.Actor.ID)
+			}
+		}
+	}
+}
+
+// release frees the resources of the stopped shard id, if it holds any.
+func (n *node) release(id string) bool {
 	n.spawnedMu.Lock()
 	f := n.spawned[id]
 	delete(n.spawned, id)
@@ -422,6 +431,7 @@ func (n *node) release(id string) {
 	if f != nil {
 		f()
 	}
+	return f != nil
 }
 
 // backend adapts the scheduler client to the gateway.

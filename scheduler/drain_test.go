@@ -1,0 +1,110 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models/generate"
+)
+
+// TestServiceDrainHandsOver drains one of two schedulers of a model while
+// requests arrive: the requests it took finish with the reference tokens,
+// those that come after go to the other, none is lost; with no scheduler
+// left a submit fails as unavailable.
+func TestServiceDrainHandsOver(t *testing.T) {
+	samples := demoSamples(t)
+	cfg := Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 8}
+	a, b := start(t, 256, cfg), start(t, 256, cfg)
+	ctx := context.Background()
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Shutdown(context.Background()) })
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	subj, _ := bus.NewSubjects("test")
+	detok := func() generate.Detokenizer { return nop{} }
+	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcA.Close)
+	client := NewClient(nc, subj, "demo")
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	started := make(chan struct{}, 64)
+	send := func(id string, s refSample) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var got []int32
+			_, err := client.Generate(ctx, SubmitMsg{ID: id, Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+				if len(got) == 0 {
+					started <- struct{}{}
+				}
+				got = append(got, f.ID)
+				return nil
+			})
+			if err != nil {
+				errs <- fmt.Errorf("request %s: %w", id, err)
+				return
+			}
+			if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) {
+				errs <- fmt.Errorf("request %s: got %v, want %v", id, got, s.GreedyIDs)
+			}
+		}()
+	}
+	// A alone takes the first requests; B joins; A drains while more come.
+	for i := range 6 {
+		send(fmt.Sprint("a", i), samples[i%len(samples)])
+	}
+	for range 6 {
+		<-started
+	}
+	svcB, err := Serve(ctx, nc, subj, "demo", b.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcB.Close)
+	for i := range 12 {
+		send(fmt.Sprint("m", i), samples[i%len(samples)])
+	}
+	if err := svcA.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := svcA.Active(); n != 0 {
+		t.Errorf("after the drain A runs %d requests", n)
+	}
+	waitFor(t, func() bool { st := a.s.Stats(); return st.Running == 0 && st.Waiting == 0 })
+	tokensA := a.s.Stats().Tokens
+	for i := range 6 {
+		send(fmt.Sprint("b", i), samples[i%len(samples)])
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := a.s.Stats().Tokens; got != tokensA {
+		t.Errorf("A made %d tokens after its drain", got-tokensA)
+	}
+	if b.s.Stats().Tokens == 0 {
+		t.Error("B served nothing")
+	}
+
+	if err := svcB.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.Generate(ctx, SubmitMsg{ID: "late", Prompt: samples[0].PromptIDs, MaxTokens: 4}, func(FrameMsg) error { return nil })
+	if bus.CodeOf(err) != bus.CodeUnavailable {
+		t.Errorf("with every scheduler drained: got %v, want an unavailable error", err)
+	}
+}
