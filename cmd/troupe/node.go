@@ -281,8 +281,8 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 	return n.startLocalReplica(ctx, n.runCtx, id, sh.stages)
 }
 
-// startLocalReplica runs replica id entirely in this process: its stages
-// pipeline stages, its KV-manager and its scheduler.
+// startLocalReplica runs replica id entirely in this process: its
+// stageCount pipeline stages, its KV-manager and its scheduler.
 func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCount int) (*replica, error) {
 	mc := n.bundle.Config
 	rep := &replica{id: id, shape: shape{stages: stageCount}}
