@@ -20,7 +20,8 @@ type Actor[M any] interface {
 }
 
 // Initializer is an optional hook: Init runs on the actor's goroutine before
-// its first message, and again on each fresh instance after a restart.
+// its first message, and again on each fresh instance after a restart
+// (which an inline sender may run; see Ref.SendInline).
 type Initializer interface {
 	Init(ctx context.Context) error
 }
@@ -85,7 +86,8 @@ type Props[M any] struct {
 	// Supervision: at most MaxRestarts restarts within Within (default 3
 	// in 5s); the next panic escalates: the actor stops as failed and
 	// Supervisor, if set, is called with the escalated event. Supervisor
-	// runs on the actor's goroutine and must not block.
+	// runs on the actor's goroutine (or an inline sender's) and must not
+	// block.
 	MaxRestarts int
 	Within      time.Duration
 	Supervisor  func(Event)
@@ -330,13 +332,15 @@ func (p *process[M]) run(initDone chan<- error) {
 		initDone <- err
 		return
 	}
-	p.exec.Lock()
-	p.cur = a
-	p.exec.Unlock()
+	failed := false
 	started = true
 	p.setStatus(StatusRunning)
 	initDone <- nil
 	p.emit(EventStarted, "")
+	// From here senders may run the actor inline (see inline).
+	p.exec.Lock()
+	p.cur = a
+	p.exec.Unlock()
 
 	for {
 		msg, ok := p.mb.next(p.ctx.Done())
@@ -352,8 +356,9 @@ func (p *process[M]) run(initDone chan<- error) {
 			return
 		}
 	}
+	// Waits for an inline run in progress; none can start any more.
 	p.exec.Lock()
-	a, failed := p.cur, p.failed
+	a, failed = p.cur, p.failed
 	p.exec.Unlock()
 	if failed {
 		final = StatusFailed

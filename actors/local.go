@@ -23,8 +23,9 @@ type answer[Resp any] struct {
 // goroutine wake-up; otherwise the call waits in the mailbox. The actor
 // cannot tell the difference.
 //
-// The Call's context carries ctx's deadline and trace context, and is also
-// cancelled when the actor is aborted. The errors are the bus path's: a
+// The Call's context is ctx itself: its deadline, trace context and
+// cancellation (an abort of the actor shows in the context Receive gets,
+// not in the Call's). The errors are the bus path's: a
 // Fail comes back as a *bus.Error with the actor's code, a full mailbox as
 // bus.CodeOverloaded, a stopped actor as bus.CodeUnavailable, and the end
 // of ctx as ctx's error (bus.CodeDeadline or bus.CodeCanceled).
@@ -38,10 +39,7 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("actor %s: %w", p.addr, err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.ctx, cancel)
-	c := &Call[Req, Resp]{Req: req, ctx: cctx, local: make(chan answer[Resp], 1)}
-	c.cancel = func() { stop(); cancel() }
+	c := &Call[Req, Resp]{Req: req, ctx: ctx, local: make(chan answer[Resp], 1)}
 	msg := wrap(c)
 	if p.inline(msg) {
 		// Handled on this goroutine; answered, unless the actor keeps the
@@ -55,10 +53,8 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 		err := p.mb.TrySend(msg)
 		switch {
 		case errors.Is(err, ErrMailboxFull):
-			c.cancel()
 			return zero, bus.Errorf(bus.CodeOverloaded, "actor %s: mailbox full (%d)", p.addr, p.mb.Cap())
 		case err != nil:
-			c.cancel()
 			return zero, bus.Errorf(bus.CodeUnavailable, "actor %s: %w", p.addr, err)
 		}
 	}
@@ -66,7 +62,6 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 	case a := <-c.local:
 		return a.resp, a.err
 	case <-ctx.Done():
-		c.cancel()
 		return zero, fmt.Errorf("actor %s: %w", p.addr, ctx.Err())
 	case <-p.done:
 		// It may have answered just before it stopped.
@@ -75,7 +70,6 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 			return a.resp, a.err
 		default:
 		}
-		c.cancel()
 		return zero, bus.Errorf(bus.CodeUnavailable, "actor %s stopped without answering", p.addr)
 	}
 }
