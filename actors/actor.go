@@ -20,7 +20,8 @@ type Actor[M any] interface {
 }
 
 // Initializer is an optional hook: Init runs on the actor's goroutine before
-// its first message, and again on each fresh instance after a restart.
+// its first message, and again on each fresh instance after a restart
+// (which an inline sender may run; see Ref.SendInline).
 type Initializer interface {
 	Init(ctx context.Context) error
 }
@@ -85,7 +86,8 @@ type Props[M any] struct {
 	// Supervision: at most MaxRestarts restarts within Within (default 3
 	// in 5s); the next panic escalates: the actor stops as failed and
 	// Supervisor, if set, is called with the escalated event. Supervisor
-	// runs on the actor's goroutine and must not block.
+	// runs on the actor's goroutine (or an inline sender's) and must not
+	// block.
 	MaxRestarts int
 	Within      time.Duration
 	Supervisor  func(Event)
@@ -165,6 +167,19 @@ var _ Process = (*Ref[int])(nil)
 // or ctx ends. It fails with ErrStopped once the actor is stopping.
 func (r *Ref[M]) Send(ctx context.Context, msg M) error { return r.p.mb.Send(ctx, msg) }
 
+// SendInline delivers msg like Send, except that when the actor is idle
+// (its mailbox empty and no message in hand) the calling goroutine runs
+// Receive itself, under the same exclusion, supervision and counters,
+// before SendInline returns: the actor's goroutine is not woken. It is for
+// a sender that would otherwise wait for the actor's answer; messages from
+// one sender keep their order either way.
+func (r *Ref[M]) SendInline(ctx context.Context, msg M) error {
+	if r.p.inline(msg) {
+		return nil
+	}
+	return r.p.mb.Send(ctx, msg)
+}
+
 // TrySend queues msg or fails at once with ErrMailboxFull.
 func (r *Ref[M]) TrySend(msg M) error { return r.p.mb.TrySend(msg) }
 
@@ -223,7 +238,14 @@ type process[M any] struct {
 	statusMu sync.Mutex
 	status   Status
 
-	window []time.Time // restart times within props.Within; loop only
+	// exec is held by whoever runs the actor: its goroutine while it
+	// handles a message from the mailbox, or a sender running one inline
+	// (see inline). It guards what follows.
+	exec    sync.Mutex
+	cur     Actor[M]    // the instance; nil until the first Init succeeds
+	handled uint64      // messages from the mailbox handled
+	failed  bool        // an inline run escalated: the goroutine stops as failed
+	window  []time.Time // restart times within props.Within
 }
 
 func (p *process[M]) stats() Stats {
@@ -310,33 +332,80 @@ func (p *process[M]) run(initDone chan<- error) {
 		initDone <- err
 		return
 	}
+	failed := false
 	started = true
 	p.setStatus(StatusRunning)
 	initDone <- nil
 	p.emit(EventStarted, "")
+	// From here senders may run the actor inline (see inline).
+	p.exec.Lock()
+	p.cur = a
+	p.exec.Unlock()
 
 	for {
 		msg, ok := p.mb.next(p.ctx.Done())
 		if !ok {
 			break
 		}
-		err := p.receive(a, msg)
-		p.processed.Add(1)
-		if err == nil {
-			continue
-		}
-		p.errors.Add(1)
-		if !errors.Is(err, errPanic) {
-			continue
-		}
-		if a = p.restart(err); a == nil {
+		p.exec.Lock()
+		ok = !p.failed && p.handle(msg)
+		p.handled++
+		p.exec.Unlock()
+		if !ok {
 			final = StatusFailed
 			return
 		}
 	}
+	// Waits for an inline run in progress; none can start any more.
+	p.exec.Lock()
+	a, failed = p.cur, p.failed
+	p.exec.Unlock()
+	if failed {
+		final = StatusFailed
+		return
+	}
 	if s, ok := a.(Stopper); ok {
 		s.Stop(p.ctx)
 	}
+}
+
+// handle has the current instance receive msg, counting the outcome and
+// restarting it after a panic. It reports false when the panic escalated:
+// the actor must stop as failed. The caller holds exec.
+func (p *process[M]) handle(msg M) bool {
+	err := p.receive(p.cur, msg)
+	p.processed.Add(1)
+	if err == nil {
+		return true
+	}
+	p.errors.Add(1)
+	if !errors.Is(err, errPanic) {
+		return true
+	}
+	if p.cur = p.restart(err); p.cur == nil {
+		p.failed = true
+		return false
+	}
+	return true
+}
+
+// inline runs msg on the calling goroutine, as the actor's goroutine would,
+// when the actor is idle: running, with no message queued, in hand or on
+// its way in, so that no message is overtaken. It reports whether it ran
+// msg; if not, the caller queues it. An escalation closes the mailbox, and
+// the actor's goroutine then stops as failed.
+func (p *process[M]) inline(msg M) bool {
+	if p.mb.Len() != 0 || !p.exec.TryLock() {
+		return false
+	}
+	defer p.exec.Unlock()
+	if p.cur == nil || p.failed || p.mb.puts.Load() != p.handled || p.mb.isClosed() || p.ctx.Err() != nil {
+		return false
+	}
+	if !p.handle(msg) {
+		p.mb.Close()
+	}
+	return true
 }
 
 // restart replaces a panicked instance, or escalates and returns nil when

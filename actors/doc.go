@@ -9,7 +9,11 @@
 // A System owns the goroutine of every actor spawned on it; System.Shutdown
 // stops them all and waits. Each actor has exactly one goroutine, which owns
 // the actor value: Init, Receive and Stop are never called concurrently, so
-// actor state needs no locks. Ref.Stop waits for that goroutine. A Spawner
+// actor state needs no locks. A sender that waits for the answer
+// (Ref.SendInline, Ask) may run Receive, and a restart's Init, on its own
+// goroutine when the actor is idle, under the same exclusion: the actor
+// sees no difference, but it must not rely on goroutine identity (hold a
+// thread, say). Ref.Stop waits for that goroutine. A Spawner
 // owns its heartbeat goroutine; Spawner.Close stops it and waits. The
 // caller owns the *nats.Conn and the bus node, and closes them last.
 //
@@ -31,9 +35,11 @@
 // # Local requests
 //
 // Ask is a request to an actor of this process without the bus: the same
-// Call a Handle endpoint makes, put in the mailbox as a Go value and
-// answered through a channel, with the bus path's error codes. Callers
-// that may reach an actor either way use Ask when they hold its Ref.
+// Call a Handle endpoint makes, handed over as a Go value and answered
+// through a channel, with the bus path's error codes. Callers that may
+// reach an actor either way use Ask when they hold its Ref. An idle actor
+// runs an Ask (or a Ref.SendInline) on the sender's goroutine, so that a
+// request and its answer cost no goroutine wake-up; a busy one queues it.
 //
 // # Supervision
 //

@@ -15,13 +15,17 @@ type answer[Resp any] struct {
 }
 
 // Ask is the in-process form of a request to one of the actor's Handle
-// endpoints: req goes into the mailbox as a Go value, wrapped by wrap (the
+// endpoints: req goes to the actor as a Go value, wrapped by wrap (the
 // endpoint's wrap) in the same Call the endpoint would make from a bus
 // request, and the answer comes back through a channel. Nothing is encoded
-// and nothing crosses NATS; the actor cannot tell the difference.
+// and nothing crosses NATS. When the actor is idle, the calling goroutine
+// runs its Receive (see Ref.SendInline), so that a request costs no
+// goroutine wake-up; otherwise the call waits in the mailbox. The actor
+// cannot tell the difference.
 //
-// The Call's context carries ctx's deadline and trace context, and is also
-// cancelled when the actor is aborted. The errors are the bus path's: a
+// The Call's context is ctx itself: its deadline, trace context and
+// cancellation (an abort of the actor shows in the context Receive gets,
+// not in the Call's). The errors are the bus path's: a
 // Fail comes back as a *bus.Error with the actor's code, a full mailbox as
 // bus.CodeOverloaded, a stopped actor as bus.CodeUnavailable, and the end
 // of ctx as ctx's error (bus.CodeDeadline or bus.CodeCanceled).
@@ -35,23 +39,29 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("actor %s: %w", p.addr, err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.ctx, cancel)
-	c := &Call[Req, Resp]{Req: req, ctx: cctx, local: make(chan answer[Resp], 1)}
-	c.cancel = func() { stop(); cancel() }
-	switch err := p.mb.TrySend(wrap(c)); {
-	case errors.Is(err, ErrMailboxFull):
-		c.cancel()
-		return zero, bus.Errorf(bus.CodeOverloaded, "actor %s: mailbox full (%d)", p.addr, p.mb.Cap())
-	case err != nil:
-		c.cancel()
-		return zero, bus.Errorf(bus.CodeUnavailable, "actor %s: %w", p.addr, err)
+	c := &Call[Req, Resp]{Req: req, ctx: ctx, local: make(chan answer[Resp], 1)}
+	msg := wrap(c)
+	if p.inline(msg) {
+		// Handled on this goroutine; answered, unless the actor keeps the
+		// call to answer later.
+		select {
+		case a := <-c.local:
+			return a.resp, a.err
+		default:
+		}
+	} else {
+		err := p.mb.TrySend(msg)
+		switch {
+		case errors.Is(err, ErrMailboxFull):
+			return zero, bus.Errorf(bus.CodeOverloaded, "actor %s: mailbox full (%d)", p.addr, p.mb.Cap())
+		case err != nil:
+			return zero, bus.Errorf(bus.CodeUnavailable, "actor %s: %w", p.addr, err)
+		}
 	}
 	select {
 	case a := <-c.local:
 		return a.resp, a.err
 	case <-ctx.Done():
-		c.cancel()
 		return zero, fmt.Errorf("actor %s: %w", p.addr, ctx.Err())
 	case <-p.done:
 		// It may have answered just before it stopped.
@@ -60,7 +70,6 @@ func Ask[M any, Req, Resp bus.Message](ctx context.Context, ref *Ref[M], wrap fu
 			return a.resp, a.err
 		default:
 		}
-		c.cancel()
 		return zero, bus.Errorf(bus.CodeUnavailable, "actor %s stopped without answering", p.addr)
 	}
 }

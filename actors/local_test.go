@@ -77,29 +77,33 @@ func TestAskBackpressureDeadlineAndStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One call in Receive, whose context carries the caller's deadline.
+	ask := func(ctx context.Context, text string) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := Ask(ctx, ref, echoCall, echoReq{Text: text})
+			errc <- err
+		}()
+		return errc
+	}
+	// One call in Receive (run by its caller: the actor was idle), whose
+	// context carries the caller's deadline.
 	deadline := time.Now().Add(time.Hour)
 	dctx, dcancel := context.WithDeadline(context.Background(), deadline)
 	defer dcancel()
-	first := make(chan error, 1)
-	go func() {
-		_, err := Ask(dctx, ref, echoCall, echoReq{Text: "first"})
-		first <- err
-	}()
+	first := ask(dctx, "first")
 	cctx := <-entered
 	if d, ok := cctx.Deadline(); !ok || !d.Equal(deadline) {
 		t.Errorf("call deadline %v %v, want %v", d, ok, deadline)
 	}
-	// One queued behind it; its caller gives up: deadline.
+	// One in the actor's hand, waiting its turn, and one in the mailbox
+	// whose caller gives up.
+	second := ask(context.Background(), "second")
+	waitFor(t, "the actor to take the second call", func() bool { return ref.p.mb.puts.Load() == 1 && ref.Stats().Depth == 0 })
 	gone, cancelGone := context.WithCancel(context.Background())
-	queued := make(chan error, 1)
-	go func() {
-		_, err := Ask(gone, ref, echoCall, echoReq{Text: "queued"})
-		queued <- err
-	}()
+	queued := ask(gone, "queued")
 	waitFor(t, "the mailbox to fill", func() bool { return ref.Stats().Depth == 1 })
 	// The next finds the mailbox full.
-	if _, err := Ask(context.Background(), ref, echoCall, echoReq{Text: "third"}); bus.CodeOf(err) != bus.CodeOverloaded {
+	if _, err := Ask(context.Background(), ref, echoCall, echoReq{Text: "fourth"}); bus.CodeOf(err) != bus.CodeOverloaded {
 		t.Errorf("full mailbox: got %v, want code overloaded", err)
 	}
 	cancelGone()
@@ -107,15 +111,114 @@ func TestAskBackpressureDeadlineAndStop(t *testing.T) {
 		t.Errorf("cancelled caller: got %v, want context.Canceled", err)
 	}
 	close(release)
-	if err := <-first; err != nil {
-		t.Errorf("first: %v", err)
+	for _, c := range []<-chan error{first, second} {
+		if err := <-c; err != nil {
+			t.Error(err)
+		}
 	}
+	<-entered // second
 	<-entered // the abandoned call still ran, its context already done
 	if err := ref.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Ask(context.Background(), ref, echoCall, echoReq{Text: "late"}); bus.CodeOf(err) != bus.CodeUnavailable {
 		t.Errorf("stopped actor: got %v, want code unavailable", err)
+	}
+	if st := ref.Stats(); st.Processed != 3 {
+		t.Errorf("stats %+v, want 3 processed", st)
+	}
+}
+
+// seqActor records the order of its messages.
+type seqActor struct{ got *[]int }
+
+func (a seqActor) Receive(_ context.Context, m int) error {
+	*a.got = append(*a.got, m)
+	return nil
+}
+
+// TestSendInlineKeepsOrder: messages run by their sender never overtake
+// messages queued before them, by that sender or others, and the actor
+// never runs two at once (the race detector watches its unlocked slice).
+func TestSendInlineKeepsOrder(t *testing.T) {
+	sys := testSystem(t, "n1", nil)
+	var got []int
+	ref, err := Spawn(context.Background(), sys, Props[int]{
+		Kind: "seq", ID: "s", Mailbox: 8,
+		New: func() Actor[int] { return seqActor{&got} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 2000
+	done := make(chan struct{})
+	go func() { // another sender, queueing all the time
+		defer close(done)
+		for i := 0; i < n; i++ {
+			if err := ref.Send(ctx, -1); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < n; i++ {
+		var err error
+		if i%3 == 0 {
+			err = ref.Send(ctx, i)
+		} else {
+			err = ref.SendInline(ctx, i)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	if err := ref.Stop(ctx); err != nil { // drains
+		t.Fatal(err)
+	}
+	next, others := 0, 0
+	for _, m := range got {
+		if m == -1 {
+			others++
+			continue
+		}
+		if m != next {
+			t.Fatalf("got message %d when %d was due", m, next)
+		}
+		next++
+	}
+	if next != n || others != n {
+		t.Errorf("received %d and %d messages, want %d each", next, others, n)
+	}
+}
+
+// TestInlinePanicEscalates: panics in Receive run by the sender restart
+// the actor, and past the limit it stops as failed.
+func TestInlinePanicEscalates(t *testing.T) {
+	sys := testSystem(t, "n1", nil)
+	ref, err := Spawn(context.Background(), sys, echoProps("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < DefaultMaxRestarts; i++ {
+		if _, err := Ask(ctx, ref, echoCall, echoReq{Text: "panic"}); bus.CodeOf(err) != bus.CodeInternal {
+			t.Fatalf("panic %d: got %v, want code internal", i, err)
+		}
+	}
+	if r, err := Ask(ctx, ref, echoCall, echoReq{Text: "ok"}); err != nil || r.Seq != 1 {
+		t.Fatalf("after %d restarts: %+v, %v; want a fresh instance's answer", DefaultMaxRestarts, r, err)
+	}
+	if _, err := Ask(ctx, ref, echoCall, echoReq{Text: "panic"}); bus.CodeOf(err) != bus.CodeInternal {
+		t.Fatalf("escalating panic: got %v", err)
+	}
+	<-ref.Done()
+	if st := ref.Stats(); st.Status != StatusFailed || st.Restarts != DefaultMaxRestarts {
+		t.Errorf("stats %+v, want failed after %d restarts", st, DefaultMaxRestarts)
+	}
+	if _, err := Ask(ctx, ref, echoCall, echoReq{Text: "late"}); bus.CodeOf(err) != bus.CodeUnavailable {
+		t.Errorf("failed actor: got %v, want code unavailable", err)
 	}
 }
 

@@ -29,6 +29,7 @@ type Mailbox[M any] struct {
 	closeOnce sync.Once
 	closed    chan struct{} // closed by Close: no more sends
 	inflight  atomic.Int64  // senders between the closed check and their send
+	puts      atomic.Uint64 // messages queued, or being queued
 }
 
 // NewMailbox returns a mailbox that holds up to capacity messages
@@ -46,6 +47,9 @@ func (b *Mailbox[M]) Send(ctx context.Context, msg M) error {
 		return ErrStopped
 	default:
 	}
+	// Counted before it is in the channel, so that an inline run (see
+	// process.inline) never overtakes it.
+	b.puts.Add(1)
 	select {
 	case b.ch <- msg:
 		return nil
@@ -55,8 +59,10 @@ func (b *Mailbox[M]) Send(ctx context.Context, msg M) error {
 	case b.ch <- msg:
 		return nil
 	case <-b.closed:
+		b.puts.Add(^uint64(0))
 		return ErrStopped
 	case <-ctx.Done():
+		b.puts.Add(^uint64(0))
 		return fmt.Errorf("mailbox send: %w", ctx.Err())
 	}
 }
@@ -70,11 +76,22 @@ func (b *Mailbox[M]) TrySend(msg M) error {
 		return ErrStopped
 	default:
 	}
+	b.puts.Add(1)
 	select {
 	case b.ch <- msg:
 		return nil
 	default:
+		b.puts.Add(^uint64(0))
 		return ErrMailboxFull
+	}
+}
+
+func (b *Mailbox[M]) isClosed() bool {
+	select {
+	case <-b.closed:
+		return true
+	default:
+		return false
 	}
 }
 

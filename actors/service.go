@@ -86,8 +86,9 @@ type Call[Req, Resp bus.Message] struct {
 	local chan answer[Resp]
 }
 
-// Context carries the caller's deadline and trace context; it is also
-// cancelled when the actor is aborted.
+// Context carries the caller's deadline and trace context. For a request
+// from the bus it is also cancelled when the actor is aborted; for one
+// from Ask it is the asker's context.
 func (c *Call[Req, Resp]) Context() context.Context {
 	if c.ctx == nil {
 		return context.Background()

@@ -185,6 +185,39 @@ func benchCPU() cpu.Config {
 	return c
 }
 
+// BenchmarkOverheadActors is the actor path without the client: requests
+// go to the scheduler, and frames come back to a sink, in this process;
+// the steps go to the layer-shard and KV-manager actors through their
+// mailboxes.
+func BenchmarkOverheadActors(b *testing.B) {
+	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, viaLocal)
+	benchSubmit(b, r.sched)
+}
+
+// benchSubmit generates b.N tokens on s, in requests of up to 400.
+func benchSubmit(b *testing.B, s *Scheduler) {
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	tokens := 0
+	for i := 0; tokens < b.N; i++ {
+		n := min(400, b.N-tokens)
+		final := make(chan Frame, 1)
+		err := s.Submit(&Request{ID: fmt.Sprint("s-", i), Prompt: []int32{1, 2}, Params: greedy(n), Detok: nop{}, Sink: func(f Frame) {
+			if f.Final {
+				final <- f
+			}
+		}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f := <-final; f.CompletionTokens != n {
+			b.Fatalf("final frame %+v, want %d tokens", f, n)
+		}
+		tokens += n
+	}
+	perToken(b, cpu0)
+}
+
 // BenchmarkOverheadScheduler is the scheduler alone over the engine, with
 // no actor and no bus: a local KV pool, the model called on the
 // scheduler's goroutine, frames counted by the sink.
@@ -218,24 +251,5 @@ func BenchmarkOverheadScheduler(b *testing.B) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	b.ReportAllocs()
-	cpu0 := cpuTime()
-	tokens := 0
-	for i := 0; tokens < b.N; i++ {
-		n := min(400, b.N-tokens)
-		final := make(chan Frame, 1)
-		err := s.Submit(&Request{ID: fmt.Sprint("s-", i), Prompt: []int32{1, 2}, Params: greedy(n), Detok: nop{}, Sink: func(f Frame) {
-			if f.Final {
-				final <- f
-			}
-		}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if f := <-final; f.CompletionTokens != n {
-			b.Fatalf("final frame %+v, want %d tokens", f, n)
-		}
-		tokens += n
-	}
-	perToken(b, cpu0)
+	benchSubmit(b, s)
 }

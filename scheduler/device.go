@@ -44,7 +44,8 @@ func (s *Shard) onDevice(ctx context.Context, f func() error) error {
 		return f()
 	}
 	done := make(chan error, 1)
-	err := s.Device.Send(ctx, func() {
+	// An idle device runs the job on this goroutine, without a wake-up.
+	err := s.Device.SendInline(ctx, func() {
 		defer func() {
 			if r := recover(); r != nil {
 				done <- fmt.Errorf("device: %v", r)

@@ -5,7 +5,9 @@
 // The Scheduler is transport-neutral: it drives an Engine (the pipeline of
 // layer-shard actors, or a model called directly) and a Blocks allocator
 // (the KV-manager actor, or a local KV). The actor wrappers put it on the
-// bus.
+// bus. The Pipeline and the KVClient reach actors of their own process
+// through actors.Ask (Pipeline.Local, KVClient.Local) and others over the
+// bus; an idle local actor runs the request on the scheduler's goroutine.
 //
 // Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
 // Stats may be called from any goroutine. Frames are delivered to each

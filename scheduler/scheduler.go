@@ -197,10 +197,15 @@ func (s *Scheduler) Cancel(id string) {
 }
 
 // Stats returns a snapshot.
+// Waiting counts a request from the moment Submit accepts it, and Running
+// counts it from its admission, so that a scheduler with work is never
+// seen idle; the other figures are as of the latest step.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats
+	st := s.stats
+	st.Waiting = s.queued
+	return st
 }
 
 func (s *Scheduler) poke() {
@@ -298,7 +303,10 @@ func (s *Scheduler) admit() {
 			continue
 		}
 		if !q.admitted {
-			s.release()
+			s.mu.Lock()
+			s.queued--
+			s.stats.Running++ // until publishStats counts it
+			s.mu.Unlock()
 			q.started = time.Now()
 			q.span.admitted()
 		}

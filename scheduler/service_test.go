@@ -24,6 +24,7 @@ import (
 type replica struct {
 	client *Client
 	sched  *Scheduler
+	sys    *actors.System
 	shards []*Shard
 	refs   []*actors.Ref[ShardCall]
 }
@@ -137,7 +138,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	r.client, r.sched = NewClient(nc, subj, "demo"), s
+	r.client, r.sched, r.sys = NewClient(nc, subj, "demo"), s, sys
 	t.Cleanup(func() {
 		svc.Close()
 		cancel()
@@ -197,6 +198,36 @@ func testPipeline(t *testing.T, local bool) {
 		st, err := r.client.Stats(context.Background())
 		return err == nil && st.KV.Used == 0 && st.Running == 0 && st.Tokens > 0
 	})
+}
+
+// TestPipelineLocalFallsBackToBus: once a local stage's actor has stopped,
+// the pipeline reaches the stage's successor over the bus.
+func TestPipelineLocalFallsBackToBus(t *testing.T) {
+	s := demoSamples(t)[0]
+	r := startReplica(t, 2, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, viaLocal)
+	ctx := context.Background()
+	if err := r.refs[1].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := actors.Spawn(ctx, r.sys, r.shards[1].Props())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	final, err := r.client.Generate(ctx, SubmitMsg{ID: "f", Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+		got = append(got, f.ID)
+		return nil
+	})
+	if err != nil || final.Reason != "length" {
+		t.Fatalf("generate: %v, reason %q", err, final.Reason)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) {
+		t.Errorf("got %v, want %v", got, s.GreedyIDs)
+	}
+	// One step for the prompt, one per further token.
+	if st := next.Stats(); st.Processed != uint64(len(s.GreedyIDs)) {
+		t.Errorf("successor stats %+v, want %d steps processed", st, len(s.GreedyIDs))
+	}
 }
 
 func TestClientErrors(t *testing.T) {

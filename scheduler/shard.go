@@ -56,11 +56,13 @@ func NewShard(id string, index int, m *models.Model, cache *models.Cache, plane 
 // stage's activations through this shard's layers; the output is published
 // on the data plane.
 func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error) {
-	ctx, span := s.tracer.Start(ctx, SpanShard, trace.WithAttributes(
-		attribute.String("shard.id", s.ID), ttrace.AttrShardIndex.Int(s.Index),
-		ttrace.AttrLayerStart.Int(s.First), ttrace.AttrLayerEnd.Int(s.Last),
-		AttrTokens.Int(len(m.Pos))))
+	ctx, span := s.tracer.Start(ctx, SpanShard)
 	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("shard.id", s.ID), ttrace.AttrShardIndex.Int(s.Index),
+			ttrace.AttrLayerStart.Int(s.First), ttrace.AttrLayerEnd.Int(s.Last),
+			AttrTokens.Int(len(m.Pos)))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.model.Config
