@@ -163,12 +163,14 @@ func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *P
 }
 
 // Local makes stage i reach ref, its layer-shard actor in this process,
-// through the actor's mailbox (actors.Ask) instead of the bus: the plan is
-// a Go value, nothing is encoded, and the reply comes back on a channel.
-// The actor handles the call exactly as one from its forward endpoint (the
-// Fault seam, supervision, StepTimeout and the trace context all apply).
-// Once ref has stopped, the stage goes back to its subject, where a
-// successor may answer. Call Local before the first Forward.
+// with actors.Ask instead of the bus: the plan is a Go value, nothing is
+// encoded, and the reply comes back on a channel; an idle actor runs the
+// pass on the caller's goroutine. The actor handles the call exactly as
+// one from its forward endpoint: the Fault seam, supervision and the trace
+// context apply, and StepTimeout bounds the wait for a busy actor and
+// reaches the pass through its context. Once ref has stopped, the stage
+// goes back to its subject, where a successor may answer. Call Local
+// before the first Forward.
 func (p *Pipeline) Local(i int, ref *actors.Ref[ShardCall]) error {
 	if i < 0 || i >= len(p.stages) {
 		return fmt.Errorf("pipeline: stage %d of %d", i, len(p.stages))
