@@ -16,6 +16,8 @@ import (
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
 	"github.com/troupe/troupe/xgmi"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -308,5 +310,49 @@ func TestSchedulerMicroService(t *testing.T) {
 		if verb == "STATS" && !strings.Contains(string(msg.Data), `"Tokens":3`) {
 			t.Errorf("STATS lacks the scheduler's counters: %s", msg.Data)
 		}
+	}
+}
+
+// TestPipelineTrace: whichever way the pipeline reaches its stages, every
+// decode.step span has one shard.forward child per stage, in the
+// request's trace.
+func TestPipelineTrace(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		local bool
+	}{{"bus", viaBus}, {"local", viaLocal}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			defer tp.Shutdown(context.Background())
+			r := startReplicaTraced(t, 2, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, tp, tc.local)
+			const tokens = 4
+			if _, err := r.client.Generate(context.Background(), SubmitMsg{ID: "t", Prompt: []int32{473, 623}, MaxTokens: tokens, IgnoreEOS: true}, func(FrameMsg) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			var steps []sdktrace.ReadOnlySpan
+			shards := map[trace.SpanID]int{}
+			// The last step's span ends after its frame went out.
+			waitFor(t, func() bool {
+				steps, shards = steps[:0], map[trace.SpanID]int{}
+				for _, sp := range rec.Ended() {
+					switch sp.Name() {
+					case SpanStep:
+						steps = append(steps, sp)
+					case SpanShard:
+						shards[sp.Parent().SpanID()]++
+					}
+				}
+				return len(steps) == tokens
+			})
+			for _, st := range steps {
+				if n := shards[st.SpanContext().SpanID()]; n != 2 {
+					t.Errorf("step span %v has %d %s children, want 2", st.SpanContext().SpanID(), n, SpanShard)
+				}
+				if st.SpanContext().TraceID() != steps[0].SpanContext().TraceID() {
+					t.Errorf("step spans in different traces")
+				}
+			}
+		})
 	}
 }

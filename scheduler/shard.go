@@ -28,6 +28,8 @@ type Shard struct {
 	cache       *models.Cache
 	plane       *xgmi.Host
 	tracer      trace.Tracer
+	traced      bool       // false without a tracer provider: no spans
+	none        trace.Span // a span that records nothing
 
 	// Fault, when set, runs before each forward pass in the actor: a seam
 	// for injecting failures in tests.
@@ -45,19 +47,25 @@ type Shard struct {
 
 // NewShard wraps a loaded model stage and its cache.
 func NewShard(id string, index int, m *models.Model, cache *models.Cache, plane *xgmi.Host, tp trace.TracerProvider) *Shard {
+	_, isNoop := tp.(noop.TracerProvider)
+	traced := tp != nil && !isNoop
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
 	first, last := m.Layers()
-	return &Shard{ID: id, Index: index, First: first, Last: last, model: m, cache: cache, plane: plane, tracer: tp.Tracer("github.com/troupe/troupe/scheduler")}
+	return &Shard{ID: id, Index: index, First: first, Last: last, model: m, cache: cache, plane: plane,
+		tracer: tp.Tracer("github.com/troupe/troupe/scheduler"), traced: traced, none: trace.SpanFromContext(context.Background())}
 }
 
 // Forward runs one step: the batch's tokens (first stage) or the previous
 // stage's activations through this shard's layers; the output is published
 // on the data plane.
 func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error) {
-	ctx, span := s.tracer.Start(ctx, SpanShard)
-	defer span.End()
+	span := s.none
+	if s.traced {
+		ctx, span = s.tracer.Start(ctx, SpanShard)
+		defer span.End()
+	}
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("shard.id", s.ID), ttrace.AttrShardIndex.Int(s.Index),
 			ttrace.AttrLayerStart.Int(s.First), ttrace.AttrLayerEnd.Int(s.Last),
@@ -155,12 +163,14 @@ func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *P
 }
 
 // Local makes stage i reach ref, its layer-shard actor in this process,
-// through the actor's mailbox (actors.Ask) instead of the bus: the plan is
-// a Go value, nothing is encoded, and the reply comes back on a channel.
-// The actor handles the call exactly as one from its forward endpoint (the
-// Fault seam, supervision, StepTimeout and the trace context all apply).
-// Once ref has stopped, the stage goes back to its subject, where a
-// successor may answer. Call Local before the first Forward.
+// with actors.Ask instead of the bus: the plan is a Go value, nothing is
+// encoded, and the reply comes back on a channel; an idle actor runs the
+// pass on the caller's goroutine. The actor handles the call exactly as
+// one from its forward endpoint: the Fault seam, supervision and the trace
+// context apply, and StepTimeout bounds the wait for a busy actor and
+// reaches the pass through its context. Once ref has stopped, the stage
+// goes back to its subject, where a successor may answer. Call Local
+// before the first Forward.
 func (p *Pipeline) Local(i int, ref *actors.Ref[ShardCall]) error {
 	if i < 0 || i >= len(p.stages) {
 		return fmt.Errorf("pipeline: stage %d of %d", i, len(p.stages))
@@ -215,9 +225,14 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if len(b.Logits) == 0 {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
+	rctx := ctx
+	if out.Node != p.plane.Node() {
+		// Only a fetch from another node can take time.
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, p.StepTimeout)
+		defer cancel()
+	}
 	rows, err := readRef(rctx, p.plane, p.Remote, out)
-	cancel()
 	if err != nil {
 		if errors.Is(err, xgmi.ErrUnreachable) {
 			err = bus.Errorf(bus.CodeUnavailable, "%w", err)
