@@ -19,6 +19,9 @@ import (
 // is empty.
 func openBundle(dir string) (*models.Bundle, error) {
 	if dir == "" {
+		if !demo.Embedded() {
+			return nil, fmt.Errorf("this binary was built without the demo model (tag nodemo): pass --model DIR")
+		}
 		return models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	}
 	return models.OpenDir(dir)
