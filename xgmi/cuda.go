@@ -67,7 +67,7 @@ func (f *CUDAFabric) Close() error { return f.g.Close() }
 // DefaultCUDAConfig chooses by size with the crossover measured on two
 // H200s over NVLink (docs/xgmi.md).
 func DefaultCUDAConfig() Config {
-	return Config{Algorithm: Auto, OneShotMaxBytes: 512 << 10}
+	return Config{Algorithm: Auto, OneShotMaxBytes: 4 << 20}
 }
 
 // DeviceComm is a communicator whose collectives run on the GPUs, on
