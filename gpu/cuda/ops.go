@@ -41,6 +41,12 @@ func kernelNames() []string {
 	return names
 }
 
+// optionalKernelNames are kernels an older artifact set may lack: the
+// device opens without them and the operations that need them fail.
+func optionalKernelNames() []string {
+	return []string{"sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}
+}
+
 func (d *Device) k(name string) *kernel { return d.kern[name] }
 
 // typed returns the kernel name+"_"+dtype suffix for a float dtype.
