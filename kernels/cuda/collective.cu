@@ -10,7 +10,8 @@
 //
 // Window of rank r: two halves, used alternately by epoch parity; each half
 // holds nranks+1 slots of slot_bytes. Slot q (q < nranks) receives rank q's
-// data; slot nranks is the gather area of the two-shot all-reduce.
+// data; slot nranks is spare (the two-shot writes its sums straight into
+// the peers' outputs, whose addresses the ranks exchange through the pads).
 //
 // Every kernel starts with a barrier over all blocks of all ranks (after its
 // pushes): when a rank passes it at epoch e, every block of every peer has
@@ -30,6 +31,7 @@
 // Signal pad layout (32-bit words).
 #define CO_EPOCH 0    // the last epoch this rank completed
 #define CO_ARRIVE 1   // blocks of the current call that have finished
+#define CO_DST 16     // [parity][rank] 64-bit: each peer's dst of the current two-shot
 #define CO_START 64   // [block][rank]: start barrier flags
 #define CO_MID (CO_START + CO_MAX_BLOCKS * CO_MAX_RANKS) // [block][rank]: second barrier
 
@@ -183,10 +185,10 @@ DEV void copy_chunk(char* dst, const char* src, long long c, long long full, int
 }
 
 // reduce_chunk sums chunk c of the n inputs in rank order into dst and,
-// when gather != null, also into the peers' gather areas (two-shot).
+// for the two-shot (outs != null), into every peer's output outs[q].
 template <typename T>
 DEV void reduce_chunk(const CommArgs& a, unsigned e, const char* src, char* dst, long long c, long long cin,
-                      long long full, int tail, bool gather) {
+                      long long full, int tail, char* const* outs) {
   const int N = Vec<T>::N;
   char* mine = half(a, a.rank, e);
   if (c < full) {
@@ -204,9 +206,9 @@ DEV void reduce_chunk(const CommArgs& a, unsigned e, const char* src, char* dst,
     }
     uint4 r = Vec<T>::pack(acc);
     *(uint4*)(dst + c * 16) = r;
-    if (gather) {
+    if (outs) {
       for (int q = 0; q < a.nranks; q++)
-        if (q != a.rank) *(uint4*)(half(a, q, e) + (unsigned long long)a.nranks * a.slot_bytes + c * 16) = r;
+        if (q != a.rank) *(uint4*)(outs[q] + c * 16) = r;
     }
   } else {
     for (int i = 0; i < tail; i++) {
@@ -217,9 +219,9 @@ DEV void reduce_chunk(const CommArgs& a, unsigned e, const char* src, char* dst,
         acc = q == 0 ? x : acc + x;
       }
       Vec<T>::store1(dst + c * 16, i, acc);
-      if (gather) {
+      if (outs) {
         for (int q = 0; q < a.nranks; q++)
-          if (q != a.rank) Vec<T>::store1(half(a, q, e) + (unsigned long long)a.nranks * a.slot_bytes + c * 16, i, acc);
+          if (q != a.rank) Vec<T>::store1(outs[q] + c * 16, i, acc);
       }
     }
   }
@@ -239,18 +241,25 @@ DEV void allreduce_oneshot(CommArgs a, char* dst, const char* src, long long n, 
       if (q != a.rank) copy_chunk(half(a, q, e) + (unsigned long long)a.rank * a.slot_bytes, src, c, full, tail, es);
   }
   barrier_all(a, e, fault);
-  for (long long c = g; c < chunks; c += stride) reduce_chunk<T>(a, e, src, dst, c, c, full, tail, false);
+  for (long long c = g; c < chunks; c += stride) reduce_chunk<T>(a, e, src, dst, c, c, full, tail, nullptr);
   finish(a, e);
 }
 
-// Two-shot: chunks are split into nranks segments. Push segment q of the
-// input into slot `rank` of rank q; barrier; reduce this rank's segment
-// into dst and push the result into every peer's gather area; per-block
-// barrier; copy the other segments from the gather area into dst.
+// Two-shot: chunks are split into nranks segments. Every rank publishes
+// the address of its dst in its peers' pads (the ranks share one address
+// space); pushes segment q of the input into slot `rank` of rank q;
+// barrier; reduces its own segment and writes the sum into its dst and
+// straight into every peer's dst; and a per-block barrier tells the peers
+// that their segments have landed.
 template <typename T>
 DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {
   const int N = Vec<T>::N, es = sizeof(typename Vec<T>::raw);
   unsigned e = begin(a);
+  if (blockIdx.x == 0 && threadIdx.x < a.nranks && threadIdx.x != a.rank) {
+    // The same thread's release store in barrier_all publishes it.
+    unsigned* p = pad(a, threadIdx.x) + CO_DST + ((e & 1u) * CO_MAX_RANKS + a.rank) * 2;
+    *(volatile unsigned long long*)p = (unsigned long long)dst;
+  }
   long long full = n / N, chunks = (n + N - 1) / N;
   int tail = (int)(n - full * N);
   long long stride = (long long)gridDim.x * blockDim.x, g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -261,17 +270,16 @@ DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, 
     for (long long c = lo + g; c < hi; c += stride) copy_chunk(slot, src, c, full, tail, es);
   }
   barrier_all(a, e, fault);
+  char* peers[CO_MAX_RANKS];
+  for (int q = 0; q < a.nranks; q++) {
+    const unsigned* p = pad(a, a.rank) + CO_DST + ((e & 1u) * CO_MAX_RANKS + q) * 2;
+    peers[q] = q == a.rank ? dst : (char*)__ldcg((const unsigned long long*)p);
+  }
   {
     long long lo = chunks * a.rank / a.nranks, hi = chunks * (a.rank + 1) / a.nranks;
-    for (long long c = lo + g; c < hi; c += stride) reduce_chunk<T>(a, e, src, dst, c, c - lo, full, tail, true);
+    for (long long c = lo + g; c < hi; c += stride) reduce_chunk<T>(a, e, src, dst, c, c - lo, full, tail, peers);
   }
   barrier_block(a, e, fault);
-  const char* gather = half(a, a.rank, e) + (unsigned long long)a.nranks * a.slot_bytes;
-  for (int k = 1; k < a.nranks; k++) {
-    int q = (a.rank + k) % a.nranks;
-    long long lo = chunks * q / a.nranks, hi = chunks * (q + 1) / a.nranks;
-    for (long long c = lo + g; c < hi; c += stride) copy_chunk(dst, gather, c, full, tail, es);
-  }
   finish(a, e);
 }
 
