@@ -61,6 +61,7 @@ type Model struct {
 	// which rank 0's Forward drives together.
 	full      Config
 	sn        gpu.ShardNormer
+	headSplit bool // the LM head holds this rank's rows of the vocabulary
 	group     []*Model
 	hostSlice [][]byte // column slices cut from the checkpoint, kept while loaded
 
@@ -77,10 +78,15 @@ type scratch struct {
 	// gu1 holds g1|u1 (views); nil when no layer is packed.
 	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
-	ss                            gpu.Buffer // tensor-parallel QK-norm: the rows' sums of squares
-	peerIDs                       []int32    // tensor parallelism: the other ranks' choices
-	logitRows                     int
-	hostLogits                    []float32
+	// A vocabulary-parallel LM head writes this rank's columns of each row
+	// into logitsPart ([rows, Vocab/ranks]), and an all-gather per row
+	// assembles the row (views rowPart[i] -> rowFull[i]).
+	logitsPart       gpu.Buffer
+	rowPart, rowFull []gpu.Buffer
+	ss               gpu.Buffer // tensor-parallel QK-norm: the rows' sums of squares
+	peerIDs          []int32    // tensor parallelism: the other ranks' choices
+	logitRows        int
+	hostLogits       []float32
 }
 
 // Device returns the device the model runs on.
@@ -114,6 +120,9 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 			return nil, err
 		}
 		m.Config = local
+		_, slicer := dev.(gpu.Slicer)
+		S := o.Shard.Size
+		m.headSplit = S > 1 && slicer && cfg.Vocab%S == 0 && (cfg.Vocab/S)%4 == 0
 		if cfg.Arch == OLMo2 {
 			if m.sn, _ = dev.(gpu.ShardNormer); m.sn == nil {
 				return nil, fmt.Errorf("load: tensor parallelism of %s needs a device that normalises sharded projections (gpu.ShardNormer)", cfg.Arch)
@@ -209,7 +218,16 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 	if m.first() {
 		m.embed = get("model.embed_tokens.weight")
 	}
-	if m.last() {
+	if m.last() && m.headSplit {
+		m.norm = get("model.norm.weight")
+		name := "lm_head.weight"
+		if c.TieEmbeddings {
+			name = "model.embed_tokens.weight"
+		}
+		if err == nil {
+			m.lmHead, err = m.vocabRows(ckpt, name)
+		}
+	} else if m.last() {
 		m.norm = get("model.norm.weight")
 		if c.TieEmbeddings {
 			if m.embed == nil {
@@ -349,12 +367,13 @@ func (m *Model) Close() error {
 	m.group = nil
 	m.dropGraphs(nil)
 	m.s.idx.free(m.dev)
-	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next} {
+	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next, m.s.logitsPart} {
 		if b != nil {
 			m.dev.Free(b)
 		}
 	}
-	m.s.logits, m.s.last, m.s.next, m.s.logitRows = nil, nil, nil, 0
+	m.s.logits, m.s.last, m.s.next, m.s.logitsPart, m.s.logitRows = nil, nil, nil, nil, 0
+	m.s.rowPart, m.s.rowFull = nil, nil
 	for _, b := range m.owned {
 		m.dev.Free(b)
 	}
@@ -664,12 +683,13 @@ func (m *Model) ensureLogits(r int) error {
 		return nil
 	}
 	m.dropGraphs(nil)
-	for _, b := range []gpu.Buffer{s.logits, s.last, s.next} {
+	for _, b := range []gpu.Buffer{s.logits, s.last, s.next, s.logitsPart} {
 		if b != nil {
 			d.Free(b)
 		}
 	}
-	s.logits, s.last, s.next, s.logitRows = nil, nil, nil, 0
+	s.logits, s.last, s.next, s.logitsPart, s.logitRows = nil, nil, nil, nil, 0
+	s.rowPart, s.rowFull = nil, nil
 	var err error
 	if s.logits, err = d.Alloc(gpu.F32, r*c.Vocab); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
@@ -679,6 +699,24 @@ func (m *Model) ensureLogits(r int) error {
 	}
 	if s.next, err = d.Alloc(gpu.I32, r); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
+	}
+	if m.headSplit {
+		part := c.Vocab / m.opts.Shard.Size
+		if s.logitsPart, err = d.Alloc(gpu.F32, r*part); err != nil {
+			return fmt.Errorf("forward: logits: %w", err)
+		}
+		sl := d.(gpu.Slicer)
+		for i := range r {
+			pv, err := sl.Slice(s.logitsPart, i*part, part)
+			if err != nil {
+				return fmt.Errorf("forward: logits: %w", err)
+			}
+			fv, err := sl.Slice(s.logits, i*c.Vocab, c.Vocab)
+			if err != nil {
+				return fmt.Errorf("forward: logits: %w", err)
+			}
+			s.rowPart, s.rowFull = append(s.rowPart, pv), append(s.rowFull, fv)
+		}
 	}
 	s.logitRows = r
 	return nil
@@ -784,7 +822,15 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool) error {
 	var e errs
 	e.do(d.Embed(s.last, s.x, s.idx.rows, r, c.Hidden))
 	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
-	e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
+	if m.headSplit {
+		S := m.opts.Shard.Size
+		e.do(d.MatMul(s.logitsPart, s.last, m.lmHead, r, c.Hidden, c.Vocab/S))
+		for i := range r {
+			e.do(m.opts.Shard.Comm.AllGather(s.rowFull[i], s.rowPart[i]))
+		}
+	} else {
+		e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
+	}
 	if argmax {
 		if am, ok := d.(gpu.Argmaxer); ok {
 			e.do(am.Argmax(s.next, s.logits, r, c.Vocab))

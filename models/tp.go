@@ -19,13 +19,18 @@ import (
 // their partial outputs are summed by an all-reduce. The embedding, the
 // norms and the LM head are replicated, and every rank keeps the whole
 // residual stream, which the all-reduces leave bit-identical on every rank.
+// On a gpu.Slicer device the LM head is split by vocabulary instead: each
+// rank computes its rows' logits and an all-gather assembles each row.
 // OLMo 2's QK-norm spans the whole projection: the ranks all-reduce the
 // rows' sums of squares of their slices (gpu.ShardNormer).
 
-// Reducer sums a buffer over the ranks of a group, in place or not, with
-// the same bits on every rank: an xgmi device communicator's rank.
+// Reducer is a rank's collectives in a group: an xgmi device
+// communicator's rank. AllReduceN sums the first n elements of src over the
+// ranks into dst (in place or not), with the same bits on every rank;
+// AllGather concatenates every rank's src into dst in rank order.
 type Reducer interface {
 	AllReduceN(dst, src gpu.Buffer, n int) error
+	AllGather(dst, src gpu.Buffer) error
 }
 
 // Shard is a model's place in a tensor-parallel group.
@@ -113,6 +118,26 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 		m.hostSlice = append(m.hostSlice, out)
 		return dt, out, nil
 	}
+}
+
+// vocabRows loads this shard's rows of a [Vocab, Hidden] tensor.
+func (m *Model) vocabRows(ckpt *safetensors.Checkpoint, name string) (gpu.Buffer, error) {
+	t, ok := ckpt.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("load: missing tensor %s", name)
+	}
+	dt, err := dtypeOf(t.DType)
+	if err != nil {
+		return nil, fmt.Errorf("load: tensor %s: %w", name, err)
+	}
+	sh := m.opts.Shard
+	per := len(t.Data) / sh.Size
+	b, err := m.dev.Weights(dt, t.Data[sh.Rank*per:(sh.Rank+1)*per])
+	if err != nil {
+		return nil, fmt.Errorf("load: tensor %s: %w", name, err)
+	}
+	m.owned = append(m.owned, b)
+	return b, nil
 }
 
 // reduce sums the first n elements of b over the group, in place.

@@ -74,6 +74,12 @@ func (h hostRank) AllReduceN(dst, src gpu.Buffer, n int) error {
 	return r.devs[h.rank].Write(dst, 0, gpu.F32Bytes(sum))
 }
 
+// AllGather is unused on the CPU lane (its LM head is not split: the CPU
+// device has no views).
+func (h hostRank) AllGather(dst, src gpu.Buffer) error {
+	return fmt.Errorf("host reducer: all-gather is not implemented")
+}
+
 // TestTensorParallelCPU splits the pre-norm fixtures (grouped-query
 // attention, per-head QK-norm) over two CPU devices summing through host
 // memory, and checks the logits and the greedy path against the whole
