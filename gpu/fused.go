@@ -33,3 +33,17 @@ type ResidualNormer interface {
 	// r += rmsnorm(x) * w (post-norm blocks such as OLMo 2).
 	RMSNormAdd(r, x, w Buffer, n, dim int, eps float32) error
 }
+
+// ShardNormer is a device that normalises a projection held in slices by
+// the ranks of a tensor-parallel group (OLMo 2's QK-norm spans every head):
+// each rank sums the squares of its slice, the ranks all-reduce the sums,
+// and each normalises its slice with the total.
+type ShardNormer interface {
+	// SumSquares2 writes Σ a[i, :]² into out[i] and Σ b[i, :]² into
+	// out[n+i] for the n rows of a ([n, wa]) and b ([n, wb]), in f32.
+	SumSquares2(out, a, b Buffer, n, wa, wb int) error
+	// RMSNormShard scales x ([n, dim], f32) in place by
+	// w / sqrt(ss[ssOff+i] / total + eps), where ss holds each row's sum
+	// of squares over the whole projection of width total.
+	RMSNormShard(x, ss Buffer, ssOff int, w Buffer, n, dim, total int, eps float32) error
+}

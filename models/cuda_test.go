@@ -22,7 +22,7 @@ func init() {
 
 func openCUDA(t testing.TB) gpu.Device {
 	t.Helper()
-	d, err := cuda.Open(context.Background(), cuda.DefaultConfig())
+	d, err := cuda.Open(context.Background(), cudaConfig())
 	if err != nil {
 		t.Fatalf("cuda: %v", err)
 	}
@@ -35,6 +35,9 @@ func openCUDA(t testing.TB) gpu.Device {
 // argmax of the logits.
 func TestCUDAGraphsMatchEager(t *testing.T) {
 	ctx := context.Background()
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
 	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +109,9 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 // row's device argmax against the same sequence decoded alone.
 func TestCUDABatchedArgmax(t *testing.T) {
 	ctx := context.Background()
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
 	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	if err != nil {
 		t.Fatal(err)

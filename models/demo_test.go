@@ -39,6 +39,9 @@ func demoReference(t testing.TB) []demoSample {
 // own top-2 gap is below greedyTolerance.
 func TestDemoGreedy(t *testing.T) {
 	samples := demoReference(t)
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
 	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	if err != nil {
 		t.Fatal(err)

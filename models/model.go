@@ -26,6 +26,10 @@ type Options struct {
 	// Eager issues every operation one by one even on a device that can
 	// record and replay steps (gpu.Grapher), for comparison and debugging.
 	Eager bool
+	// Shard makes the model one rank of a tensor-parallel group: it holds
+	// its slice of the heads and of the MLP and all-reduces the attention
+	// output and MLP down projections. LoadTP sets it; nil for a whole model.
+	Shard *Shard
 }
 
 type layer struct {
@@ -52,6 +56,15 @@ type Model struct {
 	owned               []gpu.Buffer
 	rn                  gpu.ResidualNormer // nil when the device has no fused norms
 
+	// Tensor parallelism: full is the whole model's configuration (Config
+	// is this rank's slice of it); group, on rank 0 only, lists every rank,
+	// which rank 0's Forward drives together.
+	full      Config
+	sn        gpu.ShardNormer
+	headSplit bool // the LM head holds this rank's rows of the vocabulary
+	group     []*Model
+	hostSlice [][]byte // column slices cut from the checkpoint, kept while loaded
+
 	s        scratch
 	graphs   map[graphKey]gpu.Graph
 	graphErr error // why recording was given up; nil while it works
@@ -65,8 +78,15 @@ type scratch struct {
 	// gu1 holds g1|u1 (views); nil when no layer is packed.
 	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
-	logitRows                     int
-	hostLogits                    []float32
+	// A vocabulary-parallel LM head writes this rank's columns of each row
+	// into logitsPart ([rows, Vocab/ranks]), and an all-gather per row
+	// assembles the row (views rowPart[i] -> rowFull[i]).
+	logitsPart       gpu.Buffer
+	rowPart, rowFull []gpu.Buffer
+	ss               gpu.Buffer // tensor-parallel QK-norm: the rows' sums of squares
+	peerIDs          []int32    // tensor parallelism: the other ranks' choices
+	logitRows        int
+	hostLogits       []float32
 }
 
 // Device returns the device the model runs on.
@@ -93,7 +113,22 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 	if err := Check(cfg, ckpt); err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *cfg, dev: dev, opts: o}
+	m := &Model{Config: *cfg, full: *cfg, dev: dev, opts: o}
+	if o.Shard != nil {
+		local, err := o.Shard.local(cfg)
+		if err != nil {
+			return nil, err
+		}
+		m.Config = local
+		_, slicer := dev.(gpu.Slicer)
+		S := o.Shard.Size
+		m.headSplit = S > 1 && slicer && cfg.Vocab%S == 0 && (cfg.Vocab/S)%4 == 0
+		if cfg.Arch == OLMo2 {
+			if m.sn, _ = dev.(gpu.ShardNormer); m.sn == nil {
+				return nil, fmt.Errorf("load: tensor parallelism of %s needs a device that normalises sharded projections (gpu.ShardNormer)", cfg.Arch)
+			}
+		}
+	}
 	m.rn, _ = dev.(gpu.ResidualNormer)
 	if err := m.load(ckpt); err != nil {
 		m.Close()
@@ -107,15 +142,11 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 }
 
 func (m *Model) weight(ckpt *safetensors.Checkpoint, name string) (gpu.Buffer, error) {
-	t, ok := ckpt.Tensor(name)
-	if !ok {
-		return nil, fmt.Errorf("load: missing tensor %s", name)
-	}
-	dt, err := dtypeOf(t.DType)
+	dt, data, err := m.tensor(ckpt, name)
 	if err != nil {
-		return nil, fmt.Errorf("load: tensor %s: %w", name, err)
+		return nil, err
 	}
-	b, err := m.dev.Weights(dt, t.Data)
+	b, err := m.dev.Weights(dt, data)
 	if err != nil {
 		return nil, fmt.Errorf("load: tensor %s: %w", name, err)
 	}
@@ -135,18 +166,14 @@ func (m *Model) packed(ckpt *safetensors.Checkpoint, names ...string) (gpu.Buffe
 	var dt gpu.DType
 	data := make([][]byte, len(names))
 	for i, name := range names {
-		t, ok := ckpt.Tensor(name)
-		if !ok {
-			return nil, nil, fmt.Errorf("load: missing tensor %s", name)
-		}
-		tdt, err := dtypeOf(t.DType)
+		tdt, tdata, err := m.tensor(ckpt, name)
 		if err != nil {
-			return nil, nil, fmt.Errorf("load: tensor %s: %w", name, err)
+			return nil, nil, err
 		}
-		if i > 0 && tdt != dt || len(t.Data)%16 != 0 {
+		if i > 0 && tdt != dt || len(tdata)%16 != 0 {
 			return nil, nil, nil
 		}
-		dt, data[i] = tdt, t.Data
+		dt, data[i] = tdt, tdata
 	}
 	whole, err := pk.Pack(dt, data...)
 	if err != nil {
@@ -191,7 +218,16 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 	if m.first() {
 		m.embed = get("model.embed_tokens.weight")
 	}
-	if m.last() {
+	if m.last() && m.headSplit {
+		m.norm = get("model.norm.weight")
+		name := "lm_head.weight"
+		if c.TieEmbeddings {
+			name = "model.embed_tokens.weight"
+		}
+		if err == nil {
+			m.lmHead, err = m.vocabRows(ckpt, name)
+		}
+	} else if m.last() {
 		m.norm = get("model.norm.weight")
 		if c.TieEmbeddings {
 			if m.embed == nil {
@@ -311,6 +347,9 @@ func (m *Model) allocScratch() (err error) {
 	s.v = m.alloc(gpu.F32, T*kw)
 	s.gate = m.alloc(gpu.F32, T*ffn)
 	s.up = m.alloc(gpu.F32, T*ffn)
+	if m.sn != nil {
+		s.ss = m.alloc(gpu.F32, 2*T)
+	}
 	if err := m.allocPacked(); err != nil {
 		return err
 	}
@@ -319,16 +358,22 @@ func (m *Model) allocScratch() (err error) {
 	return m.dev.Write(m.invFreq, 0, gpu.F32Bytes(inv))
 }
 
-// Close frees the model's device memory.
+// Close frees the model's device memory (every rank's, on rank 0 of a
+// tensor-parallel group).
 func (m *Model) Close() error {
+	for _, r := range m.group[min(1, len(m.group)):] {
+		r.Close()
+	}
+	m.group = nil
 	m.dropGraphs(nil)
 	m.s.idx.free(m.dev)
-	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next} {
+	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next, m.s.logitsPart} {
 		if b != nil {
 			m.dev.Free(b)
 		}
 	}
-	m.s.logits, m.s.last, m.s.next, m.s.logitRows = nil, nil, nil, 0
+	m.s.logits, m.s.last, m.s.next, m.s.logitsPart, m.s.logitRows = nil, nil, nil, nil, 0
+	m.s.rowPart, m.s.rowFull = nil, nil
 	for _, b := range m.owned {
 		m.dev.Free(b)
 	}
@@ -437,7 +482,8 @@ type Cache struct {
 	NumBlocks, BlockSize int
 	k, v                 []gpu.Buffer
 	dev                  gpu.Device
-	m                    *Model // whose recorded steps use this cache
+	m                    *Model   // whose recorded steps use this cache
+	shards               []*Cache // tensor parallelism: the other ranks' caches, on rank 0's
 }
 
 // NewCache allocates a KV cache of numBlocks blocks of blockSize tokens.
@@ -461,6 +507,14 @@ func (m *Model) NewCache(numBlocks, blockSize int) (*Cache, error) {
 		}
 		c.v = append(c.v, v)
 	}
+	for _, r := range m.group[min(1, len(m.group)):] {
+		rc, err := r.NewCache(numBlocks, blockSize)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("rank %d: %w", r.opts.Shard.Rank, err)
+		}
+		c.shards = append(c.shards, rc)
+	}
 	return c, nil
 }
 
@@ -479,6 +533,10 @@ func (c *Cache) Close() {
 		c.dev.Free(b)
 	}
 	c.k, c.v = nil, nil
+	for _, s := range c.shards {
+		s.Close()
+	}
+	c.shards = nil
 }
 
 // Batch is one forward step: new tokens from one or more sequences.
@@ -508,6 +566,15 @@ type Batch struct {
 // index upload are recorded once per shape (tokens, logits rows, cache) and
 // replayed; the indexes live in fixed buffers rewritten before each replay.
 func (m *Model) Forward(ctx context.Context, cache *Cache, b *Batch, out []float32) error {
+	if m.group != nil {
+		return m.each(cache, func(r *Model, c *Cache) error { return r.forward(ctx, c, b, out, r == m) })
+	}
+	return m.forward(ctx, cache, b, out, true)
+}
+
+// forward is Forward on one rank; a rank other than the first of a
+// tensor-parallel group waits for its work instead of reading the output.
+func (m *Model) forward(ctx context.Context, cache *Cache, b *Batch, out []float32, read bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -531,6 +598,9 @@ func (m *Model) Forward(ctx context.Context, cache *Cache, b *Batch, out []float
 	if err := m.step(cache, n, r, false); err != nil {
 		return err
 	}
+	if !read {
+		return m.dev.Sync(ctx)
+	}
 	if !m.last() {
 		return m.dev.Read(gpu.F32Bytes(out[:want]), m.s.x, 0)
 	}
@@ -546,6 +616,13 @@ func (m *Model) Forward(ctx context.Context, cache *Cache, b *Batch, out []float
 // gpu.Argmaxer the choice is made on the device and only the ids are read
 // back; elsewhere the logits are read and compared on the host.
 func (m *Model) ForwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids []int32) error {
+	if m.group != nil {
+		return m.forwardArgmaxGroup(ctx, cache, b, ids)
+	}
+	return m.forwardArgmax(ctx, cache, b, ids)
+}
+
+func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids []int32) error {
 	if !m.last() {
 		return fmt.Errorf("forward: argmax needs the last stage (layers [%d, %d) of %d)", m.opts.FirstLayer, m.opts.LastLayer, m.Config.Layers)
 	}
@@ -558,7 +635,7 @@ func (m *Model) ForwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 			m.s.hostLogits = make([]float32, r*V)
 		}
 		logits := m.s.hostLogits[:r*V]
-		if err := m.Forward(ctx, cache, b, logits); err != nil {
+		if err := m.forward(ctx, cache, b, logits, true); err != nil {
 			return err
 		}
 		for i := range r {
@@ -606,12 +683,13 @@ func (m *Model) ensureLogits(r int) error {
 		return nil
 	}
 	m.dropGraphs(nil)
-	for _, b := range []gpu.Buffer{s.logits, s.last, s.next} {
+	for _, b := range []gpu.Buffer{s.logits, s.last, s.next, s.logitsPart} {
 		if b != nil {
 			d.Free(b)
 		}
 	}
-	s.logits, s.last, s.next, s.logitRows = nil, nil, nil, 0
+	s.logits, s.last, s.next, s.logitsPart, s.logitRows = nil, nil, nil, nil, 0
+	s.rowPart, s.rowFull = nil, nil
 	var err error
 	if s.logits, err = d.Alloc(gpu.F32, r*c.Vocab); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
@@ -621,6 +699,24 @@ func (m *Model) ensureLogits(r int) error {
 	}
 	if s.next, err = d.Alloc(gpu.I32, r); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
+	}
+	if m.headSplit {
+		part := c.Vocab / m.opts.Shard.Size
+		if s.logitsPart, err = d.Alloc(gpu.F32, r*part); err != nil {
+			return fmt.Errorf("forward: logits: %w", err)
+		}
+		sl := d.(gpu.Slicer)
+		for i := range r {
+			pv, err := sl.Slice(s.logitsPart, i*part, part)
+			if err != nil {
+				return fmt.Errorf("forward: logits: %w", err)
+			}
+			fv, err := sl.Slice(s.logits, i*c.Vocab, c.Vocab)
+			if err != nil {
+				return fmt.Errorf("forward: logits: %w", err)
+			}
+			s.rowPart, s.rowFull = append(s.rowPart, pv), append(s.rowFull, fv)
+		}
 	}
 	s.logitRows = r
 	return nil
@@ -726,7 +822,15 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool) error {
 	var e errs
 	e.do(d.Embed(s.last, s.x, s.idx.rows, r, c.Hidden))
 	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
-	e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
+	if m.headSplit {
+		S := m.opts.Shard.Size
+		e.do(d.MatMul(s.logitsPart, s.last, m.lmHead, r, c.Hidden, c.Vocab/S))
+		for i := range r {
+			e.do(m.opts.Shard.Comm.AllGather(s.rowFull[i], s.rowPart[i]))
+		}
+	} else {
+		e.do(d.MatMul(s.logits, s.last, m.lmHead, r, c.Hidden, c.Vocab))
+	}
 	if argmax {
 		if am, ok := d.(gpu.Argmaxer); ok {
 			e.do(am.Argmax(s.next, s.logits, r, c.Vocab))
@@ -775,11 +879,16 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			e.do(d.MatMul(k, in, ly.k, n, c.Hidden, kw))
 			e.do(d.MatMul(v, in, ly.v, n, c.Hidden, kw))
 		}
-		switch c.Arch {
-		case OLMo2: // QK-norm across the whole projection
+		switch {
+		case c.Arch == OLMo2 && m.sn != nil: // QK-norm across the whole projection, held in slices
+			e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
+			e.do(m.reduce(s.ss, 2*n))
+			e.do(m.sn.RMSNormShard(q, s.ss, 0, ly.qNorm, n, qw, m.full.Heads*c.HeadDim, eps))
+			e.do(m.sn.RMSNormShard(k, s.ss, n, ly.kNorm, n, kw, m.full.KVHeads*c.HeadDim, eps))
+		case c.Arch == OLMo2: // QK-norm across the whole projection
 			e.do(d.RMSNorm(q, q, ly.qNorm, n, qw, eps))
 			e.do(d.RMSNorm(k, k, ly.kNorm, n, kw, eps))
-		case Qwen3, Qwen3MoE: // QK-norm per head
+		case c.Arch == Qwen3 || c.Arch == Qwen3MoE: // QK-norm per head
 			e.do(d.RMSNorm(q, q, ly.qNorm, n*c.Heads, c.HeadDim, eps))
 			e.do(d.RMSNorm(k, k, ly.kNorm, n*c.KVHeads, c.HeadDim, eps))
 		}
@@ -788,25 +897,30 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		e.do(d.StoreKV(cache.k[i], cache.v[i], k, v, s.idx.slots, n, kw))
 		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
+		e.do(m.reduce(s.o, n*c.Hidden))
 		switch {
 		case c.Arch == OLMo2 && m.rn != nil:
 			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(m.mlp(ly, s.x, s.o, n))
+			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postFFNorm, n, c.Hidden, eps))
 		case c.Arch == OLMo2:
 			e.do(d.RMSNorm(s.o, s.o, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(m.mlp(ly, s.x, s.o, n))
+			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.o, s.o, ly.postFFNorm, n, c.Hidden, eps))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		case m.rn != nil:
 			e.do(m.rn.AddRMSNorm(s.h, s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
+			e.do(m.reduce(s.o, n*c.Hidden))
 			pending = true
 		default:
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.h, s.x, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
+			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		}
 		if e.err != nil {

@@ -110,7 +110,7 @@ func NewComm(fab Fabric, cfg Config) (*Comm, error) {
 	}
 	hm, ok := fab.(HostMemory)
 	if !ok {
-		return nil, fmt.Errorf("xgmi: fabric %T has no host-addressable windows; device-side collectives are not implemented", fab)
+		return nil, fmt.Errorf("xgmi: fabric %T has no host-addressable windows: use its device communicator (NewDeviceComm for a CUDAFabric)", fab)
 	}
 	if fab.WindowBytes() < 64*fab.Ranks() || fab.WindowBytes()%64 != 0 {
 		return nil, fmt.Errorf("xgmi: window of %d bytes is too small for %d ranks", fab.WindowBytes(), fab.Ranks())

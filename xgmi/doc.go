@@ -5,9 +5,11 @@
 // process: a stage publishes its output under a name and the next stage
 // reads it in place. Stream carries the same buffers between hosts over an
 // authenticated TCP connection. Collectives (Comm: all-reduce, all-gather,
-// broadcast) run over a Fabric of ranks; HostFabric is the host-memory one,
-// and docs/xgmi.md describes the GPU fabrics (CUDA peer memory, AMD's XGMI)
-// that fit the same interface.
+// broadcast) run over a Fabric of ranks; HostFabric is the host-memory one.
+// CUDAFabric joins the GPUs of one process through peer memory, and its
+// DeviceComm runs the same collectives as kernels on device buffers, with
+// device-side flags, so that they can be recorded in CUDA graphs
+// (docs/xgmi.md; AMD's XGMI fits the same shape).
 //
 // Host is safe for concurrent use. A published buffer is owned by its
 // publisher, which must not change it until the readers are done with the

@@ -54,7 +54,9 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 	iters := fs.Int("iters", 0, "timed calls per size (0: enough for about --target)")
 	target := fs.Duration("target", 100*time.Millisecond, "time to spend timing each size when --iters is 0")
 	check := fs.Bool("check", true, "check the first call of each size against the oracle")
-	probeGPU := fs.Bool("cuda", true, "look for CUDA devices")
+	probeGPU := fs.Bool("cuda", true, "look for CUDA devices (host fabric)")
+	device := fs.String("device", "host", "fabric: host (goroutines of this process) or cuda (GPUs 0 to --ranks-1, peer access)")
+	graph := fs.Bool("graph", true, "cuda: time all-reduces recorded in a CUDA graph (false: issued one by one)")
 	asJSON := fs.Bool("json", false, "print JSON only")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -79,11 +81,28 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 		return fmt.Errorf("allreduce-bench: want 1 <= --min <= --max, --factor >= 2, non-negative --warmup and --iters, positive --target")
 	}
 	cfg := xgmi.DefaultConfig()
+	if *device == "cuda" {
+		cfg = xgmi.DefaultCUDAConfig()
+	} else if *device != "host" {
+		return fmt.Errorf("allreduce-bench: --device %q: want host or cuda", *device)
+	}
 	cfg.Algorithm = algo
 	if *oneShotS != "" {
 		if cfg.OneShotMaxBytes, err = parseBytes(*oneShotS); err != nil {
 			return fmt.Errorf("allreduce-bench: --oneshot-max: %w", err)
 		}
+	}
+	if *device == "cuda" {
+		step := 0
+		if *windowS != "" {
+			if step, err = parseBytes(*windowS); err != nil {
+				return fmt.Errorf("allreduce-bench: --window: %w", err)
+			}
+		}
+		return cudaAllReduceBench(ctx, stdout, cudaBenchOpts{
+			ranks: *ranks, lo: lo, hi: hi, factor: *factor, dt: dt, cfg: cfg, step: step,
+			warmup: *warmup, iters: *iters, target: *target, check: *check, graph: *graph, json: *asJSON,
+		})
 	}
 	fcfg := xgmi.DefaultHostFabricConfig()
 	fcfg.Ranks = *ranks
@@ -145,7 +164,7 @@ func cudaAllReduceStatus(ctx context.Context) string {
 		return "not available: no GPUs: " + err.Error()
 	}
 	defer peers.Close()
-	return fmt.Sprintf("not available: %d GPUs found, but the device-side all-reduce is not implemented yet", peers.Count())
+	return fmt.Sprintf("%d GPUs found: run with --device cuda", peers.Count())
 }
 
 // benchAllReduceSize times all-reduces of bytes per rank. Every rank runs

@@ -98,3 +98,28 @@ func TestProbeCommand(t *testing.T) {
 		t.Errorf("cuda without devices: note %q, want it to say why", res.CUDA.Note)
 	}
 }
+
+// TestAllReduceBenchCUDAWithoutGPU: on a machine without GPUs the CUDA
+// fabric fails with the driver's reason, and bad flags are refused.
+func TestAllReduceBenchCUDAWithoutGPU(t *testing.T) {
+	err := dispatch(t.Context(), []string{"allreduce-bench", "--device", "cuda", "--max", "1K"}, io.Discard, io.Discard)
+	if err == nil {
+		t.Skip("a GPU is present: the CUDA fabric ran")
+	}
+	if !strings.Contains(err.Error(), "cuda") {
+		t.Errorf("error %q does not name cuda", err)
+	}
+	if err := dispatch(t.Context(), []string{"allreduce-bench", "--device", "tpu"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "--device") {
+		t.Errorf("--device tpu: %v", err)
+	}
+}
+
+// TestTensorParallelFlags: --tp needs the CUDA lane and a positive count.
+func TestTensorParallelFlags(t *testing.T) {
+	for _, args := range [][]string{{"--tp", "2"}, {"--tp", "2", "--device", "ref"}, {"--tp", "0"}} {
+		err := dispatch(t.Context(), append([]string{"bench", "--prompt", "4", "--gen", "1", "--runs", "1"}, args...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--tp") {
+			t.Errorf("bench %v: %v, want an error about --tp", args, err)
+		}
+	}
+}

@@ -64,6 +64,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
+	if n := l.model.Ranks(); n > 1 {
+		r.Device = fmt.Sprintf("%s, tensor parallel over %d GPUs", r.Device, n)
+	}
 	for run := 0; run < *runs; run++ {
 		var pre, dec time.Duration
 		var err error

@@ -19,6 +19,9 @@ import (
 // is empty.
 func openBundle(dir string) (*models.Bundle, error) {
 	if dir == "" {
+		if !demo.Embedded() {
+			return nil, fmt.Errorf("this binary was built without the demo model (tag nodemo): pass --model DIR")
+		}
 		return models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	}
 	return models.OpenDir(dir)
@@ -43,13 +46,16 @@ type loaded struct {
 	dev    gpu.Device
 	model  *models.Model
 	tok    *tokenizer.Tokenizer
+	tp     *tpGroup // tensor parallelism: the GPUs and their fabric; nil otherwise
 }
 
 func (l *loaded) Close() {
 	if l.model != nil {
 		l.model.Close()
 	}
-	if l.dev != nil {
+	if l.tp != nil {
+		l.tp.Close()
+	} else if l.dev != nil {
 		l.dev.Close()
 	}
 	l.bundle.Close()
@@ -59,6 +65,7 @@ func (l *loaded) Close() {
 type loadOptions struct {
 	model, device string
 	threads       int
+	tp            int
 	maxTokens     int
 	quiet         bool
 }
@@ -68,6 +75,7 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
 	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
+	fs.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks: GPUs 0 to N-1 joined by peer memory (cuda only)")
 }
 
 // load opens the bundle, the device and the model, reporting progress to
@@ -85,7 +93,20 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 			return nil, fmt.Errorf("%s: tokenizer.json: %w", b.Name, err)
 		}
 	}
-	if l.dev, err = openDevice(ctx, o.device, o.threads); err != nil {
+	if o.tp > 1 {
+		if o.device != "cuda" {
+			b.Close()
+			return nil, fmt.Errorf("--tp %d needs --device cuda", o.tp)
+		}
+		if l.tp, err = openTP(ctx, o.tp); err != nil {
+			b.Close()
+			return nil, err
+		}
+		l.dev = l.tp.devs[0]
+	} else if o.tp < 1 {
+		b.Close()
+		return nil, fmt.Errorf("--tp %d: want 1 or more", o.tp)
+	} else if l.dev, err = openDevice(ctx, o.device, o.threads); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -96,7 +117,13 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 	if !o.quiet {
 		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
 	}
-	if l.model, err = models.Load(b.Config, b.Checkpoint, l.dev, models.Options{MaxTokens: o.maxTokens, CacheDType: cache}); err != nil {
+	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache}
+	if l.tp != nil {
+		l.model, err = models.LoadTP(b.Config, b.Checkpoint, l.tp.gpuDevices(), l.tp.reducers(), mo)
+	} else {
+		l.model, err = models.Load(b.Config, b.Checkpoint, l.dev, mo)
+	}
+	if err != nil {
 		l.Close()
 		return nil, err
 	}

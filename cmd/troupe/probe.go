@@ -97,9 +97,7 @@ const maxCUDADevices = 64
 func openCUDAPeers(ctx context.Context) (*cudaPeers, error) {
 	p := &cudaPeers{}
 	for i := range maxCUDADevices {
-		cfg := cuda.DefaultConfig()
-		cfg.Ordinal = i
-		d, err := cuda.Open(ctx, cfg)
+		d, err := cuda.Open(ctx, cudaConfig(i))
 		if err != nil {
 			if i == 0 {
 				return nil, err

@@ -309,7 +309,8 @@ func (d *Device) loadKernels() error {
 		}
 		d.modules = append(d.modules, mod)
 	}
-	for _, name := range kernelNames() {
+	required := len(kernelNames())
+	for i, name := range append(kernelNames(), optionalKernelNames()...) {
 		cname := make([]byte, len(name)+1)
 		copy(cname, name)
 		var fn uintptr
@@ -320,6 +321,9 @@ func (d *Device) loadKernels() error {
 			fn = 0
 		}
 		runtime.KeepAlive(cname)
+		if fn == 0 && i >= required {
+			continue
+		}
 		if fn == 0 {
 			return fmt.Errorf("cuda: kernel %s is in no module: rebuild with kernels/build.sh", name)
 		}

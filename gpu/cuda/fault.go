@@ -12,6 +12,7 @@ const (
 	faultAttnPos     = 3
 	faultAttnBlock   = 4
 	faultMoEExpert   = 5
+	faultCollective  = 6
 )
 
 // FaultError is a bad index a kernel refused to follow: an out-of-range
@@ -36,6 +37,8 @@ func (e *FaultError) Error() string {
 		return fmt.Sprintf("%s: token %d: block %d outside the cache", e.Op, e.Index, e.Value)
 	case faultMoEExpert:
 		return fmt.Sprintf("%s: routing slot %d: expert %d out of range", e.Op, e.Index, e.Value)
+	case faultCollective:
+		return fmt.Sprintf("%s: rank %d gave up waiting for rank %d (a rank missed the collective, or issued a different one)", e.Op, e.Index, e.Value)
 	}
 	return fmt.Sprintf("cuda: device fault %d (%d, %d)", e.Code, e.Index, e.Value)
 }
@@ -50,6 +53,8 @@ func faultOp(code int) string {
 		return "attention"
 	case faultMoEExpert:
 		return "moe"
+	case faultCollective:
+		return "collective"
 	}
 	return "cuda"
 }

@@ -24,9 +24,10 @@ func suffix(dt gpu.DType) string {
 // kernelNames lists every kernel the operations launch; Open resolves them
 // all, so a stale artifact fails at Open, not mid-model.
 func kernelNames() []string {
-	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine"}
+	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine",
+		"allgather_u8", "broadcast_u8"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
-		names = append(names, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
+		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
 			"gemv_"+s, "gemm_"+s, "moe_route_"+s, "moe_gateup_"+s, "moe_down_"+s)
 		for _, hd := range []int{64, 128, 256} {
 			names = append(names, fmt.Sprintf("attn_split_%s_hd%d", s, hd))
@@ -38,6 +39,12 @@ func kernelNames() []string {
 		}
 	}
 	return names
+}
+
+// optionalKernelNames are kernels an older artifact set may lack: the
+// device opens without them and the operations that need them fail.
+func optionalKernelNames() []string {
+	return []string{"sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}
 }
 
 func (d *Device) k(name string) *kernel { return d.kern[name] }

@@ -7,7 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
+	"sync"
+	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
@@ -104,12 +107,13 @@ func Write(dir, arch, preset string, seed uint64, progress Progress) (*models.Co
 	var written int64
 	for i, shard := range shards {
 		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
-		var ts []*safetensors.Tensor
+		ts := make([]*safetensors.Tensor, len(shard))
 		for j, s := range shard {
-			ts = append(ts, &safetensors.Tensor{Name: s.Name, DType: "BF16", Shape: s.Shape, Data: fill(s, seed+uint64(i)<<20+uint64(j))})
+			ts[j] = &safetensors.Tensor{Name: s.Name, DType: "BF16", Shape: s.Shape, Data: make([]byte, 2*elements(s.Shape))}
 			weightMap[s.Name] = name
 			written += 2 * elements(s.Shape)
 		}
+		fillAll(shard, ts, seed+uint64(i)<<20)
 		if err := writeFile(filepath.Join(dir, name), ts); err != nil {
 			return nil, err
 		}
@@ -144,21 +148,47 @@ func elements(shape []int) int64 {
 	return n
 }
 
-// fill draws a tensor's bf16 values: norms are one, everything else normal.
-func fill(s models.WeightSpec, seed uint64) []byte {
-	n := elements(s.Shape)
-	out := make([]uint16, n)
-	if len(s.Shape) == 1 {
+// fillChunk is the number of elements drawn from one random stream.
+const fillChunk = 1 << 22
+
+// fillAll draws the bf16 values of a shard's tensors into ts[i].Data, in
+// chunks of fillChunk elements spread over the processors: norms are one,
+// everything else approximately normal. Chunk k of tensor j draws from its
+// own stream (seed+j, k), so the output does not depend on the schedule.
+func fillAll(specs []models.WeightSpec, ts []*safetensors.Tensor, seed uint64) {
+	type job struct{ j, k int }
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for jb := range jobs {
+				out := unsafe.Slice((*uint16)(unsafe.Pointer(&ts[jb.j].Data[0])), len(ts[jb.j].Data)/2)
+				lo := jb.k * fillChunk
+				fill(out[lo:min(lo+fillChunk, len(out))], len(specs[jb.j].Shape) == 1, seed+uint64(jb.j), uint64(jb.k))
+			}
+		})
+	}
+	for j, s := range specs {
+		for k := 0; int64(k)*fillChunk < elements(s.Shape); k++ {
+			jobs <- job{j, k}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+}
+
+// fill draws out's values: ones for a norm, else the sum of four uniforms
+// scaled to a standard deviation of 0.02.
+func fill(out []uint16, norm bool, seed, stream uint64) {
+	if norm {
 		for i := range out {
 			out[i] = gpu.F32ToBF16(1)
 		}
-	} else {
-		rng := rand.New(rand.NewPCG(seed, 0x5eed))
-		for i := range out {
-			// A cheap approximately normal draw: the sum of four uniforms.
-			u := rng.Float32() + rng.Float32() + rng.Float32() + rng.Float32() - 2
-			out[i] = gpu.F32ToBF16(u * float32(0.02*math.Sqrt(3)))
-		}
+		return
 	}
-	return gpu.U16Bytes(out)
+	rng := rand.New(rand.NewPCG(seed, 0x5eed+stream))
+	for i := range out {
+		u := rng.Float32() + rng.Float32() + rng.Float32() + rng.Float32() - 2
+		out[i] = gpu.F32ToBF16(u * float32(0.02*math.Sqrt(3)))
+	}
 }

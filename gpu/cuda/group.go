@@ -1,0 +1,357 @@
+package cuda
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+// Group is a set of GPUs of one process that address each other's memory
+// (peer access) and run collectives with the kernels of
+// kernels/cuda/collective.cu: every rank owns a window and a signal pad in
+// its own memory, and the kernels push data into the peers' windows and
+// raise flags in their pads. No host synchronisation is involved: a
+// collective is a kernel queued on the rank's stream, so it can be
+// recorded in a graph (Capture) and replayed. xgmi's CUDA fabric is built
+// on it; the algorithm policy (which kernel for which size) lives there.
+//
+// Every rank must issue the same collectives in the same order with the
+// same sizes. A rank that never arrives makes the others' kernels give up
+// after Timeout and report a FaultError from their next Sync.
+type Group struct {
+	devs      []*Device
+	slotBytes int
+	blocks    int // most blocks of one collective: the smallest SM count, at most coMaxBlocks
+	timeout   time.Duration
+	wins      []*Buffer
+	pads      []*Buffer
+	closed    bool
+}
+
+// GroupConfig sizes a Group.
+type GroupConfig struct {
+	// SlotBytes is the largest step of a collective, in bytes per rank; a
+	// larger message runs in several steps. Each rank's window is
+	// 2 × (ranks+1) × SlotBytes. 0 means 32 MiB.
+	SlotBytes int
+	// Timeout bounds a kernel's wait for its peers. 0 means 10 s.
+	Timeout time.Duration
+}
+
+// Limits of collective.cu.
+const (
+	coMaxRanks  = 8
+	coMaxBlocks = 256
+	coThreads   = 512
+	coPadBytes  = 32 << 10
+	coArgsBytes = 8*coMaxRanks*2 + 8 + 4 + 4 + 8
+)
+
+// Collective algorithms of AllReduce.
+const (
+	// OneShot pushes each rank's whole input to every peer and reduces all
+	// of them on every rank: one synchronisation.
+	OneShot = 1
+	// TwoShot reduce-scatters and all-gathers with remote writes: two
+	// synchronisations, each rank moves about twice the message.
+	TwoShot = 2
+)
+
+// NewGroup enables peer access between every pair of devs (rank i is
+// devs[i]) and allocates the windows and pads. The devices must be
+// distinct, 2 to 8 of them.
+func NewGroup(devs []*Device, cfg GroupConfig) (*Group, error) {
+	if len(devs) < 2 || len(devs) > coMaxRanks {
+		return nil, fmt.Errorf("cuda: group: %d devices, want 2 to %d", len(devs), coMaxRanks)
+	}
+	if cfg.SlotBytes == 0 {
+		cfg.SlotBytes = 32 << 20
+	}
+	if cfg.SlotBytes < 16 || cfg.SlotBytes%16 != 0 {
+		return nil, fmt.Errorf("cuda: group: slot of %d bytes, want a positive multiple of 16", cfg.SlotBytes)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("cuda: group: negative timeout %v", cfg.Timeout)
+	}
+	g := &Group{devs: devs, slotBytes: cfg.SlotBytes, blocks: coMaxBlocks, timeout: cfg.Timeout}
+	for i, d := range devs {
+		if d == nil {
+			return nil, fmt.Errorf("cuda: group: device %d is nil", i)
+		}
+		for j := range i {
+			if devs[j] == d {
+				return nil, fmt.Errorf("cuda: group: device %d appears twice (ranks %d and %d)", d.info.Ordinal, j, i)
+			}
+		}
+		g.blocks = min(g.blocks, max(d.info.SMs, 1))
+	}
+	for _, a := range devs {
+		for _, b := range devs {
+			if err := a.EnablePeerAccess(b); err != nil {
+				return nil, fmt.Errorf("cuda: group: %w", err)
+			}
+		}
+	}
+	winBytes := 2 * (len(devs) + 1) * cfg.SlotBytes
+	for i, d := range devs {
+		w, err := g.alloc(d, winBytes)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("cuda: group: rank %d window of %d bytes: %w", i, winBytes, err)
+		}
+		g.wins = append(g.wins, w)
+		p, err := g.alloc(d, coPadBytes)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("cuda: group: rank %d signal pad: %w", i, err)
+		}
+		g.pads = append(g.pads, p)
+	}
+	// The pads must be zero before any peer's kernel writes into them.
+	for _, d := range devs {
+		if err := d.Sync(context.Background()); err != nil {
+			g.Close()
+			return nil, fmt.Errorf("cuda: group: %w", err)
+		}
+	}
+	return g, nil
+}
+
+func (g *Group) alloc(d *Device, bytes int) (*Buffer, error) {
+	if err := d.enter("group alloc"); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	return d.alloc("group alloc", gpu.I32, bytes/4, true)
+}
+
+// Ranks is the number of ranks.
+func (g *Group) Ranks() int { return len(g.devs) }
+
+// Device is rank r's device.
+func (g *Group) Device(r int) *Device { return g.devs[r] }
+
+// SlotBytes is the largest step of a collective in bytes per rank.
+func (g *Group) SlotBytes() int { return g.slotBytes }
+
+// WindowBytes is the size of each rank's window.
+func (g *Group) WindowBytes() int { return 2 * (len(g.devs) + 1) * g.slotBytes }
+
+// Close frees the windows and pads (after the work issued before it).
+func (g *Group) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	for i, w := range g.wins {
+		g.devs[i].Free(w)
+	}
+	for i, p := range g.pads {
+		g.devs[i].Free(p)
+	}
+	g.wins, g.pads = nil, nil
+	return nil
+}
+
+// args is the CommArgs struct of collective.cu for rank r.
+func (g *Group) args(r int) []byte {
+	b := make([]byte, coArgsBytes)
+	for q := range g.devs {
+		binary.LittleEndian.PutUint64(b[8*q:], g.wins[q].ptr)
+		binary.LittleEndian.PutUint64(b[8*coMaxRanks+8*q:], g.pads[q].ptr)
+	}
+	o := 16 * coMaxRanks
+	binary.LittleEndian.PutUint64(b[o:], uint64(g.slotBytes))
+	binary.LittleEndian.PutUint32(b[o+8:], uint32(r))
+	binary.LittleEndian.PutUint32(b[o+12:], uint32(len(g.devs)))
+	binary.LittleEndian.PutUint64(b[o+16:], uint64(g.timeout.Nanoseconds()))
+	return b
+}
+
+func i64Arg(v int) arg {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(int64(v)))
+	return rawArg(b[:])
+}
+
+// gridFor is the grid of a collective over chunks 16-byte chunks: one
+// thread a chunk, as many blocks as that takes, at most one per SM (all
+// blocks must be resident at once: they wait for each other).
+func (g *Group) gridFor(chunks int) dim3 {
+	return grid1(max(1, min(g.blocks, ceilDiv(chunks, coThreads))))
+}
+
+func (g *Group) rank(op string, r int) (*Device, error) {
+	if g.closed {
+		return nil, fmt.Errorf("cuda: %s: group is closed", op)
+	}
+	if r < 0 || r >= len(g.devs) {
+		return nil, fmt.Errorf("cuda: %s: rank %d outside %d ranks", op, r, len(g.devs))
+	}
+	return g.devs[r], nil
+}
+
+// aligned checks that elements [off, off+n) of b lie in b and start on a
+// 16-byte boundary.
+func aligned(op, name string, b *Buffer, off, n int) error {
+	if off < 0 || n < 0 || (off+n)*b.dt.Size() > b.n*b.dt.Size() {
+		return fmt.Errorf("%s: %s: elements [%d, %d) outside its %d", op, name, off, off+n, b.n)
+	}
+	if (b.ptr+uint64(off*b.dt.Size()))%16 != 0 {
+		return fmt.Errorf("%s: %s: element %d is not 16-byte aligned", op, name, off)
+	}
+	return nil
+}
+
+// AllReduce queues, on rank r's stream, the sum over the ranks of n
+// elements of src (from element srcOff) into dst (from dstOff), with the
+// algorithm algo (OneShot or TwoShot). dst and src hold the same float
+// type (f32, bf16 or f16), start on 16-byte boundaries, and may be the
+// same region. The summation order is xgmi's: every rank gets the same
+// bits.
+func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff, n int, algo int) error {
+	const op = "cuda: all-reduce"
+	d, err := g.rank(op, r)
+	if err != nil {
+		return err
+	}
+	if err := d.enter("all-reduce"); err != nil {
+		return err
+	}
+	defer d.leave()
+	db, err := d.buf(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	sb, err := d.buf(op, "src", src)
+	if err != nil {
+		return err
+	}
+	if db.dt != sb.dt || !db.dt.IsFloat() {
+		return fmt.Errorf("%s: dst holds %s and src %s, want the same float type", op, db.dt, sb.dt)
+	}
+	if err := aligned(op, "dst", db, dstOff, n); err != nil {
+		return err
+	}
+	if err := aligned(op, "src", sb, srcOff, n); err != nil {
+		return err
+	}
+	var name string
+	switch algo {
+	case OneShot:
+		name = "allreduce_oneshot_" + suffix(db.dt)
+	case TwoShot:
+		name = "allreduce_twoshot_" + suffix(db.dt)
+	default:
+		return fmt.Errorf("%s: unknown algorithm %d", op, algo)
+	}
+	k := d.k(name)
+	es := db.dt.Size()
+	step := g.slotBytes / es
+	args := g.args(r)
+	for off := 0; off < n; off += step {
+		c := min(step, n-off)
+		err := d.launch(k, g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
+			rawArg(args),
+			arg{kind: argBuf, name: "dst", buf: db, off: dstOff + off, n: c},
+			arg{kind: argBuf, name: "src", buf: sb, off: srcOff + off, n: c},
+			i64Arg(c), devPtrArg(d.faultDev))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AllGather queues on rank r's stream the concatenation, in rank order, of
+// every rank's src (bytes elements of any type from element srcOff) into
+// dst (from element dstOff): dst receives Ranks() × n elements.
+func (g *Group) AllGather(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff, n int) error {
+	const op = "cuda: all-gather"
+	d, err := g.rank(op, r)
+	if err != nil {
+		return err
+	}
+	if err := d.enter("all-gather"); err != nil {
+		return err
+	}
+	defer d.leave()
+	db, err := d.buf(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	sb, err := d.buf(op, "src", src)
+	if err != nil {
+		return err
+	}
+	if db.dt != sb.dt {
+		return fmt.Errorf("%s: dst holds %s and src %s", op, db.dt, sb.dt)
+	}
+	nr := len(g.devs)
+	if err := aligned(op, "dst", db, dstOff, nr*n); err != nil {
+		return err
+	}
+	if err := aligned(op, "src", sb, srcOff, n); err != nil {
+		return err
+	}
+	es := db.dt.Size()
+	step := g.slotBytes / es
+	args := g.args(r)
+	// A message larger than a slot runs in steps; rank q's part of dst
+	// starts n elements after rank q-1's.
+	for off := 0; off < n; off += step {
+		c := min(step, n-off)
+		err := d.launch(d.k("allgather_u8"), g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
+			rawArg(args),
+			arg{kind: argBuf, name: "dst", buf: db, off: dstOff + off, n: (nr-1)*n + c},
+			arg{kind: argBuf, name: "src", buf: sb, off: srcOff + off, n: c},
+			i64Arg(c*es), i64Arg(n*es), devPtrArg(d.faultDev))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Broadcast queues on rank r's stream the copy of root's n elements of buf
+// (from element off) into every other rank's buf.
+func (g *Group) Broadcast(r int, buf gpu.Buffer, off, n, root int) error {
+	const op = "cuda: broadcast"
+	d, err := g.rank(op, r)
+	if err != nil {
+		return err
+	}
+	if root < 0 || root >= len(g.devs) {
+		return fmt.Errorf("%s: root %d outside %d ranks", op, root, len(g.devs))
+	}
+	if err := d.enter("broadcast"); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.buf(op, "buf", buf)
+	if err != nil {
+		return err
+	}
+	if err := aligned(op, "buf", b, off, n); err != nil {
+		return err
+	}
+	es := b.dt.Size()
+	step := g.slotBytes / es
+	args := g.args(r)
+	for o := 0; o < n; o += step {
+		c := min(step, n-o)
+		err := d.launch(d.k("broadcast_u8"), g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
+			rawArg(args), arg{kind: argBuf, name: "buf", buf: b, off: off + o, n: c},
+			i64Arg(c*es), i32Arg(root), devPtrArg(d.faultDev))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

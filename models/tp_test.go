@@ -1,0 +1,170 @@
+package models_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+)
+
+// hostReducer sums f32 buffers of several host devices through host
+// memory: each rank reads its buffer, the last to arrive adds them in rank
+// order, and every rank writes the sum back. It stands in for xgmi's CUDA
+// fabric on the CPU lane.
+type hostReducer struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	devs    []gpu.Device
+	parts   [][]float32
+	arrived int
+	gen     int
+	sum     []float32
+}
+
+func newHostReducer(devs []gpu.Device) *hostReducer {
+	r := &hostReducer{devs: devs, parts: make([][]float32, len(devs))}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+type hostRank struct {
+	r    *hostReducer
+	rank int
+}
+
+func (h hostRank) AllReduceN(dst, src gpu.Buffer, n int) error {
+	r := h.r
+	if src.DType() != gpu.F32 || dst.DType() != gpu.F32 {
+		return fmt.Errorf("host reducer: f32 only")
+	}
+	part := make([]float32, n)
+	if err := r.devs[h.rank].Read(gpu.F32Bytes(part), src, 0); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	gen := r.gen
+	r.parts[h.rank] = part
+	r.arrived++
+	if r.arrived == len(r.devs) {
+		sum := make([]float32, n)
+		for k, p := range r.parts {
+			for i, v := range p {
+				if k == 0 {
+					sum[i] = v
+				} else {
+					sum[i] += v
+				}
+			}
+		}
+		r.sum, r.arrived = sum, 0
+		r.gen++
+		r.cond.Broadcast()
+	}
+	for r.gen == gen {
+		r.cond.Wait()
+	}
+	sum := r.sum
+	r.mu.Unlock()
+	return r.devs[h.rank].Write(dst, 0, gpu.F32Bytes(sum))
+}
+
+// AllGather is unused on the CPU lane (its LM head is not split: the CPU
+// device has no views).
+func (h hostRank) AllGather(dst, src gpu.Buffer) error {
+	return fmt.Errorf("host reducer: all-gather is not implemented")
+}
+
+// TestTensorParallelCPU splits the pre-norm fixtures (grouped-query
+// attention, per-head QK-norm) over two CPU devices summing through host
+// memory, and checks the logits and the greedy path against the whole
+// model's. OLMo 2's sharded QK-norm needs a gpu.ShardNormer (the CUDA
+// lane; TestCUDATensorParallel).
+func TestTensorParallelCPU(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range []string{"llama-gqa", "qwen3"} {
+		t.Run(f, func(t *testing.T) {
+			b, err := models.OpenDir(shared(t, filepath.Join("fixtures", f)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			var devs []gpu.Device
+			for range 3 {
+				d, err := cpu.New(cpu.Config{Threads: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Close()
+				devs = append(devs, d)
+			}
+			red := newHostReducer(devs[1:])
+			o := models.Options{MaxTokens: 16}
+			whole, err := models.Load(b.Config, b.Checkpoint, devs[0], o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer whole.Close()
+			split, err := models.LoadTP(b.Config, b.Checkpoint, devs[1:], []models.Reducer{hostRank{red, 0}, hostRank{red, 1}}, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer split.Close()
+			V := b.Config.Vocab
+			prompt := []int32{1, 45, 84, 33, 26, 29, 17, 28, 5, 9, 100, 7, 3, 8, 60, 61, 62, 63, 64, 2} // more than MaxTokens: two chunks
+			const steps = 12
+			var logits [2][]float32
+			var greedy [2][]int32
+			for k, m := range []*models.Model{whole, split} {
+				s, err := m.NewSequence(len(prompt) + steps + 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				l, err := s.Feed(ctx, prompt, true)
+				if err != nil {
+					t.Fatalf("model %d: %v", k, err)
+				}
+				logits[k] = append([]float32(nil), l...)
+				next := argmaxF(l[(len(prompt)-1)*V:])
+				for range steps {
+					greedy[k] = append(greedy[k], next)
+					if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
+						t.Fatalf("model %d: %v", k, err)
+					}
+				}
+			}
+			var num, den float64
+			for i, w := range logits[0] {
+				d := float64(logits[1][i] - w)
+				num += d * d
+				den += float64(w) * float64(w)
+			}
+			rel := math.Sqrt(num / den)
+			t.Logf("%s over 2 ranks: logits relative L2 %.2e, greedy %v", f, rel, greedy[1])
+			if split.Ranks() != 2 || rel > 1e-5 || math.IsNaN(rel) {
+				t.Errorf("split logits differ from the whole model's: relative L2 %.3e", rel)
+			}
+			for i := range greedy[0] {
+				if greedy[0][i] != greedy[1][i] {
+					t.Fatalf("greedy step %d: split %v, whole %v", i, greedy[1], greedy[0])
+				}
+			}
+		})
+	}
+}
+
+func argmaxF(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
