@@ -13,8 +13,12 @@ import (
 // TestServiceDrainHandsOver drains one of two schedulers of a model while
 // requests arrive: the requests it took finish with the reference tokens,
 // those that come after go to the other, none is lost; with no scheduler
-// left a submit fails as unavailable.
-func TestServiceDrainHandsOver(t *testing.T) {
+// left a submit fails as unavailable. The client is on the bus, or calls
+// the schedulers in its process, which it is told of as a node does: B
+// when it starts.
+func TestServiceDrainHandsOver(t *testing.T) { bothSubmitPaths(t, testServiceDrainHandsOver) }
+
+func testServiceDrainHandsOver(t *testing.T, local bool) {
 	samples := demoSamples(t)
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 8}
 	a, b := start(t, 256, cfg), start(t, 256, cfg)
@@ -37,6 +41,9 @@ func TestServiceDrainHandsOver(t *testing.T) {
 	}
 	t.Cleanup(svcA.Close)
 	client := NewClient(nc, subj, "demo")
+	if local {
+		client.Local(svcA)
+	}
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -74,6 +81,9 @@ func TestServiceDrainHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(svcB.Close)
+	if local {
+		client.Local(svcA, svcB)
+	}
 	for i := range 12 {
 		send(fmt.Sprint("m", i), samples[i%len(samples)])
 	}
