@@ -135,18 +135,23 @@ func BenchmarkDecodeActorPathTraced(b *testing.B) {
 // the layer-shard and device actors and the client's frames on the bus add
 // per token. ActorPath reaches the shard through its mailbox, as a node
 // does with the shards of its own replicas; ActorPathBus over the bus, as
-// with a shard on another node (here in the same process).
+// with a shard on another node (here in the same process). Both have the
+// client on the bus, as a gateway without replicas of its own;
+// ActorPathLocalClient has it call the scheduler of its process
+// (Client.Local), as the gateway of a node with replicas does.
 //
 //	go test -run XXX -bench 'Overhead' -benchtime 2048x -count 5 ./scheduler
 func BenchmarkOverheadDirect(b *testing.B) {
 	benchDirect(b, fixture(b, "llama-gqa"), []int32{1, 2}, 400)
 }
 
-func BenchmarkOverheadActorPath(b *testing.B)    { benchOverhead(b, viaLocal) }
-func BenchmarkOverheadActorPathBus(b *testing.B) { benchOverhead(b, viaBus) }
+func BenchmarkOverheadActorPath(b *testing.B)            { benchOverhead(b, viaLocal, submitBus) }
+func BenchmarkOverheadActorPathBus(b *testing.B)         { benchOverhead(b, viaBus, submitBus) }
+func BenchmarkOverheadActorPathLocalClient(b *testing.B) { benchOverhead(b, viaLocal, submitLocal) }
 
-func benchOverhead(b *testing.B, local bool) {
+func benchOverhead(b *testing.B, local, submit bool) {
 	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, local)
+	r.submitVia(submit)
 	ctx := context.Background()
 	b.ReportAllocs()
 	cpu0 := cpuTime()

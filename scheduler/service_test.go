@@ -441,6 +441,13 @@ func testClientFrames(t *testing.T, submit bool) {
 	defer tp.Shutdown(context.Background())
 	r := startReplicaTraced(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, tp, viaLocal)
 	r.submitVia(submit)
+	// A watcher of the request's tokens subject sees its frames on the bus
+	// path, none on the local one.
+	watch, err := r.client.nc.SubscribeSync(r.client.subj.Tokens("f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Unsubscribe()
 	ctx, root := tp.Tracer("test").Start(context.Background(), "client")
 	const tokens = 5
 	var frames []FrameMsg
@@ -454,6 +461,13 @@ func testClientFrames(t *testing.T, submit bool) {
 	}
 	if final.Reason != "length" || final.PromptTokens != 2 || final.CompletionTokens != tokens || len(frames) != tokens {
 		t.Fatalf("final frame %+v after %d frames, want length with 2+%d tokens", final, len(frames), tokens)
+	}
+	if err := r.client.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	onBus, _, _ := watch.Pending()
+	if want := map[bool]int{submitBus: tokens, submitLocal: 0}[submit]; onBus != want {
+		t.Errorf("%d frames on the bus, want %d", onBus, want)
 	}
 	want := root.SpanContext().TraceID().String()
 	for i, f := range frames {
