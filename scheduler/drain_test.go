@@ -118,3 +118,65 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 		t.Errorf("with every scheduler drained: got %v, want an unavailable error", err)
 	}
 }
+
+// TestClientLocalLeastLoaded: among the schedulers of its process the
+// client submits to the least loaded one that takes requests.
+func TestClientLocalLeastLoaded(t *testing.T) {
+	s := demoSamples(t)[0]
+	cfg := Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}
+	a, b := start(t, 256, cfg), start(t, 256, cfg)
+	ctx := context.Background()
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Shutdown(context.Background()) })
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	subj, _ := bus.NewSubjects("test")
+	detok := func() generate.Detokenizer { return nop{} }
+	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcA.Close)
+	svcB, err := Serve(ctx, nc, subj, "demo", b.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcB.Close)
+	client := NewClient(nc, subj, "demo")
+	client.Local(svcA)
+	// A long request keeps A loaded.
+	lctx, cancel := context.WithCancel(ctx)
+	long := make(chan error, 1)
+	go func() {
+		_, err := client.Generate(lctx, SubmitMsg{ID: "long", Prompt: s.PromptIDs, MaxTokens: 900, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		long <- err
+	}()
+	waitFor(t, func() bool { return a.s.Stats().Running == 1 })
+	client.Local(svcA, svcB)
+	for i := range 3 {
+		var got []int32
+		if _, err := client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("short-", i), Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+			got = append(got, f.ID)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) {
+			t.Errorf("request %d: got %v, want %v", i, got, s.GreedyIDs)
+		}
+	}
+	if st := b.s.Stats(); st.Tokens != uint64(3*len(s.GreedyIDs)) {
+		t.Errorf("B made %d tokens, want the %d of the three short requests", st.Tokens, 3*len(s.GreedyIDs))
+	}
+	cancel()
+	if err := <-long; err != context.Canceled {
+		t.Errorf("long request: got %v, want %v", err, context.Canceled)
+	}
+	waitFor(t, func() bool { st := a.s.Stats(); return st.Running == 0 && st.KV.Used == 0 })
+}
