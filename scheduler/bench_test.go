@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
@@ -135,18 +136,23 @@ func BenchmarkDecodeActorPathTraced(b *testing.B) {
 // the layer-shard and device actors and the client's frames on the bus add
 // per token. ActorPath reaches the shard through its mailbox, as a node
 // does with the shards of its own replicas; ActorPathBus over the bus, as
-// with a shard on another node (here in the same process).
+// with a shard on another node (here in the same process). Both have the
+// client on the bus, as a gateway without replicas of its own;
+// ActorPathLocalClient has it call the scheduler of its process
+// (Client.Local), as the gateway of a node with replicas does.
 //
 //	go test -run XXX -bench 'Overhead' -benchtime 2048x -count 5 ./scheduler
 func BenchmarkOverheadDirect(b *testing.B) {
 	benchDirect(b, fixture(b, "llama-gqa"), []int32{1, 2}, 400)
 }
 
-func BenchmarkOverheadActorPath(b *testing.B)    { benchOverhead(b, viaLocal) }
-func BenchmarkOverheadActorPathBus(b *testing.B) { benchOverhead(b, viaBus) }
+func BenchmarkOverheadActorPath(b *testing.B)            { benchOverhead(b, viaLocal, submitBus) }
+func BenchmarkOverheadActorPathBus(b *testing.B)         { benchOverhead(b, viaBus, submitBus) }
+func BenchmarkOverheadActorPathLocalClient(b *testing.B) { benchOverhead(b, viaLocal, submitLocal) }
 
-func benchOverhead(b *testing.B, local bool) {
+func benchOverhead(b *testing.B, local, submit bool) {
 	r := startReplicaWith(b, fixture(b, "llama-gqa"), 1, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, local)
+	r.submitVia(submit)
 	ctx := context.Background()
 	b.ReportAllocs()
 	cpu0 := cpuTime()
@@ -252,4 +258,81 @@ func BenchmarkOverheadScheduler(b *testing.B) {
 	go func() { done <- s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	benchSubmit(b, s)
+}
+
+// BenchmarkFrameTrip is one token frame's trip from a scheduler's sink to
+// the client's emit, and nothing else: on the bus (the frame published on
+// its tokens subject, read and decoded by the client, as Client.Generate
+// without Local) and in memory (the queue of Client.Local). The sender
+// waits for each frame's emit before it sends the next, as tokens a
+// forward pass apart do, so each trip includes its wake-ups.
+//
+//	go test -run XXX -bench FrameTrip -count 5 ./scheduler
+func BenchmarkFrameTrip(b *testing.B) {
+	frame := FrameMsg{ID: 17, Text: " kernel", Logprob: -0.25, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", QueuedUS: 12, SinceStartUS: 3456, SinceLastUS: 250}
+	b.Run("bus", func(b *testing.B) {
+		ctx := context.Background()
+		node, err := bus.Start(ctx, bus.DefaultConfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer node.Shutdown(context.Background())
+		nc, err := node.Conn(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		subj, _ := bus.NewSubjects("bench")
+		subject := subj.Tokens("trip")
+		sub, err := nc.SubscribeSync(subject)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		next := func(ctx context.Context) (FrameMsg, error) {
+			var f FrameMsg
+			msg, err := sub.NextMsgWithContext(ctx)
+			if err == nil {
+				err = bus.Decode(msg.Data, &f)
+			}
+			return f, err
+		}
+		benchTrip(b, frame, func(f FrameMsg) { _ = bus.Publish(ctx, nc, subject, f) }, next)
+	})
+	b.Run("local", func(b *testing.B) {
+		q := &frameQueue{ready: make(chan struct{}, 1)}
+		benchTrip(b, frame, q.put, q.next)
+	})
+}
+
+// benchTrip sends b.N frames through put and relays them from next.
+func benchTrip(b *testing.B, frame FrameMsg, put func(FrameMsg), next func(context.Context) (FrameMsg, error)) {
+	b.ReportAllocs()
+	ack := make(chan struct{})
+	done := make(chan struct{})
+	n := b.N
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	go func() {
+		defer close(done)
+		for i := 1; i <= n; i++ {
+			f := frame
+			f.Seq = i
+			if i == n {
+				f.Final, f.Reason = true, "length"
+			}
+			put(f)
+			<-ack
+		}
+	}()
+	_, err := relay(context.Background(), next, func() {}, func(FrameMsg) error {
+		ack <- struct{}{}
+		return nil
+	})
+	<-done
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	perToken(b, cpu0)
 }

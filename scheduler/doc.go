@@ -8,6 +8,8 @@
 // bus. The Pipeline and the KVClient reach actors of their own process
 // through actors.Ask (Pipeline.Local, KVClient.Local) and others over the
 // bus; an idle local actor runs the request on the scheduler's goroutine.
+// A Client submits to a model's schedulers over the bus, or to those of its
+// own process given to Client.Local, as Go calls with the frames in memory.
 //
 // Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
 // Stats may be called from any goroutine. Frames are delivered to each

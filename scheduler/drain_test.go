@@ -13,8 +13,12 @@ import (
 // TestServiceDrainHandsOver drains one of two schedulers of a model while
 // requests arrive: the requests it took finish with the reference tokens,
 // those that come after go to the other, none is lost; with no scheduler
-// left a submit fails as unavailable.
-func TestServiceDrainHandsOver(t *testing.T) {
+// left a submit fails as unavailable. The client is on the bus, or calls
+// the schedulers in its process, which it is told of as a node does: B
+// when it starts.
+func TestServiceDrainHandsOver(t *testing.T) { bothSubmitPaths(t, testServiceDrainHandsOver) }
+
+func testServiceDrainHandsOver(t *testing.T, local bool) {
 	samples := demoSamples(t)
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 8}
 	a, b := start(t, 256, cfg), start(t, 256, cfg)
@@ -37,6 +41,9 @@ func TestServiceDrainHandsOver(t *testing.T) {
 	}
 	t.Cleanup(svcA.Close)
 	client := NewClient(nc, subj, "demo")
+	if local {
+		client.Local(svcA)
+	}
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -74,6 +81,9 @@ func TestServiceDrainHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(svcB.Close)
+	if local {
+		client.Local(svcA, svcB)
+	}
 	for i := range 12 {
 		send(fmt.Sprint("m", i), samples[i%len(samples)])
 	}
@@ -107,4 +117,66 @@ func TestServiceDrainHandsOver(t *testing.T) {
 	if bus.CodeOf(err) != bus.CodeUnavailable {
 		t.Errorf("with every scheduler drained: got %v, want an unavailable error", err)
 	}
+}
+
+// TestClientLocalLeastLoaded: among the schedulers of its process the
+// client submits to the least loaded one that takes requests.
+func TestClientLocalLeastLoaded(t *testing.T) {
+	s := demoSamples(t)[0]
+	cfg := Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}
+	a, b := start(t, 256, cfg), start(t, 256, cfg)
+	ctx := context.Background()
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Shutdown(context.Background()) })
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	subj, _ := bus.NewSubjects("test")
+	detok := func() generate.Detokenizer { return nop{} }
+	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcA.Close)
+	svcB, err := Serve(ctx, nc, subj, "demo", b.s, detok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcB.Close)
+	client := NewClient(nc, subj, "demo")
+	client.Local(svcA)
+	// A long request keeps A loaded.
+	lctx, cancel := context.WithCancel(ctx)
+	long := make(chan error, 1)
+	go func() {
+		_, err := client.Generate(lctx, SubmitMsg{ID: "long", Prompt: s.PromptIDs, MaxTokens: 900, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		long <- err
+	}()
+	waitFor(t, func() bool { return a.s.Stats().Running == 1 })
+	client.Local(svcA, svcB)
+	for i := range 3 {
+		var got []int32
+		if _, err := client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("short-", i), Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+			got = append(got, f.ID)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(s.GreedyIDs) {
+			t.Errorf("request %d: got %v, want %v", i, got, s.GreedyIDs)
+		}
+	}
+	if st := b.s.Stats(); st.Tokens != uint64(3*len(s.GreedyIDs)) {
+		t.Errorf("B made %d tokens, want the %d of the three short requests", st.Tokens, 3*len(s.GreedyIDs))
+	}
+	cancel()
+	if err := <-long; err != context.Canceled {
+		t.Errorf("long request: got %v, want %v", err, context.Canceled)
+	}
+	waitFor(t, func() bool { st := a.s.Stats(); return st.Running == 0 && st.KV.Used == 0 })
 }

@@ -122,8 +122,12 @@ func pause(ctx context.Context) error {
 	}
 }
 
-// Close unsubscribes and stops the micro service.
+// Close unsubscribes and stops the micro service; later submits from
+// this process (Client.Local) are refused with CodeUnavailable.
 func (sv *Service) Close() {
+	sv.closingMu.Lock()
+	sv.closing = true
+	sv.closingMu.Unlock()
 	for _, s := range sv.subs {
 		s.Unsubscribe()
 	}
@@ -135,6 +139,20 @@ func (sv *Service) Close() {
 }
 
 func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
+	subject := sv.subj.Tokens(m.ID)
+	// The request's spans continue the submitter's trace, not this handler's deadline.
+	trace := context.WithoutCancel(ctx)
+	return sv.take(trace, m, func(f FrameMsg) {
+		// Publishing only buffers; a lost connection ends the client's wait.
+		_ = bus.Publish(trace, sv.nc, subject, f)
+	})
+}
+
+// take hands m to the scheduler, whose frames go to sink on the
+// scheduler's goroutine; trace is the context the request's spans descend
+// from. It is the one place where both the bus and the same-process paths
+// accept a request: the errors are those the bus client gets.
+func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg)) (SubmitReply, error) {
 	p := generate.Params{
 		Params:    sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty},
 		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, Logprobs: m.Logprobs, TopLogprobs: m.TopLogprobs,
@@ -146,21 +164,12 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 	if m.ID == "" {
 		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "empty request id")
 	}
-	subject := sv.subj.Tokens(m.ID)
-	// The request's spans continue the submitter's trace, not this handler's deadline.
-	trace := context.WithoutCancel(ctx)
 	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.detok(), Trace: trace}
 	r.Sink = func(f Frame) {
 		if f.Final {
 			sv.active.Add(-1)
 		}
-		msg := FrameMsg{
-			Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
-			Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
-			QueuedUS: f.Queued.Microseconds(), SinceStartUS: f.SinceStart.Microseconds(), SinceLastUS: f.SinceLast.Microseconds(), TraceID: f.TraceID,
-		}
-		// Publishing only buffers; a lost connection ends the client's wait.
-		_ = bus.Publish(trace, sv.nc, subject, msg)
+		sink(frameMsg(f))
 	}
 	sv.closingMu.RLock()
 	defer sv.closingMu.RUnlock()
@@ -178,11 +187,23 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 	return SubmitReply{Queued: sv.s.Stats().Waiting}, nil
 }
 
-// Client submits requests to a model's schedulers over the bus.
+// frameMsg is the message form of f.
+func frameMsg(f Frame) FrameMsg {
+	return FrameMsg{
+		Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
+		Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
+		QueuedUS: f.Queued.Microseconds(), SinceStartUS: f.SinceStart.Microseconds(), SinceLastUS: f.SinceLast.Microseconds(), TraceID: f.TraceID,
+	}
+}
+
+// Client submits requests to a model's schedulers: over the bus, or
+// directly to those of this process given to Local.
 type Client struct {
 	nc    *nats.Conn
 	subj  bus.Subjects
 	model string
+	local atomic.Pointer[[]*Service] // nil or empty: the bus
+	turn  atomic.Uint64              // where the next choice among equals starts
 }
 
 // NewClient returns a client for model.
@@ -198,8 +219,13 @@ func (c *Client) Stats(ctx context.Context) (StatsMsg, error) {
 // Generate submits m and calls emit for every token frame in order. It
 // returns the final frame. When ctx ends or emit fails, the request is
 // cancelled. A full queue gives a *bus.Error with CodeOverloaded, an
-// unacceptable request one with CodeBadRequest.
+// unacceptable request one with CodeBadRequest. With schedulers of this
+// process given to Local, the request goes to one of them without the bus
+// (see Local); otherwise to the model's queue group on the bus.
 func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) error) (FrameMsg, error) {
+	if svcs := c.local.Load(); svcs != nil && len(*svcs) > 0 {
+		return c.generateLocal(ctx, m, emit)
+	}
 	sub, err := c.nc.SubscribeSync(c.subj.Tokens(m.ID))
 	if err != nil {
 		return FrameMsg{}, fmt.Errorf("generate: %w", err)
@@ -208,10 +234,26 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 	if err := c.submit(ctx, m); err != nil {
 		return FrameMsg{}, err
 	}
-	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
-	next := 1
-	for {
+	next := func(ctx context.Context) (FrameMsg, error) {
+		var f FrameMsg
 		msg, err := sub.NextMsgWithContext(ctx)
+		if err == nil {
+			err = bus.Decode(msg.Data, &f)
+		}
+		return f, err
+	}
+	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
+	return relay(ctx, next, cancel, emit)
+}
+
+// relay passes a request's frames from next to emit in order until the
+// final one, which it returns; it cancels the request when ctx ends, next
+// fails, a frame is out of order or emit fails. Both paths share it, so
+// that they end a request the same way.
+func relay(ctx context.Context, next func(context.Context) (FrameMsg, error), cancel func(), emit func(FrameMsg) error) (FrameMsg, error) {
+	due := 1
+	for {
+		f, err := next(ctx)
 		if err != nil {
 			cancel()
 			if ctx.Err() != nil {
@@ -219,16 +261,11 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 			}
 			return FrameMsg{}, fmt.Errorf("generate: %w", err)
 		}
-		var f FrameMsg
-		if err := bus.Decode(msg.Data, &f); err != nil {
+		if f.Seq != due {
 			cancel()
-			return FrameMsg{}, fmt.Errorf("generate: %w", err)
+			return FrameMsg{}, fmt.Errorf("generate: frame %d arrived when %d was due", f.Seq, due)
 		}
-		if f.Seq != next {
-			cancel()
-			return FrameMsg{}, fmt.Errorf("generate: frame %d arrived when %d was due", f.Seq, next)
-		}
-		next++
+		due++
 		if f.Final && f.Reason != "length" && f.Reason != "stop" {
 			return f, nil
 		}
@@ -246,9 +283,18 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 // draining refuses it, and nobody answers while the last one is replaced:
 // then it submits again, a few times, before giving up.
 func (c *Client) submit(ctx context.Context, m SubmitMsg) error {
+	return resubmit(ctx, func() error {
+		_, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
+		return err
+	})
+}
+
+// resubmit calls submit until it does not fail with CodeUnavailable, a
+// few times, waiting longer each time.
+func resubmit(ctx context.Context, submit func() error) error {
 	const tries = 6
 	for i := 1; ; i++ {
-		_, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
+		err := submit()
 		if err == nil || bus.CodeOf(err) != bus.CodeUnavailable || i == tries {
 			return err
 		}

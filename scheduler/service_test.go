@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,7 @@ import (
 // service and a pipeline of layer-shard stages.
 type replica struct {
 	client *Client
+	svc    *Service
 	sched  *Scheduler
 	sys    *actors.System
 	shards []*Shard
@@ -140,7 +142,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	r.client, r.sched, r.sys = NewClient(nc, subj, "demo"), s, sys
+	r.client, r.svc, r.sched, r.sys = NewClient(nc, subj, "demo"), svc, s, sys
 	t.Cleanup(func() {
 		svc.Close()
 		cancel()
@@ -157,17 +159,44 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	return r
 }
 
+// The two ways a client reaches a scheduler of its process.
+const (
+	submitBus   = false // submits and frames on the bus
+	submitLocal = true  // Client.Local: Go calls and a queue in memory
+)
+
+// submitVia sets the client's path to r's scheduler.
+func (r *replica) submitVia(local bool) {
+	if local {
+		r.client.Local(r.svc)
+	} else {
+		r.client.Local()
+	}
+}
+
+// bothSubmitPaths runs f once with the client on the bus and once with it
+// calling the scheduler in the process: the expectations are the same.
+func bothSubmitPaths(t *testing.T, f func(t *testing.T, local bool)) {
+	t.Run("bus", func(t *testing.T) { f(t, submitBus) })
+	t.Run("local", func(t *testing.T) { f(t, submitLocal) })
+}
+
 // TestPipelineOverBus serves the demo model as a two-stage pipeline behind
 // the bus and checks concurrent requests against the reference.
-func TestPipelineOverBus(t *testing.T) { testPipeline(t, viaBus) }
+func TestPipelineOverBus(t *testing.T) { testPipeline(t, viaBus, submitBus) }
 
 // TestPipelineLocal is TestPipelineOverBus with the stages reached through
 // their mailboxes.
-func TestPipelineLocal(t *testing.T) { testPipeline(t, viaLocal) }
+func TestPipelineLocal(t *testing.T) { testPipeline(t, viaLocal, submitBus) }
 
-func testPipeline(t *testing.T, local bool) {
+// TestPipelineLocalSubmit is TestPipelineLocal with the client calling
+// the scheduler in the process.
+func TestPipelineLocalSubmit(t *testing.T) { testPipeline(t, viaLocal, submitLocal) }
+
+func testPipeline(t *testing.T, local, submit bool) {
 	samples := demoSamples(t)
 	r := startReplica(t, 2, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16}, local)
+	r.submitVia(submit)
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*len(samples))
 	for c := 0; c < 2; c++ {
@@ -232,9 +261,17 @@ func TestPipelineLocalFallsBackToBus(t *testing.T) {
 	}
 }
 
-func TestClientErrors(t *testing.T) {
+// TestClientErrors: a request that cannot fit is a bad request, and an
+// emit error cancels the request, on either path.
+func TestClientErrors(t *testing.T) { bothSubmitPaths(t, testClientErrors) }
+
+func testClientErrors(t *testing.T, submit bool) {
 	r := startReplica(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, viaLocal)
+	r.submitVia(submit)
 	ctx := context.Background()
+	if _, err := r.client.Generate(ctx, SubmitMsg{Prompt: []int32{1}, MaxTokens: 4}, func(FrameMsg) error { return nil }); bus.CodeOf(err) != bus.CodeBadRequest {
+		t.Errorf("request without an id: got %v, want a bad_request error", err)
+	}
 	_, err := r.client.Generate(ctx, SubmitMsg{ID: "x", Prompt: []int32{1}, MaxTokens: 100000}, func(FrameMsg) error { return nil })
 	var be *bus.Error
 	if !errors.As(err, &be) || be.Code != bus.CodeBadRequest {
@@ -354,5 +391,110 @@ func TestPipelineTrace(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestClientOverloaded: with one sequence running and one waiting in a
+// queue of one, a third request is refused as overloaded; cancelling the
+// two frees their blocks. On either path.
+func TestClientOverloaded(t *testing.T) { bothSubmitPaths(t, testClientOverloaded) }
+
+func testClientOverloaded(t *testing.T, submit bool) {
+	r := startReplica(t, 1, Config{MaxQueue: 1, MaxBatchTokens: 64, MaxSeqs: 1}, viaLocal)
+	r.submitVia(submit)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = r.client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("long-", i), Prompt: []int32{473, 623}, MaxTokens: 900, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		}()
+		if i == 0 {
+			waitFor(t, func() bool { return r.sched.Stats().Running == 1 })
+		}
+	}
+	waitFor(t, func() bool { return r.sched.Stats().Waiting == 1 })
+	_, err := r.client.Generate(context.Background(), SubmitMsg{ID: "third", Prompt: []int32{473}, MaxTokens: 4}, func(FrameMsg) error { return nil })
+	if bus.CodeOf(err) != bus.CodeOverloaded {
+		t.Errorf("third request: got %v, want an overloaded error", err)
+	}
+	cancel()
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("request %d after its context ended: got %v, want %v", i, err, context.Canceled)
+		}
+	}
+	waitFor(t, func() bool { st := r.sched.Stats(); return st.Running == 0 && st.Waiting == 0 && st.KV.Used == 0 })
+}
+
+// TestClientFrames: the frames of a request with log-probabilities carry
+// them, the step timings and the trace id of the caller's trace, whose
+// spans the scheduler's continue. On either path.
+func TestClientFrames(t *testing.T) { bothSubmitPaths(t, testClientFrames) }
+
+func testClientFrames(t *testing.T, submit bool) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	r := startReplicaTraced(t, 1, Config{MaxQueue: 4, MaxBatchTokens: 64, MaxSeqs: 4}, tp, viaLocal)
+	r.submitVia(submit)
+	// A watcher of the request's tokens subject sees its frames on the bus
+	// path, none on the local one.
+	watch, err := r.client.nc.SubscribeSync(r.client.subj.Tokens("f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Unsubscribe()
+	ctx, root := tp.Tracer("test").Start(context.Background(), "client")
+	const tokens = 5
+	var frames []FrameMsg
+	final, err := r.client.Generate(ctx, SubmitMsg{ID: "f", Prompt: []int32{473, 623}, MaxTokens: tokens, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}, func(f FrameMsg) error {
+		frames = append(frames, f)
+		return nil
+	})
+	root.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Reason != "length" || final.PromptTokens != 2 || final.CompletionTokens != tokens || len(frames) != tokens {
+		t.Fatalf("final frame %+v after %d frames, want length with 2+%d tokens", final, len(frames), tokens)
+	}
+	if err := r.client.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	onBus, _, _ := watch.Pending()
+	if want := map[bool]int{submitBus: tokens, submitLocal: 0}[submit]; onBus != want {
+		t.Errorf("%d frames on the bus, want %d", onBus, want)
+	}
+	want := root.SpanContext().TraceID().String()
+	for i, f := range frames {
+		if f.Seq != i+1 || f.TraceID != want {
+			t.Errorf("frame %d: seq %d, trace %q; want seq %d, trace %q", i, f.Seq, f.TraceID, i+1, want)
+		}
+		if len(f.TopIDs) != 3 || len(f.TopLPs) != 3 || f.TopIDs[0] != f.ID || f.Logprob > 0 || math.Abs(float64(f.TopLPs[0]-f.Logprob)) > 1e-4 {
+			t.Errorf("frame %d: id %d logprob %v, top %v %v; want 3 top log-probabilities, the first the token's", i, f.ID, f.Logprob, f.TopIDs, f.TopLPs)
+		}
+		if f.SinceStartUS < 0 || f.QueuedUS < 0 || f.SinceLastUS < 0 || (i > 0 && f.SinceStartUS < frames[i-1].SinceStartUS) {
+			t.Errorf("frame %d: timings queued %d, since start %d, since last %d µs", i, f.QueuedUS, f.SinceStartUS, f.SinceLastUS)
+		}
+	}
+	// The last step's span ends after its frame went out.
+	var steps []sdktrace.ReadOnlySpan
+	waitFor(t, func() bool {
+		steps = steps[:0]
+		for _, sp := range rec.Ended() {
+			if sp.Name() == SpanStep {
+				steps = append(steps, sp)
+			}
+		}
+		return len(steps) == tokens
+	})
+	for _, sp := range steps {
+		if got := sp.SpanContext().TraceID().String(); got != want {
+			t.Errorf("step span in trace %s, want the caller's %s", got, want)
+		}
 	}
 }

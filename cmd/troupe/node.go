@@ -199,7 +199,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.view, err = startClusterView(runCtx, n.nc, n.subj, n.registry, &n.wg); err != nil {
 		return nil, err
 	}
-	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), maxQueue: cfg.MaxQueue}
+	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), maxQueue: cfg.MaxQueue, overBus: cfg.submitOverBus}
 	replicas := cfg.Replicas
 	if cfg.Placement != "" {
 		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
@@ -434,24 +434,33 @@ func (n *node) release(id string) bool {
 	return f != nil
 }
 
-// backend adapts the scheduler client to the gateway.
+// backend adapts the scheduler client to the gateway. Requests go to the
+// schedulers of this process's replicas directly (scheduler.Client.Local),
+// and over the bus to the model's queue group on a node without replicas.
 type backend struct {
 	client   *scheduler.Client
 	maxQueue int
+	overBus  bool // the replicas here too are reached over the bus
 
 	mu     sync.Mutex
 	scheds []*scheduler.Scheduler
 }
 
-// setScheds records the schedulers whose state Ready and Stats report.
+// setScheds records the schedulers whose state Ready and Stats report,
+// and that take the gateway's requests: a replica left out (one that
+// drains) gets no new request from here.
 func (b *backend) setScheds(reps []*replica) {
 	scheds := make([]*scheduler.Scheduler, len(reps))
+	svcs := make([]*scheduler.Service, len(reps))
 	for i, r := range reps {
-		scheds[i] = r.sched
+		scheds[i], svcs[i] = r.sched, r.svc
 	}
 	b.mu.Lock()
 	b.scheds = scheds
 	b.mu.Unlock()
+	if !b.overBus {
+		b.client.Local(svcs...)
+	}
 }
 
 func (b *backend) schedulers() []*scheduler.Scheduler {

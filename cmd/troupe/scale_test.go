@@ -26,8 +26,10 @@ func scaleCLI(t *testing.T, url string, args ...string) string {
 
 // TestScaleWhileServing adds a replica and removes it again while requests
 // stream; every request completes with all its tokens.
-func TestScaleWhileServing(t *testing.T) {
-	s := startServe(t, nil)
+func TestScaleWhileServing(t *testing.T) { bothSubmitPaths(t, testScaleWhileServing) }
+
+func testScaleWhileServing(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.submitOverBus = overBus })
 	if got := scaleCLI(t, s.url); got != "1 replicas of 1 stages" {
 		t.Fatalf("at start: %q", got)
 	}

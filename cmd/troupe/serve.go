@@ -60,6 +60,11 @@ type serveConfig struct {
 	StepTimeout time.Duration `json:"step_timeout"`
 	// Insecure allows network listeners without credentials.
 	Insecure bool `json:"insecure"`
+
+	// submitOverBus makes the gateway reach the schedulers of this
+	// process over the bus too, as it does those of other nodes; tests
+	// set it to check that both paths behave the same.
+	submitOverBus bool
 }
 
 // clusterConfig configures the embedded NATS server's listeners.

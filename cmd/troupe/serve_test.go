@@ -86,10 +86,20 @@ func demoRefs(t testing.TB) []demoRef {
 	return r.Samples
 }
 
+// bothSubmitPaths runs f with the gateway calling the schedulers of its
+// process directly, then with it reaching them over the bus as it reaches
+// those of other nodes: the expectations are the same.
+func bothSubmitPaths(t *testing.T, f func(t *testing.T, overBus bool)) {
+	t.Run("local", func(t *testing.T) { f(t, false) })
+	t.Run("bus", func(t *testing.T) { f(t, true) })
+}
+
 // TestServeOpenAI drives the whole stack with the official Go client: the
 // greedy completion of every demo prompt equals the reference text.
-func TestServeOpenAI(t *testing.T) {
-	s := startServe(t, func(c *serveConfig) { c.Shards = 2 })
+func TestServeOpenAI(t *testing.T) { bothSubmitPaths(t, testServeOpenAI) }
+
+func testServeOpenAI(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.Shards, c.submitOverBus = 2, overBus })
 	c := s.client()
 	ctx := context.Background()
 	for _, ref := range demoRefs(t) {
@@ -137,8 +147,10 @@ func TestServeOpenAI(t *testing.T) {
 
 // TestServeDisconnectFreesBlocks: a client that goes away mid-stream
 // cancels its generation and its KV blocks return to the pool.
-func TestServeDisconnectFreesBlocks(t *testing.T) {
-	s := startServe(t, nil)
+func TestServeDisconnectFreesBlocks(t *testing.T) { bothSubmitPaths(t, testServeDisconnectFreesBlocks) }
+
+func testServeDisconnectFreesBlocks(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.submitOverBus = overBus })
 	c := s.client()
 	ctx, cancel := context.WithCancel(context.Background())
 	stream := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{
@@ -164,9 +176,12 @@ func TestServeDisconnectFreesBlocks(t *testing.T) {
 }
 
 // TestServeOverload: with one sequence at a time and a queue of one, a
-// third concurrent request gets 429 with Retry-After.
-func TestServeOverload(t *testing.T) {
-	s := startServe(t, func(c *serveConfig) { c.MaxSeqs, c.MaxQueue = 1, 1 })
+// third concurrent request gets 429 with Retry-After; a request the
+// model cannot take gets 400.
+func TestServeOverload(t *testing.T) { bothSubmitPaths(t, testServeOverload) }
+
+func testServeOverload(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.MaxSeqs, c.MaxQueue, c.submitOverBus = 1, 1, overBus })
 	body := `{"model":"` + demo.Name + `","prompt":"The kernel","max_tokens":600,"stream":true}`
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
@@ -203,6 +218,16 @@ func TestServeOverload(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("third request: status %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	long := `{"model":"` + demo.Name + `","prompt":"The kernel","max_tokens":100000}`
+	resp, err = http.Post(s.url+"/v1/completions", "application/json", strings.NewReader(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(msg), "context length") {
+		t.Errorf("request over the context length: status %d, body %s; want 400 naming the context length", resp.StatusCode, msg)
 	}
 }
 
