@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -38,11 +39,12 @@ func BenchmarkPipelineHosts(b *testing.B) {
 		bin = buildTroupe(b)
 	}
 	refs := demoRefs(b)
-	// Each setting of --micro-batches on host h0 (1: off; 0: one per
-	// stage) gets a cluster of its own; a single stage is not cut.
-	for _, micro := range []int{1, 0} {
+	lab := newNetnsLab(b, 3)
+	// Each setting of --micro-batches on host h0 (1: off; 2; 0: one per
+	// stage, here 3) gets processes of its own; a single stage is not cut.
+	for _, micro := range []int{1, 2, 0} {
 		b.Run(fmt.Sprintf("micro-batches=%d", micro), func(b *testing.B) {
-			url := startPipelineHosts(b, bin, "--micro-batches", fmt.Sprint(micro))
+			url := startPipelineHosts(b, lab, bin, "--micro-batches", fmt.Sprint(micro))
 			for _, c := range []struct {
 				placement string
 				replicas  int
@@ -58,12 +60,10 @@ func BenchmarkPipelineHosts(b *testing.B) {
 	}
 }
 
-// startPipelineHosts starts three troupe processes on three hosts of a
-// network namespace lab, which stop at the end of b; host h0 schedules
-// one replica, with extra flags. It returns h0's URL once three hosts are
-// live.
-func startPipelineHosts(b *testing.B, bin string, extra ...string) string {
-	lab := newNetnsLab(b, 3)
+// startPipelineHosts starts three troupe processes on the three hosts of
+// lab, which stop at the end of b; host h0 schedules one replica, with
+// extra flags. It returns h0's URL once three hosts are live.
+func startPipelineHosts(b *testing.B, lab *netnsLab, bin string, extra ...string) string {
 	dir := b.TempDir()
 	const user, pass = "troupe", "bench-cluster-password"
 	threads := os.Getenv("TROUPE_THREADS")
@@ -87,7 +87,11 @@ func startPipelineHosts(b *testing.B, bin string, extra ...string) string {
 		} else {
 			args = append(args, "--replicas", "0")
 		}
-		lab.start(bin, i, args...)
+		p := lab.start(bin, i, args...)
+		b.Cleanup(func() { // before the lab's cleanup: the next processes take the ports
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			<-p.done
+		})
 	}
 	url := "http://" + lab.ip(0) + ":8080"
 	waitUntil(b, "host 0 serving", 90*time.Second, func() bool {
