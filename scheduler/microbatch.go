@@ -240,8 +240,10 @@ func (p *Pipeline) forwardMicro(ctx context.Context, b *models.Batch, parts []mi
 				}
 				r, err := p.call(ctx, s, msg)
 				if err != nil {
-					errs <- fmt.Errorf("pipeline stage %d, micro-batch %d: %w", s, m, err)
-					cancel()
+					if ctx.Err() == nil { // not the end of a step failed elsewhere
+						errs <- fmt.Errorf("pipeline stage %d, micro-batch %d: %w", s, m, err)
+						cancel()
+					}
 					return
 				}
 				outs[s] <- r.Output
@@ -274,7 +276,7 @@ func (p *Pipeline) gather(ctx context.Context, outs <-chan bus.TensorRef, parts 
 		select {
 		case out = <-outs:
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("pipeline, micro-batch %d: %w", m, ctx.Err())
 		}
 		if len(part.rows) == 0 {
 			continue

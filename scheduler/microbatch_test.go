@@ -2,9 +2,11 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -211,7 +213,8 @@ func TestOutputName(t *testing.T) {
 type fakeStage struct {
 	index, stages int
 	plane         *xgmi.Host
-	overlap       chan struct{} // closed by stage 1 at micro-batch 0
+	overlap       chan struct{} // closed by stage 1 at micro-batch 0; nil: no holding back
+	failAt        int           // a ForwardMsg.Micro this stage fails, with code unavailable
 	mu            *sync.Mutex
 	seen          *[]string // "stage/micro", in the order they ran
 }
@@ -221,10 +224,14 @@ func (f fakeStage) Receive(_ context.Context, c ShardCall) error {
 	f.mu.Lock()
 	*f.seen = append(*f.seen, fmt.Sprintf("%d/%d", f.index, m.Micro))
 	f.mu.Unlock()
-	if f.index == 1 && m.Micro == 1 {
-		close(f.overlap)
+	if f.failAt != 0 && m.Micro == f.failAt {
+		return c.Fail(bus.Errorf(bus.CodeUnavailable, "stage %d: injected failure", f.index))
 	}
-	if f.index == 0 && m.Micro == 2 {
+	if f.overlap == nil {
+		// No holding back.
+	} else if f.index == 1 && m.Micro == 1 {
+		close(f.overlap)
+	} else if f.index == 0 && m.Micro == 2 {
 		select {
 		case <-f.overlap:
 		case <-c.Context().Done():
@@ -267,56 +274,22 @@ func (f fakeStage) Receive(_ context.Context, c ShardCall) error {
 // the batch's order.
 func TestWavefront(t *testing.T) {
 	ctx := context.Background()
-	node, err := bus.Start(ctx, bus.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Shutdown(ctx)
-	nc, err := node.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Shutdown(ctx)
-	plane := xgmi.NewHost(node.Name())
 	const stages = 3
 	var mu sync.Mutex
 	var seen []string
 	overlap := make(chan struct{})
-	pipe := NewPipeline(nc, []string{"unused.0", "unused.1", "unused.2"}, plane, 2)
+	pipe := fakePipeline(t, stages, func(i int) fakeStage {
+		return fakeStage{index: i, stages: stages, overlap: overlap, mu: &mu, seen: &seen}
+	})
 	pipe.MicroBatches = 0 // one per stage
-	for i := range stages {
-		f := fakeStage{index: i, stages: stages, plane: plane, overlap: overlap, mu: &mu, seen: &seen}
-		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprint(i), New: func() actors.Actor[ShardCall] { return f }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ref.Stop(ctx)
-		if err := pipe.Local(i, ref); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b := &models.Batch{Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8}, Pos: []int32{7, 0, 1, 2, 9, 4, 5, 6},
-		Seq: []int32{0, 1, 1, 1, 2, 3, 4, 5}, Logits: []int32{7, 0, 3, 4, 5, 6}}
-	for s := range 6 {
-		b.Tables = append(b.Tables, []int32{int32(10 + s)})
-	}
+	b := wavefrontBatch()
 	logits := make([]float32, 2*len(b.Logits))
 	sctx, cancel := context.WithTimeout(ctx, time.Minute) // a bound on a failure, not a measure
 	defer cancel()
 	if err := pipe.Forward(sctx, b, logits); err != nil {
 		t.Fatal(err)
 	}
-	for j, r := range b.Logits {
-		got := logits[2*j : 2*j+2]
-		if want := []float32{float32(b.Pos[r]), float32(b.Tables[b.Seq[r]][0])}; !slices.Equal(got, want) {
-			t.Errorf("logits row %d: got %v, want %v", j, got, want)
-		}
-	}
+	checkLogits(t, b, logits)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != stages*stages {
@@ -333,6 +306,108 @@ func TestWavefront(t *testing.T) {
 			t.Errorf("stage %d ran %v, want %v", s, order, want)
 		}
 	}
+}
+
+// wavefrontBatch is a step of six sequences, one a prefill chunk of three
+// rows, wanting logits out of row order.
+func wavefrontBatch() *models.Batch {
+	b := &models.Batch{Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8}, Pos: []int32{7, 0, 1, 2, 9, 4, 5, 6},
+		Seq: []int32{0, 1, 1, 1, 2, 3, 4, 5}, Logits: []int32{7, 0, 3, 4, 5, 6}}
+	for s := range 6 {
+		b.Tables = append(b.Tables, []int32{int32(10 + s)})
+	}
+	return b
+}
+
+// checkLogits checks the fake stages' logits: row j stands for the batch
+// row b.Logits[j].
+func checkLogits(t *testing.T, b *models.Batch, logits []float32) {
+	t.Helper()
+	for j, r := range b.Logits {
+		got := logits[2*j : 2*j+2]
+		if want := []float32{float32(b.Pos[r]), float32(b.Tables[b.Seq[r]][0])}; !slices.Equal(got, want) {
+			t.Errorf("logits row %d: got %v, want %v", j, got, want)
+		}
+	}
+}
+
+// fakePipeline is a pipeline of fake stages reached through their
+// mailboxes, over an embedded bus; the vocabulary has 2 entries.
+func fakePipeline(t *testing.T, stages int, stage func(i int) fakeStage) *Pipeline {
+	t.Helper()
+	ctx := context.Background()
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Shutdown(ctx) })
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sys.Shutdown(ctx) })
+	plane := xgmi.NewHost(node.Name())
+	var subjects []string
+	for i := range stages {
+		subjects = append(subjects, fmt.Sprintf("unused.%d", i))
+	}
+	pipe := NewPipeline(nc, subjects, plane, 2)
+	for i := range stages {
+		f := stage(i)
+		f.plane = plane
+		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprint(i), New: func() actors.Actor[ShardCall] { return f }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ref.Stop(ctx) })
+		if err := pipe.Local(i, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pipe
+}
+
+// TestWavefrontStageFails: a stage failing a micro-batch fails the step
+// with its error and code; the other stages stop, and the next step runs.
+func TestWavefrontStageFails(t *testing.T) {
+	const stages = 3
+	var mu sync.Mutex
+	var seen []string
+	pipe := fakePipeline(t, stages, func(i int) fakeStage {
+		f := fakeStage{index: i, stages: stages, mu: &mu, seen: &seen}
+		if i == 1 {
+			f.failAt = 2
+		}
+		return f
+	})
+	pipe.MicroBatches = 0
+	b := wavefrontBatch()
+	logits := make([]float32, 2*len(b.Logits))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound on a failure, not a measure
+	defer cancel()
+	err := pipe.Forward(ctx, b, logits)
+	var be *bus.Error
+	if !errors.As(err, &be) || be.Code != bus.CodeUnavailable || !strings.Contains(err.Error(), "pipeline stage 1, micro-batch 1") {
+		t.Fatalf("got %v, want stage 1's unavailable error at micro-batch 1", err)
+	}
+	mu.Lock()
+	ran := slices.Clone(seen)
+	mu.Unlock()
+	if slices.Contains(ran, "2/2") || slices.Contains(ran, "2/3") || slices.Contains(ran, "1/3") {
+		t.Errorf("stages ran %v after stage 1 failed micro-batch 1", ran)
+	}
+	// The next step, not cut: stage 1 fails only micro-batch 1.
+	pipe.MicroBatches = 1
+	clear(logits)
+	if err := pipe.Forward(ctx, b, logits); err != nil {
+		t.Fatal(err)
+	}
+	checkLogits(t, b, logits)
 }
 
 // TestPipelineMicroBatches serves the demo model as a three-stage pipeline
