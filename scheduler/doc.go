@@ -8,6 +8,9 @@
 // bus. The Pipeline and the KVClient reach actors of their own process
 // through actors.Ask (Pipeline.Local, KVClient.Local) and others over the
 // bus; an idle local actor runs the request on the scheduler's goroutine.
+// With Pipeline.MicroBatches, a step of several sequences runs through the
+// stages as a wavefront of micro-batches, a goroutine per stage that the
+// step starts and waits for.
 //
 // Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
 // Stats may be called from any goroutine. Frames are delivered to each

@@ -21,6 +21,10 @@ import (
 // step instead of (S-1)/S, when the stages run on devices of their own.
 // The KV cache is per sequence, so sequences may run in any grouping;
 // each stage still sees the micro-batches one after the other, in order.
+// The price: a stage reads its weights once per pass, so where a pass
+// costs mostly that read (decode at small batches) M micro-batches cost
+// nearly M times the work, which only hosts that would idle can absorb.
+// Off by default (docs/benchmarks.md, "Micro-batches").
 
 // DefaultMicroBatches is Pipeline.MicroBatches as NewPipeline sets it: off.
 const DefaultMicroBatches = 1

@@ -186,7 +186,8 @@ func (p *Pipeline) Local(i int, ref *actors.Ref[ShardCall]) error {
 }
 
 // Forward implements Engine: the plan goes to each stage in turn, each
-// stage reading the previous one's output from the data plane.
+// stage reading the previous one's output from the data plane; or, cut
+// into micro-batches (MicroBatches), through the stages as a wavefront.
 func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
 	p.step++
 	if parts := p.split(b); parts != nil {
