@@ -10,6 +10,9 @@
 // bus; an idle local actor runs the request on the scheduler's goroutine.
 // A Client submits to a model's schedulers over the bus, or to those of its
 // own process given to Client.Local, as Go calls with the frames in memory.
+// With Pipeline.MicroBatches, a step of several sequences runs through the
+// stages as a wavefront of micro-batches, a goroutine per stage that the
+// step starts and waits for.
 //
 // Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
 // Stats may be called from any goroutine. Frames are delivered to each

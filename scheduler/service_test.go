@@ -54,8 +54,9 @@ func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerPro
 }
 
 // startReplicaWith serves bundle b, which it closes at the end of the test.
-// With local, the pipeline reaches its stages through Pipeline.Local.
-func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider, local bool) *replica {
+// With local, the pipeline reaches its stages through Pipeline.Local; opts
+// set up the pipeline before it runs.
+func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider, local bool, opts ...func(*Pipeline)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := bus.Start(ctx, bus.DefaultConfig())
@@ -124,6 +125,9 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
 	pipe := NewPipeline(nc, subjects, plane, b.Config.Vocab)
+	for _, o := range opts {
+		o(pipe)
+	}
 	for i, ref := range r.refs {
 		if !local {
 			break

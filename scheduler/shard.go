@@ -41,8 +41,8 @@ type Shard struct {
 	// it only tensors of this process's plane are readable.
 	Remote RemoteReader
 
-	mu  sync.Mutex // one step at a time
-	out []float32
+	mu   sync.Mutex  // one step at a time
+	outs [][]float32 // published outputs, by ForwardMsg.Micro
 }
 
 // NewShard wraps a loaded model stage and its cache.
@@ -70,6 +70,12 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		span.SetAttributes(attribute.String("shard.id", s.ID), ttrace.AttrShardIndex.Int(s.Index),
 			ttrace.AttrLayerStart.Int(s.First), ttrace.AttrLayerEnd.Int(s.Last),
 			AttrTokens.Int(len(m.Pos)))
+		if m.Micro > 0 {
+			span.SetAttributes(AttrMicroBatch.Int(m.Micro - 1))
+		}
+	}
+	if m.Micro < 0 || m.Micro > MaxMicroBatches {
+		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: micro-batch %d outside [0, %d]", s.ID, m.Micro, MaxMicroBatches)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -93,14 +99,19 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	} else {
 		n = len(m.Pos) * cfg.Hidden
 	}
-	if cap(s.out) < n {
-		s.out = make([]float32, n)
+	// Each micro-batch of a step publishes its own buffer: the next stage
+	// may still read micro-batch m while this one computes m+1.
+	for len(s.outs) <= m.Micro {
+		s.outs = append(s.outs, nil)
 	}
-	out := s.out[:n]
+	if cap(s.outs[m.Micro]) < n {
+		s.outs[m.Micro] = make([]float32, n)
+	}
+	out := s.outs[m.Micro][:n]
 	if err := s.onDevice(ctx, func() error { return s.model.Forward(ctx, s.cache, b, out) }); err != nil {
 		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 	}
-	name := "shard/" + s.ID
+	name := outputName(s.ID, m.Micro)
 	s.plane.Publish(name, out)
 	ref := bus.TensorRef{Location: bus.LocationHost, Node: s.plane.Node(), Buffer: name, Bytes: uint64(4 * n), DType: bus.F32}
 	if s.model.IsLast() {
@@ -147,6 +158,10 @@ type Pipeline struct {
 	StepTimeout time.Duration
 	// Remote reads the last stage's logits when it runs on another node.
 	Remote RemoteReader
+	// MicroBatches is the most micro-batches a step of two or more
+	// sequences is cut into, to run through the stages as a wavefront
+	// (microbatch.go); 0 means one per stage, 1 turns it off.
+	MicroBatches int
 
 	nc     *nats.Conn
 	stages []string // forward subjects, in layer order
@@ -155,11 +170,12 @@ type Pipeline struct {
 	vocab  int
 	step   uint64
 	plan   plan // the step's plan as local stages see it
+	micro  microPlan
 }
 
 // NewPipeline drives the stages listening on the given forward subjects.
 func NewPipeline(nc *nats.Conn, stages []string, plane *xgmi.Host, vocab int) *Pipeline {
-	return &Pipeline{StepTimeout: 30 * time.Second, nc: nc, stages: stages, local: make([]*actors.Ref[ShardCall], len(stages)), plane: plane, vocab: vocab}
+	return &Pipeline{StepTimeout: 30 * time.Second, MicroBatches: DefaultMicroBatches, nc: nc, stages: stages, local: make([]*actors.Ref[ShardCall], len(stages)), plane: plane, vocab: vocab}
 }
 
 // Local makes stage i reach ref, its layer-shard actor in this process,
@@ -180,9 +196,13 @@ func (p *Pipeline) Local(i int, ref *actors.Ref[ShardCall]) error {
 }
 
 // Forward implements Engine: the plan goes to each stage in turn, each
-// stage reading the previous one's output from the data plane.
+// stage reading the previous one's output from the data plane; or, cut
+// into micro-batches (MicroBatches), through the stages as a wavefront.
 func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
 	p.step++
+	if parts := p.split(b); parts != nil {
+		return p.forwardMicro(ctx, b, parts, logits)
+	}
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
 	var out bus.TensorRef
 	copied := false

@@ -83,8 +83,11 @@ func (StatsMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.stats"
 
 // ForwardMsg is one step's plan for a layer-shard: the batch's indexes and,
 // for a stage after the first, a reference to the previous stage's output.
+// Micro is 0 for a whole step, or m+1 for micro-batch m of a step cut into
+// micro-batches: each has its own output buffer on the shard's plane.
 type ForwardMsg struct {
 	Step   uint64        `msgpack:"step"`
+	Micro  int           `msgpack:"micro"`
 	Tokens []int32       `msgpack:"tokens"`
 	Pos    []int32       `msgpack:"pos"`
 	Seq    []int32       `msgpack:"seq"`

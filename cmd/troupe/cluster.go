@@ -280,6 +280,7 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 		}
 		pipe := scheduler.NewPipeline(n.nc, subjects, n.plane, mc.Vocab)
 		pipe.StepTimeout = n.cfg.StepTimeout
+		pipe.MicroBatches = n.cfg.MicroBatches
 		if n.stream != nil {
 			pipe.Remote = n.stream
 		}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -20,7 +21,8 @@ import (
 // one replica that host h0 schedules: decode time per token of one stream
 // (batch 1), and tokens/s of eight concurrent streams (batch 8). The
 // placement changes between sub-benchmarks with troupe scale, while the
-// processes run.
+// processes run; micro-batching (--micro-batches) is off in one cluster
+// and on, one micro-batch per stage, in another.
 //
 //	go test -run XXX -bench PipelineHosts -benchtime 3x ./cmd/troupe
 //
@@ -32,11 +34,36 @@ import (
 // carries three replica groups whose shards share each host's weights:
 // their steps interleave, so that every host works while the others do.
 func BenchmarkPipelineHosts(b *testing.B) {
-	lab := newNetnsLab(b, 3)
 	bin := os.Getenv("TROUPE_BIN") // a prebuilt binary, or build one
 	if bin == "" {
 		bin = buildTroupe(b)
 	}
+	refs := demoRefs(b)
+	lab := newNetnsLab(b, 3)
+	// Each setting of --micro-batches on host h0 (1: off; 2; 0: one per
+	// stage, here 3) gets processes of its own; a single stage is not cut.
+	for _, micro := range []int{1, 2, 0} {
+		b.Run(fmt.Sprintf("micro-batches=%d", micro), func(b *testing.B) {
+			url := startPipelineHosts(b, lab, bin, "--micro-batches", fmt.Sprint(micro))
+			for _, c := range []struct {
+				placement string
+				replicas  int
+			}{{"h0", 1}, {"h0,h0,h0", 1}, {"h0,h1,h2", 1}, {"h0,h1,h2", 3}} {
+				if micro != 1 && c.placement == "h0" {
+					continue
+				}
+				b.Run(fmt.Sprintf("placement=%s/replicas=%d", c.placement, c.replicas), func(b *testing.B) {
+					benchPlacement(b, url, refs, c.placement, c.replicas)
+				})
+			}
+		})
+	}
+}
+
+// startPipelineHosts starts three troupe processes on the three hosts of
+// lab, which stop at the end of b; host h0 schedules one replica, with
+// extra flags. It returns h0's URL once three hosts are live.
+func startPipelineHosts(b *testing.B, lab *netnsLab, bin string, extra ...string) string {
 	dir := b.TempDir()
 	const user, pass = "troupe", "bench-cluster-password"
 	threads := os.Getenv("TROUPE_THREADS")
@@ -56,10 +83,15 @@ func BenchmarkPipelineHosts(b *testing.B) {
 			"--threads", threads, "--max-seqs", "8", "--kv-blocks", "512"}
 		if i == 0 {
 			args = append(args, "--placement", "h0")
+			args = append(args, extra...)
 		} else {
 			args = append(args, "--replicas", "0")
 		}
-		lab.start(bin, i, args...)
+		p := lab.start(bin, i, args...)
+		b.Cleanup(func() { // before the lab's cleanup: the next processes take the ports
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			<-p.done
+		})
 	}
 	url := "http://" + lab.ip(0) + ":8080"
 	waitUntil(b, "host 0 serving", 90*time.Second, func() bool {
@@ -78,58 +110,57 @@ func BenchmarkPipelineHosts(b *testing.B) {
 		}
 		return alive == 3
 	})
-	refs := demoRefs(b)
+	return url
+}
+
+// benchPlacement moves h0's replica group to placement with troupe scale
+// and measures b1 and b8 there.
+func benchPlacement(b *testing.B, url string, refs []demoRef, placement string, replicas int) {
+	prompt := refs[0].Prompt
 	const gen = 128
-	for _, c := range []struct {
-		placement string
-		replicas  int
-	}{{"h0", 1}, {"h0,h0,h0", 1}, {"h0,h1,h2", 1}, {"h0,h1,h2", 3}} {
-		b.Run(fmt.Sprintf("placement=%s/replicas=%d", c.placement, c.replicas), func(b *testing.B) {
-			var out, errOut bytes.Buffer
-			args := []string{"scale", "--server", url, "--placement", c.placement, "--replicas", fmt.Sprint(c.replicas)}
-			if err := dispatch(context.Background(), args, &out, &errOut); err != nil {
-				b.Fatalf("%v: %v", args, err)
-			}
-			// Warm up, then one stream alone: the decode time per token.
-			if _, _, err := timedStream(url, refs[0].Prompt, gen); err != nil {
-				b.Fatal(err)
-			}
-			var perToken []time.Duration
-			for range 3 {
-				_, d, err := timedStream(url, refs[0].Prompt, gen)
-				if err != nil {
-					b.Fatal(err)
-				}
-				perToken = append(perToken, d)
-			}
-			sort.Slice(perToken, func(i, j int) bool { return perToken[i] < perToken[j] })
-			// Eight streams at once: one batch of eight per step.
-			var tokens int
-			var elapsed time.Duration
-			for b.Loop() {
-				start := time.Now()
-				var wg sync.WaitGroup
-				var mu sync.Mutex
-				for s := 0; s < 8; s++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						n, _, err := timedStream(url, refs[s%len(refs)].Prompt, gen)
-						if err != nil {
-							b.Error(err)
-						}
-						mu.Lock()
-						tokens += n
-						mu.Unlock()
-					}()
-				}
-				wg.Wait()
-				elapsed += time.Since(start)
-			}
-			b.ReportMetric(float64(perToken[1].Microseconds())/1000, "b1_ms/token")
-			b.ReportMetric(float64(tokens)/elapsed.Seconds(), "b8_tok/s")
-		})
+	var out, errOut bytes.Buffer
+	args := []string{"scale", "--server", url, "--placement", placement, "--replicas", fmt.Sprint(replicas)}
+	if err := dispatch(context.Background(), args, &out, &errOut); err != nil {
+		b.Fatalf("%v: %v", args, err)
 	}
+	// Warm up, then one stream alone: the decode time per token.
+	if _, _, err := timedStream(url, prompt, gen); err != nil {
+		b.Fatal(err)
+	}
+	var perToken []time.Duration
+	for range 3 {
+		_, d, err := timedStream(url, prompt, gen)
+		if err != nil {
+			b.Fatal(err)
+		}
+		perToken = append(perToken, d)
+	}
+	sort.Slice(perToken, func(i, j int) bool { return perToken[i] < perToken[j] })
+	// Eight streams at once: one batch of eight per step.
+	var tokens int
+	var elapsed time.Duration
+	for b.Loop() {
+		start := time.Now()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for s := 0; s < 8; s++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, _, err := timedStream(url, refs[s%len(refs)].Prompt, gen)
+				if err != nil {
+					b.Error(err)
+				}
+				mu.Lock()
+				tokens += n
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		elapsed += time.Since(start)
+	}
+	b.ReportMetric(float64(perToken[1].Microseconds())/1000, "b1_ms/token")
+	b.ReportMetric(float64(tokens)/elapsed.Seconds(), "b8_tok/s")
 }
 
 // timedStream streams a greedy completion of gen tokens and returns the

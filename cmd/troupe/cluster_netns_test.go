@@ -231,7 +231,10 @@ func TestClusterNetns(t *testing.T) {
 	for _, i := range []int{1, 2} {
 		procs[i] = lab.start(bin, i, nodeArgs(i, "--replicas", "0")...)
 	}
-	procs[0] = lab.start(bin, 0, nodeArgs(0, "--placement", "h0,h1,h2;h0")...)
+	// Host 0 cuts steps of several sequences into one micro-batch per
+	// stage: the concurrent streams of step 5 run through the hosts as a
+	// wavefront.
+	procs[0] = lab.start(bin, 0, nodeArgs(0, "--placement", "h0,h1,h2;h0", "--micro-batches", "0")...)
 	url := "http://" + lab.ip(0) + ":8080"
 	began := time.Now()
 	waitUntil(t, "host 0 serving", 90*time.Second, func() bool {

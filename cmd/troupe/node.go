@@ -305,6 +305,7 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCo
 	}
 	rep.actors = append(rep.actors, kvRef)
 	pipe := scheduler.NewPipeline(n.nc, stages, n.plane, mc.Vocab)
+	pipe.MicroBatches = n.cfg.MicroBatches
 	// The stages run in this process: the scheduler reaches them through
 	// their mailboxes, not the bus.
 	for s, p := range rep.actors[:len(stages)] {

@@ -17,6 +17,7 @@ import (
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/chat"
+	"github.com/troupe/troupe/scheduler"
 	"github.com/troupe/troupe/trace"
 )
 
@@ -58,6 +59,10 @@ type serveConfig struct {
 	// StepTimeout bounds one stage's forward pass before the stage counts
 	// as dead; in a config file, a duration string such as "10s".
 	StepTimeout time.Duration `json:"step_timeout"`
+	// MicroBatches is the most micro-batches a step of a pipeline of two or
+	// more stages is cut into (by sequences), to keep the stages busy at
+	// once: 0 is one per stage, 1 is off.
+	MicroBatches int `json:"micro_batches"`
 	// Insecure allows network listeners without credentials.
 	Insecure bool `json:"insecure"`
 
@@ -117,7 +122,7 @@ func defaultServeConfig() serveConfig {
 		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
-		StepTimeout: 10 * time.Second,
+		StepTimeout: 10 * time.Second, MicroBatches: scheduler.DefaultMicroBatches,
 	}
 }
 
@@ -151,6 +156,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "data-plane listen address (default: a free port on the route listener's host)")
 	fs.StringVar(&c.Placement, "placement", c.Placement, "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
 	fs.DurationVar(&c.StepTimeout, "step-timeout", c.StepTimeout, "longest forward pass of one stage before it counts as dead")
+	fs.IntVar(&c.MicroBatches, "micro-batches", c.MicroBatches, "most micro-batches a pipelined step is cut into (0: one per stage, 1: off)")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow bus and data-plane listeners on the network without credentials")
 	return file
 }
@@ -196,6 +202,9 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	if cfg.StepTimeout <= 0 {
 		return cfg, fmt.Errorf("serve: --step-timeout %v: want > 0", cfg.StepTimeout)
+	}
+	if cfg.MicroBatches < 0 || cfg.MicroBatches > scheduler.MaxMicroBatches {
+		return cfg, fmt.Errorf("serve: --micro-batches %d: want 0 to %d", cfg.MicroBatches, scheduler.MaxMicroBatches)
 	}
 	if cfg.Placement != "" {
 		if _, err := parsePlacements(cfg.Placement); err != nil {
