@@ -30,12 +30,13 @@ type Group interface {
 //
 // A rank that fails or panics fails the step for all: Lockstep aborts the
 // group's collectives so that no rank is left waiting in one, waits for
-// every rank, resets the group and returns the error; the scheduler then
-// re-prefills the step's sequences as after any failed step, and the
-// supervisor has restarted a rank that panicked.
+// every rank, resets the group and returns the error. The scheduler fails
+// the step's requests as after any failed step (their KV blocks go back),
+// the supervisor restarts a rank that panicked, and the next requests
+// prefill afresh on every rank.
 type Lockstep struct {
-	// StepTimeout bounds one rank's pass; a rank that does not answer in
-	// time fails the step.
+	// StepTimeout bounds a step: past it the group is aborted, which
+	// fails the step on every rank that waits in a collective.
 	StepTimeout time.Duration
 
 	ranks []*actors.Ref[ShardCall]
@@ -58,35 +59,51 @@ func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, 
 		errs: make([]error, len(ranks)), outs: make([]ForwardReply, len(ranks))}, nil
 }
 
-// Forward implements Engine.
+// Forward implements Engine. The ranks' passes run without a deadline of
+// their own: when StepTimeout passes or ctx ends, the group is aborted,
+// which ends every wait in a collective, and Forward waits for every rank
+// to return before it resets the group. So no pass of a failed step is
+// left to run on the reset group, where it would take the place of the
+// next step's.
 func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
-	// step: they get a copy of the pipeline's own.
+	// step: they get a copy of the engine's own.
 	l.plan.copyOf(b)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits}
+	var abortOnce sync.Once
+	var why error // the first abort's reason; read after the watchdogs stop
+	abort := func(err error) { abortOnce.Do(func() { why = err; l.group.Abort(err) }) }
+	step := l.step
+	timer := time.AfterFunc(l.StepTimeout, func() {
+		abort(fmt.Errorf("step %d: a rank did not finish within %v", step, l.StepTimeout))
+	})
+	stopCtx := context.AfterFunc(ctx, func() { abort(fmt.Errorf("step %d: %w", step, context.Cause(ctx))) })
 	var wg sync.WaitGroup
-	var once sync.Once
 	for i, ref := range l.ranks {
 		l.errs[i], l.outs[i] = nil, ForwardReply{}
 		wg.Go(func() {
-			sctx, cancel := context.WithTimeout(ctx, l.StepTimeout)
-			defer cancel()
-			r, err := actors.Ask(sctx, ref, shardCall, msg)
+			r, err := actors.Ask(context.WithoutCancel(ctx), ref, shardCall, msg)
 			if err != nil {
 				err = fmt.Errorf("rank %d: %w", i, err)
 				// The other ranks may wait for this one in a collective.
-				once.Do(func() { l.group.Abort(err) })
+				abort(err)
 			}
 			l.errs[i], l.outs[i] = err, r
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(l.errs...); err != nil {
-		// A rank that timed out may still hold the copy: leave it to it.
-		l.plan = plan{}
+	err := errors.Join(l.errs...)
+	// A watchdog that fired aborted the group, even if every rank was done.
+	timerFired, ctxFired := !timer.Stop(), !stopCtx()
+	if timerFired || ctxFired {
+		// Wait for the watchdog's abort to finish before reading why.
+		abortOnce.Do(func() {})
+		err = errors.Join(why, err)
+	}
+	if err != nil {
 		if rerr := l.group.Reset(); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("lockstep: reset: %w", rerr))
+			err = errors.Join(err, fmt.Errorf("reset: %w", rerr))
 		}
 		return fmt.Errorf("lockstep: %w", err)
 	}
