@@ -197,3 +197,42 @@ func TestServeTensorParallelRankPanic(t *testing.T) {
 		t.Errorf("%d of %d steps lack a rank's shard.forward span", missing, len(parents))
 	}
 }
+
+// BenchmarkServeTP measures the served demo model on the CPU lane with
+// --tp 1 (one device with all the threads) and --tp 2 (two devices
+// sharing them, summing through the host fabric) for 1 and 8 streaming
+// clients: aggregate tokens/s and the p50 inter-token latency.
+//
+//	go test -run XXX -bench ServeTP -benchtime 2x -count 3 ./cmd/troupe
+func BenchmarkServeTP(b *testing.B) {
+	for _, tp := range []int{1, 2} {
+		for _, streams := range []int{1, 8} {
+			b.Run(fmt.Sprintf("tp=%d/streams=%d", tp, streams), func(b *testing.B) {
+				s := startServe(b, func(c *serveConfig) { c.TP = tp })
+				const tokens = 64
+				var itl []time.Duration
+				var total int
+				var mu sync.Mutex
+				start := time.Now()
+				for b.Loop() {
+					var wg sync.WaitGroup
+					for range streams {
+						wg.Go(func() {
+							_, gaps, n, err := streamOnce(s.url, tokens)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							mu.Lock()
+							itl, total = append(itl, gaps...), total+n
+							mu.Unlock()
+						})
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(total)/time.Since(start).Seconds(), "tok/s")
+				b.ReportMetric(ms(pct(itl, 50)), "itl_p50_ms")
+			})
+		}
+	}
+}
