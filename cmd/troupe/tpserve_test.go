@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,7 @@ import (
 // ranks (two CPU devices summing through a host fabric) and checks the
 // greedy completion of every demo prompt against the reference text,
 // through the OpenAI client; each rank is a micro service whose INFO
-// names its rank.
+// names its rank, and the node refuses to resize.
 func TestServeTensorParallel(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -51,6 +52,16 @@ func TestServeTensorParallel(t *testing.T) {
 		if got := resp.Choices[0].Text; got != ref.Text {
 			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
 		}
+	}
+	// Such a node does not resize: a second replica would share the devices.
+	resp, err := http.Post(s.url+"/v1/admin/replicas", "application/json", strings.NewReader(`{"replicas":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "does not resize") {
+		t.Errorf("scaling a --tp node: %d %s", resp.StatusCode, body)
 	}
 	nc, err := nats.Connect("nats://"+addr, nats.UserInfo("ops", "secret"))
 	if err != nil {
