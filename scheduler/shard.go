@@ -40,6 +40,9 @@ type Shard struct {
 	// Remote, when set, reads inputs that another node published; without
 	// it only tensors of this process's plane are readable.
 	Remote RemoteReader
+	// Rank and Ranks place a tensor-parallel rank in its group (Ranks > 1):
+	// its spans carry shard.rank and its INFO says "rank r of n".
+	Rank, Ranks int
 
 	mu   sync.Mutex  // one step at a time
 	outs [][]float32 // published outputs, by ForwardMsg.Micro
@@ -72,6 +75,9 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 			AttrTokens.Int(len(m.Pos)))
 		if m.Micro > 0 {
 			span.SetAttributes(AttrMicroBatch.Int(m.Micro - 1))
+		}
+		if s.Ranks > 1 {
+			span.SetAttributes(ttrace.AttrShardRank.Int(s.Rank))
 		}
 	}
 	if m.Micro < 0 || m.Micro > MaxMicroBatches {
@@ -320,11 +326,18 @@ func (s *Shard) Props() actors.Props[ShardCall] {
 		ID:          s.ID,
 		New:         func() actors.Actor[ShardCall] { return shardActor{s} },
 		Mailbox:     16,
-		Description: fmt.Sprintf("layers %d-%d", s.First, s.Last),
+		Description: s.describe(),
 		Endpoints: []actors.Endpoint[ShardCall]{
 			actors.Handle("forward", shardCall),
 		},
 	}
+}
+
+func (s *Shard) describe() string {
+	if s.Ranks > 1 {
+		return fmt.Sprintf("layers %d-%d, rank %d of %d", s.First, s.Last, s.Rank, s.Ranks)
+	}
+	return fmt.Sprintf("layers %d-%d", s.First, s.Last)
 }
 
 type shardActor struct{ s *Shard }

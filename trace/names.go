@@ -35,6 +35,9 @@ const (
 	// range [start, end).
 	AttrLayerStart = attribute.Key("shard.layer.start")
 	AttrLayerEnd   = attribute.Key("shard.layer.end")
+	// AttrShardRank is a tensor-parallel rank's index in its group; the
+	// ranks of one step share shard.index.
+	AttrShardRank = attribute.Key("shard.rank")
 	// AttrPromptTokens is the number of prompt tokens a prefill chunk covers.
 	AttrPromptTokens = attribute.Key("prefill.tokens")
 )

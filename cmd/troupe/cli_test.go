@@ -140,7 +140,11 @@ func TestServeConfigFile(t *testing.T) {
 	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.StepTimeout != 90*time.Second || cfg.Cluster.Name != "x" {
 		t.Errorf("step_timeout as a duration: %v, %v", cfg.StepTimeout, err)
 	}
-	for _, bad := range []string{`{"step_timeout":5}`, `{"step_timeout":"5 parsecs"}`, `{"cluster":{"nmae":"x"}}`} {
+	os.WriteFile(file, []byte(`{"tp":2,"threads":4}`), 0o644)
+	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.TP != 2 || cfg.Threads != 4 {
+		t.Errorf("tp from the file: %d, %v", cfg.TP, err)
+	}
+	for _, bad := range []string{`{"tp":2,"shards":2}`, `{"step_timeout":5}`, `{"step_timeout":"5 parsecs"}`, `{"cluster":{"nmae":"x"}}`} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%s: accepted", bad)

@@ -20,6 +20,13 @@ func TestCheckExposure(t *testing.T) {
 		{[]string{"--route-listen", "10.0.0.1:6222", "--bus-user", "u", "--bus-password", "p"}, ""},
 		{[]string{"--placement", "a,,b"}, "placement 0"},
 		{[]string{"--placement", "a,b;c", "--step-timeout", "0s"}, "--step-timeout"},
+		{[]string{"--tp", "2"}, ""},
+		{[]string{"--tp", "0"}, "--tp 0"},
+		{[]string{"--tp", "9"}, "at most 8"},
+		{[]string{"--tp", "2", "--shards", "2"}, "--tp and --shards are exclusive"},
+		{[]string{"--tp", "2", "--placement", "a"}, "--tp and --placement are exclusive"},
+		{[]string{"--tp", "2", "--replicas", "2"}, "one replica"},
+		{[]string{"--tp", "2", "--device", "ref"}, "--device cpu or cuda"},
 	} {
 		_, err := parseServe(tc.args, io.Discard)
 		switch {

@@ -34,6 +34,7 @@ type node struct {
 	bundle   *models.Bundle
 	tok      *tokenizer.Tokenizer
 	dev      gpu.Device
+	tpd      *tpState // the --tp devices and ranks; nil without tensor parallelism
 	device   *actors.Ref[scheduler.DeviceJob]
 	backend  *backend
 	plane    *xgmi.Host
@@ -139,7 +140,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.tok, err = tokenizer.Parse(n.bundle.Tokenizer); err != nil {
 		return nil, fmt.Errorf("serve: tokenizer.json: %w", err)
 	}
-	if n.dev, err = openDevice(ctx, cfg.Device, cfg.Threads); err != nil {
+	if n.dev, err = n.openDevices(ctx); err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { n.dev.Close() })
@@ -277,6 +278,9 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 	n.nextRep++
 	if sh.placement != "" {
 		return n.startGroup(ctx, n.runCtx, id, sh.placement)
+	}
+	if n.tpd != nil {
+		return n.startTPReplica(ctx, n.runCtx, id)
 	}
 	return n.startLocalReplica(ctx, n.runCtx, id, sh.stages)
 }

@@ -126,6 +126,10 @@ func canonical(specs [][]string) string {
 func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error) {
 	n.resizeMu.Lock()
 	defer n.resizeMu.Unlock()
+	if n.tpd != nil {
+		// Two replicas at once would share the ranks' devices.
+		return n.state(), fmt.Errorf("scale: a node serving --tp %d does not resize", n.cfg.TP)
+	}
 	if want.Replicas == 0 {
 		want.Replicas = n.state().Replicas
 	}

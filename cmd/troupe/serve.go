@@ -35,6 +35,9 @@ type serveConfig struct {
 	// number of full copies of the model.
 	Shards   int `json:"shards"`
 	Replicas int `json:"replicas"`
+	// TP is the number of tensor-parallel ranks of the replica: CPU
+	// devices sharing the threads, or GPUs 0 to TP-1.
+	TP int `json:"tp"`
 	// Scheduling limits.
 	MaxQueue       int `json:"max_queue"`
 	MaxBatchTokens int `json:"max_batch_tokens"`
@@ -119,7 +122,7 @@ func (c *serveConfig) UnmarshalJSON(b []byte) error {
 func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
-		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1,
+		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1, TP: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, MicroBatches: scheduler.DefaultMicroBatches,
@@ -136,6 +139,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU threads (0: all)")
 	fs.IntVar(&c.Shards, "shards", c.Shards, "pipeline stages per replica")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of the model")
+	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel ranks of the replica: CPU devices sharing --threads, or GPUs 0 to N-1 (--device cuda)")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "requests waiting before 429s")
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "tokens per step")
 	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")
@@ -199,6 +203,9 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	}
 	if cfg.Shards < 1 || cfg.Replicas < 0 {
 		return cfg, fmt.Errorf("serve: --shards must be at least 1 and --replicas at least 0")
+	}
+	if err := checkTP(cfg); err != nil {
+		return cfg, err
 	}
 	if cfg.StepTimeout <= 0 {
 		return cfg, fmt.Errorf("serve: --step-timeout %v: want > 0", cfg.StepTimeout)

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/gpu/cuda"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/scheduler"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// Tensor-parallel serving (--tp N): the node opens N devices (N CPU
+// devices sharing the threads, or GPUs 0 to N-1), each owned by a device
+// actor. The replica's ranks are layer-shard actors, rank i holding its
+// slice of every layer on device i, and its scheduler drives them in
+// lock-step (scheduler.Lockstep) over a fabric: host memory on the CPU
+// lane, CUDA peer memory on the CUDA lane.
+
+// checkTP reports a --tp that cannot be served.
+func checkTP(cfg serveConfig) error {
+	switch {
+	case cfg.TP < 1:
+		return fmt.Errorf("serve: --tp %d: want 1 or more", cfg.TP)
+	case cfg.TP == 1:
+		return nil
+	case cfg.TP > 8:
+		return fmt.Errorf("serve: --tp %d: at most 8 ranks", cfg.TP)
+	case cfg.Device != "cpu" && cfg.Device != "cuda":
+		return fmt.Errorf("serve: --tp %d needs --device cpu or cuda, not %q", cfg.TP, cfg.Device)
+	case cfg.Shards > 1:
+		return fmt.Errorf("serve: --tp and --shards are exclusive: a tensor-parallel replica is one stage")
+	case cfg.Placement != "":
+		return fmt.Errorf("serve: --tp and --placement are exclusive")
+	case cfg.Replicas > 1:
+		return fmt.Errorf("serve: --tp %d serves one replica, not %d: its ranks own the node's devices", cfg.TP, cfg.Replicas)
+	}
+	return nil
+}
+
+// tpState is a tensor-parallel node's devices and the ranks of its
+// replica.
+type tpState struct {
+	devs  []gpu.Device
+	cudas []*cuda.Device // the same devices on the CUDA lane
+
+	mu     sync.Mutex
+	shards []*scheduler.Shard // the replica's ranks; guarded by mu
+}
+
+// ranks returns the replica's rank shards.
+func (t *tpState) ranks() []*scheduler.Shard {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.shards
+}
+
+// openDevices opens the node's device: one, or the --tp devices of which
+// it returns rank 0's (the node's device actor owns it) and closes the
+// others with the node.
+func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
+	cfg := n.cfg
+	if cfg.TP <= 1 {
+		return openDevice(ctx, cfg.Device, cfg.Threads)
+	}
+	t := &tpState{}
+	if cfg.Device == "cuda" {
+		devs, err := openCUDAs(ctx, cfg.TP)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --tp %d: %w", cfg.TP, err)
+		}
+		t.cudas = devs
+		for _, d := range devs {
+			t.devs = append(t.devs, d)
+		}
+	} else {
+		threads := cfg.Threads
+		if threads <= 0 {
+			threads = runtime.GOMAXPROCS(0)
+		}
+		for i := range cfg.TP {
+			// The threads are split between the ranks, the first ones
+			// taking the remainder.
+			per := threads / cfg.TP
+			if i < threads%cfg.TP {
+				per++
+			}
+			d, err := cpu.New(cpu.Config{Threads: max(1, per), Spin: cpu.DefaultConfig().Spin})
+			if err != nil {
+				for _, o := range t.devs {
+					o.Close()
+				}
+				return nil, fmt.Errorf("serve: --tp %d: cpu device %d: %w", cfg.TP, i, err)
+			}
+			t.devs = append(t.devs, d)
+		}
+	}
+	n.closers = append(n.closers, func() {
+		for _, d := range t.devs[1:] {
+			d.Close()
+		}
+	})
+	n.tpd = t
+	return t.devs[0], nil
+}
+
+// startTPReplica runs replica id over the node's --tp devices: a rank
+// actor per device, its KV-manager, and its scheduler over a Lockstep.
+func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
+	t := n.tpd
+	N := len(t.devs)
+	mc := n.bundle.Config
+	rep := &replica{id: id, shape: shape{stages: 1}}
+	defer func() {
+		if err != nil {
+			n.stopActors(rep)
+		}
+	}()
+	var fab tpFabric
+	if t.cudas != nil {
+		fab, err = newCUDATP(t.cudas)
+	} else {
+		fab, err = newHostTP(t.devs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: tensor parallelism: %w", err)
+	}
+	// The fabric goes with the last rank; until that rank runs, here.
+	fabOwned := false
+	defer func() {
+		if !fabOwned {
+			fab.Close()
+		}
+	}()
+	devRefs := []*actors.Ref[scheduler.DeviceJob]{n.device}
+	var devProcs []actors.Process
+	for i := 1; i < N; i++ {
+		ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, i), t.devs[i]))
+		if err != nil {
+			for _, p := range devProcs {
+				rep.actors = append(rep.actors, p)
+			}
+			return nil, fmt.Errorf("serve: device actor %d: %w", i, err)
+		}
+		devRefs = append(devRefs, ref)
+		devProcs = append(devProcs, ref)
+	}
+	reds := fab.reducers()
+	var refs []*actors.Ref[scheduler.ShardCall]
+	var shards []*scheduler.Shard
+	for i := range N {
+		sid := fmt.Sprintf("%s-t%d", scheduler.ShardID(rep.id, 0), i)
+		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, t.devs[i], models.Options{
+			FirstLayer: 0, LastLayer: mc.Layers, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
+			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
+		})
+		if err != nil {
+			rep.actors = append(rep.actors, devProcs...)
+			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
+		}
+		cache, err := m.NewCache(n.blocks, 16)
+		if err != nil {
+			m.Close()
+			rep.actors = append(rep.actors, devProcs...)
+			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
+		}
+		sh := scheduler.NewShard(sid, 0, m, cache, n.plane, n.tp.TracerProvider())
+		sh.Rank, sh.Ranks, sh.Device = i, N, devRefs[i]
+		ref, err := actors.Spawn(ctx, n.actors, sh.Props())
+		if err != nil {
+			cache.Close()
+			m.Close()
+			rep.actors = append(rep.actors, devProcs...)
+			return nil, fmt.Errorf("serve: spawn %s: %w", sid, err)
+		}
+		release := func() { cache.Close(); m.Close() }
+		if i == N-1 {
+			// The ranks stop in order: the last one takes the fabric.
+			release = func() { cache.Close(); m.Close(); fab.Close() }
+			fabOwned = true
+		}
+		n.spawnedMu.Lock()
+		n.spawned[sid] = release
+		n.spawnedMu.Unlock()
+		rep.actors = append(rep.actors, ref)
+		refs = append(refs, ref)
+		shards = append(shards, sh)
+		fmt.Fprintf(n.log, "node %s: shard %s runs rank %d of %d on %s\n", n.cfg.Node, sid, i, N, t.devs[i].Name())
+	}
+	// The device actors stop after the ranks that use them.
+	rep.actors = append(rep.actors, devProcs...)
+	kv, kvRef, err := n.startKV(ctx, rep.id)
+	if kvRef != nil {
+		rep.actors = append(rep.actors, kvRef)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ls, err := scheduler.NewLockstep(refs, fab, n.plane, mc.Vocab)
+	if err != nil {
+		return nil, err
+	}
+	ls.StepTimeout = n.cfg.StepTimeout
+	if err := n.startScheduler(runCtx, ls, kv, rep); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	t.shards = shards
+	t.mu.Unlock()
+	return rep, nil
+}
+
+// tpFabric is a replica's collectives: a models.Reducer per rank, and
+// the abort and reset that supervision needs (scheduler.Group).
+type tpFabric interface {
+	scheduler.Group
+	reducers() []models.Reducer
+	Close()
+}
+
+// hostTP is a tensor-parallel group of host devices summing through a
+// host fabric. A reset replaces the fabric, whose abort is final.
+type hostTP struct {
+	devs  []gpu.Device
+	ranks []*hostReducer
+
+	mu  sync.Mutex
+	fab *xgmi.HostFabric // guarded by mu
+}
+
+func newHostTP(devs []gpu.Device) (*hostTP, error) {
+	h := &hostTP{devs: devs}
+	for _, d := range devs {
+		h.ranks = append(h.ranks, &hostReducer{dev: d})
+	}
+	if err := h.Reset(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Reset implements scheduler.Group: a fresh fabric for every rank.
+func (h *hostTP) Reset() error {
+	cfg := xgmi.DefaultHostFabricConfig()
+	cfg.Ranks = len(h.devs)
+	fab, err := xgmi.NewHostFabric(cfg)
+	if err != nil {
+		return err
+	}
+	comm, err := xgmi.NewComm(fab, xgmi.DefaultConfig())
+	if err != nil {
+		fab.Close()
+		return err
+	}
+	for i, r := range h.ranks {
+		r.rank.Store(comm.Rank(i))
+	}
+	h.mu.Lock()
+	old := h.fab
+	h.fab = fab
+	h.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	return nil
+}
+
+// Abort implements scheduler.Group: every wait on the fabric fails.
+func (h *hostTP) Abort(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fab.Abort(err)
+}
+
+func (h *hostTP) reducers() []models.Reducer {
+	out := make([]models.Reducer, len(h.ranks))
+	for i, r := range h.ranks {
+		out[i] = r
+	}
+	return out
+}
+
+func (h *hostTP) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fab.Close()
+}
+
+// hostReducer is a rank's models.Reducer over a host fabric: the
+// collective runs on a host copy of the device buffer. Its calls come from
+// the rank's device actor, one at a time. The waits have no deadline: the
+// group's abort ends them.
+type hostReducer struct {
+	dev     gpu.Device
+	rank    atomic.Pointer[xgmi.Rank]
+	in, out []byte
+}
+
+func (r *hostReducer) AllReduceN(dst, src gpu.Buffer, n int) error {
+	dt := src.DType()
+	if dst.DType() != dt || n < 0 || n > src.Len() || n > dst.Len() {
+		return fmt.Errorf("all-reduce: %d elements of %s into %s of %d", n, dt, dst.DType(), dst.Len())
+	}
+	r.in = grow(r.in, n*dt.Size())
+	if err := r.dev.Read(r.in, src, 0); err != nil {
+		return fmt.Errorf("all-reduce: %w", err)
+	}
+	if err := r.rank.Load().AllReduce(context.Background(), r.in, r.in, dt); err != nil {
+		return err
+	}
+	return r.dev.Write(dst, 0, r.in)
+}
+
+func (r *hostReducer) AllGather(dst, src gpu.Buffer) error {
+	es := src.DType().Size()
+	r.in = grow(r.in, src.Len()*es)
+	r.out = grow(r.out, dst.Len()*es)
+	if err := r.dev.Read(r.in, src, 0); err != nil {
+		return fmt.Errorf("all-gather: %w", err)
+	}
+	if err := r.rank.Load().AllGather(context.Background(), r.out, r.in); err != nil {
+		return err
+	}
+	return r.dev.Write(dst, 0, r.out)
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+// cudaTP is a tensor-parallel group of GPUs summing through a CUDA fabric.
+// Its collectives are kernels that give up after the fabric's timeout when
+// a rank does not arrive, so Abort has nothing to do; Reset waits for the
+// GPUs (clearing the fault the timeout reports).
+type cudaTP struct {
+	devs []*cuda.Device
+	fab  *xgmi.CUDAFabric
+	comm *xgmi.DeviceComm
+}
+
+func newCUDATP(devs []*cuda.Device) (*cudaTP, error) {
+	fab, err := xgmi.NewCUDAFabric(devs, xgmi.CUDAFabricConfig{StepBytes: 4 << 20})
+	if err != nil {
+		return nil, err
+	}
+	comm, err := xgmi.NewDeviceComm(fab, xgmi.DefaultCUDAConfig())
+	if err != nil {
+		fab.Close()
+		return nil, err
+	}
+	return &cudaTP{devs: devs, fab: fab, comm: comm}, nil
+}
+
+func (c *cudaTP) Abort(error) {}
+
+func (c *cudaTP) Reset() error {
+	// A device reports a fault once, from this Sync: it is the failed
+	// step's, which the step's error already tells.
+	for _, d := range c.devs {
+		_ = d.Sync(context.Background())
+	}
+	return nil
+}
+
+func (c *cudaTP) reducers() []models.Reducer {
+	out := make([]models.Reducer, len(c.devs))
+	for i := range c.devs {
+		out[i] = c.comm.Rank(i)
+	}
+	return out
+}
+
+func (c *cudaTP) Close() {
+	for _, d := range c.devs {
+		_ = d.Sync(context.Background())
+	}
+	c.fab.Close()
+}

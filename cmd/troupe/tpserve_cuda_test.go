@@ -1,0 +1,46 @@
+//go:build cuda
+
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/troupe/troupe/gpu/cuda"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// TestServeTensorParallelCUDA serves the demo model with --tp 2 on GPUs 0
+// and 1 (ranks joined by the CUDA fabric, a bf16 KV cache) and checks the
+// greedy completion of every demo prompt against the reference text
+// through the OpenAI client. It skips with fewer than two GPUs.
+func TestServeTensorParallelCUDA(t *testing.T) {
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
+	ctx := context.Background()
+	for i := range 2 {
+		d, err := cuda.Open(ctx, cudaConfig(i))
+		if err != nil {
+			t.Skipf("serving --tp 2 needs 2 GPUs: GPU %d: %v", i, err)
+		}
+		d.Close()
+	}
+	s := startServe(t, func(c *serveConfig) { c.Device, c.TP = "cuda", 2 })
+	c := s.client()
+	for _, ref := range demoRefs(t) {
+		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+			Model:       openai.CompletionNewParamsModel(demo.Name),
+			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
+			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
+			Temperature: openai.Float(0),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Choices[0].Text; got != ref.Text {
+			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
+		}
+	}
+}

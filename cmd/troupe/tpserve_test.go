@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/gateway"
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/scheduler"
+	"github.com/troupe/troupe/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// TestServeTensorParallel serves the demo model over two tensor-parallel
+// ranks (two CPU devices summing through a host fabric) and checks the
+// greedy completion of every demo prompt against the reference text,
+// through the OpenAI client; each rank is a micro service whose INFO
+// names its rank, and the node refuses to resize.
+func TestServeTensorParallel(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	s := startServe(t, func(c *serveConfig) {
+		c.TP, c.Threads = 2, 2
+		c.Cluster.ClientListen, c.Cluster.User, c.Cluster.Password = addr, "ops", "secret"
+	})
+	c := s.client()
+	ctx := context.Background()
+	for _, ref := range demoRefs(t) {
+		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+			Model:       openai.CompletionNewParamsModel(demo.Name),
+			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
+			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
+			Temperature: openai.Float(0),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Choices[0].Text; got != ref.Text {
+			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
+		}
+	}
+	// Such a node does not resize: a second replica would share the devices.
+	resp, err := http.Post(s.url+"/v1/admin/replicas", "application/json", strings.NewReader(`{"replicas":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "does not resize") {
+		t.Errorf("scaling a --tp node: %d %s", resp.StatusCode, body)
+	}
+	nc, err := nats.Connect("nats://"+addr, nats.UserInfo("ops", "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, verb := range []string{"PING", "STATS"} {
+		if _, err := nc.Request("$SRV."+verb+".shard", nil, 5*time.Second); err != nil {
+			t.Errorf("%s shard: %v", verb, err)
+		}
+	}
+	// Every rank answers INFO with its rank.
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("$SRV.INFO.shard", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		msg, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("INFO shard: %v (saw %v)", err, seen)
+		}
+		for r := range 2 {
+			if want := fmt.Sprintf("rank %d of 2", r); strings.Contains(string(msg.Data), want) {
+				seen[want] = true
+			}
+		}
+	}
+}
+
+// TestServeTensorParallelRankPanic makes rank 1 panic in a step: the step
+// fails for both ranks (rank 0 does not stay in its all-reduce) and its
+// request fails, the supervisor restarts the rank, and every later request
+// gets the reference tokens from a fresh prefill. Each decode step has a shard.forward span per rank.
+func TestServeTensorParallelRankPanic(t *testing.T) {
+	ctx := context.Background()
+	exp := tracetest.NewInMemoryExporter()
+	tcfg := trace.DefaultConfig()
+	tcfg.NodeName, tcfg.SpanExporter = "test", exp
+	tp, err := trace.Setup(ctx, tcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
+	n, err := startNode(ctx, cfg, tp, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Shutdown(ctx)
+	defer n.Close()
+	ranks := n.tpd.ranks()
+	if len(ranks) != 2 {
+		t.Fatalf("%d ranks, want 2", len(ranks))
+	}
+	var once sync.Once
+	panicked := make(chan struct{})
+	ranks[1].Fault = func() {
+		once.Do(func() {
+			close(panicked)
+			panic("injected fault")
+		})
+	}
+	refs := demoRefs(t)
+	gen := func(id string, ref demoRef) ([]int32, error) {
+		var got []int32
+		_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
+			RequestID: id, Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
+			MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
+		}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
+		return got, err
+	}
+	// The request in flight when the rank panics fails.
+	if _, err := gen("during", refs[0]); err == nil || !strings.Contains(err.Error(), "injected fault") {
+		t.Fatalf("request during the panic: %v, want the rank's panic", err)
+	}
+	select {
+	case <-panicked:
+	default:
+		t.Fatal("rank 1 never ran its fault")
+	}
+	for i, ref := range refs {
+		got, err := gen(fmt.Sprintf("after-%d", i), ref)
+		if err != nil {
+			t.Fatalf("prompt %d after the restart: %v", i, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+			t.Errorf("prompt %d after the restart: got %v, want %v", i, got, ref.GreedyIDs)
+		}
+	}
+	n.replicasMu.Lock()
+	procs := n.replicas[0].actors
+	n.replicasMu.Unlock()
+	for r, want := range []uint64{0, 1} {
+		ref, ok := procs[r].(*actors.Ref[scheduler.ShardCall])
+		if !ok {
+			t.Fatalf("actor %d is %T, not a rank", r, procs[r])
+		}
+		if st := ref.Stats(); st.Restarts != want {
+			t.Errorf("rank %d stats %+v, want %d restarts", r, st, want)
+		}
+	}
+	// The exporter forgets its spans when it shuts down: flush instead.
+	if err := tp.ForceFlush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Each rank recorded shard.forward spans with its rank; a step's ranks
+	// share their parent (the decode step).
+	parents := map[string]map[int]bool{}
+	for _, s := range exp.GetSpans() {
+		if s.Name != trace.SpanShardForward {
+			continue
+		}
+		rank := -1
+		for _, a := range s.Attributes {
+			if a.Key == trace.AttrShardRank {
+				rank = int(a.Value.AsInt64())
+			}
+		}
+		if rank < 0 {
+			t.Fatalf("shard.forward span without %s: %v", trace.AttrShardRank, s.Attributes)
+		}
+		p := s.Parent.SpanID().String()
+		if parents[p] == nil {
+			parents[p] = map[int]bool{}
+		}
+		parents[p][rank] = true
+	}
+	if len(parents) == 0 {
+		t.Fatal("no shard.forward spans")
+	}
+	// The failed step lacks the span of the rank that panicked first.
+	missing := 0
+	for _, rs := range parents {
+		if !rs[0] || !rs[1] {
+			missing++
+		}
+	}
+	if missing > 1 {
+		t.Errorf("%d of %d steps lack a rank's shard.forward span", missing, len(parents))
+	}
+}
+
+// BenchmarkServeTP measures the served demo model on the CPU lane with
+// --tp 1 (one device with all the threads) and --tp 2 (two devices
+// sharing them, summing through the host fabric) for 1 and 8 streaming
+// clients: aggregate tokens/s and the p50 inter-token latency.
+//
+//	go test -run XXX -bench ServeTP -benchtime 2x -count 3 ./cmd/troupe
+func BenchmarkServeTP(b *testing.B) {
+	for _, tp := range []int{1, 2} {
+		for _, streams := range []int{1, 8} {
+			b.Run(fmt.Sprintf("tp=%d/streams=%d", tp, streams), func(b *testing.B) {
+				s := startServe(b, func(c *serveConfig) { c.TP = tp })
+				const tokens = 64
+				var itl []time.Duration
+				var total int
+				var mu sync.Mutex
+				start := time.Now()
+				for b.Loop() {
+					var wg sync.WaitGroup
+					for range streams {
+						wg.Go(func() {
+							_, gaps, n, err := streamOnce(s.url, tokens)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							mu.Lock()
+							itl, total = append(itl, gaps...), total+n
+							mu.Unlock()
+						})
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(total)/time.Since(start).Seconds(), "tok/s")
+				b.ReportMetric(ms(pct(itl, 50)), "itl_p50_ms")
+			})
+		}
+	}
+}

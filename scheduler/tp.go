@@ -1,0 +1,122 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// Group is what Lockstep needs of a tensor-parallel group's collectives:
+// Abort makes every collective in progress or to come fail instead of
+// waiting for a rank that will not arrive, and Reset, called once every
+// rank has returned from an aborted step, gives the ranks fresh
+// collectives for the next one.
+type Group interface {
+	Abort(err error)
+	Reset() error
+}
+
+// Lockstep is the Engine of a tensor-parallel replica: its ranks are
+// layer-shard actors of this process, each owning its rank's slice of
+// every layer on its own device. Every step goes to every rank at once;
+// the collectives inside the pass keep them in lock-step, and rank 0's
+// logits are the step's (every rank computes the same ones).
+//
+// A rank that fails or panics fails the step for all: Lockstep aborts the
+// group's collectives so that no rank is left waiting in one, waits for
+// every rank, resets the group and returns the error. The scheduler fails
+// the step's requests as after any failed step (their KV blocks go back),
+// the supervisor restarts a rank that panicked, and the next requests
+// prefill afresh on every rank.
+type Lockstep struct {
+	// StepTimeout bounds a step: past it the group is aborted, which
+	// fails the step on every rank that waits in a collective.
+	StepTimeout time.Duration
+
+	ranks []*actors.Ref[ShardCall]
+	group Group
+	plane *xgmi.Host
+	vocab int
+	step  uint64
+	plan  plan
+	errs  []error
+	outs  []ForwardReply
+}
+
+// NewLockstep drives ranks (rank i at index i) whose collectives are
+// group's.
+func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, vocab int) (*Lockstep, error) {
+	if len(ranks) == 0 || group == nil {
+		return nil, fmt.Errorf("lockstep: %d ranks and group %v", len(ranks), group)
+	}
+	return &Lockstep{StepTimeout: 30 * time.Second, ranks: ranks, group: group, plane: plane, vocab: vocab,
+		errs: make([]error, len(ranks)), outs: make([]ForwardReply, len(ranks))}, nil
+}
+
+// Forward implements Engine. The ranks' passes run without a deadline of
+// their own: when StepTimeout passes or ctx ends, the group is aborted,
+// which ends every wait in a collective, and Forward waits for every rank
+// to return before it resets the group. So no pass of a failed step is
+// left to run on the reset group, where it would take the place of the
+// next step's.
+func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	l.step++
+	// The ranks share the plan's memory, which the scheduler reuses next
+	// step: they get a copy of the engine's own.
+	l.plan.copyOf(b)
+	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits}
+	var abortOnce sync.Once
+	var why error // the first abort's reason; read after the watchdogs stop
+	abort := func(err error) { abortOnce.Do(func() { why = err; l.group.Abort(err) }) }
+	step := l.step
+	timer := time.AfterFunc(l.StepTimeout, func() {
+		abort(fmt.Errorf("step %d: a rank did not finish within %v", step, l.StepTimeout))
+	})
+	stopCtx := context.AfterFunc(ctx, func() { abort(fmt.Errorf("step %d: %w", step, context.Cause(ctx))) })
+	var wg sync.WaitGroup
+	for i, ref := range l.ranks {
+		l.errs[i], l.outs[i] = nil, ForwardReply{}
+		wg.Go(func() {
+			r, err := actors.Ask(context.WithoutCancel(ctx), ref, shardCall, msg)
+			if err != nil {
+				err = fmt.Errorf("rank %d: %w", i, err)
+				// The other ranks may wait for this one in a collective.
+				abort(err)
+			}
+			l.errs[i], l.outs[i] = err, r
+		})
+	}
+	wg.Wait()
+	err := errors.Join(l.errs...)
+	// A watchdog that fired aborted the group, even if every rank was done.
+	timerFired, ctxFired := !timer.Stop(), !stopCtx()
+	if timerFired || ctxFired {
+		// Wait for the watchdog's abort to finish before reading why.
+		abortOnce.Do(func() {})
+		err = errors.Join(why, err)
+	}
+	if err != nil {
+		if rerr := l.group.Reset(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("reset: %w", rerr))
+		}
+		return fmt.Errorf("lockstep: %w", err)
+	}
+	if len(b.Logits) == 0 {
+		return nil
+	}
+	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
+	if err != nil {
+		return fmt.Errorf("lockstep logits: %w", err)
+	}
+	if want := len(b.Logits) * l.vocab; len(rows) != want {
+		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
+	}
+	copy(logits, rows)
+	return nil
+}

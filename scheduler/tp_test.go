@@ -1,0 +1,180 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// fakeGroup stands for a fabric: a collective waits until every rank
+// arrived or the group is aborted.
+type fakeGroup struct {
+	ranks int
+
+	mu      sync.Mutex
+	arrived int
+	all     chan struct{} // closed when every rank arrived
+	aborted chan struct{} // closed by Abort; replaced by Reset
+	resets  int
+	running *atomic.Int32 // ranks in a pass
+	dirty   int           // ranks in a pass at a reset
+}
+
+func newFakeGroup(ranks int, running *atomic.Int32) *fakeGroup {
+	return &fakeGroup{ranks: ranks, all: make(chan struct{}), aborted: make(chan struct{}), running: running}
+}
+
+func (g *fakeGroup) Abort(error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.aborted:
+	default:
+		close(g.aborted)
+	}
+}
+
+func (g *fakeGroup) Reset() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.resets++
+	g.dirty += int(g.running.Load())
+	g.arrived, g.all, g.aborted = 0, make(chan struct{}), make(chan struct{})
+	return nil
+}
+
+// collective is a rank's all-reduce: it returns once every rank arrived,
+// or fails once the group is aborted.
+func (g *fakeGroup) collective() error {
+	g.mu.Lock()
+	all, aborted := g.all, g.aborted
+	if g.arrived++; g.arrived == g.ranks {
+		close(g.all)
+	}
+	g.mu.Unlock()
+	select {
+	case <-all:
+		return nil
+	case <-aborted:
+		return xgmi.ErrAborted
+	}
+}
+
+// rankActor is a scripted rank: behave decides, per step, whether it
+// joins the collective, fails, or waits for the abort without joining.
+type rankActor struct {
+	rank    int
+	g       *fakeGroup
+	plane   *xgmi.Host
+	running *atomic.Int32
+	behave  func(step uint64) string
+}
+
+func (a rankActor) Receive(_ context.Context, c ShardCall) error {
+	a.running.Add(1)
+	defer a.running.Add(-1)
+	switch a.behave(c.Req.Step) {
+	case "fail":
+		c.Fail(errors.New("scripted failure"))
+		return nil
+	case "hang":
+		// A rank that never reaches the collective (a missed issue): it
+		// stays out until the group is aborted.
+		a.g.mu.Lock()
+		aborted := a.g.aborted
+		a.g.mu.Unlock()
+		<-aborted
+		c.Fail(errors.New("hung rank released"))
+		return nil
+	}
+	if err := a.g.collective(); err != nil {
+		c.Fail(err)
+		return nil
+	}
+	name := fmt.Sprintf("rank/%d", a.rank)
+	out := []float32{float32(a.rank), float32(c.Req.Step)}
+	a.plane.Publish(name, out)
+	return c.Reply(ForwardReply{Output: bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}})
+}
+
+// TestLockstep drives two scripted ranks: a step that succeeds returns
+// rank 0's logits; a step where a rank fails, or never reaches the
+// collective, fails as a whole, with the group aborted and reset only once
+// no rank is still in its pass; the next step succeeds.
+func TestLockstep(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	node, err := bus.Start(ctx, bus.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Shutdown(context.Background())
+	nc, err := node.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown(context.Background())
+	plane := xgmi.NewHost(node.Name())
+	var running atomic.Int32
+	g := newFakeGroup(2, &running)
+	script := map[uint64][2]string{2: {"ok", "fail"}, 3: {"ok", "hang"}}
+	var refs []*actors.Ref[ShardCall]
+	for r := range 2 {
+		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("t%d", r),
+			New: func() actors.Actor[ShardCall] {
+				return rankActor{rank: r, g: g, plane: plane, running: &running, behave: func(step uint64) string {
+					if s, ok := script[step]; ok {
+						return s[r]
+					}
+					return "ok"
+				}}
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	l, err := NewLockstep(refs, g, plane, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &models.Batch{Tokens: []int32{5}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{{0}}, Logits: []int32{0}}
+	logits := make([]float32, 2)
+	for step, want := range []string{"", "scripted failure", "did not finish", ""} {
+		// The hung step ends when the watchdog aborts the group; the
+		// others have all the time they need.
+		l.StepTimeout = time.Minute
+		if strings.Contains(want, "finish") {
+			l.StepTimeout = 20 * time.Millisecond
+		}
+		err := l.Forward(ctx, b, logits)
+		switch {
+		case want == "" && err != nil:
+			t.Fatalf("step %d: %v", step+1, err)
+		case want == "" && (logits[0] != 0 || logits[1] != float32(step+1)):
+			t.Errorf("step %d: logits %v, want rank 0's [0 %d]", step+1, logits, step+1)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("step %d: got %v, want an error containing %q", step+1, err, want)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.resets != 2 || g.dirty != 0 {
+		t.Errorf("%d resets with %d ranks still in a pass, want 2 with none", g.resets, g.dirty)
+	}
+}
