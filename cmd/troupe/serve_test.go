@@ -94,16 +94,12 @@ func bothSubmitPaths(t *testing.T, f func(t *testing.T, overBus bool)) {
 	t.Run("bus", func(t *testing.T) { f(t, true) })
 }
 
-// TestServeOpenAI drives the whole stack with the official Go client: the
-// greedy completion of every demo prompt equals the reference text.
-func TestServeOpenAI(t *testing.T) { bothSubmitPaths(t, testServeOpenAI) }
-
-func testServeOpenAI(t *testing.T, overBus bool) {
-	s := startServe(t, func(c *serveConfig) { c.Shards, c.submitOverBus = 2, overBus })
-	c := s.client()
-	ctx := context.Background()
+// checkDemoCompletions asks c for the greedy completion of every demo prompt
+// and checks the text and the usage against the reference.
+func checkDemoCompletions(t *testing.T, c openai.Client) {
+	t.Helper()
 	for _, ref := range demoRefs(t) {
-		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+		resp, err := c.Completions.New(t.Context(), openai.CompletionNewParams{
 			Model:       openai.CompletionNewParamsModel(demo.Name),
 			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
 			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
@@ -116,9 +112,20 @@ func testServeOpenAI(t *testing.T, overBus bool) {
 			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
 		}
 		if resp.Usage.CompletionTokens != int64(len(ref.GreedyIDs)) {
-			t.Errorf("usage %+v", resp.Usage)
+			t.Errorf("prompt %q: usage %+v", ref.Prompt, resp.Usage)
 		}
 	}
+}
+
+// TestServeOpenAI drives the whole stack with the official Go client: the
+// greedy completion of every demo prompt equals the reference text.
+func TestServeOpenAI(t *testing.T) { bothSubmitPaths(t, testServeOpenAI) }
+
+func testServeOpenAI(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.Shards, c.submitOverBus = 2, overBus })
+	c := s.client()
+	checkDemoCompletions(t, c)
+	ctx := context.Background()
 	// A streamed chat completion with the final usage chunk.
 	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:         openai.ChatModel(demo.Name),

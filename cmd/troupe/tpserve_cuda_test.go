@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/openai/openai-go/v3"
 	"github.com/troupe/troupe/gpu/cuda"
 	"github.com/troupe/troupe/models/demo"
 )
@@ -32,19 +31,5 @@ func TestServeTensorParallelCUDA(t *testing.T) {
 		d.Close()
 	}
 	s := startServe(t, func(c *serveConfig) { c.Device, c.TP, c.Model = "cuda", 2, model })
-	c := s.client()
-	for _, ref := range demoRefs(t) {
-		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
-			Model:       openai.CompletionNewParamsModel(demo.Name),
-			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
-			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
-			Temperature: openai.Float(0),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := resp.Choices[0].Text; got != ref.Text {
-			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
-		}
-	}
+	checkDemoCompletions(t, s.client())
 }

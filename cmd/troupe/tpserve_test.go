@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/openai/openai-go/v3"
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/demo"
@@ -38,21 +37,7 @@ func TestServeTensorParallel(t *testing.T) {
 		c.Cluster.ClientListen, c.Cluster.User, c.Cluster.Password = addr, "ops", "secret"
 	})
 	c := s.client()
-	ctx := context.Background()
-	for _, ref := range demoRefs(t) {
-		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{
-			Model:       openai.CompletionNewParamsModel(demo.Name),
-			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(ref.Prompt)},
-			MaxTokens:   openai.Int(int64(len(ref.GreedyIDs))),
-			Temperature: openai.Float(0),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := resp.Choices[0].Text; got != ref.Text {
-			t.Errorf("prompt %q: got %q, want %q", ref.Prompt, got, ref.Text)
-		}
-	}
+	checkDemoCompletions(t, c)
 	// Such a node does not resize: a second replica would share the devices.
 	resp, err := http.Post(s.url+"/v1/admin/replicas", "application/json", strings.NewReader(`{"replicas":2}`))
 	if err != nil {
