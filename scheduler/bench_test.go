@@ -271,17 +271,7 @@ func BenchmarkOverheadScheduler(b *testing.B) {
 func BenchmarkFrameTrip(b *testing.B) {
 	frame := FrameMsg{ID: 17, Text: " kernel", Logprob: -0.25, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", QueuedUS: 12, SinceStartUS: 3456, SinceLastUS: 250}
 	b.Run("bus", func(b *testing.B) {
-		ctx := context.Background()
-		node, err := bus.Start(ctx, bus.DefaultConfig())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer node.Shutdown(context.Background())
-		nc, err := node.Conn(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer nc.Close()
+		_, nc := testBus(b)
 		subj, _ := bus.NewSubjects("bench")
 		subject := subj.Tokens("trip")
 		sub, err := nc.SubscribeSync(subject)
@@ -297,7 +287,7 @@ func BenchmarkFrameTrip(b *testing.B) {
 			}
 			return f, err
 		}
-		benchTrip(b, frame, func(f FrameMsg) { _ = bus.Publish(ctx, nc, subject, f) }, next)
+		benchTrip(b, frame, func(f FrameMsg) { _ = bus.Publish(b.Context(), nc, subject, f) }, next)
 	})
 	b.Run("local", func(b *testing.B) {
 		q := &frameQueue{ready: make(chan struct{}, 1)}

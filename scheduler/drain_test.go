@@ -23,16 +23,7 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 8}
 	a, b := start(t, 256, cfg), start(t, 256, cfg)
 	ctx := context.Background()
-	node, err := bus.Start(ctx, bus.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Shutdown(context.Background()) })
-	nc, err := node.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	_, nc := testBus(t)
 	subj, _ := bus.NewSubjects("test")
 	detok := func() generate.Detokenizer { return nop{} }
 	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
@@ -126,16 +117,7 @@ func TestClientLocalLeastLoaded(t *testing.T) {
 	cfg := Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}
 	a, b := start(t, 256, cfg), start(t, 256, cfg)
 	ctx := context.Background()
-	node, err := bus.Start(ctx, bus.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Shutdown(context.Background()) })
-	nc, err := node.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	_, nc := testBus(t)
 	subj, _ := bus.NewSubjects("test")
 	detok := func() generate.Detokenizer { return nop{} }
 	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)

@@ -336,16 +336,7 @@ func checkLogits(t *testing.T, b *models.Batch, logits []float32) {
 func fakePipeline(t *testing.T, stages int, stage func(i int) fakeStage) *Pipeline {
 	t.Helper()
 	ctx := context.Background()
-	node, err := bus.Start(ctx, bus.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Shutdown(ctx) })
-	nc, err := node.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	node, nc := testBus(t)
 	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
 	if err != nil {
 		t.Fatal(err)

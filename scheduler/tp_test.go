@@ -114,16 +114,7 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 func TestLockstep(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	node, err := bus.Start(ctx, bus.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Shutdown(context.Background())
-	nc, err := node.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	node, nc := testBus(t)
 	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
 	if err != nil {
 		t.Fatal(err)
