@@ -47,3 +47,40 @@ type ShardNormer interface {
 	// of squares over the whole projection of width total.
 	RMSNormShard(x, ss Buffer, ssOff int, w Buffer, n, dim, total int, eps float32) error
 }
+
+// QKNorm says how QKVPreparer normalises q and k.
+type QKNorm int
+
+const (
+	// QKNormNone leaves q and k as projected.
+	QKNormNone QKNorm = iota
+	// QKNormRow normalises each token's whole q (k) projection (OLMo 2).
+	QKNormRow
+	// QKNormHead normalises each head of q (k) (Qwen 3).
+	QKNormHead
+)
+
+// QKVArgs shapes a QKVPreparer step.
+type QKVArgs struct {
+	N, Heads, KVHeads, HeadDim int
+	Norm                       QKNorm
+	Eps                        float32
+}
+
+// QKVPreparer fuses what lies between the q/k/v projections and attention:
+// the optional RMSNorm of q and k (weights qNorm, kNorm; nil with
+// QKNormNone), rotate-half RoPE at pos (invFreq as for RoPE), and the store
+// of k and v into the caches at slots. q ([N, Heads*HeadDim]) is read and
+// the result written to qOut, which must not overlap q; k ([N,
+// KVHeads*HeadDim]) is left as projected, its result going to the cache
+// only. The same as RMSNorm, RoPE and StoreKV in sequence, up to rounding.
+type QKVPreparer interface {
+	PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, slots Buffer, a QKVArgs) error
+}
+
+// SiLUMatMuler folds a gated MLP's activation into the down projection of
+// one token: out[j] = Σ_i silu(gu[i]) * gu[k+i] * w[j, i], for gu [2k]
+// (gate then up, f32), w [m, k], out [m] (f32).
+type SiLUMatMuler interface {
+	SiLUMatMul(out, gu, w Buffer, k, m int) error
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/troupe/troupe/gpu/cuda"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/safetensors"
 )
 
 // The CUDA lane runs with a bf16 KV cache, as the command line does: its
@@ -33,20 +34,46 @@ func openCUDA(t testing.TB) gpu.Device {
 // logits of the same operations issued one by one, bit for bit, and that the
 // device-side greedy choice (FeedArgmax) follows the same path as the host's
 // argmax of the logits.
+// The demo model and each shared fixture present (OLMo 2's QK-norm, Qwen 3's
+// per-head norm, grouped-query llama) are checked.
 func TestCUDAGraphsMatchEager(t *testing.T) {
+	t.Run("demo", func(t *testing.T) {
+		if !demo.Embedded() {
+			t.Skip("built without the demo model (nodemo)")
+		}
+		b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		graphsMatchEager(t, b.Config, b.Checkpoint)
+	})
+	for _, name := range []string{"llama-gqa", "olmo2", "qwen3"} {
+		t.Run(name, func(t *testing.T) {
+			dir := sharedDir("fixtures", name)
+			if dir == "" {
+				t.Skip("shared fixture not present")
+			}
+			cfg, err := models.ReadConfig(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ckpt, err := safetensors.OpenDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ckpt.Close()
+			graphsMatchEager(t, cfg, ckpt)
+		})
+	}
+}
+
+func graphsMatchEager(t *testing.T, cfg *models.Config, ckpt *safetensors.Checkpoint) {
 	ctx := context.Background()
-	if !demo.Embedded() {
-		t.Skip("built without the demo model (nodemo)")
-	}
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	dev := openCUDA(t)
 	defer dev.Close()
 	load := func(eager bool) *models.Model {
-		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16, Eager: eager})
+		m, err := models.Load(cfg, ckpt, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16, Eager: eager})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,6 +82,9 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 	}
 	graphed, eager, fast := load(false), load(true), load(false)
 	prompt := []int32{1, 450, 846, 338, 263, 2987, 17, 2988}
+	for i := range prompt {
+		prompt[i] %= int32(cfg.Vocab)
+	}
 	const steps = 24
 	seqs := make([]*models.Sequence, 3)
 	for i, m := range []*models.Model{graphed, eager, fast} {

@@ -55,6 +55,8 @@ type Model struct {
 	invFreq             gpu.Buffer
 	owned               []gpu.Buffer
 	rn                  gpu.ResidualNormer // nil when the device has no fused norms
+	qp                  gpu.QKVPreparer    // nil when the device does not fuse QK-norm, RoPE and the KV store
+	sm                  gpu.SiLUMatMuler   // nil when the device does not fold SiLU into the down projection
 
 	// Tensor parallelism: full is the whole model's configuration (Config
 	// is this rank's slice of it); group, on rank 0 only, lists every rank,
@@ -84,6 +86,7 @@ type scratch struct {
 	logitsPart       gpu.Buffer
 	rowPart, rowFull []gpu.Buffer
 	ss               gpu.Buffer // tensor-parallel QK-norm: the rows' sums of squares
+	qr               gpu.Buffer // q after a fused QK-norm and RoPE (gpu.QKVPreparer)
 	peerIDs          []int32    // tensor parallelism: the other ranks' choices
 	logitRows        int
 	hostLogits       []float32
@@ -130,6 +133,10 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 		}
 	}
 	m.rn, _ = dev.(gpu.ResidualNormer)
+	m.sm, _ = dev.(gpu.SiLUMatMuler)
+	if m.sn == nil { // OLMo 2's sharded QK-norm keeps its own operations
+		m.qp, _ = dev.(gpu.QKVPreparer)
+	}
 	if err := m.load(ckpt); err != nil {
 		m.Close()
 		return nil, err
@@ -342,6 +349,9 @@ func (m *Model) allocScratch() (err error) {
 	s.h = m.alloc(gpu.F32, T*c.Hidden)
 	s.o = m.alloc(gpu.F32, T*c.Hidden)
 	s.q = m.alloc(gpu.F32, T*qw)
+	if m.qp != nil {
+		s.qr = m.alloc(gpu.F32, min(T, qkvFuseTokens)*qw)
+	}
 	s.att = m.alloc(gpu.F32, T*qw)
 	s.k = m.alloc(gpu.F32, T*kw)
 	s.v = m.alloc(gpu.F32, T*kw)
@@ -842,6 +852,12 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool) error {
 	return nil
 }
 
+// qkvFuseTokens is the most tokens a step runs through gpu.QKVPreparer.
+// Its blocks each read a token's whole q (k) row for OLMo 2's norm, which
+// costs more than the launches it saves on a long prefill (512 tokens:
+// 0.4 ms slower on an H200); decode steps, up to 64 tokens, gain.
+const qkvFuseTokens = 64
+
 // layersForward runs every layer over the n tokens in s.x.
 func (m *Model) layersForward(cache *Cache, n int) error {
 	c, s, d := &m.Config, &m.s, m.dev
@@ -879,22 +895,34 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			e.do(d.MatMul(k, in, ly.k, n, c.Hidden, kw))
 			e.do(d.MatMul(v, in, ly.v, n, c.Hidden, kw))
 		}
-		switch {
-		case c.Arch == OLMo2 && m.sn != nil: // QK-norm across the whole projection, held in slices
-			e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
-			e.do(m.reduce(s.ss, 2*n))
-			e.do(m.sn.RMSNormShard(q, s.ss, 0, ly.qNorm, n, qw, m.full.Heads*c.HeadDim, eps))
-			e.do(m.sn.RMSNormShard(k, s.ss, n, ly.kNorm, n, kw, m.full.KVHeads*c.HeadDim, eps))
-		case c.Arch == OLMo2: // QK-norm across the whole projection
-			e.do(d.RMSNorm(q, q, ly.qNorm, n, qw, eps))
-			e.do(d.RMSNorm(k, k, ly.kNorm, n, kw, eps))
-		case c.Arch == Qwen3 || c.Arch == Qwen3MoE: // QK-norm per head
-			e.do(d.RMSNorm(q, q, ly.qNorm, n*c.Heads, c.HeadDim, eps))
-			e.do(d.RMSNorm(k, k, ly.kNorm, n*c.KVHeads, c.HeadDim, eps))
+		if m.qp != nil && n <= qkvFuseTokens {
+			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps}
+			switch c.Arch {
+			case OLMo2:
+				pa.Norm = gpu.QKNormRow
+			case Qwen3, Qwen3MoE:
+				pa.Norm = gpu.QKNormHead
+			}
+			e.do(m.qp.PrepareQKV(s.qr, q, k, v, ly.qNorm, ly.kNorm, s.idx.pos, m.invFreq, cache.k[i], cache.v[i], s.idx.slots, pa))
+			q = s.qr
+		} else {
+			switch {
+			case c.Arch == OLMo2 && m.sn != nil: // QK-norm across the whole projection, held in slices
+				e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
+				e.do(m.reduce(s.ss, 2*n))
+				e.do(m.sn.RMSNormShard(q, s.ss, 0, ly.qNorm, n, qw, m.full.Heads*c.HeadDim, eps))
+				e.do(m.sn.RMSNormShard(k, s.ss, n, ly.kNorm, n, kw, m.full.KVHeads*c.HeadDim, eps))
+			case c.Arch == OLMo2: // QK-norm across the whole projection
+				e.do(d.RMSNorm(q, q, ly.qNorm, n, qw, eps))
+				e.do(d.RMSNorm(k, k, ly.kNorm, n, kw, eps))
+			case c.Arch == Qwen3 || c.Arch == Qwen3MoE: // QK-norm per head
+				e.do(d.RMSNorm(q, q, ly.qNorm, n*c.Heads, c.HeadDim, eps))
+				e.do(d.RMSNorm(k, k, ly.kNorm, n*c.KVHeads, c.HeadDim, eps))
+			}
+			e.do(d.RoPE(q, s.idx.pos, m.invFreq, n, c.Heads, c.HeadDim))
+			e.do(d.RoPE(k, s.idx.pos, m.invFreq, n, c.KVHeads, c.HeadDim))
+			e.do(d.StoreKV(cache.k[i], cache.v[i], k, v, s.idx.slots, n, kw))
 		}
-		e.do(d.RoPE(q, s.idx.pos, m.invFreq, n, c.Heads, c.HeadDim))
-		e.do(d.RoPE(k, s.idx.pos, m.invFreq, n, c.KVHeads, c.HeadDim))
-		e.do(d.StoreKV(cache.k[i], cache.v[i], k, v, s.idx.slots, n, kw))
 		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
 		e.do(m.reduce(s.o, n*c.Hidden))
@@ -947,6 +975,10 @@ func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {
 	F := c.Intermediate
 	if n == 1 && ly.gateUp != nil && s.gu1 != nil {
 		e.do(d.MatMul(s.gu1, in, ly.gateUp, 1, c.Hidden, 2*F))
+		if m.sm != nil {
+			e.do(m.sm.SiLUMatMul(out, s.gu1, ly.down, F, c.Hidden))
+			return e.err
+		}
 		e.do(d.SiLUMul(s.g1, s.g1, s.u1, F))
 		e.do(d.MatMul(out, s.g1, ly.down, 1, F, c.Hidden))
 		return e.err

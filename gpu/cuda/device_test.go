@@ -264,6 +264,10 @@ type step struct {
 	kc, vc                            gpu.Buffer
 	ids, pos, seq, bt, slots          gpu.Buffer
 	x, h, q, kv, att, o, logits, next gpu.Buffer
+	// The fused operations, on a second cache: q|k norm + RoPE + KV
+	// store, and an MLP down projection with SiLU folded in.
+	wgu, wd, kc2, vc2 gpu.Buffer
+	qr, att2, gu, o2  gpu.Buffer
 }
 
 func newStep(t *testing.T, d *Device, r *rand.Rand) *step {
@@ -284,6 +288,14 @@ func newStep(t *testing.T, d *Device, r *rand.Rand) *step {
 	}
 	s.logits = alloc(t, d, gpu.F32, s.vocab)
 	s.next = alloc(t, d, gpu.I32, 1)
+	s.wgu = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, 2*s.dim*s.dim, 0.05)))
+	s.wd = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.dim*s.dim, 0.05)))
+	s.kc2 = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
+	s.vc2 = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
+	for _, p := range []*gpu.Buffer{&s.qr, &s.att2, &s.o2} {
+		*p = alloc(t, d, gpu.F32, s.dim)
+	}
+	s.gu = alloc(t, d, gpu.F32, 2*s.dim)
 	return s
 }
 
@@ -295,11 +307,20 @@ func (s *step) run(d *Device) error {
 		func() error { return d.RMSNorm(s.h, s.x, s.normW, 1, s.dim, 1e-6) },
 		func() error { return d.MatMul(s.q, s.h, s.wq, 1, s.dim, s.dim) },
 		func() error { return d.MatMul(s.kv, s.h, s.wq, 1, s.dim, s.dim) },
+		func() error {
+			return d.PrepareQKV(s.qr, s.q, s.kv, s.h, s.normW, s.normW, s.pos, s.invFreq, s.kc2, s.vc2, s.slots,
+				gpu.QKVArgs{N: 1, Heads: s.heads, KVHeads: s.heads, HeadDim: s.hd, Norm: gpu.QKNormRow, Eps: 1e-6})
+		},
 		func() error { return d.RoPE(s.q, s.pos, s.invFreq, 1, s.heads, s.hd) },
 		func() error { return d.RoPE(s.kv, s.pos, s.invFreq, 1, s.heads, s.hd) },
 		func() error { return d.StoreKV(s.kc, s.vc, s.kv, s.h, s.slots, 1, s.dim) },
 		func() error { return d.Attention(s.att, s.q, s.kc, s.vc, a) },
+		func() error { return d.Attention(s.att2, s.qr, s.kc2, s.vc2, a) },
+		func() error { return d.Add(s.att, s.att, s.att2, s.dim) },
 		func() error { return d.AddRMSNorm(s.o, s.x, s.att, s.normW, 1, s.dim, 1e-6) },
+		func() error { return d.MatMul(s.gu, s.o, s.wgu, 1, s.dim, 2*s.dim) },
+		func() error { return d.SiLUMatMul(s.o2, s.gu, s.wd, s.dim, s.dim) },
+		func() error { return d.Add(s.o, s.o, s.o2, s.dim) },
 		func() error { return d.MatMul(s.logits, s.o, s.wo, 1, s.dim, s.vocab) },
 		func() error { return d.Argmax(s.next, s.logits, 1, s.vocab) },
 	} {

@@ -7,8 +7,9 @@
 // inside the block, combined through shared memory). Each warp keeps its
 // slice of x in registers and walks R rows at a time with 16-byte streaming
 // loads, so R*NV loads are in flight per lane. The grid strides over row
-// groups.
-template <int NV, int KS, int R>
+// groups. With SILU, x holds gate then up (2k elements) and the input is
+// silu(gate) * up, formed as x is loaded (the down projection of a gated MLP).
+template <int NV, int KS, int R, bool SILU = false>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
                         int m) {
   constexpr int GROUPS = 8 / KS;          // row groups per block
@@ -24,6 +25,13 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     float4 a = xp[0], b = xp[1];
     xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
     xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
+    if (SILU) {
+      const float4* up = reinterpret_cast<const float4*>(x + k + k0 + (v * 32 + lane) * 8);
+      float4 c = up[0], e = up[1];
+      float u[8] = {c.x, c.y, c.z, c.w, e.x, e.y, e.z, e.w};
+#pragma unroll
+      for (int j = 0; j < 8; j++) xv[v][j] = silu(xv[v][j]) * u[j];
+    }
   }
   for (int base = blockIdx.x * ROWS; base < m; base += gridDim.x * ROWS) {
     int row0 = base + grp * R;
@@ -82,6 +90,16 @@ FAST(1, 1) FAST(1, 2) FAST(1, 4) FAST(1, 8)
 FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8)
 FAST(4, 1) FAST(4, 2) FAST(4, 4) FAST(4, 8)
 FAST(8, 1) FAST(8, 2) FAST(8, 4) FAST(8, 8)
+
+#define SILUFAST(NV, KS)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                             \
+      gemv_silu_bf16_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m) {                \
+    gemv_bf16_fast<NV, KS, 2, true>(out, x, w, k, m);                                                             \
+  }
+SILUFAST(1, 1) SILUFAST(1, 2) SILUFAST(1, 4) SILUFAST(1, 8)
+SILUFAST(2, 1) SILUFAST(2, 2) SILUFAST(2, 4) SILUFAST(2, 8)
+SILUFAST(4, 1) SILUFAST(4, 2) SILUFAST(4, 4) SILUFAST(4, 8)
+SILUFAST(8, 1) SILUFAST(8, 2) SILUFAST(8, 4) SILUFAST(8, 8)
 
 // gemv: any k, up to 8 rows of x; one warp per row of w, 8 rows per block.
 // Uses 16-byte loads of w when rows stay 16-byte aligned.

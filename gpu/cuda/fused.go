@@ -1,0 +1,185 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/troupe/troupe/gpu"
+)
+
+var (
+	_ gpu.QKVPreparer  = (*Device)(nil)
+	_ gpu.SiLUMatMuler = (*Device)(nil)
+)
+
+// fusedKernelNames are the kernels of the fused decode operations; they are
+// optional (an older artifact set lacks them and the operations then fail).
+func fusedKernelNames() []string {
+	var names []string
+	for _, w := range []string{"f32", "bf16", "f16"} {
+		for _, c := range []string{"f32", "bf16", "f16"} {
+			names = append(names, "qkv_prep_"+w+"_"+c)
+		}
+	}
+	for _, nv := range []int{1, 2, 4, 8} {
+		for _, ks := range []int{1, 2, 4, 8} {
+			names = append(names, fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks))
+		}
+	}
+	return names
+}
+
+func overlaps(a, b *Buffer) bool {
+	if a.ptr == 0 || b.ptr == 0 {
+		return false
+	}
+	ae, be := a.ptr+uint64(a.n*a.dt.Size()), b.ptr+uint64(b.n*b.dt.Size())
+	return a.ptr < be && b.ptr < ae
+}
+
+// qkvParams mirrors struct QKVParams in kernels/cuda/fused.cu.
+func qkvParams(a gpu.QKVArgs, capSlots int) []byte {
+	raw := make([]byte, 28)
+	for i, v := range []int{a.N, a.Heads, a.KVHeads, a.HeadDim, int(a.Norm), capSlots} {
+		binary.LittleEndian.PutUint32(raw[4*i:], uint32(int32(v)))
+	}
+	binary.LittleEndian.PutUint32(raw[24:], math.Float32bits(a.Eps))
+	return raw
+}
+
+// PrepareQKV implements gpu.QKVPreparer with one kernel: a block per
+// (token, head) of q and k. A slot outside the caches is skipped and
+// reported by the next Sync or Read.
+func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, slots gpu.Buffer, a gpu.QKVArgs) error {
+	const op = "prepare qkv"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := positive(op, a.N, a.Heads, a.KVHeads, a.HeadDim); err != nil {
+		return err
+	}
+	if a.HeadDim%2 != 0 {
+		return fmt.Errorf("%s: odd head dim %d", op, a.HeadDim)
+	}
+	if a.Norm < gpu.QKNormNone || a.Norm > gpu.QKNormHead {
+		return fmt.Errorf("%s: unknown norm %d", op, a.Norm)
+	}
+	names := []string{"qOut", "q", "k", "v", "pos", "invFreq", "kc", "vc", "slots"}
+	bs := []gpu.Buffer{qOut, q, k, v, pos, invFreq, kc, vc, slots}
+	if a.Norm != gpu.QKNormNone {
+		names, bs = append(names, "qNorm", "kNorm"), append(bs, qNorm, kNorm)
+	}
+	b, err := d.bufs2(op, names, bs...)
+	if err != nil {
+		return err
+	}
+	n, qw, kw, half := a.N, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim, a.HeadDim/2
+	if err := checkLens(op, names[:6], b[:6], []int{n * qw, n * qw, n * kw, n * kw, n, half}); err != nil {
+		return err
+	}
+	if err := checkLens(op, names[8:9], b[8:9], []int{n}); err != nil {
+		return err
+	}
+	for i, nm := range names[:6] {
+		want := gpu.F32
+		if nm == "pos" {
+			want = gpu.I32
+		}
+		if err := wantDT(op, nm, b[i], want); err != nil {
+			return err
+		}
+	}
+	if err := wantDT(op, "slots", b[8], gpu.I32); err != nil {
+		return err
+	}
+	if overlaps(b[0], b[1]) {
+		return fmt.Errorf("%s: qOut overlaps q", op)
+	}
+	if b[6].dt != b[7].dt || !b[6].dt.IsFloat() {
+		return fmt.Errorf("%s: kc is %s, vc is %s", op, b[6].dt, b[7].dt)
+	}
+	wdt := gpu.F32
+	normArgs := []arg{devPtrArg(0), devPtrArg(0)}
+	if a.Norm != gpu.QKNormNone {
+		wdt = b[9].dt
+		if !wdt.IsFloat() || b[10].dt != wdt {
+			return fmt.Errorf("%s: qNorm is %s, kNorm is %s", op, wdt, b[10].dt)
+		}
+		wq, wk := qw, kw
+		if a.Norm == gpu.QKNormHead {
+			wq, wk = a.HeadDim, a.HeadDim
+		}
+		if err := checkLens(op, names[9:], b[9:], []int{wq, wk}); err != nil {
+			return err
+		}
+		normArgs = []arg{bufArg("qNorm", b[9], wdt, wq), bufArg("kNorm", b[10], wdt, wk)}
+	}
+	kern := d.k("qkv_prep_" + suffix(wdt) + "_" + suffix(b[6].dt))
+	if kern == nil {
+		return fmt.Errorf("%s: the fused kernels are not loaded: rebuild with kernels/build.sh", op)
+	}
+	capSlots := min(b[6].n, b[7].n) / kw
+	args := []arg{
+		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("q", b[1], gpu.F32, n*qw), bufArg("k", b[2], gpu.F32, n*kw),
+		bufArg("v", b[3], gpu.F32, n*kw), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
+		bufArg("invFreq", b[5], gpu.F32, half), bufArg("kc", b[6], b[6].dt, capSlots*kw),
+		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n),
+		rawArg(qkvParams(a, capSlots)), devPtrArg(d.faultDev),
+	}
+	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(128), 0, args...)
+}
+
+// SiLUMatMul implements gpu.SiLUMatMuler. bf16 weights with k a multiple
+// of 256 run the split-K GEMV with silu(gate)*up formed as x is loaded;
+// other shapes run SiLUMul into scratch, then MatMul.
+func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, k, m int) error {
+	const op = "silu matmul"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2(op, []string{"out", "gu", "w"}, out, gu, w)
+	if err != nil {
+		return err
+	}
+	if err := positive(op, k, m); err != nil {
+		return err
+	}
+	if err := checkLens(op, []string{"out", "gu", "w"}, b, []int{m, 2 * k, m * k}); err != nil {
+		return err
+	}
+	for i, nm := range []string{"out", "gu"} {
+		if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	if !b[2].dt.IsFloat() {
+		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
+	}
+	if b[2].dt == gpu.BF16 {
+		if nv, ks, ok := d.gemvShape(k, m); ok {
+			if kern := d.k(fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
+				return d.launch(kern, grid1(d.gemvGrid(ks, m)), grid1(256), 0,
+					bufArg("out", b[0], gpu.F32, m), bufArg("gu", b[1], gpu.F32, 2*k), bufArg("w", b[2], gpu.BF16, m*k),
+					i32Arg(k), i32Arg(m))
+			}
+		}
+	}
+	if k%4 != 0 {
+		return fmt.Errorf("%s: k %d is not a multiple of 4", op, k)
+	}
+	s, err := d.scratchBuf("silu", gpu.F32, k)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	g := max(1, min(ceilDiv(ceilDiv(k, 4), 256), 8*d.info.SMs))
+	err = d.launch(d.k("silumul_f32"), grid1(g), grid1(256), 0, bufArg("out", s, gpu.F32, k),
+		arg{kind: argBuf, name: "gate", buf: b[1], n: k, dt: gpu.F32},
+		arg{kind: argBuf, name: "up", buf: b[1], off: k, n: k, dt: gpu.F32}, i32Arg(k))
+	if err != nil {
+		return err
+	}
+	return d.matmul(b[0], s, b[2], 1, k, m)
+}

@@ -1,0 +1,172 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
+	"github.com/troupe/troupe/gpu/ref"
+)
+
+// readCache reads a cache of f32 or bf16 elements as f32.
+func readCache(t *testing.T, d gpu.Device, b gpu.Buffer) []float32 {
+	t.Helper()
+	size := b.DType().Size()
+	raw := make([]byte, b.Len()*size)
+	if err := d.Read(raw, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	v := make([]float32, b.Len())
+	for i := range v {
+		if size == 4 {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		} else {
+			v[i] = gpu.BF16ToF32(binary.LittleEndian.Uint16(raw[2*i:]))
+		}
+	}
+	return v
+}
+
+// TestPrepareQKV checks the fused QK-norm + RoPE + KV store against the
+// float64 reference's RMSNorm, RoPE and StoreKV, for each norm and for f32
+// and bf16 caches.
+func TestPrepareQKV(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	const n, heads, kvheads, hd, slots = 3, 4, 2, 64, 16
+	qw, kw := heads*hd, kvheads*hd
+	pos, slot := []int32{5, 700, 3000}, []int32{7, 0, 12}
+	for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead} {
+		for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
+			t.Run(fmt.Sprintf("norm%d/%s", norm, cdt), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(norm), 3))
+				qv, kv, vv := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, n*kw, 1)
+				wq, wk := qw, kw
+				if norm == gpu.QKNormHead {
+					wq, wk = hd, hd
+				}
+				qn, kn := bf16Bytes(randF32(r, wq, 1)), bf16Bytes(randF32(r, wk, 1))
+				inv := gputest.InvFreq(hd, 10000)
+				a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
+
+				// Device.
+				q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
+				kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
+				var qnb, knb gpu.Buffer
+				if norm != gpu.QKNormNone {
+					qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
+				}
+				if err := d.PrepareQKV(qout, q, k, v, qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kc, vc, i32buf(t, d, slot), a); err != nil {
+					t.Fatal(err)
+				}
+
+				// Reference: the separate operations in float64.
+				hb := func(v []float32) gpu.Buffer {
+					b := alloc(t, rf, gpu.F32, len(v))
+					_ = rf.Write(b, 0, gpu.F32Bytes(v))
+					return b
+				}
+				hi := func(v []int32) gpu.Buffer {
+					b := alloc(t, rf, gpu.I32, len(v))
+					_ = rf.Write(b, 0, gpu.I32Bytes(v))
+					return b
+				}
+				rq, rk, rv := hb(qv), hb(kv), hb(vv)
+				rkc, rvc := alloc(t, rf, cdt, slots*kw), alloc(t, rf, cdt, slots*kw)
+				rp := hi(pos)
+				switch norm {
+				case gpu.QKNormRow:
+					_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n, qw, 1e-6)
+					_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n, kw, 1e-6)
+				case gpu.QKNormHead:
+					_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*heads, hd, 1e-6)
+					_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*kvheads, hd, 1e-6)
+				}
+				for _, err := range []error{
+					rf.RoPE(rq, rp, hb(inv), n, heads, hd),
+					rf.RoPE(rk, rp, hb(inv), n, kvheads, hd),
+					rf.StoreKV(rkc, rvc, rk, rv, hi(slot), n, kw),
+				} {
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				tol := 1e-5
+				if cdt == gpu.BF16 {
+					tol = 4e-3
+				}
+				if e := gputest.RelL2(readF32(t, d, qout), readF32(t, rf, rq)); e > 1e-5 {
+					t.Errorf("q: error %.3g", e)
+				}
+				if e := gputest.RelL2(readCache(t, d, kc), readCache(t, rf, rkc)); e > tol {
+					t.Errorf("k cache: error %.3g", e)
+				}
+				if e := gputest.RelL2(readCache(t, d, vc), readCache(t, rf, rvc)); e > tol {
+					t.Errorf("v cache: error %.3g", e)
+				}
+				if got := readF32(t, d, k); gputest.RelL2(got, kv) != 0 {
+					t.Errorf("k changed")
+				}
+			})
+		}
+	}
+	// A bad slot is skipped and reported; overlapping q and qOut are refused.
+	q, kv := alloc(t, d, gpu.F32, qw), alloc(t, d, gpu.F32, kw)
+	kc := alloc(t, d, gpu.BF16, slots*kw)
+	a := gpu.QKVArgs{N: 1, Heads: heads, KVHeads: kvheads, HeadDim: hd}
+	p, inv := i32buf(t, d, []int32{0}), f32buf(t, d, gputest.InvFreq(hd, 10000))
+	if err := d.PrepareQKV(q, q, kv, kv, nil, nil, p, inv, kc, kc, i32buf(t, d, []int32{0}), a); err == nil {
+		t.Error("qOut aliasing q: no error")
+	}
+	if err := d.PrepareQKV(alloc(t, d, gpu.F32, qw), q, kv, kv, nil, nil, p, inv, kc, kc, i32buf(t, d, []int32{slots}), a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(context.Background()); err == nil {
+		t.Error("slot outside the cache: no error from Sync")
+	}
+}
+
+// TestSiLUMatMul checks the down projection with SiLU folded in against the
+// float64 reference's SiLUMul then MatMul, on the fused GEMV (bf16, k a
+// multiple of 256) and the fallback (f32 weights, odd shapes).
+func TestSiLUMatMul(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	for _, c := range []struct {
+		dt   gpu.DType
+		k, m int
+	}{{gpu.BF16, 8192, 2048}, {gpu.BF16, 512, 100}, {gpu.BF16, 20, 33}, {gpu.F32, 8192, 64}} {
+		t.Run(fmt.Sprintf("%s/%dx%d", c.dt, c.m, c.k), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m)))
+			gu, wv := randF32(r, 2*c.k, 2), randF32(r, c.m*c.k, 0.05)
+			raw := gpu.F32Bytes(wv)
+			if c.dt == gpu.BF16 {
+				raw = bf16Bytes(wv)
+			}
+			out := alloc(t, d, gpu.F32, c.m)
+			if err := d.SiLUMatMul(out, f32buf(t, d, gu), weights(t, d, c.dt, raw), c.k, c.m); err != nil {
+				t.Fatal(err)
+			}
+			g, u := alloc(t, rf, gpu.F32, c.k), alloc(t, rf, gpu.F32, c.k)
+			_ = rf.Write(g, 0, gpu.F32Bytes(gu[:c.k]))
+			_ = rf.Write(u, 0, gpu.F32Bytes(gu[c.k:]))
+			ro := alloc(t, rf, gpu.F32, c.m)
+			if err := rf.SiLUMul(g, g, u, c.k); err != nil {
+				t.Fatal(err)
+			}
+			if err := rf.MatMul(ro, g, weights(t, rf, c.dt, raw), 1, c.k, c.m); err != nil {
+				t.Fatal(err)
+			}
+			if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, ro)); e > 1e-5 {
+				t.Errorf("error %.3g", e)
+			}
+		})
+	}
+}
