@@ -97,6 +97,35 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 }
 
+// BenchmarkGEMVChain times batch-1 GEMVs over a chain of distinct small
+// matrices (k=384, m=1024, 768 KiB each, 96 MiB in all), as a decode step
+// streams its layers: each matrix is read once per pass, from memory, and
+// every call starts new streams.
+func BenchmarkGEMVChain(b *testing.B) {
+	const k, m, n = 384, 1024, 128
+	for _, threads := range benchThreads() {
+		d := open(b, fastKernels(), threads)
+		b.Run(threadsName(d), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 1))
+			ws := make([]gpu.Buffer, n)
+			for i := range ws {
+				ws[i] = bfWeights(b, d, rng, m*k)
+			}
+			x := f32Buf(b, d, randF32(rng, k))
+			out, _ := d.Alloc(gpu.F32, m)
+			b.SetBytes(int64(n * m * k * 2))
+			for b.Loop() {
+				for _, w := range ws {
+					if err := d.MatMul(out, x, w, 1, k, m); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(n*m*k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
 // BenchmarkGEMM times MatMul at the demo model's prefill shapes (n=512).
 func BenchmarkGEMM(b *testing.B) {
 	const n = 512

@@ -23,6 +23,7 @@ rows4:
 	LEAQ (DX)(R8*1), R11
 	LEAQ (DX)(R8*2), R12
 	LEAQ (R11)(R8*2), R13
+	LEAQ (DX)(R8*4), BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -35,6 +36,13 @@ rows4:
 loop4x16:
 	CMPQ AX, CX
 	JGE loop4x8
+	// As gemvBF16AVX2: the next four rows, as many bytes ahead as this
+	// step reads (BX walks them).
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	ADDQ $256, BX
 	VMOVUPS (SI)(AX*4), Y8
 	VMOVUPS 32(SI)(AX*4), Y9
 	VMOVUPS (DX)(AX*4), Y10
@@ -140,6 +148,7 @@ rows4:
 	LEAQ (DX)(R8*1), R11
 	LEAQ (DX)(R8*2), R12
 	LEAQ (R11)(R8*2), R13
+	LEAQ (DX)(R8*4), BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -152,6 +161,11 @@ rows4:
 loop4x16:
 	CMPQ AX, CX
 	JGE loop4x8
+	// The next four rows, as many bytes ahead as this step reads: when
+	// rows are contiguous the group after this one is in cache by the time
+	// it starts, across matrices too short for the hardware to catch up.
+	PREFETCHT0 (BX)(AX*8)
+	PREFETCHT0 64(BX)(AX*8)
 	VMOVUPS (SI)(AX*4), Y8
 	VMOVUPS 32(SI)(AX*4), Y9
 	VPMOVZXWD (DX)(AX*2), Y10
@@ -272,6 +286,7 @@ rows4:
 	LEAQ (DX)(R8*1), R11
 	LEAQ (DX)(R8*2), R12
 	LEAQ (R11)(R8*2), R13
+	LEAQ (DX)(R8*4), BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -284,6 +299,10 @@ rows4:
 loop4x16:
 	CMPQ AX, CX
 	JGE loop4x8
+	// As gemvBF16AVX2: the next four rows, as many bytes ahead as this
+	// step reads.
+	PREFETCHT0 (BX)(AX*8)
+	PREFETCHT0 64(BX)(AX*8)
 	VMOVUPS (SI)(AX*4), Y8
 	VMOVUPS 32(SI)(AX*4), Y9
 	VCVTPH2PS (DX)(AX*2), Y10
