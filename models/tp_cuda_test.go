@@ -90,35 +90,7 @@ func TestCUDATensorParallel(t *testing.T) {
 			for i := range prompt {
 				prompt[i] %= int32(V)
 			}
-			const steps = 24
-			var logits [2][]float32
-			var greedy [2][]int32
-			for k, m := range []*models.Model{whole, split} {
-				s, err := m.NewSequence(len(prompt) + steps + 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
-				l, err := s.Feed(ctx, prompt, true)
-				if err != nil {
-					t.Fatalf("model %d: %v", k, err)
-				}
-				logits[k] = append([]float32(nil), l...)
-				next := argmaxOf(l[(len(prompt)-1)*V:])
-				for range steps {
-					greedy[k] = append(greedy[k], next)
-					if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
-						t.Fatalf("model %d: %v", k, err)
-					}
-				}
-			}
-			var num, den float64
-			for i, w := range logits[0] {
-				d := float64(logits[1][i] - w)
-				num += d * d
-				den += float64(w) * float64(w)
-			}
-			rel := math.Sqrt(num / den)
+			rel, greedy := compareSplit(t, whole, split, prompt, 24)
 			t.Logf("%s: logits over %d prompt tokens: relative L2 %.2e; greedy %v", name, len(prompt), rel, greedy[1])
 			if rel > 1e-2 || math.IsNaN(rel) {
 				t.Errorf("split logits differ from the whole model's: relative L2 %.3e", rel)
@@ -130,16 +102,6 @@ func TestCUDATensorParallel(t *testing.T) {
 			}
 		})
 	}
-}
-
-func argmaxOf(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // sharedDir is the shared test data path parts, or "" when absent.

@@ -86,7 +86,6 @@ func (h hostRank) AllGather(dst, src gpu.Buffer) error {
 // model's. OLMo 2's sharded QK-norm needs a gpu.ShardNormer (the CUDA
 // lane; TestCUDATensorParallel).
 func TestTensorParallelCPU(t *testing.T) {
-	ctx := context.Background()
 	for _, f := range []string{"llama-gqa", "qwen3"} {
 		t.Run(f, func(t *testing.T) {
 			b, err := models.OpenDir(shared(t, filepath.Join("fixtures", f)))
@@ -115,37 +114,8 @@ func TestTensorParallelCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer split.Close()
-			V := b.Config.Vocab
 			prompt := []int32{1, 45, 84, 33, 26, 29, 17, 28, 5, 9, 100, 7, 3, 8, 60, 61, 62, 63, 64, 2} // more than MaxTokens: two chunks
-			const steps = 12
-			var logits [2][]float32
-			var greedy [2][]int32
-			for k, m := range []*models.Model{whole, split} {
-				s, err := m.NewSequence(len(prompt) + steps + 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
-				l, err := s.Feed(ctx, prompt, true)
-				if err != nil {
-					t.Fatalf("model %d: %v", k, err)
-				}
-				logits[k] = append([]float32(nil), l...)
-				next := argmaxF(l[(len(prompt)-1)*V:])
-				for range steps {
-					greedy[k] = append(greedy[k], next)
-					if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
-						t.Fatalf("model %d: %v", k, err)
-					}
-				}
-			}
-			var num, den float64
-			for i, w := range logits[0] {
-				d := float64(logits[1][i] - w)
-				num += d * d
-				den += float64(w) * float64(w)
-			}
-			rel := math.Sqrt(num / den)
+			rel, greedy := compareSplit(t, whole, split, prompt, 12)
 			t.Logf("%s over 2 ranks: logits relative L2 %.2e, greedy %v", f, rel, greedy[1])
 			if split.Ranks() != 2 || rel > 1e-5 || math.IsNaN(rel) {
 				t.Errorf("split logits differ from the whole model's: relative L2 %.3e", rel)
@@ -157,6 +127,44 @@ func TestTensorParallelCPU(t *testing.T) {
 			}
 		})
 	}
+}
+
+// compareSplit feeds prompt to the whole model and to its tensor-parallel
+// split, then decodes steps greedy tokens with each; it returns the relative
+// L2 distance of the split's prompt logits from the whole model's, and both
+// greedy paths (whole first).
+func compareSplit(t *testing.T, whole, split *models.Model, prompt []int32, steps int) (float64, [2][]int32) {
+	t.Helper()
+	ctx := context.Background()
+	V := whole.Config.Vocab
+	var logits [2][]float32
+	var greedy [2][]int32
+	for k, m := range []*models.Model{whole, split} {
+		s, err := m.NewSequence(len(prompt) + steps + 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		l, err := s.Feed(ctx, prompt, true)
+		if err != nil {
+			t.Fatalf("model %d: %v", k, err)
+		}
+		logits[k] = append([]float32(nil), l...)
+		next := argmaxF(l[(len(prompt)-1)*V:])
+		for range steps {
+			greedy[k] = append(greedy[k], next)
+			if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
+				t.Fatalf("model %d: %v", k, err)
+			}
+		}
+	}
+	var num, den float64
+	for i, w := range logits[0] {
+		d := float64(logits[1][i] - w)
+		num += d * d
+		den += float64(w) * float64(w)
+	}
+	return math.Sqrt(num / den), greedy
 }
 
 func argmaxF(v []float32) int32 {
