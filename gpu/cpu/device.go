@@ -165,6 +165,17 @@ func (w mat) row(k *kernels, dst []float32, off int) {
 	}
 }
 
+// floats returns the first n elements of w as f32: w's own slice when it
+// holds f32, else a widened copy.
+func (w mat) floats(k *kernels, n int) []float32 {
+	if w.dt == gpu.F32 {
+		return w.f[:n]
+	}
+	dst := make([]float32, n)
+	w.row(k, dst, 0)
+	return dst
+}
+
 func checkDims(op string, dims ...int) error {
 	for _, v := range dims {
 		if v < 0 {

@@ -70,11 +70,7 @@ func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
 	if n == 0 || dim == 0 {
 		return nil
 	}
-	wf := wm.f
-	if wm.dt != gpu.F32 {
-		wf = make([]float32, dim)
-		wm.row(d.k, wf, 0)
-	}
+	wf := wm.floats(d.k, dim)
 	d.pool.For(n, max(1, elemGrain/dim), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, or := xv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]

@@ -75,11 +75,7 @@ func (d *Device) RMSNormShard(x, ss gpu.Buffer, ssOff int, w gpu.Buffer, n, dim,
 	if n == 0 || dim == 0 {
 		return nil
 	}
-	wf := wm.f
-	if wm.dt != gpu.F32 {
-		wf = make([]float32, dim)
-		wm.row(d.k, wf, 0)
-	}
+	wf := wm.floats(d.k, dim)
 	for i := range n {
 		inv := float32(1 / math.Sqrt(float64(sv[ssOff+i])/float64(total)+float64(eps)))
 		xr := xv[i*dim : (i+1)*dim]
