@@ -18,22 +18,30 @@ type tpGroup struct {
 	comm *xgmi.DeviceComm
 }
 
-// openTP opens GPUs 0 to n-1 and joins them with a CUDA fabric. The steps
-// of a decode carry small messages, so the windows are small.
+// openTP opens GPUs 0 to n-1 and joins them with a CUDA fabric.
 func openTP(ctx context.Context, n int) (*tpGroup, error) {
 	devs, err := openCUDAs(ctx, n)
 	if err != nil {
 		return nil, err
 	}
-	fab, err := xgmi.NewCUDAFabric(devs, xgmi.CUDAFabricConfig{StepBytes: 4 << 20})
+	g, err := newTPGroup(devs)
 	if err != nil {
 		closeCUDAs(devs)
+		return nil, err
+	}
+	return g, nil
+}
+
+// newTPGroup joins devs with a CUDA fabric. The steps of a decode carry
+// small messages, so the windows are small.
+func newTPGroup(devs []*cuda.Device) (*tpGroup, error) {
+	fab, err := xgmi.NewCUDAFabric(devs, xgmi.CUDAFabricConfig{StepBytes: 4 << 20})
+	if err != nil {
 		return nil, err
 	}
 	comm, err := xgmi.NewDeviceComm(fab, xgmi.DefaultCUDAConfig())
 	if err != nil {
 		fab.Close()
-		closeCUDAs(devs)
 		return nil, err
 	}
 	return &tpGroup{devs: devs, fab: fab, comm: comm}, nil
@@ -55,12 +63,17 @@ func (g *tpGroup) reducers() []models.Reducer {
 	return out
 }
 
-// Close waits for the GPUs, frees the fabric and closes the devices.
-func (g *tpGroup) Close() error {
+// release waits for the GPUs and frees the fabric; the devices stay open.
+func (g *tpGroup) release() {
 	for _, d := range g.devs {
 		_ = d.Sync(context.Background())
 	}
 	g.fab.Close()
+}
+
+// Close waits for the GPUs, frees the fabric and closes the devices.
+func (g *tpGroup) Close() error {
+	g.release()
 	if err := closeCUDAs(g.devs); err != nil {
 		return fmt.Errorf("tensor parallelism: %w", err)
 	}

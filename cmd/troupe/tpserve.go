@@ -341,23 +341,14 @@ func grow(b []byte, n int) []byte {
 // Its collectives are kernels that give up after the fabric's timeout when
 // a rank does not arrive, so Abort has nothing to do; Reset waits for the
 // GPUs (clearing the fault the timeout reports).
-type cudaTP struct {
-	devs []*cuda.Device
-	fab  *xgmi.CUDAFabric
-	comm *xgmi.DeviceComm
-}
+type cudaTP struct{ *tpGroup }
 
 func newCUDATP(devs []*cuda.Device) (*cudaTP, error) {
-	fab, err := xgmi.NewCUDAFabric(devs, xgmi.CUDAFabricConfig{StepBytes: 4 << 20})
+	g, err := newTPGroup(devs)
 	if err != nil {
 		return nil, err
 	}
-	comm, err := xgmi.NewDeviceComm(fab, xgmi.DefaultCUDAConfig())
-	if err != nil {
-		fab.Close()
-		return nil, err
-	}
-	return &cudaTP{devs: devs, fab: fab, comm: comm}, nil
+	return &cudaTP{g}, nil
 }
 
 func (c *cudaTP) Abort(error) {}
@@ -371,17 +362,6 @@ func (c *cudaTP) Reset() error {
 	return nil
 }
 
-func (c *cudaTP) reducers() []models.Reducer {
-	out := make([]models.Reducer, len(c.devs))
-	for i := range c.devs {
-		out[i] = c.comm.Rank(i)
-	}
-	return out
-}
-
-func (c *cudaTP) Close() {
-	for _, d := range c.devs {
-		_ = d.Sync(context.Background())
-	}
-	c.fab.Close()
-}
+// Close waits for the GPUs and frees the fabric; the devices belong to
+// their device actors.
+func (c *cudaTP) Close() { c.release() }
