@@ -200,13 +200,35 @@ func (g *Group) rank(op string, r int) (*Device, error) {
 // aligned checks that elements [off, off+n) of b lie in b and start on a
 // 16-byte boundary.
 func aligned(op, name string, b *Buffer, off, n int) error {
-	if off < 0 || n < 0 || (off+n)*b.dt.Size() > b.n*b.dt.Size() {
+	if off < 0 || n < 0 || off+n > b.n {
 		return fmt.Errorf("%s: %s: elements [%d, %d) outside its %d", op, name, off, off+n, b.n)
 	}
 	if (b.ptr+uint64(off*b.dt.Size()))%16 != 0 {
 		return fmt.Errorf("%s: %s: element %d is not 16-byte aligned", op, name, off)
 	}
 	return nil
+}
+
+// operands resolves a collective's dst and src on d: they hold one type,
+// and elements [dstOff, dstOff+dstN) of dst and [srcOff, srcOff+srcN) of
+// src lie in them on 16-byte boundaries.
+func operands(op string, d *Device, dst gpu.Buffer, dstOff, dstN int, src gpu.Buffer, srcOff, srcN int) (db, sb *Buffer, err error) {
+	if db, err = d.buf(op, "dst", dst); err != nil {
+		return nil, nil, err
+	}
+	if sb, err = d.buf(op, "src", src); err != nil {
+		return nil, nil, err
+	}
+	if db.dt != sb.dt {
+		return nil, nil, fmt.Errorf("%s: dst holds %s and src %s", op, db.dt, sb.dt)
+	}
+	if err := aligned(op, "dst", db, dstOff, dstN); err != nil {
+		return nil, nil, err
+	}
+	if err := aligned(op, "src", sb, srcOff, srcN); err != nil {
+		return nil, nil, err
+	}
+	return db, sb, nil
 }
 
 // AllReduce queues, on rank r's stream, the sum over the ranks of n
@@ -225,22 +247,12 @@ func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 		return err
 	}
 	defer d.leave()
-	db, err := d.buf(op, "dst", dst)
+	db, sb, err := operands(op, d, dst, dstOff, n, src, srcOff, n)
 	if err != nil {
 		return err
 	}
-	sb, err := d.buf(op, "src", src)
-	if err != nil {
-		return err
-	}
-	if db.dt != sb.dt || !db.dt.IsFloat() {
-		return fmt.Errorf("%s: dst holds %s and src %s, want the same float type", op, db.dt, sb.dt)
-	}
-	if err := aligned(op, "dst", db, dstOff, n); err != nil {
-		return err
-	}
-	if err := aligned(op, "src", sb, srcOff, n); err != nil {
-		return err
+	if !db.dt.IsFloat() {
+		return fmt.Errorf("%s: dst and src hold %s, want a float type", op, db.dt)
 	}
 	var name string
 	switch algo {
@@ -282,22 +294,9 @@ func (g *Group) AllGather(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 		return err
 	}
 	defer d.leave()
-	db, err := d.buf(op, "dst", dst)
-	if err != nil {
-		return err
-	}
-	sb, err := d.buf(op, "src", src)
-	if err != nil {
-		return err
-	}
-	if db.dt != sb.dt {
-		return fmt.Errorf("%s: dst holds %s and src %s", op, db.dt, sb.dt)
-	}
 	nr := len(g.devs)
-	if err := aligned(op, "dst", db, dstOff, nr*n); err != nil {
-		return err
-	}
-	if err := aligned(op, "src", sb, srcOff, n); err != nil {
+	db, sb, err := operands(op, d, dst, dstOff, nr*n, src, srcOff, n)
+	if err != nil {
 		return err
 	}
 	es := db.dt.Size()
