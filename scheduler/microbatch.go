@@ -164,19 +164,7 @@ func (mp *microPlan) split(b *models.Batch, n int) []microBatch {
 	}
 	// The tables, copied: a local stage reads them after Forward returns
 	// when a step fails.
-	total := 0
-	for _, t := range b.Tables {
-		total += len(t)
-	}
-	if cap(mp.flat) < total {
-		mp.flat = make([]int32, 0, 2*total)
-	}
-	mp.flat, mp.tables = mp.flat[:0], mp.tables[:0]
-	for _, t := range b.Tables {
-		start := len(mp.flat)
-		mp.flat = append(mp.flat, t...)
-		mp.tables = append(mp.tables, mp.flat[start:len(mp.flat):len(mp.flat)])
-	}
+	mp.flat, mp.tables = copyTables(mp.flat, mp.tables, b.Tables)
 	mp.parts = mp.parts[:0]
 	for g, at, lat := 0, 0, 0; g < n; g++ {
 		end, lend := at+mp.count[g], lat+mp.lcount[g]

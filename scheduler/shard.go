@@ -284,19 +284,27 @@ func (p *plan) copyOf(b *models.Batch) {
 	p.pos = append(p.pos[:0], b.Pos...)
 	p.seq = append(p.seq[:0], b.Seq...)
 	p.logits = append(p.logits[:0], b.Logits...)
+	p.flat, p.tables = copyTables(p.flat, p.tables, b.Tables)
+}
+
+// copyTables copies src's block tables into one flat array, reusing flat
+// and tables' memory, and returns both; each copied table is capped at its
+// length.
+func copyTables(flat []int32, tables, src [][]int32) ([]int32, [][]int32) {
 	n := 0
-	for _, t := range b.Tables {
+	for _, t := range src {
 		n += len(t)
 	}
-	if cap(p.flat) < n {
-		p.flat = make([]int32, 0, 2*n)
+	if cap(flat) < n {
+		flat = make([]int32, 0, 2*n)
 	}
-	p.flat, p.tables = p.flat[:0], p.tables[:0]
-	for _, t := range b.Tables {
-		start := len(p.flat)
-		p.flat = append(p.flat, t...)
-		p.tables = append(p.tables, p.flat[start:len(p.flat):len(p.flat)])
+	flat, tables = flat[:0], tables[:0]
+	for _, t := range src {
+		start := len(flat)
+		flat = append(flat, t...)
+		tables = append(tables, flat[start:len(flat):len(flat)])
 	}
+	return flat, tables
 }
 
 func stopped(ref *actors.Ref[ShardCall]) bool {
