@@ -158,7 +158,7 @@ func Spawn[M any](ctx context.Context, s *System, props Props[M]) (*Ref[M], erro
 		}
 		if s.nc != nil {
 			// Once Spawn returns, the endpoints answer from anywhere.
-			if err := flush(ctx, s.nc); err != nil {
+			if err := bus.Flush(ctx, s.nc); err != nil {
 				_ = ref.Stop(ctx)
 				return nil, fmt.Errorf("spawn %s: flush subscriptions: %w", addr, err)
 			}
@@ -191,13 +191,4 @@ func (s *System) Shutdown(ctx context.Context) error {
 	s.wg.Wait()
 	s.events.closeAll()
 	return errors.Join(errs...)
-}
-
-// flush waits until the server has processed everything nc sent, within
-// ctx's deadline or, without one, nats.go's default flush timeout.
-func flush(ctx context.Context, nc *nats.Conn) error {
-	if _, ok := ctx.Deadline(); ok {
-		return nc.FlushWithContext(ctx)
-	}
-	return nc.Flush()
 }

@@ -62,6 +62,16 @@ func newMsg[T Message](ctx context.Context, nc *nats.Conn, subject string, msg T
 	return m, nil
 }
 
+// Flush waits until the server has processed everything nc sent (its
+// subscriptions included), within ctx's deadline or, without one, nats.go's
+// default flush timeout.
+func Flush(ctx context.Context, nc *nats.Conn) error {
+	if _, ok := ctx.Deadline(); ok {
+		return nc.FlushWithContext(ctx)
+	}
+	return nc.Flush()
+}
+
 // Respond replies to m with resp.
 func Respond[T Message](m *nats.Msg, resp T) error {
 	data, err := Encode(resp)

@@ -76,6 +76,12 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 		sv.Close()
 		return nil, fmt.Errorf("scheduler: stats endpoint: %w", err)
 	}
+	// Serve returns once the server has the subscriptions: from then on the
+	// service answers, on every connection.
+	if err := bus.Flush(ctx, nc); err != nil {
+		sv.Close()
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
 	return sv, nil
 }
 

@@ -311,6 +311,10 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		return fmt.Errorf("serve: gateway service: %w", err)
 	}
 	defer gsvc.Stop()
+	// Every service of this node answers before the gateway takes requests.
+	if err := bus.Flush(ctx, n.nc); err != nil {
+		return fmt.Errorf("serve: gateway service: %w", err)
+	}
 	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))
 	err = gw.Serve(ctx, ln)
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
