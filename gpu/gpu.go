@@ -95,6 +95,11 @@ type AttnArgs struct {
 	Pos        Buffer  // I32 [N]
 	Seq        Buffer  // I32 [N]
 	BlockTable Buffer  // I32 [sequences, MaxBlocks]
+	// Runs is the number of runs of consecutive tokens of one sequence
+	// in the batch (a prompt is one run, each decode token one), 0 when
+	// unknown. A backend may pick its kernel by it; the result does not
+	// depend on it.
+	Runs int
 }
 
 // MoEArgs describes a mixture-of-experts SwiGLU block with softmax routing.

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"testing/fstest"
 )
@@ -43,11 +44,18 @@ func TestVerifyCatchesDrift(t *testing.T) {
 			fsys[f] = &fstest.MapFile{Data: raw}
 		}
 	}
-	hdr, err := os.ReadFile("cuda/common.cuh")
-	if err != nil {
-		t.Fatal(err)
+	headers, err := filepath.Glob("cuda/*.cuh")
+	if err != nil || len(headers) == 0 {
+		t.Fatalf("headers: %v (%d)", err, len(headers))
 	}
-	fsys["cuda/common.cuh"] = &fstest.MapFile{Data: hdr}
+	for _, f := range headers {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsys[f] = &fstest.MapFile{Data: raw}
+	}
+	hdr := fsys["cuda/common.cuh"].Data
 	if err := Verify(fsys); err != nil {
 		t.Fatalf("unchanged copy: %v", err)
 	}

@@ -91,6 +91,9 @@ type index struct {
 	ids, pos, seq, slots, rows, table gpu.Buffer
 	stride, maxBlocks                 int
 	host                              []int32
+	// runs counts the step's runs of consecutive tokens of one sequence
+	// (gpu.AttnArgs.Runs).
+	runs int
 }
 
 func (ix *index) bufs() []gpu.Buffer {

@@ -763,8 +763,12 @@ func (m *Model) upload(cache *Cache, b *Batch) error {
 	}
 	ix := &s.idx
 	slots := ix.section(secSlots, n)
+	ix.runs = 0
 	for i := range n {
 		sq, p := b.Seq[i], b.Pos[i]
+		if i == 0 || sq != b.Seq[i-1] || p != b.Pos[i-1]+1 {
+			ix.runs++
+		}
 		if sq < 0 || int(sq) >= len(b.Tables) {
 			return fmt.Errorf("forward: token %d names sequence %d of %d", i, sq, len(b.Tables))
 		}
@@ -867,7 +871,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
 		BlockSize: cache.BlockSize, MaxBlocks: s.idx.maxBlocks,
 		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
-		Pos:   s.idx.pos, Seq: s.idx.seq, BlockTable: s.idx.table,
+		Pos:   s.idx.pos, Seq: s.idx.seq, BlockTable: s.idx.table, Runs: s.idx.runs,
 	}
 	// pending: the last layer's MLP output in s.o is still to be added to
 	// the residual, fused with the next layer's input norm.

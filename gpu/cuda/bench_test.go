@@ -16,8 +16,8 @@ import (
 
 // graphRate records body (which issues per launches) into a graph, replays
 // it over the benchmark loop and reports device time per launch and, when
-// bytes > 0, bandwidth.
-func graphRate(b *testing.B, d *Device, per int, bytes float64, body func() error) {
+// bytes > 0, bandwidth. It returns the seconds per launch.
+func graphRate(b *testing.B, d *Device, per int, bytes float64, body func() error) float64 {
 	g, err := d.Capture(body)
 	if err != nil {
 		b.Fatal(err)
@@ -42,6 +42,7 @@ func graphRate(b *testing.B, d *Device, per int, bytes float64, body func() erro
 	if bytes > 0 {
 		b.ReportMetric(bytes/sec/1e9, "GB/s")
 	}
+	return sec
 }
 
 // rotating uploads copies of raw as separate weight buffers so that
@@ -274,6 +275,38 @@ func benchEager(b *testing.B, spin time.Duration) {
 	})
 }
 
+// BenchmarkAttentionPrefill: a prompt against an OLMo-2-1B layer's cache
+// (16 heads of 128, bf16), causal, one sequence.
+func BenchmarkAttentionPrefill(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(7, 7))
+	const heads, hd, bs = 16, 128, 16
+	for _, n := range []int{512, 2048} {
+		blocks := n / bs
+		kw := heads * hd
+		kc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		vc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		kc.readOnly, vc.readOnly = false, false
+		table := make([]int32, blocks)
+		for i := range table {
+			table[i] = int32(i)
+		}
+		pos, seq := make([]int32, n), make([]int32, n)
+		for i := range pos {
+			pos[i] = int32(i)
+		}
+		a := gpu.AttnArgs{N: n, Heads: heads, KVHeads: heads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks, Runs: 1,
+			Scale: float32(1 / math.Sqrt(hd)), Pos: i32buf(b, d, pos), Seq: i32buf(b, d, seq), BlockTable: i32buf(b, d, table)}
+		q := f32buf(b, d, randF32(r, n*kw, 1))
+		out := alloc(b, d, gpu.F32, n*kw)
+		flops := 4 * float64(n) * float64(n+1) / 2 * heads * hd
+		b.Run(fmt.Sprintf("n%d", n), func(b *testing.B) {
+			sec := graphRate(b, d, 1, 0, func() error { return d.Attention(out, q, kc, vc, a) })
+			b.ReportMetric(flops/sec/1e12, "TFLOP/s")
+		})
+	}
+}
+
 // BenchmarkAttentionDecode: one token against an OLMo-2-1B layer's cache
 // (16 heads of 128, bf16), for two context lengths.
 func BenchmarkAttentionDecode(b *testing.B) {
@@ -305,7 +338,9 @@ func BenchmarkAttentionDecode(b *testing.B) {
 func BenchmarkGEMM(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(5, 5))
-	for _, s := range [][3]int{{512, 2048, 8192}, {512, 8192, 2048}, {64, 2048, 2048}} {
+	// Prompt shapes (512 and 2,048 tokens) and decode batches of 64, OLMo-2-1B.
+	for _, s := range [][3]int{{512, 2048, 8192}, {512, 8192, 2048}, {2048, 2048, 2048}, {2048, 2048, 8192},
+		{2048, 8192, 2048}, {64, 2048, 2048}, {64, 2048, 8192}, {64, 8192, 2048}, {64, 2048, 100352}} {
 		n, k, m := s[0], s[1], s[2]
 		w := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, m*k, 0.05)))
 		x := f32buf(b, d, randF32(r, n*k, 1))

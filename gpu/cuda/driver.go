@@ -181,6 +181,7 @@ type driver struct {
 	cuModuleLoadData              proc
 	cuModuleUnload                proc
 	cuModuleGetFunction           proc
+	cuFuncSetAttribute            proc
 	cuLaunchKernel                proc
 }
 

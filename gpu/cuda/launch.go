@@ -13,7 +13,14 @@ import (
 type kernel struct {
 	name string
 	fn   uintptr
+	// shmem is the dynamic shared memory the kernel has been allowed
+	// beyond the default 48 KiB.
+	shmem int
 }
+
+// defaultShmem is the dynamic shared memory a launch may use without
+// raising the kernel's limit.
+const defaultShmem = 48 << 10
 
 type dim3 struct{ x, y, z uint32 }
 
@@ -110,6 +117,17 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 	}
 	if block.x*block.y*block.z == 0 || block.x*block.y*block.z > 1024 {
 		return fmt.Errorf("cuda: launch %s: block %v out of range", k.name, block)
+	}
+	if shmem > defaultShmem && shmem > k.shmem {
+		fn := k.fn
+		d.post(func() error {
+			// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+			if err := d.drv.cuFuncSetAttribute.call(fn, 8, uintptr(shmem)); err != nil {
+				return fmt.Errorf("cuda: launch %s: %d bytes of shared memory: %w", k.name, shmem, err)
+			}
+			return nil
+		})
+		k.shmem = shmem
 	}
 	l := &launchCmd{fn: k.fn, grid: grid, block: block, shmem: uint32(shmem)}
 	for i, a := range args {

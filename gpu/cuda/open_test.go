@@ -97,3 +97,24 @@ func TestGEMVShape(t *testing.T) {
 		t.Error("k=100 took the fast path")
 	}
 }
+
+// TestGEMMSplits checks the k splits of the prompt and batch products: the
+// counts measured best on an H200 for the OLMo-2-1B shapes, and that the
+// parts cover k exactly with none empty.
+func TestGEMMSplits(t *testing.T) {
+	const sms = 132
+	for _, c := range []struct{ n, k, m, want int }{
+		{64, 2048, 2048, 16}, {64, 2048, 8192, 4}, {64, 8192, 2048, 16}, {64, 2048, 100352, 1},
+		{2048, 2048, 2048, 1}, {2048, 8192, 2048, 1}, {9, 40, 72, 1}, {100, 4104, 64, 15},
+	} {
+		tl := gemmTileFor(c.n)
+		tiles := ceilDiv(c.n, tl.rows) * ceilDiv(c.m, tl.cols)
+		splits, chunk := tl.splits(tiles, c.k, sms)
+		if splits != c.want {
+			t.Errorf("%dx%dx%d: %d splits, want %d", c.n, c.k, c.m, splits, c.want)
+		}
+		if chunk%32 != 0 || splits*chunk < c.k || (splits-1)*chunk >= c.k {
+			t.Errorf("%dx%dx%d: %d splits of %d do not cover k exactly", c.n, c.k, c.m, splits, chunk)
+		}
+	}
+}

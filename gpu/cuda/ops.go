@@ -25,13 +25,17 @@ func suffix(dt gpu.DType) string {
 // all, so a stale artifact fails at Open, not mid-model.
 func kernelNames() []string {
 	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine",
-		"allgather_u8", "broadcast_u8"}
+		"allgather_u8", "broadcast_u8", "splitk_sum"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
 			"gemv_"+s, "gemm_"+s, "moe_route_"+s, "moe_gateup_"+s, "moe_down_"+s)
 		for _, hd := range []int{64, 128, 256} {
 			names = append(names, fmt.Sprintf("attn_split_%s_hd%d", s, hd))
 		}
+	}
+	for _, s := range []string{"bf16", "f16"} {
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s",
+			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128")
 	}
 	for _, nv := range []int{1, 2, 4, 8} {
 		for _, ks := range []int{1, 2, 4, 8} {
@@ -192,6 +196,9 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	if n <= 8 {
 		return d.launch(d.k("gemv_"+suf), grid1(ceilDiv(m, 8)), grid1(256), 0, append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
 	}
+	if w.dt != gpu.F32 && k%8 == 0 {
+		return d.gemm(out, x, w, n, k, m)
+	}
 	if ceilDiv(n, 64) > 65535 {
 		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*64)
 	}
@@ -201,6 +208,76 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	}
 	return d.launch(d.k("gemm_"+suf), dim3{uint32(ceilDiv(m, tile)), uint32(ceilDiv(n, 64)), 1}, grid1(256), 0,
 		append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
+}
+
+// gemmTile is a tile configuration of the pipelined tensor-core GEMM
+// (gemm_pipe in kernels/cuda/gemm.cu).
+type gemmTile struct {
+	suffix     string // kernel name suffix
+	rows, cols int    // output tile
+	threads    int
+	shmem      int // dynamic shared memory: stages × (rows+cols) × 32 × 2 bytes
+	// When the tiles alone leave SMs idle, k is split for about perSM
+	// blocks per SM, each at least minSteps steps of 32 along k.
+	perSM, minSteps int
+}
+
+// gemmTileFor picks 128x128 tiles for prompts and 64x64 for decode batches,
+// whose few rows make the product a stream of the weights. The splits were
+// measured on an H200 (docs/cuda.md, "Prompt and batch products").
+func gemmTileFor(n int) gemmTile {
+	if n > 64 {
+		return gemmTile{"_l", 128, 128, 256, 4 * (128 + 128) * 32 * 2, 2, 8}
+	}
+	return gemmTile{"_s", 64, 64, 128, 6 * (64 + 64) * 32 * 2, 4, 4}
+}
+
+// splits returns how many parts k is cut into for an output of the given
+// tiles on sms SMs, and chunk, the k of each part (a multiple of 32).
+func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
+	steps := ceilDiv(k, 32)
+	splits = 1
+	if tiles < sms {
+		splits = max(1, min(t.perSM*sms/tiles, steps/t.minSteps, 16))
+	}
+	chunk = ceilDiv(steps, splits) * 32
+	return ceilDiv(k, chunk), chunk
+}
+
+// gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8: x rounded to
+// w's type once, the pipelined tensor-core product, and when k is split
+// the ordered sum of the partial products.
+func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
+	suf := suffix(w.dt)
+	t := gemmTileFor(n)
+	if ceilDiv(n, t.rows) > 65535 {
+		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*t.rows)
+	}
+	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
+	if err != nil {
+		return err
+	}
+	err = d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
+		bufArg("out", xs, w.dt, n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
+	if err != nil {
+		return err
+	}
+	splits, chunk := t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
+	dst := out
+	if splits > 1 {
+		if dst, err = d.scratchBuf("gemm.part", gpu.F32, splits*n*m); err != nil {
+			return err
+		}
+	}
+	err = d.launch(d.k("gemm_"+suf+t.suffix), dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)},
+		grid1(t.threads), t.shmem,
+		bufArg("out", dst, gpu.F32, splits*n*m), bufArg("x", xs, w.dt, n*k), bufArg("w", w, w.dt, m*k),
+		i32Arg(n), i32Arg(k), i32Arg(m), i32Arg(chunk))
+	if err != nil || splits == 1 {
+		return err
+	}
+	return d.launch(d.k("splitk_sum"), grid1(ceilDiv(ceilDiv(n*m, 4), 256)), grid1(256), 0,
+		bufArg("out", out, gpu.F32, n*m), bufArg("part", dst, gpu.F32, splits*n*m), i64Arg(n*m), i32Arg(splits))
 }
 
 // gemvShape picks the split of k for the batch-1 bf16 GEMV: k = nv*256*ks
@@ -446,6 +523,16 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	if !b[2].dt.IsFloat() {
 		return fmt.Errorf("attention: kc is %s, want f32, bf16 or f16", b[2].dt)
 	}
+	slots := min(b[2].n, b[3].n) / kw
+	btRows := b[6].n / a.MaxBlocks
+	if usePrefillAttention(a, b[2].dt) {
+		return d.launch(d.k(fmt.Sprintf("attn_prefill_%s_hd%d", suffix(b[2].dt), hd)),
+			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 0,
+			bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("q", b[1], gpu.F32, a.N*qw),
+			bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
+			bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
+			rawArg(attnParams(a, slots, 1, btRows)), devPtrArg(d.faultDev))
+	}
 	kern := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd))
 	group := a.Heads / a.KVHeads
 	ngroup := ceilDiv(group, 8)
@@ -454,8 +541,6 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	}
 	blocks := a.N * a.KVHeads * ngroup
 	splits := max(1, min(ceilDiv(2*d.info.SMs, blocks), ceilDiv(a.MaxBlocks*a.BlockSize, 32), 256))
-	slots := min(b[2].n, b[3].n) / kw
-	btRows := b[6].n / a.MaxBlocks
 	parts := a.N * a.Heads * splits
 	acc, err := d.scratchBuf("attn.acc", gpu.F32, parts*hd)
 	if err != nil {
@@ -476,6 +561,15 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	return d.launch(d.k("attn_combine"), grid1(a.N*a.Heads), grid1(hd), 0,
 		bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
 		i32Arg(a.N*a.Heads), i32Arg(hd), i32Arg(splits))
+}
+
+// usePrefillAttention: the tensor-core kernel for steps of more than 64
+// tokens that come in runs of at least 16 (prompts), with a 16-bit cache
+// and head dim 64 or 128. It is right for any batch, but makes one pass
+// per sequence in each block of 64 tokens, so decode batches keep the
+// split kernel.
+func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
+	return a.Runs > 0 && a.N > 64 && a.N >= 16*a.Runs && cache != gpu.F32 && (a.HeadDim == 64 || a.HeadDim == 128)
 }
 
 // maxExperts is MAX_EXPERTS in kernels/cuda/moe.cu: the expert pointer

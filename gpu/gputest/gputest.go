@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -217,9 +218,13 @@ func (h *harness) embed(t *testing.T) {
 }
 
 func (h *harness) matmul(t *testing.T) {
-	shapes := [][3]int{{1, 64, 48}, {1, 384, 1024}, {3, 100, 37}, {7, 256, 130}, {33, 96, 200}, {1, 17, 5}}
+	// Few and many rows, k not a multiple of 8 or of 32, tiles cut at
+	// every edge; the large shapes also split k.
+	shapes := [][3]int{{1, 64, 48}, {1, 384, 1024}, {3, 100, 37}, {7, 256, 130}, {33, 96, 200}, {1, 17, 5},
+		{100, 40, 72}, {20, 100, 37}, {130, 72, 136}}
 	if h.o.Large {
-		shapes = append(shapes, [3]int{1, 2048, 8192}, [3]int{64, 2048, 2048}, [3]int{512, 1024, 768})
+		shapes = append(shapes, [3]int{1, 2048, 8192}, [3]int{64, 2048, 2048}, [3]int{512, 1024, 768},
+			[3]int{40, 4096, 256}, [3]int{300, 2048, 520})
 	}
 	for _, dt := range h.o.WeightDTypes {
 		for _, s := range shapes {
@@ -308,64 +313,81 @@ func (h *harness) rope(t *testing.T) {
 func (h *harness) attention(t *testing.T) {
 	type cfg struct{ heads, kvHeads, hd, bs int }
 	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}}
+	// Three sequences: a prefill after cached tokens, a decode at position
+	// 40 and a decode at position 0. The long prefill makes a step of more
+	// than 64 tokens in runs, which backends may run with a prompt kernel.
+	batches := []struct{ lens, news []int }{
+		{[]int{18, 41, 1}, []int{13, 1, 1}},
+		{[]int{150, 41, 1}, []int{140, 1, 1}},
+	}
 	for _, cdt := range h.o.CacheDTypes {
 		for _, c := range cfgs {
-			// Three sequences: a prefill of 13 tokens after 5 cached ones, a
-			// decode at position 40 and a decode at position 0.
-			lens := []int{18, 41, 1}
-			news := []int{13, 1, 1}
-			maxBlocks := (41 + c.bs - 1) / c.bs
-			nblocks := 3*maxBlocks + 2
-			kw := c.kvHeads * c.hd
-			kc := h.alloc(cdt, nblocks*c.bs*kw)
-			vc := h.alloc(cdt, nblocks*c.bs*kw)
-			// Blocks handed out in a shuffled order.
-			perm := h.rng.Perm(nblocks)
-			table := make([]int32, 3*maxBlocks)
-			for i := range table {
-				table[i] = int32(perm[i])
+			for _, bat := range batches {
+				h.attentionBatch(cdt, c.heads, c.kvHeads, c.hd, c.bs, bat.lens, bat.news)
 			}
-			bt := h.i32(table)
-			var pos, seq, slots []int32
-			for s, l := range lens {
-				for p := 0; p < l; p++ {
-					slots = append(slots, table[s*maxBlocks+p/c.bs]*int32(c.bs)+int32(p%c.bs))
-				}
-			}
-			// Fill every cached position.
-			nt := len(slots)
-			k := h.f32(h.randF32(nt*kw, 1))
-			v := h.f32(h.randF32(nt*kw, 1))
-			sl := h.i32(slots)
-			what := fmt.Sprintf("storekv %s kv=%d", cdt, c.kvHeads)
-			if !h.check(what, h.dev.StoreKV(kc.d, vc.d, k.d, v.d, sl.d, nt, kw), h.ref.StoreKV(kc.r, vc.r, k.r, v.r, sl.r, nt, kw)) {
-				continue
-			}
-			for s, l := range lens {
-				for p := l - news[s]; p < l; p++ {
-					pos = append(pos, int32(p))
-					seq = append(seq, int32(s))
-				}
-			}
-			n := len(pos)
-			q := h.f32(h.randF32(n*c.heads*c.hd, 1))
-			out := h.alloc(gpu.F32, n*c.heads*c.hd)
-			pb, sb := h.i32(pos), h.i32(seq)
-			args := func(onDev bool) gpu.AttnArgs {
-				a := gpu.AttnArgs{N: n, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, BlockSize: c.bs, MaxBlocks: maxBlocks, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
-				if onDev {
-					a.Pos, a.Seq, a.BlockTable = pb.d, sb.d, bt.d
-				} else {
-					a.Pos, a.Seq, a.BlockTable = pb.r, sb.r, bt.r
-				}
-				return a
-			}
-			what = fmt.Sprintf("attention %s heads=%d kv=%d dim=%d block=%d", cdt, c.heads, c.kvHeads, c.hd, c.bs)
-			if h.check(what, h.dev.Attention(out.d, q.d, kc.d, vc.d, args(true)), h.ref.Attention(out.r, q.r, kc.r, vc.r, args(false))) {
-				h.compare(what, out)
-			}
-			h.free(kc, vc, bt, k, v, sl, q, out, pb, sb)
 		}
+	}
+}
+
+// attentionBatch checks one step: sequence s has lens[s] cached tokens, of
+// which the last news[s] are the step's queries.
+func (h *harness) attentionBatch(cdt gpu.DType, heads, kvHeads, hd, bs int, lens, news []int) {
+	longest := slices.Max(lens)
+	maxBlocks := (longest + bs - 1) / bs
+	nblocks := len(lens)*maxBlocks + 2
+	kw := kvHeads * hd
+	kc := h.alloc(cdt, nblocks*bs*kw)
+	vc := h.alloc(cdt, nblocks*bs*kw)
+	defer h.free(kc, vc)
+	// Blocks handed out in a shuffled order.
+	perm := h.rng.Perm(nblocks)
+	table := make([]int32, len(lens)*maxBlocks)
+	for i := range table {
+		table[i] = int32(perm[i])
+	}
+	bt := h.i32(table)
+	var pos, seq, slots []int32
+	for s, l := range lens {
+		for p := 0; p < l; p++ {
+			slots = append(slots, table[s*maxBlocks+p/bs]*int32(bs)+int32(p%bs))
+		}
+	}
+	// Fill every cached position.
+	nt := len(slots)
+	k := h.f32(h.randF32(nt*kw, 1))
+	v := h.f32(h.randF32(nt*kw, 1))
+	sl := h.i32(slots)
+	defer h.free(bt, k, v, sl)
+	what := fmt.Sprintf("storekv %s kv=%d", cdt, kvHeads)
+	if !h.check(what, h.dev.StoreKV(kc.d, vc.d, k.d, v.d, sl.d, nt, kw), h.ref.StoreKV(kc.r, vc.r, k.r, v.r, sl.r, nt, kw)) {
+		return
+	}
+	runs := 0
+	for s, l := range lens {
+		runs++
+		for p := l - news[s]; p < l; p++ {
+			pos = append(pos, int32(p))
+			seq = append(seq, int32(s))
+		}
+	}
+	n := len(pos)
+	q := h.f32(h.randF32(n*heads*hd, 1))
+	out := h.alloc(gpu.F32, n*heads*hd)
+	pb, sb := h.i32(pos), h.i32(seq)
+	defer h.free(q, out, pb, sb)
+	args := func(onDev bool) gpu.AttnArgs {
+		a := gpu.AttnArgs{N: n, Heads: heads, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, MaxBlocks: maxBlocks,
+			Scale: float32(1 / math.Sqrt(float64(hd))), Runs: runs}
+		if onDev {
+			a.Pos, a.Seq, a.BlockTable = pb.d, sb.d, bt.d
+		} else {
+			a.Pos, a.Seq, a.BlockTable = pb.r, sb.r, bt.r
+		}
+		return a
+	}
+	what = fmt.Sprintf("attention %s heads=%d kv=%d dim=%d block=%d tokens=%d", cdt, heads, kvHeads, hd, bs, n)
+	if h.check(what, h.dev.Attention(out.d, q.d, kc.d, vc.d, args(true)), h.ref.Attention(out.r, q.r, kc.r, vc.r, args(false))) {
+		h.compare(what, out)
 	}
 }
 

@@ -9,7 +9,16 @@
 //
 // attn_combine: grid (N * Heads), HD threads: merges the splits' partials
 // (max and sum by a tree reduction in shared memory) into out.
-#include "common.cuh"
+//
+// attn_prefill: grid (ceil(N/64), Heads), 128 threads: tensor-core
+// attention for prompts (FlashAttention-2 style) over the paged cache with
+// 16-bit K and V. A block takes 64 query tokens of one head; each warp 16 of
+// them. Keys come in tiles of 64 through cp.async, scores and P·V run on
+// mma.sync with an online softmax in registers. The tokens of a block may
+// belong to several sequences: the block makes one pass per sequence, the
+// other rows masked, so any batch is right and a prompt's tokens, which
+// share a sequence, take one pass.
+#include "mma.cuh"
 
 #define ATT_THREADS 128
 #define ATT_TILE 128  // keys per tile: one per thread in the score phase
@@ -247,3 +256,233 @@ extern "C" __global__ void attn_combine(float* out, const float* part_acc, const
   }
   out[(long)th * hd + d] = L > 0.f ? acc / L : 0.f;
 }
+
+#define PQ 64   // query rows per block
+#define PKV 64  // keys per tile
+
+template <typename T, int HD>
+DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, const uint16_t* __restrict__ kc,
+                      const uint16_t* __restrict__ vc, const int* __restrict__ pos, const int* __restrict__ seq,
+                      const int* __restrict__ bt, AttnParams a, unsigned* fault) {
+  constexpr int CH = HD / 8;      // 16-byte chunks per row
+  constexpr int KS = HD / 16;     // k-steps over the head dimension
+  constexpr int DT = HD / 8;      // 8-wide output tiles per row
+  const float NEG = -__int_as_float(0x7f800000);
+  __shared__ __align__(16) uint16_t Ks[PKV * HD];
+  __shared__ __align__(16) uint16_t Vs[PKV * HD];
+  __shared__ int pos_s[PQ], seq_s[PQ];
+  __shared__ int pass_seq, pass_max;
+  __shared__ unsigned char done_s[PQ];
+
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int g = lane >> 2, q4 = lane & 3;
+  int tile = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  int t0 = tile * PQ;
+  int h = blockIdx.y, kh = h / (a.heads / a.kv_heads);
+  long qw = (long)a.heads * HD, kw = (long)a.kv_heads * HD;
+  int ctx_cap = a.max_blocks * a.block_size;
+
+  if (tid < PQ) {
+    int t = t0 + tid, p = -1, s = -1;
+    if (t < a.n) {
+      p = pos[t];
+      s = seq[t];
+      if (p < 0 || p >= ctx_cap || s < 0 || s >= a.bt_rows) {
+        if (h == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
+        s = -1;
+      }
+    }
+    pos_s[tid] = p;
+    seq_s[tid] = s;
+    done_s[tid] = s < 0;
+  }
+  // Q rows, rounded to 16 bits, staged through Ks into registers.
+  for (int i = tid; i < PQ * CH; i += 128) {
+    int r = i / CH, c = i % CH, t = t0 + r;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (t < a.n) {
+      const float* src = q + t * qw + (long)h * HD + c * 8;
+      float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+      u = make_uint4(pack2<T>(x0.x, x0.y), pack2<T>(x0.z, x0.w), pack2<T>(x1.x, x1.y), pack2<T>(x1.z, x1.w));
+    }
+    *reinterpret_cast<uint4*>(Ks + swz<CH>(r, c)) = u;
+  }
+  __syncthreads();
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], Ks + swz<CH>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+
+  // Rows of this thread: r[0] = warp*16+g, r[1] = r[0]+8 (in the block).
+  int rl[2] = {warp * 16 + g, warp * 16 + g + 8};
+  float o[DT][4];
+#pragma unroll
+  for (int d = 0; d < DT; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[d][e] = 0.f;
+  float mrow[2] = {NEG, NEG}, lrow[2] = {0.f, 0.f};
+  const float sl2 = a.scale * 1.4426950408889634f;  // softmax in base 2
+
+  for (;;) {
+    __syncthreads();  // Ks free (Q read), done_s settled
+    if (tid == 0) {
+      int s = -1, mx = -1;
+      for (int r = 0; r < PQ; r++)
+        if (!done_s[r]) {
+          if (s < 0) s = seq_s[r];
+          if (seq_s[r] == s) {
+            mx = max(mx, pos_s[r]);
+            done_s[r] = 1;
+          }
+        }
+      pass_seq = s;
+      pass_max = mx;
+    }
+    __syncthreads();
+    int s = pass_seq, maxp = pass_max;
+    if (s < 0) break;
+    bool act[2];
+    int prow[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      act[i] = seq_s[rl[i]] == s;
+      prow[i] = pos_s[rl[i]];
+    }
+    int ntiles = maxp / PKV + 1;
+    const int* btr = bt + (long)s * a.max_blocks;
+    // Each thread copies chunks tid + 128*i: rows tid/CH + (128/CH)*i.
+    constexpr int RPI = 128 / CH, NI = PKV / RPI;
+    long slot[NI];
+    auto slots = [&](int kb) {
+#pragma unroll
+      for (int i = 0; i < NI; i++) {
+        int key = kb + tid / CH + RPI * i;
+        slot[i] = -1;
+        if (key <= maxp) {
+          int blk = btr[key / a.block_size];
+          long sl = (long)blk * a.block_size + key % a.block_size;
+          if (blk < 0 || sl >= a.cache_slots) record_fault(fault, FAULT_ATTN_BLOCK, t0, blk);
+          else slot[i] = sl;
+        }
+      }
+    };
+    auto issue = [&](uint16_t* dst, const uint16_t* cache) {
+      int c = tid % CH;
+#pragma unroll
+      for (int i = 0; i < NI; i++) {
+        int r = tid / CH + RPI * i;
+        bool ok = slot[i] >= 0;
+        cp_async16(dst + swz<CH>(r, c), ok ? cache + slot[i] * kw + (long)kh * HD + c * 8 : cache, ok);
+      }
+    };
+    slots(0);
+    issue(Ks, kc);
+    cp_async_commit();
+    issue(Vs, vc);
+    cp_async_commit();
+    for (int j = 0; j < ntiles; j++) {
+      int kb = j * PKV;
+      cp_async_wait<1>();
+      __syncthreads();  // K tile j in
+      float sc[PKV / 8][4];
+#pragma unroll
+      for (int n = 0; n < PKV / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[n][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int np = 0; np < PKV / 16; np++) {
+          uint32_t b[4];
+          ldmatrix_x4(b, Ks + swz<CH>(np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+          mma16816<T>(sc[np * 2], qf[ks], b);
+          mma16816<T>(sc[np * 2 + 1], qf[ks], b + 2);
+        }
+      __syncthreads();  // every warp is done with Ks
+      if (j + 1 < ntiles) {
+        slots(kb + PKV);
+        issue(Ks, kc);
+      }
+      cp_async_commit();
+      // Mask, online softmax; row i of this thread holds sc[n][2i], sc[n][2i+1].
+      uint32_t pf[PKV / 16][4];
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        float mx = NEG;
+#pragma unroll
+        for (int n = 0; n < PKV / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            int key = kb + n * 8 + q4 * 2 + e;
+            float v = (act[i] && key <= prow[i]) ? sc[n][i * 2 + e] * sl2 : NEG;
+            sc[n][i * 2 + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mnew = fmaxf(mrow[i], mx);
+        float alpha = mrow[i] == NEG ? (mnew == NEG ? 1.f : 0.f) : exp2f(mrow[i] - mnew);
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < PKV / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float p = mnew == NEG ? 0.f : exp2f(sc[n][i * 2 + e] - mnew);
+            sc[n][i * 2 + e] = p;
+            sum += p;
+          }
+        lrow[i] = lrow[i] * alpha + sum;
+        mrow[i] = mnew;
+#pragma unroll
+        for (int d = 0; d < DT; d++) {
+          o[d][i * 2] *= alpha;
+          o[d][i * 2 + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kt = 0; kt < PKV / 16; kt++) {
+        pf[kt][0] = pack2<T>(sc[2 * kt][0], sc[2 * kt][1]);
+        pf[kt][1] = pack2<T>(sc[2 * kt][2], sc[2 * kt][3]);
+        pf[kt][2] = pack2<T>(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+        pf[kt][3] = pack2<T>(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+      }
+      cp_async_wait<1>();
+      __syncthreads();  // V tile j in
+#pragma unroll
+      for (int kt = 0; kt < PKV / 16; kt++)
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, Vs + swz<CH>(kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dp * 2 + (lane >> 4)));
+          mma16816<T>(o[dp * 2], pf[kt], b);
+          mma16816<T>(o[dp * 2 + 1], pf[kt], b + 2);
+        }
+      __syncthreads();  // every warp is done with Vs
+      if (j + 1 < ntiles) issue(Vs, vc);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+  }
+  // The row sums are spread over the quad of lanes sharing a row.
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    float l = lrow[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    int t = t0 + rl[i];
+    if (t >= a.n) continue;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    float* dst = out + t * qw + (long)h * HD;
+#pragma unroll
+    for (int d = 0; d < DT; d++)
+      *reinterpret_cast<float2*>(dst + d * 8 + q4 * 2) = make_float2(o[d][i * 2] * inv, o[d][i * 2 + 1] * inv);
+  }
+}
+
+#define PREFILL(T, name, HD)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(128)                                                              \
+      attn_prefill_##name##_hd##HD(float* out, const float* q, const uint16_t* kc, const uint16_t* vc,           \
+                                   const int* pos, const int* seq, const int* bt, AttnParams a, unsigned* fault) { \
+    attn_prefill<T, HD>(out, q, kc, vc, pos, seq, bt, a, fault);                                                 \
+  }
+PREFILL(BF16, bf16, 64) PREFILL(BF16, bf16, 128)
+PREFILL(F16, f16, 64) PREFILL(F16, f16, 128)

@@ -1,38 +1,23 @@
 // Matrix products for prefill and batched decode: out[n,m] = x[n,k] · w[m,k]ᵀ.
 //
-// gemm_bf16 / gemm_f16 run on the tensor cores (mma.sync m16n8k16, f32
-// accumulate): x is rounded from f32 to the weight's 16-bit type as it is
-// loaded into shared memory. gemm_f32 is a plain f32 tiled kernel.
-#include "common.cuh"
+// The main path (k a multiple of 8, 16-bit weights): round_x rounds x from
+// f32 to the weight's 16-bit type once, then gemm_{bf16,f16}_{l,s} run on
+// the tensor cores (mma.sync m16n8k16, f32 accumulate) over a cp.async
+// pipeline of swizzled shared-memory stages. _l tiles 128x128 for many rows
+// (prefill), _s tiles 64x64 for few (batched decode). When the tiles alone
+// would not fill the GPU, blockIdx.z splits k: each split writes its own
+// partial product and splitk_sum adds them in split order, so results do
+// not depend on scheduling.
+//
+// gemm_bf16 / gemm_f16 are the older register-staged kernels, kept for k
+// not a multiple of 8 (rows of w not 16-byte aligned); gemm_f32 is a plain
+// f32 tiled kernel.
+#include "mma.cuh"
 
 #define BM 64   // rows of x per block
 #define BN 128  // rows of w per block
 #define BK 32
 #define PAD 8   // 16 bytes of padding per shared-memory row: no bank conflicts for ldmatrix
-
-template <typename T> DEV uint32_t pack2(float a, float b);
-template <> DEV uint32_t pack2<BF16>(float a, float b) { return (uint32_t)f2bf(a) | ((uint32_t)f2bf(b) << 16); }
-template <> DEV uint32_t pack2<F16>(float a, float b) { return (uint32_t)f2h(a) | ((uint32_t)f2h(b) << 16); }
-
-template <typename T> DEV void mma16816(float* c, const uint32_t* a, const uint32_t* b);
-template <> DEV void mma16816<BF16>(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> DEV void mma16816<F16>(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-DEV void ldmatrix_x4(uint32_t* r, const void* p) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
 
 // Global -> register staging for one BK slice.
 struct Stage {
@@ -191,3 +176,149 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(float* out, const flo
       if (r < n && c < m) out[(long)r * m + c] = acc[i][j];
     }
 }
+
+// round_x_{bf16,f16}: out[i] = x[i] rounded to 16 bits, 8 elements a thread.
+template <typename T>
+DEV void round_x(uint16_t* __restrict__ out, const float* __restrict__ x, long count) {
+  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (i + 8 <= count) {
+    float4 a = *reinterpret_cast<const float4*>(x + i), b = *reinterpret_cast<const float4*>(x + i + 4);
+    *reinterpret_cast<uint4*>(out + i) =
+        make_uint4(pack2<T>(a.x, a.y), pack2<T>(a.z, a.w), pack2<T>(b.x, b.y), pack2<T>(b.z, b.w));
+  } else {
+    for (; i < count; i++) out[i] = (uint16_t)(pack2<T>(x[i], 0.f) & 0xffffu);
+  }
+}
+extern "C" __global__ void round_x_bf16(uint16_t* out, const float* x, long count) { round_x<BF16>(out, x, count); }
+extern "C" __global__ void round_x_f16(uint16_t* out, const float* x, long count) { round_x<F16>(out, x, count); }
+
+// splitk_sum: out[i] = Σ_s part[s*count + i] in split order.
+extern "C" __global__ void splitk_sum(float* __restrict__ out, const float* __restrict__ part, long count, int splits) {
+  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (i + 4 <= count && (count & 3) == 0) {
+    float4 acc = *reinterpret_cast<const float4*>(part + i);
+    for (int s = 1; s < splits; s++) {
+      float4 v = *reinterpret_cast<const float4*>(part + (long)s * count + i);
+      acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(out + i) = acc;
+  } else {
+    for (long e = i; e < min(i + 4, count); e++) {
+      float acc = part[e];
+      for (int s = 1; s < splits; s++) acc += part[(long)s * count + e];
+      out[e] = acc;
+    }
+  }
+}
+
+// gemm_pipe: out (+ blockIdx.z*n*m when k is split) [n,m] = x16[n,k] · w[m,k]ᵀ
+// over k in [blockIdx.z*kchunk, +kchunk). k % 8 == 0, kchunk % 32 == 0.
+// WM x WN warps; each warp owns a (BM/WM) x (BN/WN) tile of the output.
+#define PBK 32
+template <typename T, int PM, int PN, int PWM, int PWN, int STAGES>
+DEV void gemm_pipe(float* __restrict__ out, const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
+                   int m, int kchunk) {
+  constexpr int NT = PWM * PWN * 32;
+  constexpr int TM = PM / PWM, TN = PN / PWN;
+  constexpr int MI = TM / 16, NJ = TN / 8;
+  static_assert(NJ % 2 == 0, "warp tile width must be a multiple of 16");
+  constexpr int STAGE = (PM + PN) * PBK;  // elements per stage
+  extern __shared__ __align__(16) uint16_t smem[];
+  int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  int wm = warp / PWN, wn = warp % PWN;
+  int row0 = blockIdx.y * PM, col0 = blockIdx.x * PN;
+  int kbeg = blockIdx.z * kchunk, kend = min(k, kbeg + kchunk);
+  int kt = (kend - kbeg + PBK - 1) / PBK;
+  out += (long)blockIdx.z * n * m;
+
+  auto load = [&](int stage, int k0) {
+    uint16_t* as = smem + stage * STAGE;
+    uint16_t* bs = as + PM * PBK;
+#pragma unroll
+    for (int i = t; i < PM * 4; i += NT) {
+      int r = i >> 2, c = i & 3;
+      int gr = row0 + r, gc = k0 + c * 8;
+      bool ok = gr < n && gc < kend;
+      cp_async16(as + swz<4>(r, c), ok ? x + (long)gr * k + gc : x, ok);
+    }
+#pragma unroll
+    for (int i = t; i < PN * 4; i += NT) {
+      int r = i >> 2, c = i & 3;
+      int gr = col0 + r, gc = k0 + c * 8;
+      bool ok = gr < m && gc < kend;
+      cp_async16(bs + swz<4>(r, c), ok ? w + (long)gr * k + gc : w, ok);
+    }
+  };
+
+  float acc[MI][NJ][4];
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < kt) load(s, kbeg + s * PBK);
+    cp_async_commit();
+  }
+  for (int it = 0; it < kt; it++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int nx = it + STAGES - 1;
+    if (nx < kt) load(nx % STAGES, kbeg + nx * PBK);
+    cp_async_commit();
+    const uint16_t* as = smem + (it % STAGES) * STAGE;
+    const uint16_t* bs = as + PM * PBK;
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      uint32_t af[MI][4], bfr[NJ / 2][4];
+#pragma unroll
+      for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + swz<4>(wm * TM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < NJ / 2; j++)
+        ldmatrix_x4(bfr[j], bs + swz<4>(wn * TN + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) mma16816<T>(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
+    }
+  }
+  cp_async_wait<0>();
+
+  int g = lane >> 2, q = lane & 3;
+  bool pairs = (m & 1) == 0;
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      int r = row0 + wm * TM + i * 16 + g;
+      int c = col0 + wn * TN + j * 8 + q * 2;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int rr = r + h * 8;
+        if (rr >= n) continue;
+        float* o = out + (long)rr * m + c;
+        if (pairs && c + 1 < m) {
+          *reinterpret_cast<float2*>(o) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+        } else {
+          if (c < m) o[0] = acc[i][j][h * 2];
+          if (c + 1 < m) o[1] = acc[i][j][h * 2 + 1];
+        }
+      }
+    }
+}
+
+// Shared memory (dynamic): _l 4 stages x 16 KiB, _s 6 stages x 8 KiB.
+#define PIPE(name, T)                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256) gemm_##name##_l(float* out, const uint16_t* x, const uint16_t* w, \
+                                                                    int n, int k, int m, int kchunk) {              \
+    gemm_pipe<T, 128, 128, 2, 4, 4>(out, x, w, n, k, m, kchunk);                                                    \
+  }                                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128) gemm_##name##_s(float* out, const uint16_t* x, const uint16_t* w, \
+                                                                    int n, int k, int m, int kchunk) {              \
+    gemm_pipe<T, 64, 64, 2, 2, 6>(out, x, w, n, k, m, kchunk);                                                      \
+  }
+PIPE(bf16, BF16)
+PIPE(f16, F16)

@@ -1,0 +1,53 @@
+// Tensor-core building blocks shared by the GEMM and the prefill attention:
+// mma.sync m16n8k16 with f32 accumulators, ldmatrix, cp.async and a
+// swizzle that keeps ldmatrix free of shared-memory bank conflicts.
+#pragma once
+#include "common.cuh"
+
+// pack2 rounds two floats to the 16-bit type T and packs them (a low).
+template <typename T> DEV uint32_t pack2(float a, float b);
+template <> DEV uint32_t pack2<BF16>(float a, float b) { return (uint32_t)f2bf(a) | ((uint32_t)f2bf(b) << 16); }
+template <> DEV uint32_t pack2<F16>(float a, float b) { return (uint32_t)f2h(a) | ((uint32_t)f2h(b) << 16); }
+
+// mma16816: c[4] += a[4] · b[2] for one 16x8x16 tile (A row-major, B column-major).
+template <typename T> DEV void mma16816(float* c, const uint32_t* a, const uint32_t* b);
+template <> DEV void mma16816<BF16>(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> DEV void mma16816<F16>(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+DEV uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+DEV void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+DEV void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// cp_async16 copies 16 bytes from global to shared memory; with ok false it
+// reads nothing and writes zeros (src must still be a valid address).
+DEV void cp_async16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+DEV void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// swz is the 16-bit element offset of 16-byte chunk c of row r in a tile
+// of rows of `chunks` chunks (4, 8 or 16): the chunk index is XORed with
+// the row so that the 8 rows one ldmatrix reads land in distinct banks.
+template <int CHUNKS> DEV int swz(int r, int c) {
+  if constexpr (CHUNKS == 4) return r * 32 + ((c ^ ((r >> 1) & 3)) << 3);
+  else return r * (CHUNKS * 8) + ((c ^ (r & 7)) << 3);
+}
