@@ -10,8 +10,11 @@
 //
 // Window of rank r: two halves, used alternately by epoch parity; each half
 // holds nranks+1 slots of slot_bytes. Slot q (q < nranks) receives rank q's
-// data; slot nranks is spare (the two-shot writes its sums straight into
-// the peers' outputs, whose addresses the ranks exchange through the pads).
+// data. In one process the two-shot writes its sums straight into the
+// peers' outputs, whose addresses the ranks exchange through the pads, and
+// slot nranks is spare. Across processes a peer's output has no address
+// here, so the _ipc two-shot writes its sums into slot nranks of the peers'
+// windows instead, and every rank copies them out into its output.
 //
 // Every kernel starts with a barrier over all blocks of all ranks (after its
 // pushes): when a rank passes it at epoch e, every block of every peer has
@@ -251,11 +254,18 @@ DEV void allreduce_oneshot(CommArgs a, char* dst, const char* src, long long n, 
 // barrier; reduces its own segment and writes the sum into its dst and
 // straight into every peer's dst; and a per-block barrier tells the peers
 // that their segments have landed.
-template <typename T>
+//
+// With IPC (ranks in separate processes, each with its own address space)
+// nothing is published: the sums go into slot nranks of every peer's
+// window, and after the per-block barrier each block copies the peers'
+// segments that the same block of each peer wrote from its own slot nranks
+// into dst. The half is free again by the same argument as the input slots:
+// a peer writes it next at epoch e+2, after the barrier of epoch e+1.
+template <typename T, bool IPC>
 DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {
   const int N = Vec<T>::N, es = sizeof(typename Vec<T>::raw);
   unsigned e = begin(a);
-  if (blockIdx.x == 0 && threadIdx.x < a.nranks && threadIdx.x != a.rank) {
+  if (!IPC && blockIdx.x == 0 && threadIdx.x < a.nranks && threadIdx.x != a.rank) {
     // The same thread's release store in barrier_all publishes it.
     unsigned* p = pad(a, threadIdx.x) + CO_DST + ((e & 1u) * CO_MAX_RANKS + a.rank) * 2;
     *(volatile unsigned long long*)p = (unsigned long long)dst;
@@ -272,14 +282,28 @@ DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, 
   barrier_all(a, e, fault);
   char* peers[CO_MAX_RANKS];
   for (int q = 0; q < a.nranks; q++) {
-    const unsigned* p = pad(a, a.rank) + CO_DST + ((e & 1u) * CO_MAX_RANKS + q) * 2;
-    peers[q] = q == a.rank ? dst : (char*)__ldcg((const unsigned long long*)p);
+    if (q == a.rank) {
+      peers[q] = dst;
+    } else if (IPC) {
+      peers[q] = half(a, q, e) + (unsigned long long)a.nranks * a.slot_bytes;
+    } else {
+      const unsigned* p = pad(a, a.rank) + CO_DST + ((e & 1u) * CO_MAX_RANKS + q) * 2;
+      peers[q] = (char*)__ldcg((const unsigned long long*)p);
+    }
   }
   {
     long long lo = chunks * a.rank / a.nranks, hi = chunks * (a.rank + 1) / a.nranks;
     for (long long c = lo + g; c < hi; c += stride) reduce_chunk<T>(a, e, src, dst, c, c - lo, full, tail, peers);
   }
   barrier_block(a, e, fault);
+  if (IPC) {
+    const char* sums = half(a, a.rank, e) + (unsigned long long)a.nranks * a.slot_bytes;
+    for (int k = 1; k < a.nranks; k++) {
+      int q = (a.rank + k) % a.nranks;
+      long long lo = chunks * q / a.nranks, hi = chunks * (q + 1) / a.nranks;
+      for (long long c = lo + g; c < hi; c += stride) copy_chunk(dst, sums, c, full, tail, es);
+    }
+  }
   finish(a, e);
 }
 
@@ -347,7 +371,11 @@ extern "C" __global__ void __launch_bounds__(CO_THREADS)
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
       allreduce_twoshot_##S(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {            \
-    allreduce_twoshot<T>(a, dst, src, n, fault);                                                               \
+    allreduce_twoshot<T, false>(a, dst, src, n, fault);                                                        \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
+      allreduce_twoshot_ipc_##S(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {        \
+    allreduce_twoshot<T, true>(a, dst, src, n, fault);                                                         \
   }
 
 CO_KERNELS(float, f32)
