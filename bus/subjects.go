@@ -75,6 +75,11 @@ func (s Subjects) ActorEndpoint(kind, id, endpoint string) string {
 	return s.Actor(kind, id) + "." + Token(endpoint)
 }
 
+// Exchange is where the ranks of group (say, the device actors whose GPUs
+// form one fabric across processes) exchange small byte strings, such as
+// their memory handles: request/reply, answered by rank 0 (Exchange).
+func (s Subjects) Exchange(group string) string { return s.prefix + ".exchange." + Token(group) }
+
 // KV-manager endpoint names; the KV-manager of a replica is the actor of
 // kind KVManagerKind whose id is the replica.
 const (
