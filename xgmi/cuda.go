@@ -1,6 +1,8 @@
 package xgmi
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -8,38 +10,72 @@ import (
 	"github.com/troupe/troupe/gpu/cuda"
 )
 
-// CUDAFabric joins the GPUs of one process: every rank's window and signal
-// pad live in its GPU's memory, the peers map them by peer access, and the
+// CUDAFabric joins GPUs through peer memory: every rank's window and
+// signal pad live in its GPU's memory, the peers map them, and the
 // collectives are kernels (kernels/cuda/collective.cu) that push data into
 // the peers' windows and wait on device-side flags. Nothing waits on the
 // host, so the collectives can be recorded in CUDA graphs.
 //
-// Ranks in separate processes would exchange IPC handles of their windows
-// (cuIpcGetMemHandle) through the actors that own the devices; that path is
-// not built yet. AMD's XGMI fits the same shape through HIP.
+// NewCUDAFabric joins the GPUs of one process by peer access.
+// NewIPCFabric joins GPUs of separate processes of one host, one rank per
+// process, through CUDA IPC handles of the windows and pads that the
+// processes give each other through an Exchange (the bus, between the
+// actors that own the devices); a process then issues only its own
+// rank's collectives. Both run the same kernels. AMD's XGMI fits the same
+// shape through HIP.
 type CUDAFabric struct {
-	g *cuda.Group
+	g  *cuda.Group
+	ex Exchange // the ranks of other processes; nil in one process
 }
 
 // CUDAFabricConfig sizes a CUDA fabric.
 type CUDAFabricConfig struct {
 	// StepBytes is the largest step of a collective in bytes per rank
 	// (larger messages run in several kernels); each window is
-	// 2 × (ranks+1) × StepBytes. 0 means 32 MiB.
+	// 2 × (ranks+1) × StepBytes. 0 means 32 MiB. Every rank of an IPC
+	// fabric must use the same.
 	StepBytes int
 	// Timeout bounds a kernel's wait for a missing peer; the wait then
 	// gives up and the device's next Sync fails. 0 means 10 s.
 	Timeout time.Duration
 }
 
+func (c CUDAFabricConfig) group() cuda.GroupConfig {
+	return cuda.GroupConfig{SlotBytes: c.StepBytes, Timeout: c.Timeout}
+}
+
 // NewCUDAFabric enables peer access between every pair of devs (rank i is
 // devs[i]) and allocates the windows.
 func NewCUDAFabric(devs []*cuda.Device, cfg CUDAFabricConfig) (*CUDAFabric, error) {
-	g, err := cuda.NewGroup(devs, cuda.GroupConfig{SlotBytes: cfg.StepBytes, Timeout: cfg.Timeout})
+	g, err := cuda.NewGroup(devs, cfg.group())
 	if err != nil {
 		return nil, fmt.Errorf("xgmi: cuda fabric: %w", err)
 	}
 	return &CUDAFabric{g: g}, nil
+}
+
+// NewIPCFabric makes dev, this process's GPU, rank ex.Rank() of a fabric
+// of ex.Ranks() ranks whose other ranks are GPUs of other processes of
+// this host, each calling NewIPCFabric with its own GPU, its own end of
+// the exchange and the same cfg. The ranks allocate their windows, give
+// each other their IPC handles through ex and map the peers' (two
+// AllGathers); when a rank fails, or the ranks disagree, every rank that
+// takes part returns the same error, and a rank that never comes makes
+// the others fail when ctx ends.
+//
+// The fabric's DeviceComm issues only rank ex.Rank()'s collectives, from
+// the goroutine that owns dev; every rank must choose the same algorithm
+// for each call, so give every rank the same Config. Shutdown is the way
+// out: it waits until no peer uses this rank's memory before freeing it.
+func NewIPCFabric(ctx context.Context, dev *cuda.Device, ex Exchange, cfg CUDAFabricConfig) (*CUDAFabric, error) {
+	if ex == nil {
+		return nil, fmt.Errorf("xgmi: ipc fabric: no exchange")
+	}
+	g, err := cuda.NewIPCGroup(ctx, dev, ex.Rank(), ex.Ranks(), cfg.group(), ex.AllGather)
+	if err != nil {
+		return nil, fmt.Errorf("xgmi: ipc fabric: %w", err)
+	}
+	return &CUDAFabric{g: g, ex: ex}, nil
 }
 
 // Ranks implements Fabric.
@@ -48,8 +84,9 @@ func (f *CUDAFabric) Ranks() int { return f.g.Ranks() }
 // WindowBytes implements Fabric.
 func (f *CUDAFabric) WindowBytes() int { return f.g.WindowBytes() }
 
-// Link implements Fabric: every pair has peer access (NewCUDAFabric
-// refuses GPUs without it).
+// Link implements Fabric: every pair reaches each other's memory directly
+// (peer access in one process, IPC-mapped peer memory across processes;
+// both constructors refuse GPUs without it).
 func (f *CUDAFabric) Link(a, b int) Link {
 	if a == b {
 		return Link{A: a, B: b, Kind: LinkSelf}
@@ -57,12 +94,39 @@ func (f *CUDAFabric) Link(a, b int) Link {
 	return Link{A: a, B: b, Kind: LinkPeer}
 }
 
-// Device is rank r's GPU.
+// Device is rank r's GPU, or nil when rank r lives in another process.
 func (f *CUDAFabric) Device(r int) *cuda.Device { return f.g.Device(r) }
 
+// IPC reports whether the ranks live in separate processes.
+func (f *CUDAFabric) IPC() bool { return f.ex != nil }
+
 // Close implements Fabric. Collectives still queued must have finished
-// (Sync every device first).
+// (Sync every device first), and, across processes, the peers must be
+// done with this rank's memory: Shutdown sees to both.
 func (f *CUDAFabric) Close() error { return f.g.Close() }
+
+// Shutdown waits for the collectives queued on this process's GPUs and,
+// across processes, for every rank to reach Shutdown too (one AllGather
+// on the exchange), then closes the fabric. It closes it even when the
+// wait fails (a rank that is gone no longer uses the memory) and returns
+// the wait's error.
+func (f *CUDAFabric) Shutdown(ctx context.Context) error {
+	var errs []error
+	for r := range f.g.Ranks() {
+		if d := f.g.Device(r); d != nil {
+			if err := d.Sync(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("xgmi: shutdown: rank %d: %w", r, err))
+			}
+		}
+	}
+	if f.ex != nil {
+		if _, err := f.ex.AllGather(ctx, nil); err != nil {
+			errs = append(errs, fmt.Errorf("xgmi: shutdown: wait for the peers: %w", err))
+		}
+	}
+	errs = append(errs, f.Close())
+	return errors.Join(errs...)
+}
 
 // DefaultCUDAConfig chooses by size with the crossover measured on two
 // H200s over NVLink (docs/xgmi.md).
@@ -74,7 +138,8 @@ func DefaultCUDAConfig() Config {
 // device buffers: each call queues kernels on the rank's stream and
 // returns without waiting. Every rank must issue the same collectives in
 // the same order with the same sizes; a rank's calls come from one
-// goroutine at a time (its device's owner).
+// goroutine at a time (its device's owner). Over an IPC fabric only this
+// process's rank issues calls; the others' fail.
 type DeviceComm struct {
 	cfg   Config
 	fab   *CUDAFabric
@@ -111,7 +176,7 @@ type DeviceRank struct {
 // ID is the rank's index.
 func (r *DeviceRank) ID() int { return r.id }
 
-// Device is the rank's GPU.
+// Device is the rank's GPU, or nil when the rank lives in another process.
 func (r *DeviceRank) Device() *cuda.Device { return r.comm.fab.Device(r.id) }
 
 // AllReduce queues the sum over the ranks of src into dst (the same

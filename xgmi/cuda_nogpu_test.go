@@ -1,6 +1,7 @@
 package xgmi
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -29,5 +30,24 @@ func TestCUDAFabricArguments(t *testing.T) {
 	}
 	if DefaultCUDAConfig().Validate() != nil || DefaultCUDAConfig().OneShotMaxBytes != 4<<20 {
 		t.Errorf("DefaultCUDAConfig: %+v", DefaultCUDAConfig())
+	}
+}
+
+// TestIPCFabricArguments: an IPC fabric needs a GPU and an exchange.
+func TestIPCFabricArguments(t *testing.T) {
+	exs, err := LocalExchanges(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := NewIPCFabric(ctx, nil, exs[0], CUDAFabricConfig{}); err == nil || !strings.Contains(err.Error(), "device is nil") {
+		t.Errorf("no device: %v", err)
+	}
+	if _, err := NewIPCFabric(ctx, new(cuda.Device), nil, CUDAFabricConfig{}); err == nil || !strings.Contains(err.Error(), "no exchange") {
+		t.Errorf("no exchange: %v", err)
+	}
+	one, _ := LocalExchanges(1)
+	if _, err := NewIPCFabric(ctx, new(cuda.Device), one[0], CUDAFabricConfig{}); err == nil || !strings.Contains(err.Error(), "1 ranks") {
+		t.Errorf("one rank: %v", err)
 	}
 }

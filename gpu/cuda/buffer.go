@@ -19,6 +19,7 @@ type Buffer struct {
 	readOnly bool
 	freed    bool
 	parent   *Buffer // the allocation a view (Slice) shares; nil for an allocation
+	ipcBase  uint64  // for memory of another process mapped by ImportIPC: the mapping to close; 0 otherwise
 }
 
 // dead reports whether b, or the allocation it views, was freed.
@@ -146,10 +147,13 @@ func (d *Device) freeNow(b *Buffer) {
 	if b.ptr == 0 {
 		return
 	}
-	p := b.ptr
+	p, mapped := b.ptr, b.ipcBase
 	d.post(func() error {
 		if err := d.drv.cuStreamSynchronize.call(d.stream); err != nil {
 			return err
+		}
+		if mapped != 0 {
+			return d.drv.cuIpcCloseMemHandle.call(uintptr(mapped))
 		}
 		return d.drv.cuMemFree_v2.call(uintptr(p))
 	})

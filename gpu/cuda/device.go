@@ -23,6 +23,7 @@ type Info struct {
 	L2Bytes      int
 	MemBytes     int64
 	Driver       int    // driver API version, e.g. 13000
+	UUID         UUID   // the GPU's UUID, as nvidia-smi -L prints it
 	Code         string // "cubin sm_90a" or "ptx compute_80 (JIT)"
 }
 
@@ -223,6 +224,11 @@ func (d *Device) init() error {
 		ComputeMajor: attr(attrComputeMajor), ComputeMinor: attr(attrComputeMinor),
 		SMs: attr(attrMultiprocessors), L2Bytes: attr(attrL2CacheSize), MemBytes: int64(mem), Driver: int(ver),
 	}
+	uuid := new(UUID)
+	if err := drv.cuDeviceGetUuid_v2.call(ptr(&uuid[0]), uintptr(d.cudev)); err != nil {
+		return err
+	}
+	d.info.UUID = *uuid
 	if attr(attrUnifiedAddressing) == 0 || attr(attrCanMapHostMemory) == 0 {
 		return fmt.Errorf("cuda: open device %d (%s): needs unified addressing and mapped host memory", d.cfg.Ordinal, d.info.Name)
 	}
@@ -342,7 +348,10 @@ func (d *Device) teardown() {
 			_ = drv.cuStreamSynchronize.call(d.stream)
 		}
 		for b := range d.bufs {
-			if b.ptr != 0 {
+			switch {
+			case b.ipcBase != 0:
+				_ = drv.cuIpcCloseMemHandle.call(uintptr(b.ipcBase))
+			case b.ptr != 0:
 				_ = drv.cuMemFree_v2.call(uintptr(b.ptr))
 			}
 		}

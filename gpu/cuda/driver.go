@@ -25,6 +25,11 @@ const (
 	errNoDevice            = 100
 	errInvalidDevice       = 101
 	errStreamCaptureUnsupp = 900
+	errInvalidValue        = 1
+	errInvalidContext      = 201
+	errInvalidHandle       = 400
+	errPeerUnsupported     = 217
+	errTooManyPeers        = 711
 )
 
 // Name is the CUDA_ERROR_* name of common codes.
@@ -48,6 +53,12 @@ func (r Result) Name() string {
 		return "CUDA_ERROR_DEVICE_UNAVAILABLE"
 	case errNoDevice:
 		return "CUDA_ERROR_NO_DEVICE"
+	case 205:
+		return "CUDA_ERROR_MAP_FAILED"
+	case 208:
+		return "CUDA_ERROR_ALREADY_MAPPED"
+	case errPeerUnsupported:
+		return "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
 	case errInvalidDevice:
 		return "CUDA_ERROR_INVALID_DEVICE"
 	case 200:
@@ -78,6 +89,8 @@ func (r Result) Name() string {
 		return "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED"
 	case 710:
 		return "CUDA_ERROR_ASSERT"
+	case errTooManyPeers:
+		return "CUDA_ERROR_TOO_MANY_PEERS"
 	case 715:
 		return "CUDA_ERROR_ILLEGAL_INSTRUCTION"
 	case 716:
@@ -117,6 +130,7 @@ func (p proc) call(args ...uintptr) error {
 const (
 	streamNonBlocking     = 1
 	ctxSchedSpin          = 1
+	ipcLazyPeerAccess     = 1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 	eventDisableTiming    = 2
 	hostAllocPortable     = 1
 	hostAllocDeviceMap    = 2
@@ -142,6 +156,7 @@ type driver struct {
 	cuDeviceGetAttribute          proc
 	cuDeviceTotalMem_v2           proc
 	cuDeviceCanAccessPeer         proc
+	cuDeviceGetUuid_v2            proc
 	cuDevicePrimaryCtxRetain      proc
 	cuDevicePrimaryCtxRelease_v2  proc
 	cuDevicePrimaryCtxSetFlags_v2 proc
@@ -178,6 +193,9 @@ type driver struct {
 	cuMemHostAlloc                proc
 	cuMemFreeHost                 proc
 	cuMemHostGetDevicePointer_v2  proc
+	cuIpcGetMemHandle             proc
+	cuIpcOpenMemHandle_v2         proc
+	cuIpcCloseMemHandle           proc
 	cuModuleLoadData              proc
 	cuModuleUnload                proc
 	cuModuleGetFunction           proc

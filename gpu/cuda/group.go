@@ -9,26 +9,42 @@ import (
 	"github.com/troupe/troupe/gpu"
 )
 
-// Group is a set of GPUs of one process that address each other's memory
-// (peer access) and run collectives with the kernels of
-// kernels/cuda/collective.cu: every rank owns a window and a signal pad in
-// its own memory, and the kernels push data into the peers' windows and
-// raise flags in their pads. No host synchronisation is involved: a
-// collective is a kernel queued on the rank's stream, so it can be
-// recorded in a graph (Capture) and replayed. xgmi's CUDA fabric is built
-// on it; the algorithm policy (which kernel for which size) lives there.
+// Group is a set of GPUs that address each other's memory and run
+// collectives with the kernels of kernels/cuda/collective.cu: every rank
+// owns a window and a signal pad in its own memory, and the kernels push
+// data into the peers' windows and raise flags in their pads. No host
+// synchronisation is involved: a collective is a kernel queued on the
+// rank's stream, so it can be recorded in a graph (Capture) and replayed.
+// xgmi's CUDA fabric is built on it; the algorithm policy (which kernel for
+// which size) lives there.
+//
+// The ranks of a group made by NewGroup are GPUs of this process, joined
+// by peer access. Those of a group made by NewIPCGroup live in separate
+// processes of one host, one rank each, and map each other's windows and
+// pads through CUDA IPC handles; this process can then issue only its own
+// rank's collectives. The same kernels serve both (the two-shot all-reduce
+// has a variant that gathers through the windows, since across processes
+// a peer's output has no address here).
 //
 // Every rank must issue the same collectives in the same order with the
 // same sizes. A rank that never arrives makes the others' kernels give up
 // after Timeout and report a FaultError from their next Sync.
 type Group struct {
-	devs      []*Device
+	ranks     int
 	slotBytes int
 	blocks    int // most blocks of one collective: the smallest SM count, at most coMaxBlocks
 	timeout   time.Duration
-	wins      []*Buffer
-	pads      []*Buffer
+	ipc       bool         // the ranks live in separate processes
+	local     []*groupRank // by rank; nil for a rank of another process
+	owned     []*Buffer    // the windows and pads this process allocated
+	mapped    []*Buffer    // the peers' windows and pads mapped by IPC
 	closed    bool
+}
+
+// groupRank is a rank of this process.
+type groupRank struct {
+	dev  *Device
+	args []byte // CommArgs: every window and pad as this rank's device addresses them
 }
 
 // GroupConfig sizes a Group.
@@ -39,6 +55,22 @@ type GroupConfig struct {
 	SlotBytes int
 	// Timeout bounds a kernel's wait for its peers. 0 means 10 s.
 	Timeout time.Duration
+}
+
+func (c GroupConfig) withDefaults() (GroupConfig, error) {
+	if c.SlotBytes == 0 {
+		c.SlotBytes = 32 << 20
+	}
+	if c.SlotBytes < 16 || c.SlotBytes%16 != 0 {
+		return c, fmt.Errorf("slot of %d bytes, want a positive multiple of 16", c.SlotBytes)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.Timeout < 0 {
+		return c, fmt.Errorf("negative timeout %v", c.Timeout)
+	}
+	return c, nil
 }
 
 // Limits of collective.cu.
@@ -67,19 +99,11 @@ func NewGroup(devs []*Device, cfg GroupConfig) (*Group, error) {
 	if len(devs) < 2 || len(devs) > coMaxRanks {
 		return nil, fmt.Errorf("cuda: group: %d devices, want 2 to %d", len(devs), coMaxRanks)
 	}
-	if cfg.SlotBytes == 0 {
-		cfg.SlotBytes = 32 << 20
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("cuda: group: %w", err)
 	}
-	if cfg.SlotBytes < 16 || cfg.SlotBytes%16 != 0 {
-		return nil, fmt.Errorf("cuda: group: slot of %d bytes, want a positive multiple of 16", cfg.SlotBytes)
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 10 * time.Second
-	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("cuda: group: negative timeout %v", cfg.Timeout)
-	}
-	g := &Group{devs: devs, slotBytes: cfg.SlotBytes, blocks: coMaxBlocks, timeout: cfg.Timeout}
+	g := &Group{ranks: len(devs), slotBytes: cfg.SlotBytes, blocks: coMaxBlocks, timeout: cfg.Timeout}
 	for i, d := range devs {
 		if d == nil {
 			return nil, fmt.Errorf("cuda: group: device %d is nil", i)
@@ -98,29 +122,38 @@ func NewGroup(devs []*Device, cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
-	winBytes := 2 * (len(devs) + 1) * cfg.SlotBytes
+	wins := make([]*Buffer, len(devs))
+	pads := make([]*Buffer, len(devs))
 	for i, d := range devs {
-		w, err := g.alloc(d, winBytes)
-		if err != nil {
+		if wins[i], pads[i], err = g.allocRank(d); err != nil {
 			g.Close()
-			return nil, fmt.Errorf("cuda: group: rank %d window of %d bytes: %w", i, winBytes, err)
+			return nil, fmt.Errorf("cuda: group: rank %d: %w", i, err)
 		}
-		g.wins = append(g.wins, w)
-		p, err := g.alloc(d, coPadBytes)
-		if err != nil {
-			g.Close()
-			return nil, fmt.Errorf("cuda: group: rank %d signal pad: %w", i, err)
-		}
-		g.pads = append(g.pads, p)
 	}
-	// The pads must be zero before any peer's kernel writes into them.
-	for _, d := range devs {
-		if err := d.Sync(context.Background()); err != nil {
-			g.Close()
-			return nil, fmt.Errorf("cuda: group: %w", err)
-		}
+	// With peer access every device addresses every window at the
+	// address its owner does.
+	for i, d := range devs {
+		g.local = append(g.local, &groupRank{dev: d, args: g.commArgs(i, wins, pads)})
 	}
 	return g, nil
+}
+
+// allocRank allocates a rank's window and pad on d, zeroed: the pad must
+// be zero before any peer's kernel writes into it.
+func (g *Group) allocRank(d *Device) (win, pad *Buffer, err error) {
+	winBytes := g.WindowBytes()
+	if win, err = g.alloc(d, winBytes); err != nil {
+		return nil, nil, fmt.Errorf("window of %d bytes: %w", winBytes, err)
+	}
+	g.owned = append(g.owned, win)
+	if pad, err = g.alloc(d, coPadBytes); err != nil {
+		return nil, nil, fmt.Errorf("signal pad: %w", err)
+	}
+	g.owned = append(g.owned, pad)
+	if err := d.Sync(context.Background()); err != nil {
+		return nil, nil, err
+	}
+	return win, pad, nil
 }
 
 func (g *Group) alloc(d *Device, bytes int) (*Buffer, error) {
@@ -132,44 +165,56 @@ func (g *Group) alloc(d *Device, bytes int) (*Buffer, error) {
 }
 
 // Ranks is the number of ranks.
-func (g *Group) Ranks() int { return len(g.devs) }
+func (g *Group) Ranks() int { return g.ranks }
 
-// Device is rank r's device.
-func (g *Group) Device(r int) *Device { return g.devs[r] }
+// Device is rank r's device, or nil when rank r lives in another process.
+func (g *Group) Device(r int) *Device {
+	if r < 0 || r >= len(g.local) || g.local[r] == nil {
+		return nil
+	}
+	return g.local[r].dev
+}
+
+// IPC reports whether the ranks live in separate processes.
+func (g *Group) IPC() bool { return g.ipc }
 
 // SlotBytes is the largest step of a collective in bytes per rank.
 func (g *Group) SlotBytes() int { return g.slotBytes }
 
 // WindowBytes is the size of each rank's window.
-func (g *Group) WindowBytes() int { return 2 * (len(g.devs) + 1) * g.slotBytes }
+func (g *Group) WindowBytes() int { return 2 * (g.ranks + 1) * g.slotBytes }
 
-// Close frees the windows and pads (after the work issued before it).
+// Close unmaps the peers' memory and frees this process's windows and
+// pads (after the work issued before it). Collectives still queued must
+// have finished (Sync every device first); across processes the peers
+// must be done with this process's memory too.
 func (g *Group) Close() error {
 	if g.closed {
 		return nil
 	}
 	g.closed = true
-	for i, w := range g.wins {
-		g.devs[i].Free(w)
+	for _, b := range g.mapped {
+		b.dev.Free(b)
 	}
-	for i, p := range g.pads {
-		g.devs[i].Free(p)
+	for _, b := range g.owned {
+		b.dev.Free(b)
 	}
-	g.wins, g.pads = nil, nil
+	g.mapped, g.owned, g.local = nil, nil, nil
 	return nil
 }
 
-// args is the CommArgs struct of collective.cu for rank r.
-func (g *Group) args(r int) []byte {
+// commArgs is the CommArgs struct of collective.cu for rank r, given every
+// rank's window and pad as rank r's device addresses them.
+func (g *Group) commArgs(r int, wins, pads []*Buffer) []byte {
 	b := make([]byte, coArgsBytes)
-	for q := range g.devs {
-		binary.LittleEndian.PutUint64(b[8*q:], g.wins[q].ptr)
-		binary.LittleEndian.PutUint64(b[8*coMaxRanks+8*q:], g.pads[q].ptr)
+	for q := range g.ranks {
+		binary.LittleEndian.PutUint64(b[8*q:], wins[q].ptr)
+		binary.LittleEndian.PutUint64(b[8*coMaxRanks+8*q:], pads[q].ptr)
 	}
 	o := 16 * coMaxRanks
 	binary.LittleEndian.PutUint64(b[o:], uint64(g.slotBytes))
 	binary.LittleEndian.PutUint32(b[o+8:], uint32(r))
-	binary.LittleEndian.PutUint32(b[o+12:], uint32(len(g.devs)))
+	binary.LittleEndian.PutUint32(b[o+12:], uint32(g.ranks))
 	binary.LittleEndian.PutUint64(b[o+16:], uint64(g.timeout.Nanoseconds()))
 	return b
 }
@@ -182,19 +227,23 @@ func i64Arg(v int) arg {
 
 // gridFor is the grid of a collective over chunks 16-byte chunks: one
 // thread a chunk, as many blocks as that takes, at most one per SM (all
-// blocks must be resident at once: they wait for each other).
+// blocks must be resident at once: they wait for each other). Every rank
+// computes the same grid.
 func (g *Group) gridFor(chunks int) dim3 {
 	return grid1(max(1, min(g.blocks, ceilDiv(chunks, coThreads))))
 }
 
-func (g *Group) rank(op string, r int) (*Device, error) {
+func (g *Group) rank(op string, r int) (*groupRank, error) {
 	if g.closed {
 		return nil, fmt.Errorf("cuda: %s: group is closed", op)
 	}
-	if r < 0 || r >= len(g.devs) {
-		return nil, fmt.Errorf("cuda: %s: rank %d outside %d ranks", op, r, len(g.devs))
+	if r < 0 || r >= g.ranks {
+		return nil, fmt.Errorf("cuda: %s: rank %d outside %d ranks", op, r, g.ranks)
 	}
-	return g.devs[r], nil
+	if g.local[r] == nil {
+		return nil, fmt.Errorf("cuda: %s: rank %d lives in another process: it issues its own collectives", op, r)
+	}
+	return g.local[r], nil
 }
 
 // aligned checks that elements [off, off+n) of b lie in b and start on a
@@ -239,10 +288,11 @@ func operands(op string, d *Device, dst gpu.Buffer, dstOff, dstN int, src gpu.Bu
 // bits.
 func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff, n int, algo int) error {
 	const op = "cuda: all-reduce"
-	d, err := g.rank(op, r)
+	gr, err := g.rank(op, r)
 	if err != nil {
 		return err
 	}
+	d := gr.dev
 	if err := d.enter("all-reduce"); err != nil {
 		return err
 	}
@@ -260,13 +310,16 @@ func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 		name = "allreduce_oneshot_" + suffix(db.dt)
 	case TwoShot:
 		name = "allreduce_twoshot_" + suffix(db.dt)
+		if g.ipc {
+			name = "allreduce_twoshot_ipc_" + suffix(db.dt)
+		}
 	default:
 		return fmt.Errorf("%s: unknown algorithm %d", op, algo)
 	}
 	k := d.k(name)
 	es := db.dt.Size()
 	step := g.slotBytes / es
-	args := g.args(r)
+	args := gr.args
 	for off := 0; off < n; off += step {
 		c := min(step, n-off)
 		err := d.launch(k, g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
@@ -286,22 +339,23 @@ func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 // dst (from element dstOff): dst receives Ranks() × n elements.
 func (g *Group) AllGather(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff, n int) error {
 	const op = "cuda: all-gather"
-	d, err := g.rank(op, r)
+	gr, err := g.rank(op, r)
 	if err != nil {
 		return err
 	}
+	d := gr.dev
 	if err := d.enter("all-gather"); err != nil {
 		return err
 	}
 	defer d.leave()
-	nr := len(g.devs)
+	nr := g.ranks
 	db, sb, err := operands(op, d, dst, dstOff, nr*n, src, srcOff, n)
 	if err != nil {
 		return err
 	}
 	es := db.dt.Size()
 	step := g.slotBytes / es
-	args := g.args(r)
+	args := gr.args
 	// A message larger than a slot runs in steps; rank q's part of dst
 	// starts n elements after rank q-1's.
 	for off := 0; off < n; off += step {
@@ -322,12 +376,13 @@ func (g *Group) AllGather(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 // (from element off) into every other rank's buf.
 func (g *Group) Broadcast(r int, buf gpu.Buffer, off, n, root int) error {
 	const op = "cuda: broadcast"
-	d, err := g.rank(op, r)
+	gr, err := g.rank(op, r)
 	if err != nil {
 		return err
 	}
-	if root < 0 || root >= len(g.devs) {
-		return fmt.Errorf("%s: root %d outside %d ranks", op, root, len(g.devs))
+	d := gr.dev
+	if root < 0 || root >= g.ranks {
+		return fmt.Errorf("%s: root %d outside %d ranks", op, root, g.ranks)
 	}
 	if err := d.enter("broadcast"); err != nil {
 		return err
@@ -342,7 +397,7 @@ func (g *Group) Broadcast(r int, buf gpu.Buffer, off, n, root int) error {
 	}
 	es := b.dt.Size()
 	step := g.slotBytes / es
-	args := g.args(r)
+	args := gr.args
 	for o := 0; o < n; o += step {
 		c := min(step, n-o)
 		err := d.launch(d.k("broadcast_u8"), g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
