@@ -183,6 +183,7 @@ type driver struct {
 	cuMemAlloc_v2                 proc
 	cuMemFree_v2                  proc
 	cuMemGetInfo_v2               proc
+	cuMemGetAddressRange_v2       proc
 	cuMemsetD8Async               proc
 	cuMemsetD32Async              proc
 	cuMemcpyHtoD_v2               proc

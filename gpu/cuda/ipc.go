@@ -104,21 +104,28 @@ func (d *Device) exportIPC(b *Buffer) (IPCHandle, error) {
 	if b.ptr == 0 {
 		return IPCHandle{}, fmt.Errorf("%s: the buffer is empty: no memory to export", op)
 	}
-	root := b
-	if b.parent != nil {
-		root = b.parent
-	}
-	if root.ipcBase != 0 {
+	if b.ipcBase != 0 || (b.parent != nil && b.parent.ipcBase != 0) {
 		return IPCHandle{}, fmt.Errorf("%s: the buffer maps another process's memory: only its owner can export it", op)
 	}
-	h := IPCHandle{Offset: b.ptr - root.ptr, Bytes: uint64(b.n * b.dt.Size()), GPU: d.info.UUID, PID: os.Getpid()}
+	// The handle names the driver's whole allocation, which may start
+	// before the buffer: a view made by Slice starts inside its parent,
+	// and the driver may place small allocations inside a larger one.
+	base, size := new(uint64), new(uint64)
 	mem := new([IPCHandleBytes]byte)
-	base := root.ptr
-	err := d.do(func() error { return d.drv.cuIpcGetMemHandle.call(ptr(&mem[0]), uintptr(base)) })
+	p := b.ptr
+	err := d.do(func() error {
+		if err := d.drv.cuMemGetAddressRange_v2.call(ptr(base), ptr(size), uintptr(p)); err != nil {
+			return err
+		}
+		return d.drv.cuIpcGetMemHandle.call(ptr(&mem[0]), uintptr(*base))
+	})
 	if err != nil {
 		return IPCHandle{}, fmt.Errorf("%s: GPU %d: %w%s", op, d.info.Ordinal, err, ipcHint(err))
 	}
-	h.Mem = *mem
+	h := IPCHandle{Mem: *mem, Offset: p - *base, Bytes: uint64(b.n * b.dt.Size()), GPU: d.info.UUID, PID: os.Getpid()}
+	if h.Offset+h.Bytes > *size {
+		return IPCHandle{}, fmt.Errorf("%s: %d bytes at offset %d exceed the driver's %d-byte allocation", op, h.Bytes, h.Offset, *size)
+	}
 	return h, nil
 }
 
