@@ -38,9 +38,13 @@
 // work issued before it is done. Slice (gpu.Slicer) views part of a buffer
 // (16-byte aligned start) without copying; Pack (gpu.Packer) stores several
 // weights back to back in one allocation, so that one GEMV computes several
-// products. A view releases nothing and dies with its allocation. Addresses
-// the driver reads or writes are heap values (the runtime moves goroutine
-// stacks).
+// products. A view releases nothing and dies with its allocation.
+// ExportIPC and ImportIPC share memory with other processes of the host
+// (CUDA IPC): an imported buffer is a mapping of a peer's memory, and
+// Free unmaps it. Group joins GPUs for collectives, of this process by
+// peer access (NewGroup) or of several processes by IPC (NewIPCGroup).
+// Addresses the driver reads or writes are heap values (the runtime moves
+// goroutine stacks).
 //
 // # Graphs
 //
