@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,9 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 	check := fs.Bool("check", true, "check the first call of each size against the oracle")
 	probeGPU := fs.Bool("cuda", true, "look for CUDA devices (host fabric)")
 	device := fs.String("device", "host", "fabric: host (goroutines of this process) or cuda (GPUs 0 to --ranks-1, peer access)")
+	procs := fs.Int("procs", 0, "cuda: run the ranks as this many processes, one GPU each, joined by CUDA IPC over a bus node on the loopback interface (sets --ranks)")
+	ipcRank := fs.Int("ipc-rank", -1, "internal: this process is rank N of --procs")
+	ipcBus := fs.String("ipc-bus", "", "internal: the bus node of --procs")
 	graph := fs.Bool("graph", true, "cuda: time all-reduces recorded in a CUDA graph (false: issued one by one)")
 	asJSON := fs.Bool("json", false, "print JSON only")
 	if err := fs.Parse(args); err != nil {
@@ -92,6 +96,12 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 			return fmt.Errorf("allreduce-bench: --oneshot-max: %w", err)
 		}
 	}
+	if *procs != 0 {
+		if *device != "cuda" || *procs < 2 || *procs > 8 {
+			return fmt.Errorf("allreduce-bench: --procs %d: want 2 to 8 processes, with --device cuda", *procs)
+		}
+		*ranks = *procs
+	}
 	if *device == "cuda" {
 		step := 0
 		if *windowS != "" {
@@ -99,10 +109,21 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 				return fmt.Errorf("allreduce-bench: --window: %w", err)
 			}
 		}
-		return cudaAllReduceBench(ctx, stdout, cudaBenchOpts{
+		o := cudaBenchOpts{
 			ranks: *ranks, lo: lo, hi: hi, factor: *factor, dt: dt, cfg: cfg, step: step,
 			warmup: *warmup, iters: *iters, target: *target, check: *check, graph: *graph, json: *asJSON,
-		})
+		}
+		switch {
+		case *ipcRank >= 0:
+			return ipcAllReduceRank(ctx, stdout, o, *ipcRank, *ipcBus)
+		case *procs != 0:
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("allreduce-bench: %w", err)
+			}
+			return ipcAllReduceBench(ctx, stdout, stderr, ipcBenchOpts{procs: *procs, exe: exe, args: args})
+		}
+		return cudaAllReduceBench(ctx, stdout, o)
 	}
 	fcfg := xgmi.DefaultHostFabricConfig()
 	fcfg.Ranks = *ranks

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,6 +25,23 @@ type cudaBenchOpts struct {
 	check, graph, json    bool
 }
 
+// benchRank is a rank whose GPU this process drives.
+type benchRank struct {
+	id  int
+	dev *cuda.Device
+}
+
+// cudaBench is what the CUDA benchmark runs on: the communicator, the
+// ranks of this process, and how the processes agree (one process: every
+// rank is here and there is nothing to agree on).
+type cudaBench struct {
+	comm   *xgmi.DeviceComm
+	local  []benchRank
+	fabric string // how the ranks are joined, for the table's title
+	// gather returns every process's v, rank 0's process first.
+	gather func(ctx context.Context, v int) ([]int, error)
+}
+
 // cudaAllReduceBench is allreduce-bench on the CUDA fabric: GPUs 0 to
 // ranks-1 of this process, device buffers, and time by CUDA events on
 // GPU 0 over calls recorded in a graph (or issued one by one).
@@ -37,24 +55,30 @@ func cudaAllReduceBench(ctx context.Context, stdout io.Writer, o cudaBenchOpts) 
 	if err != nil {
 		return fmt.Errorf("allreduce-bench: %w", err)
 	}
-	defer func() {
-		for _, d := range devs {
-			_ = d.Sync(ctx)
-		}
-		fab.Close()
-	}()
+	defer fab.Shutdown(ctx)
 	comm, err := xgmi.NewDeviceComm(fab, o.cfg)
 	if err != nil {
 		return fmt.Errorf("allreduce-bench: %w", err)
 	}
+	b := cudaBench{comm: comm, fabric: "peer access", gather: func(_ context.Context, v int) ([]int, error) { return []int{v}, nil }}
+	for r, d := range devs {
+		b.local = append(b.local, benchRank{r, d})
+	}
+	return b.run(ctx, stdout, o, fab.WindowBytes())
+}
+
+// run prints the table of every size; only rank 0's process writes to
+// stdout.
+func (b cudaBench) run(ctx context.Context, stdout io.Writer, o cudaBenchOpts, windowBytes int) error {
+	dev := b.local[0].dev
 	mode := "graph"
 	if !o.graph {
 		mode = "eager"
 	}
-	res := allReduceResult{Fabric: "cuda", Ranks: o.ranks, WindowBytes: fab.WindowBytes(), Rows: []allReduceRow{}, CUDA: devs[0].Name() + ", " + mode}
+	res := allReduceResult{Fabric: "cuda", Ranks: o.ranks, WindowBytes: windowBytes, Rows: []allReduceRow{}, CUDA: dev.Name() + ", " + mode}
 	if !o.json {
-		fmt.Fprintf(stdout, "# all-reduce, sum, %d ranks on the cuda fabric (%s; peer access, %s windows), algo %s (one-shot up to %s), %s, time by events on GPU 0\n#\n",
-			o.ranks, devs[0].Info().Name, fmtBytes(fab.WindowBytes()), o.cfg.Algorithm, fmtBytes(o.cfg.OneShotMaxBytes), mode)
+		fmt.Fprintf(stdout, "# all-reduce, sum, %d ranks on the cuda fabric (%s; %s, %s windows), algo %s (one-shot up to %s), %s, time by events on GPU %d\n#\n",
+			o.ranks, dev.Info().Name, b.fabric, fmtBytes(windowBytes), o.cfg.Algorithm, fmtBytes(o.cfg.OneShotMaxBytes), mode, b.local[0].id)
 		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong")
 		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
 	}
@@ -64,7 +88,7 @@ func cudaAllReduceBench(ctx context.Context, stdout io.Writer, o cudaBenchOpts) 
 		if bytes == 0 {
 			continue
 		}
-		row, err := benchCUDASize(ctx, comm, devs, o, bytes)
+		row, err := benchCUDASize(ctx, b, o, bytes)
 		if err != nil {
 			return fmt.Errorf("allreduce-bench: %d bytes: %w", bytes, err)
 		}
@@ -85,41 +109,44 @@ func cudaAllReduceBench(ctx context.Context, stdout io.Writer, o cudaBenchOpts) 
 }
 
 // benchCUDASize times all-reduces of bytes per rank on every GPU.
-func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Device, o cudaBenchOpts, bytes int) (row allReduceRow, err error) {
+func benchCUDASize(ctx context.Context, b cudaBench, o cudaBenchOpts, bytes int) (row allReduceRow, err error) {
+	comm, local := b.comm, b.local
 	n := bytes / o.dt.Size()
 	row = allReduceRow{Bytes: bytes, Count: n, Type: o.dt.String(), RedOp: "sum", Algo: comm.Algorithm(bytes).String(), Wrong: -1}
-	ins := make([][]byte, len(devs))
-	srcs := make([]gpu.Buffer, len(devs))
-	dsts := make([]gpu.Buffer, len(devs))
+	ins := make([][]byte, comm.Size()) // every rank's, for the oracle
+	for r := range ins {
+		ins[r] = benchInput(o.dt, bytes, r)
+	}
+	srcs := make([]gpu.Buffer, len(local))
+	dsts := make([]gpu.Buffer, len(local))
 	var graphs []gpu.Graph
 	defer func() {
 		for _, g := range graphs {
 			g.Close()
 		}
-		for r, d := range devs {
-			if srcs[r] != nil {
-				d.Free(srcs[r])
+		for i, l := range local {
+			if srcs[i] != nil {
+				l.dev.Free(srcs[i])
 			}
-			if dsts[r] != nil {
-				d.Free(dsts[r])
+			if dsts[i] != nil {
+				l.dev.Free(dsts[i])
 			}
 		}
 	}()
-	for r, d := range devs {
-		ins[r] = benchInput(o.dt, bytes, r)
-		if srcs[r], err = d.Alloc(o.dt, n); err != nil {
+	for i, l := range local {
+		if srcs[i], err = l.dev.Alloc(o.dt, n); err != nil {
 			return row, err
 		}
-		if dsts[r], err = d.Alloc(o.dt, n); err != nil {
+		if dsts[i], err = l.dev.Alloc(o.dt, n); err != nil {
 			return row, err
 		}
-		if err := d.Write(srcs[r], 0, ins[r]); err != nil {
+		if err := l.dev.Write(srcs[i], 0, ins[l.id]); err != nil {
 			return row, err
 		}
 	}
 	callAll := func() error {
-		for r := range devs {
-			if err := comm.Rank(r).AllReduce(dsts[r], srcs[r]); err != nil {
+		for i, l := range local {
+			if err := comm.Rank(l.id).AllReduce(dsts[i], srcs[i]); err != nil {
 				return err
 			}
 		}
@@ -127,8 +154,8 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 	}
 	syncAll := func() error {
 		var errs []error
-		for _, d := range devs {
-			errs = append(errs, d.Sync(ctx))
+		for _, l := range local {
+			errs = append(errs, l.dev.Sync(ctx))
 		}
 		return errors.Join(errs...)
 	}
@@ -141,13 +168,18 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 			return row, err
 		}
 		got := alignedBytes(bytes)
-		row.Wrong = 0
-		for r, d := range devs {
-			if err := d.Read(got, dsts[r], 0); err != nil {
+		wrong := 0
+		for i, l := range local {
+			if err := l.dev.Read(got, dsts[i], 0); err != nil {
 				return row, err
 			}
-			row.Wrong = max(row.Wrong, countWrong(got, want, o.dt.Size()))
+			wrong = max(wrong, countWrong(got, want, o.dt.Size()))
 		}
+		all, err := b.gather(ctx, wrong)
+		if err != nil {
+			return row, err
+		}
+		row.Wrong = slices.Max(all)
 	}
 	// A unit is what one Launch does: per calls all-reduces on every rank.
 	per := 1
@@ -160,10 +192,10 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 		case bytes > 1<<20:
 			per = 10
 		}
-		for r, d := range devs {
-			g, err := d.Capture(func() error {
+		for i, l := range local {
+			g, err := l.dev.Capture(func() error {
 				for range per {
-					if err := comm.Rank(r).AllReduce(dsts[r], srcs[r]); err != nil {
+					if err := comm.Rank(l.id).AllReduce(dsts[i], srcs[i]); err != nil {
 						return err
 					}
 				}
@@ -184,7 +216,7 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 		}
 	}
 	times := func(k int) (time.Duration, error) {
-		return devs[0].Elapsed(func() error {
+		return local[0].dev.Elapsed(func() error {
 			for range k {
 				if err := unit(); err != nil {
 					return err
@@ -209,6 +241,12 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 		}
 		k = int(min(max(int64(o.target/max(t1, time.Microsecond)), 3), 2000))
 	}
+	// Every process makes as many calls as rank 0's.
+	ks, err := b.gather(ctx, k)
+	if err != nil {
+		return row, err
+	}
+	k = ks[0]
 	if err := syncAll(); err != nil {
 		return row, err
 	}
@@ -223,6 +261,6 @@ func benchCUDASize(ctx context.Context, comm *xgmi.DeviceComm, devs []*cuda.Devi
 	sec := el.Seconds() / float64(row.Iters)
 	row.TimeUS = sec * 1e6
 	row.AlgBW = float64(bytes) / sec / 1e9
-	row.BusBW = row.AlgBW * 2 * float64(len(devs)-1) / float64(len(devs))
+	row.BusBW = row.AlgBW * 2 * float64(comm.Size()-1) / float64(comm.Size())
 	return row, nil
 }

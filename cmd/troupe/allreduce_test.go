@@ -123,3 +123,49 @@ func TestTensorParallelFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestAllReduceBenchProcs runs allreduce-bench --procs 2: the command
+// starts a bus node and two rank processes (this test binary, as troupe).
+// Without GPUs both ranks fail to open theirs, and the command reports
+// each rank's error; with two GPUs it prints the table, every row right.
+func TestAllReduceBenchProcs(t *testing.T) {
+	t.Setenv(testMainEnv, "1")
+	var out, errOut bytes.Buffer
+	err := dispatch(t.Context(), []string{"allreduce-bench", "--device", "cuda", "--procs", "2", "--min", "8", "--max", "64K", "--factor", "8", "--iters", "3", "--warmup", "1"}, &out, &errOut)
+	if err != nil {
+		for _, want := range []string{"rank 0 (GPU 0): exit status 1", "rank 1 (GPU 1): exit status 1", "open cuda device"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q lacks %q", err, want)
+			}
+		}
+		t.Logf("no GPUs: %v", err)
+		return
+	}
+	rows := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		rows++
+		if len(f) != 9 || f[8] != "0" {
+			t.Errorf("row %q: want 9 columns and 0 wrong", line)
+		}
+	}
+	if rows != 5 || !strings.Contains(out.String(), "CUDA IPC, one process per GPU") {
+		t.Errorf("got %d rows, want 5:\n%s", rows, out.String())
+	}
+}
+
+func TestAllReduceBenchProcsArguments(t *testing.T) {
+	for _, args := range [][]string{
+		{"--procs", "2"},
+		{"--procs", "1", "--device", "cuda"},
+		{"--procs", "9", "--device", "cuda"},
+	} {
+		err := dispatch(t.Context(), append([]string{"allreduce-bench"}, args...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "want 2 to 8 processes") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}

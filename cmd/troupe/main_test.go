@@ -1,0 +1,19 @@
+package main
+
+import (
+	"os"
+	"testing"
+)
+
+// testMainEnv makes the test binary run as troupe itself: the tests that
+// need troupe processes (allreduce-bench --procs) start this binary with
+// it set.
+const testMainEnv = "TROUPE_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(testMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
