@@ -120,7 +120,7 @@ func (d *Device) exportIPC(b *Buffer) (IPCHandle, error) {
 		return d.drv.cuIpcGetMemHandle.call(ptr(&mem[0]), uintptr(*base))
 	})
 	if err != nil {
-		return IPCHandle{}, fmt.Errorf("%s: GPU %d: %w%s", op, d.info.Ordinal, err, ipcHint(err))
+		return IPCHandle{}, fmt.Errorf("%s: GPU %d: %w%s", op, d.info.Ordinal, err, ipcHint(err, false))
 	}
 	h := IPCHandle{Mem: *mem, Offset: p - *base, Bytes: uint64(b.n * b.dt.Size()), GPU: d.info.UUID, PID: os.Getpid()}
 	if h.Offset+h.Bytes > *size {
@@ -153,33 +153,47 @@ func (d *Device) importIPC(h IPCHandle, dt gpu.DType) (*Buffer, error) {
 	if h.Bytes == 0 || h.Bytes%uint64(dt.Size()) != 0 {
 		return nil, fmt.Errorf("%s: a span of %d bytes is not a positive number of %s elements", op, h.Bytes, dt)
 	}
-	base := new(uint64)
+	base, rbase, size := new(uint64), new(uint64), new(uint64)
 	mem := new([IPCHandleBytes]byte)
 	*mem = h.Mem
 	err := d.do(func() error {
 		err := d.drv.cuIpcOpenMemHandle_v2.call(ipcOpenArgs(ptr(base), mem, ipcLazyPeerAccess)...)
 		runtime.KeepAlive(mem)
-		return err
+		if err != nil {
+			return err
+		}
+		// The span must lie in what the handle mapped, where the driver
+		// says how much that is.
+		if d.drv.cuMemGetAddressRange_v2.call(ptr(rbase), ptr(size), uintptr(*base)) == nil &&
+			*rbase == *base && h.Offset+h.Bytes > *size {
+			_ = d.drv.cuIpcCloseMemHandle.call(uintptr(*base))
+			return fmt.Errorf("%d bytes at offset %d lie outside the %d bytes mapped", h.Bytes, h.Offset, *size)
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w%s", op, err, ipcHint(err))
+		return nil, fmt.Errorf("%s: %w%s", op, err, ipcHint(err, true))
 	}
 	b := &Buffer{dev: d, ptr: *base + h.Offset, dt: dt, n: int(h.Bytes) / dt.Size(), size: int(h.Bytes), ipcBase: *base}
 	d.bufs[b] = struct{}{}
 	return b, nil
 }
 
-// ipcHint explains the driver errors CUDA IPC commonly meets.
-func ipcHint(err error) string {
+// ipcHint explains the driver errors CUDA IPC commonly meets, exporting
+// or importing.
+func ipcHint(err error, importing bool) string {
 	var ce *Error
 	if !errors.As(err, &ce) {
 		return ""
 	}
 	switch ce.Code {
+	case errInvalidValue, errInvalidHandle, errInvalidContext:
+		if !importing {
+			return ": the buffer's memory cannot be exported (it must come from cuMemAlloc on this GPU)"
+		}
+		return ": the handle names no live memory of this host (the exporter freed it or exited, or the handle comes from another host: CUDA IPC needs both processes on one host)"
 	case errNotSupported:
 		return ": CUDA IPC is not supported here (WSL, some virtual machines and containers, or a driver without it)"
-	case errInvalidValue, errInvalidHandle, errInvalidContext:
-		return ": the handle names no live memory of this host (the exporter freed it or exited, or the handle comes from another host: CUDA IPC needs both processes on one host)"
 	case errInvalidDevice:
 		return ": the GPU that holds the memory is not usable from this process"
 	case errPeerUnsupported:
