@@ -275,6 +275,9 @@ func cstring(b []byte) string {
 	return string(b)
 }
 
+// codeCubin is Info.Code when the Hopper cubins are loaded.
+const codeCubin = "cubin sm_90a"
+
 // loadKernels loads every module (the Hopper cubin on compute capability
 // 9.0, the PTX elsewhere) and resolves the kernels the operations use.
 func (d *Device) loadKernels() error {
@@ -288,7 +291,7 @@ func (d *Device) loadKernels() error {
 	}
 	useCubin := d.info.ComputeMajor == 9 && d.info.ComputeMinor == 0
 	if useCubin {
-		d.info.Code = "cubin sm_90a"
+		d.info.Code = codeCubin
 	} else {
 		d.info.Code = "ptx compute_80 (JIT)"
 	}

@@ -418,3 +418,47 @@ func TestPeer(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 }
+
+// TestGEMMWarpgroup runs the Hopper wgmma product directly (MatMul would
+// quietly take another kernel if it did not qualify) on prompt shapes with
+// edges in every direction, against a float64 product of the same bf16
+// values.
+func TestGEMMWarpgroup(t *testing.T) {
+	d := open(t)
+	if d.info.Code != codeCubin {
+		t.Skipf("%s: the wgmma product needs the sm_90a cubin", d.Name())
+	}
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, s := range [][3]int{{65, 128, 300}, {300, 640, 520}, {2048, 2048, 256}, {130, 64, 1}} {
+		n, k, m := s[0], s[1], s[2]
+		xv, wv := randF32(r, n*k, 1), randF32(r, m*k, 0.05)
+		x := weights(t, d, gpu.BF16, bf16Bytes(xv)).(*Buffer)
+		w := weights(t, d, gpu.BF16, bf16Bytes(wv)).(*Buffer)
+		out := alloc(t, d, gpu.F32, n*m).(*Buffer)
+		if err := d.enter("test"); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := d.gemmWG(out, x, w, n, k, m)
+		d.leave()
+		if !ok || err != nil {
+			t.Fatalf("%dx%dx%d: wgmma product not run (ok %v): %v", n, k, m, ok, err)
+		}
+		got := readF32(t, d, out)
+		want := make([]float32, n*m)
+		for i := range n {
+			for j := range m {
+				var acc float64
+				for e := range k {
+					acc += float64(gpu.BF16ToF32(gpu.F32ToBF16(xv[i*k+e]))) * float64(gpu.BF16ToF32(gpu.F32ToBF16(wv[j*k+e])))
+				}
+				want[i*m+j] = float32(acc)
+			}
+		}
+		if e := gputest.RelL2(got, want); !(e <= 1e-5) {
+			t.Errorf("%dx%dx%d: relative L2 %.3g from the float64 product", n, k, m, e)
+		}
+		d.Free(x)
+		d.Free(w)
+		d.Free(out)
+	}
+}

@@ -118,3 +118,19 @@ func TestGEMMSplits(t *testing.T) {
 		}
 	}
 }
+
+// TestSkinnySplits: decode-batch products split k into parts of whole
+// 64-steps that cover it exactly, more parts where the weights have few rows.
+func TestSkinnySplits(t *testing.T) {
+	for _, c := range []struct{ m, k, want int }{
+		{2048, 2048, 16}, {8192, 2048, 6}, {2048, 8192, 16}, {100352, 2048, 1}, {200, 128, 1}, {300, 320, 2},
+	} {
+		splits, chunk := skinnySplits(c.m, c.k, 132)
+		if splits != c.want {
+			t.Errorf("m=%d k=%d: %d splits, want %d", c.m, c.k, splits, c.want)
+		}
+		if chunk%64 != 0 || splits*chunk < c.k || (splits-1)*chunk >= c.k {
+			t.Errorf("m=%d k=%d: %d splits of %d do not cover k exactly", c.m, c.k, splits, chunk)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -34,8 +36,8 @@ func kernelNames() []string {
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s",
-			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128")
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s,
+			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128")
 	}
 	for _, nv := range []int{1, 2, 4, 8} {
 		for _, ks := range []int{1, 2, 4, 8} {
@@ -48,7 +50,7 @@ func kernelNames() []string {
 // optionalKernelNames are kernels an older artifact set may lack: the
 // device opens without them and the operations that need them fail.
 func optionalKernelNames() []string {
-	return append([]string{"sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}, fusedKernelNames()...)
+	return append([]string{"gemm_wg_bf16", "sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}, fusedKernelNames()...)
 }
 
 func (d *Device) k(name string) *kernel { return d.kern[name] }
@@ -210,6 +212,85 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 		append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
 }
 
+// skinnyRows is the most rows of x gemm_skinny takes; skinnyCols the rows
+// of w per block (kernels/cuda/gemm.cu).
+const skinnyRows, skinnyCols = 64, 128
+
+// gemmWG runs a product of more than skinnyRows rows with bf16 weights on
+// Hopper's warpgroup tensor cores (gemm_wg_bf16 in the sm_90a cubin), x16
+// and w reached through TMA descriptors. ok is false when the product or
+// the device does not qualify; the caller then runs gemm_pipe.
+func (d *Device) gemmWG(out, xs, w *Buffer, n, k, m int) (ok bool, err error) {
+	kern := d.k("gemm_wg_bf16")
+	if kern == nil || d.info.Code != codeCubin || w.dt != gpu.BF16 || n <= skinnyRows || k%64 != 0 || w.ptr%16 != 0 {
+		return false, nil
+	}
+	tmx, err := d.tensorMap(xs, n, k, 128)
+	if err != nil {
+		return true, fmt.Errorf("matmul: %w", err)
+	}
+	tmw, err := d.tensorMap(w, m, k, 256)
+	if err != nil {
+		return true, fmt.Errorf("matmul: %w", err)
+	}
+	tiles := ceilDiv(n, 128) * ceilDiv(m, 256)
+	return true, d.launch(kern, grid1(min(tiles, d.info.SMs)), grid1(384), wgSharedMemory,
+		bufArg("out", out, gpu.F32, n*m), bufArg("x", xs, gpu.BF16, n*k), bufArg("w", w, gpu.BF16, m*k),
+		i32Arg(n), i32Arg(k), i32Arg(m), rawArg(tmx), rawArg(tmw))
+}
+
+// wgSharedMemory is GEMM_WG_SMEM in kernels/cuda/gemm_wg.cu: 4 stages of
+// (128+256) x 64 bf16, 1 KiB for alignment and the stages' barriers.
+const wgSharedMemory = 4*(128+256)*64*2 + 1024 + 4*16
+
+// tensorMap encodes a TMA descriptor (CUtensorMap) for b as a row-major
+// [rows, k] bf16 matrix: boxes of 64 along k by boxRows rows, 128-byte
+// swizzle, zeros beyond the edges. The 128 bytes are passed to the kernel
+// by value.
+func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
+	const (
+		dtBF16     = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+		swizzle128 = 3 // CU_TENSOR_MAP_SWIZZLE_128B
+		l2Promo256 = 3 // CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+	)
+	if b.ptr%16 != 0 || (2*k)%16 != 0 {
+		return nil, fmt.Errorf("tensor map: address or row stride not 16-byte aligned")
+	}
+	// Every argument lives on the heap (ptr); CUtensorMap is 64-byte aligned.
+	raw := new([128 + 64]byte)
+	off := (64 - int(uintptr(unsafe.Pointer(&raw[0]))%64)) % 64
+	dims := &[2]uint64{uint64(k), uint64(rows)}
+	strides := &[1]uint64{uint64(2 * k)}
+	box := &[2]uint32{64, uint32(boxRows)}
+	elem := &[2]uint32{1, 1}
+	// The driver checks the address against the current context: encode
+	// on the device's thread.
+	err := d.do(func() error {
+		return d.drv.cuTensorMapEncodeTiled.call(ptr(raw)+uintptr(off), dtBF16, 2, uintptr(b.ptr),
+			ptr(dims), ptr(strides), ptr(box), ptr(elem), 0, swizzle128, l2Promo256, 0)
+	})
+	runtime.KeepAlive(raw)
+	runtime.KeepAlive(dims)
+	runtime.KeepAlive(strides)
+	runtime.KeepAlive(box)
+	runtime.KeepAlive(elem)
+	if err != nil {
+		return nil, fmt.Errorf("tensor map of %d x %d: %w", rows, k, err)
+	}
+	tm := raw[off : off+128]
+	return append([]byte(nil), tm...), nil
+}
+
+// skinnySplits cuts k (a multiple of 64) for gemm_skinny into parts of
+// at least 128 for about three blocks per SM (its occupancy); chunk is a
+// multiple of 64.
+func skinnySplits(m, k, sms int) (splits, chunk int) {
+	tiles := ceilDiv(m, skinnyCols)
+	splits = max(1, min(3*sms/tiles, k/128, 16))
+	chunk = ceilDiv(k/64, splits) * 64
+	return ceilDiv(k, chunk), chunk
+}
+
 // gemmTile is a tile configuration of the pipelined tensor-core GEMM
 // (gemm_pipe in kernels/cuda/gemm.cu).
 type gemmTile struct {
@@ -245,14 +326,11 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 }
 
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8: x rounded to
-// w's type once, the pipelined tensor-core product, and when k is split
-// the ordered sum of the partial products.
+// w's type once, the tensor-core product (gemm_skinny for decode batches,
+// gemm_pipe tiles otherwise), and when k is split the ordered sum of the
+// partial products.
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 	suf := suffix(w.dt)
-	t := gemmTileFor(n)
-	if ceilDiv(n, t.rows) > 65535 {
-		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*t.rows)
-	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
 		return err
@@ -262,15 +340,35 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 	if err != nil {
 		return err
 	}
-	splits, chunk := t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
+	var (
+		kern          *kernel
+		grid          dim3
+		threads       = 256
+		shmem         int
+		splits, chunk int
+	)
+	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
+		return err
+	}
+	if n <= skinnyRows && k%64 == 0 {
+		splits, chunk = skinnySplits(m, k, d.info.SMs)
+		kern, grid, threads = d.k("gemm_skinny_"+suf), dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}, 128
+	} else {
+		t := gemmTileFor(n)
+		if ceilDiv(n, t.rows) > 65535 {
+			return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*t.rows)
+		}
+		splits, chunk = t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
+		kern, threads, shmem = d.k("gemm_"+suf+t.suffix), t.threads, t.shmem
+		grid = dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)}
+	}
 	dst := out
 	if splits > 1 {
 		if dst, err = d.scratchBuf("gemm.part", gpu.F32, splits*n*m); err != nil {
 			return err
 		}
 	}
-	err = d.launch(d.k("gemm_"+suf+t.suffix), dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)},
-		grid1(t.threads), t.shmem,
+	err = d.launch(kern, grid, grid1(threads), shmem,
 		bufArg("out", dst, gpu.F32, splits*n*m), bufArg("x", xs, w.dt, n*k), bufArg("w", w, w.dt, m*k),
 		i32Arg(n), i32Arg(k), i32Arg(m), i32Arg(chunk))
 	if err != nil || splits == 1 {
@@ -533,14 +631,21 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 			bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
 			rawArg(attnParams(a, slots, 1, btRows)), devPtrArg(d.faultDev))
 	}
-	kern := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd))
+	// 16-bit caches with head dim 64 or 128 run on the tensor cores, up to
+	// 16 query heads of a KV head per block; the others on the CUDA cores,
+	// up to 8.
+	// Keys are split for about perSM blocks per SM.
+	kern, rows, tile, shmem, perSM := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd)), 8, 32, 0, 2
+	if b[2].dt != gpu.F32 && hd <= 128 {
+		kern, rows, tile, shmem, perSM = d.k(fmt.Sprintf("attn_decode_%s_hd%d", suffix(b[2].dt), hd)), 16, 64, 4*64*hd*2, 4
+	}
 	group := a.Heads / a.KVHeads
-	ngroup := ceilDiv(group, 8)
+	ngroup := ceilDiv(group, rows)
 	if a.N > 65535 || a.KVHeads*ngroup > 65535 {
 		return fmt.Errorf("attention: %d tokens, %d kv heads: grid too large", a.N, a.KVHeads)
 	}
 	blocks := a.N * a.KVHeads * ngroup
-	splits := max(1, min(ceilDiv(2*d.info.SMs, blocks), ceilDiv(a.MaxBlocks*a.BlockSize, 32), 256))
+	splits := max(1, min(ceilDiv(perSM*d.info.SMs, blocks), ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
 	parts := a.N * a.Heads * splits
 	acc, err := d.scratchBuf("attn.acc", gpu.F32, parts*hd)
 	if err != nil {
@@ -550,7 +655,7 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	if err != nil {
 		return err
 	}
-	err = d.launch(kern, dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}, grid1(128), 0,
+	err = d.launch(kern, dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}, grid1(128), shmem,
 		bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
 		bufArg("q", b[1], gpu.F32, a.N*qw), bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
 		bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),

@@ -221,7 +221,7 @@ func (h *harness) matmul(t *testing.T) {
 	// Few and many rows, k not a multiple of 8 or of 32, tiles cut at
 	// every edge; the large shapes also split k.
 	shapes := [][3]int{{1, 64, 48}, {1, 384, 1024}, {3, 100, 37}, {7, 256, 130}, {33, 96, 200}, {1, 17, 5},
-		{100, 40, 72}, {20, 100, 37}, {130, 72, 136}}
+		{100, 40, 72}, {20, 100, 37}, {130, 72, 136}, {13, 128, 200}, {61, 320, 300}, {65, 128, 300}, {200, 192, 136}}
 	if h.o.Large {
 		shapes = append(shapes, [3]int{1, 2048, 8192}, [3]int{64, 2048, 2048}, [3]int{512, 1024, 768},
 			[3]int{40, 4096, 256}, [3]int{300, 2048, 520})

@@ -10,6 +10,13 @@
 // attn_combine: grid (N * Heads), HD threads: merges the splits' partials
 // (max and sum by a tree reduction in shared memory) into out.
 //
+// attn_decode: grid (splits, KVHeads * ceil(G/16), N), 128 threads: the
+// split kernel's work for 16-bit caches on the tensor cores. A block takes
+// one token, up to 16 query heads of one KV head (the rows of the mma
+// tiles) and its split's keys, in tiles of 64 (16 per warp) double-buffered
+// through cp.async; the warps' partial results are merged in shared memory
+// and written as the split kernel's, for attn_combine.
+//
 // attn_prefill: grid (ceil(N/64), Heads), 128 threads: tensor-core
 // attention for prompts (FlashAttention-2 style) over the paged cache with
 // 16-bit K and V. A block takes 64 query tokens of one head; each warp 16 of
@@ -257,6 +264,85 @@ extern "C" __global__ void attn_combine(float* out, const float* part_acc, const
   out[(long)th * hd + d] = L > 0.f ? acc / L : 0.f;
 }
 
+// online_softmax updates the running max m and sum l of a thread's two
+// rows (g and g+8 of an m16n8 tile: sc[n][0..1] and sc[n][2..3]) with NT
+// tiles of base-2 logits (masked ones -inf), rescales the output o and
+// leaves the probabilities in sc. l stays a per-thread partial: the four
+// lanes of a row add theirs at the end.
+template <int NT, int DT>
+DEV void online_softmax(float (&sc)[NT][4], float* m, float* l, float (&o)[DT][4]) {
+  const float NEG = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    float mx = NEG;
+#pragma unroll
+    for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(sc[n][i * 2], sc[n][i * 2 + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mnew = fmaxf(m[i], mx);
+    float alpha = m[i] == NEG ? (mnew == NEG ? 1.f : 0.f) : exp2f(m[i] - mnew);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        float p = mnew == NEG ? 0.f : exp2f(sc[n][i * 2 + e] - mnew);
+        sc[n][i * 2 + e] = p;
+        sum += p;
+      }
+    l[i] = l[i] * alpha + sum;
+    m[i] = mnew;
+#pragma unroll
+    for (int d = 0; d < DT; d++) {
+      o[d][i * 2] *= alpha;
+      o[d][i * 2 + 1] *= alpha;
+    }
+  }
+}
+
+// pack_p turns the probabilities of KT·16 keys (accumulator layout) into
+// A fragments for P·V.
+template <typename T, int KT>
+DEV void pack_p(const float (&sc)[KT * 2][4], uint32_t (&pf)[KT][4]) {
+#pragma unroll
+  for (int kt = 0; kt < KT; kt++) {
+    pf[kt][0] = pack2<T>(sc[2 * kt][0], sc[2 * kt][1]);
+    pf[kt][1] = pack2<T>(sc[2 * kt][2], sc[2 * kt][3]);
+    pf[kt][2] = pack2<T>(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+    pf[kt][3] = pack2<T>(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+  }
+}
+
+// qk_tile: s[2j], s[2j+1] += q · K[key0 + 16j .. +16]ᵀ for J pairs of
+// 8-key tiles, K a swizzled [keys][HD] tile in shared memory.
+template <typename T, int HD, int J>
+DEV void qk_tile(float (&s)[2 * J][4], const uint32_t (&qf)[HD / 16][4], const uint16_t* ks, int key0, int lane) {
+#pragma unroll
+  for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + swz<HD / 8>(key0 + j * 16 + (lane & 7) + ((lane >> 4) << 3), k * 2 + ((lane >> 3) & 1)));
+      mma16816<T>(s[j * 2], qf[k], b);
+      mma16816<T>(s[j * 2 + 1], qf[k], b + 2);
+    }
+}
+
+// pv_tile: o += P · V[key0 .. key0 + 16·KT] with V a swizzled [keys][HD]
+// tile in shared memory.
+template <typename T, int HD, int KT>
+DEV void pv_tile(float (&o)[HD / 8][4], const uint32_t (&pf)[KT][4], const uint16_t* vs, int key0, int lane) {
+#pragma unroll
+  for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; dp++) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + swz<HD / 8>(key0 + kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dp * 2 + (lane >> 4)));
+      mma16816<T>(o[dp * 2], pf[kt], b);
+      mma16816<T>(o[dp * 2 + 1], pf[kt], b + 2);
+    }
+}
+
 #define PQ 64   // query rows per block
 #define PKV 64  // keys per tile
 
@@ -388,74 +474,27 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
       for (int n = 0; n < PKV / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) sc[n][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int np = 0; np < PKV / 16; np++) {
-          uint32_t b[4];
-          ldmatrix_x4(b, Ks + swz<CH>(np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-          mma16816<T>(sc[np * 2], qf[ks], b);
-          mma16816<T>(sc[np * 2 + 1], qf[ks], b + 2);
-        }
+      qk_tile<T, HD, PKV / 16>(sc, qf, Ks, 0, lane);
       __syncthreads();  // every warp is done with Ks
       if (j + 1 < ntiles) {
         slots(kb + PKV);
         issue(Ks, kc);
       }
       cp_async_commit();
-      // Mask, online softmax; row i of this thread holds sc[n][2i], sc[n][2i+1].
-      uint32_t pf[PKV / 16][4];
+      // Mask (base-2 logits), online softmax, P as the next A operand.
 #pragma unroll
-      for (int i = 0; i < 2; i++) {
-        float mx = NEG;
+      for (int n = 0; n < PKV / 8; n++)
 #pragma unroll
-        for (int n = 0; n < PKV / 8; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            int key = kb + n * 8 + q4 * 2 + e;
-            float v = (act[i] && key <= prow[i]) ? sc[n][i * 2 + e] * sl2 : NEG;
-            sc[n][i * 2 + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float mnew = fmaxf(mrow[i], mx);
-        float alpha = mrow[i] == NEG ? (mnew == NEG ? 1.f : 0.f) : exp2f(mrow[i] - mnew);
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < PKV / 8; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            float p = mnew == NEG ? 0.f : exp2f(sc[n][i * 2 + e] - mnew);
-            sc[n][i * 2 + e] = p;
-            sum += p;
-          }
-        lrow[i] = lrow[i] * alpha + sum;
-        mrow[i] = mnew;
-#pragma unroll
-        for (int d = 0; d < DT; d++) {
-          o[d][i * 2] *= alpha;
-          o[d][i * 2 + 1] *= alpha;
+        for (int e = 0; e < 4; e++) {
+          int i = e >> 1, key = kb + n * 8 + q4 * 2 + (e & 1);
+          sc[n][e] = (act[i] && key <= prow[i]) ? sc[n][e] * sl2 : NEG;
         }
-      }
-#pragma unroll
-      for (int kt = 0; kt < PKV / 16; kt++) {
-        pf[kt][0] = pack2<T>(sc[2 * kt][0], sc[2 * kt][1]);
-        pf[kt][1] = pack2<T>(sc[2 * kt][2], sc[2 * kt][3]);
-        pf[kt][2] = pack2<T>(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-        pf[kt][3] = pack2<T>(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
-      }
+      online_softmax<PKV / 8, DT>(sc, mrow, lrow, o);
+      uint32_t pf[PKV / 16][4];
+      pack_p<T, PKV / 16>(sc, pf);
       cp_async_wait<1>();
       __syncthreads();  // V tile j in
-#pragma unroll
-      for (int kt = 0; kt < PKV / 16; kt++)
-#pragma unroll
-        for (int dp = 0; dp < HD / 16; dp++) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, Vs + swz<CH>(kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dp * 2 + (lane >> 4)));
-          mma16816<T>(o[dp * 2], pf[kt], b);
-          mma16816<T>(o[dp * 2 + 1], pf[kt], b + 2);
-        }
+      pv_tile<T, HD, PKV / 16>(o, pf, Vs, 0, lane);
       __syncthreads();  // every warp is done with Vs
       if (j + 1 < ntiles) issue(Vs, vc);
       cp_async_commit();
@@ -486,3 +525,158 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
   }
 PREFILL(BF16, bf16, 64) PREFILL(BF16, bf16, 128)
 PREFILL(F16, f16, 64) PREFILL(F16, f16, 128)
+
+#define DKV 64  // keys per tile of attn_decode (16 per warp)
+
+template <typename T, int HD>
+DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
+                     const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
+                     const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault) {
+  constexpr int CH = HD / 8, DT = HD / 8, TILE = DKV * HD;
+  const float NEG = -__int_as_float(0x7f800000);
+  extern __shared__ __align__(16) uint16_t dsm[];  // K[2][TILE], V[2][TILE]; reused to merge the warps
+  __shared__ __align__(16) uint16_t qs[16 * HD];
+  __shared__ float ml_s[4][16][2];
+  uint16_t* Ks = dsm;
+  uint16_t* Vs = dsm + 2 * TILE;
+
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q4 = lane & 3;
+  int split = blockIdx.x, t = blockIdx.z;
+  int group = a.heads / a.kv_heads, ngroup = (group + 15) / 16;
+  int kh = blockIdx.y / ngroup;
+  int h0 = kh * group + (blockIdx.y % ngroup) * 16;
+  int G = min(16, kh * group + group - h0);
+  long kw = (long)a.kv_heads * HD;
+  int p = pos[t], s = seq[t];
+  bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
+  if (bad && tid == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
+  int len = bad ? 0 : p + 1;
+  int chunk = (len + a.splits - 1) / a.splits;
+  chunk = (chunk + DKV - 1) / DKV * DKV;
+  int j0 = split * chunk, j1 = min(len, j0 + chunk);
+  int ntiles = j1 > j0 ? (j1 - j0 + DKV - 1) / DKV : 0;
+  const int* btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
+
+  // Tile copies: thread tid moves chunk tid % CH of rows tid / CH + RPI·i.
+  constexpr int RPI = 128 / CH, NI = DKV / RPI;
+  auto issue = [&](int j) {
+    if (j < ntiles) {
+      int st = j & 1, kb = j0 + j * DKV, c = tid % CH;
+#pragma unroll
+      for (int i = 0; i < NI; i++) {
+        int r = tid / CH + RPI * i, key = kb + r;
+        long sl = -1;
+        if (key < j1) {
+          int blk = btr[key / a.block_size];
+          sl = (long)blk * a.block_size + key % a.block_size;
+          if (blk < 0 || sl >= a.cache_slots) {
+            record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
+            sl = -1;
+          }
+        }
+        long off = sl * kw + (long)kh * HD + c * 8;
+        cp_async16(Ks + st * TILE + swz<CH>(r, c), sl >= 0 ? kc + off : kc, sl >= 0);
+        cp_async16(Vs + st * TILE + swz<CH>(r, c), sl >= 0 ? vc + off : vc, sl >= 0);
+      }
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
+
+  for (int i = tid; i < 16 * CH; i += 128) {
+    int r = i / CH, c = i % CH;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (r < G) {
+      const float* src = q + ((long)t * a.heads + h0 + r) * HD + c * 8;
+      float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+      u = make_uint4(pack2<T>(x0.x, x0.y), pack2<T>(x0.z, x0.w), pack2<T>(x1.x, x1.y), pack2<T>(x1.z, x1.w));
+    }
+    *reinterpret_cast<uint4*>(qs + swz<CH>(r, c)) = u;
+  }
+  __syncthreads();
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int k = 0; k < HD / 16; k++) ldmatrix_x4(qf[k], qs + swz<CH>(lane & 15, k * 2 + (lane >> 4)));
+
+  float o[DT][4];
+#pragma unroll
+  for (int d = 0; d < DT; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[d][e] = 0.f;
+  float m[2] = {NEG, NEG}, l[2] = {0.f, 0.f};
+  const float sl2 = a.scale * 1.4426950408889634f;
+
+  for (int j = 0; j < ntiles; j++) {
+    cp_async_wait<1>();
+    __syncthreads();  // tile j in
+    const uint16_t* ks = Ks + (j & 1) * TILE;
+    const uint16_t* vs = Vs + (j & 1) * TILE;
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    qk_tile<T, HD, 1>(sc, qf, ks, warp * 16, lane);
+    int kb = j0 + j * DKV + warp * 16;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int key = kb + n * 8 + q4 * 2 + (e & 1);
+        sc[n][e] = key < j1 ? sc[n][e] * sl2 : NEG;
+      }
+    online_softmax<2, DT>(sc, m, l, o);
+    uint32_t pf[1][4];
+    pack_p<T, 1>(sc, pf);
+    pv_tile<T, HD, 1>(o, pf, vs, warp * 16, lane);
+    __syncthreads();  // every warp is done with stage j & 1
+    issue(j + 2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the four warps: each stores its rows' max, sum and output.
+  float* os = reinterpret_cast<float*>(dsm);  // [4][16][HD]
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    float li = l[i];
+    li += __shfl_xor_sync(0xffffffffu, li, 1);
+    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    int r = g + i * 8;
+    if (q4 == 0) {
+      ml_s[warp][r][0] = m[i];
+      ml_s[warp][r][1] = li;
+    }
+#pragma unroll
+    for (int d = 0; d < DT; d++)
+      *reinterpret_cast<float2*>(os + (warp * 16 + r) * HD + d * 8 + q4 * 2) = make_float2(o[d][i * 2], o[d][i * 2 + 1]);
+  }
+  __syncthreads();
+  for (int i = tid; i < G * HD; i += 128) {
+    int r = i / HD, d = i % HD;
+    float M = NEG;
+#pragma unroll
+    for (int w = 0; w < 4; w++) M = fmaxf(M, ml_s[w][r][0]);
+    float acc = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+      float c = ml_s[w][r][0] == NEG ? 0.f : exp2f(ml_s[w][r][0] - M);
+      acc += c * os[(w * 16 + r) * HD + d];
+      L += c * ml_s[w][r][1];
+    }
+    long o_ = ((long)t * a.heads + h0 + r) * a.splits + split;
+    part_acc[o_ * HD + d] = acc;
+    if (d == 0) {
+      part_ml[o_ * 2] = M == NEG ? M : M * 0.6931471805599453f;  // base 2 to natural, as attn_combine reads
+      part_ml[o_ * 2 + 1] = L;
+    }
+  }
+}
+
+// Dynamic shared memory: 2 stages of K and V, 4·DKV·HD·2 bytes.
+#define DECODE(T, name, HD)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      attn_decode_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,         \
+                                  const uint16_t* vc, const int* pos, const int* seq, const int* bt, AttnParams a, \
+                                  unsigned* fault) {                                                           \
+    attn_decode<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault);                                  \
+  }
+DECODE(BF16, bf16, 64) DECODE(BF16, bf16, 128)
+DECODE(F16, f16, 64) DECODE(F16, f16, 128)
