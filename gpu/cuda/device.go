@@ -51,6 +51,9 @@ type Device struct {
 	graphs   map[*Graph]struct{}
 	scratch  map[string]*Buffer
 	retired  []*Buffer // scratch outgrown while graphs may still use it
+	// rounded names the x whose 16-bit copy the last product left in
+	// scratch; any other operation, or a product writing over x, forgets it.
+	rounded roundedX
 	deferred []*Buffer // freed while recording
 	kern     map[string]*kernel
 
@@ -422,6 +425,9 @@ func (d *Device) enter(op string) error {
 	if d.closed {
 		d.mu.Unlock()
 		return fmt.Errorf("cuda: %s: device is closed", op)
+	}
+	if op != "matmul" {
+		d.rounded = roundedX{}
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ func (d *Device) Capture(record func() error) (gpu.Graph, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.capture = false
+	d.rounded = roundedX{} // recorded work has not run: scratch holds no rounded x
 	g := &Graph{d: d}
 	err = d.do(func() error {
 		endErr := d.drv.cuStreamEndCapture.call(d.stream, ptr(&g.graph))

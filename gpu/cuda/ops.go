@@ -185,7 +185,18 @@ func (d *Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
 	return d.matmul(b[0], b[1], b[2], n, k, m)
 }
 
+// roundedX identifies a 16-bit copy of x (n elements of type dt) in the
+// scratch buffer xs.
+type roundedX struct {
+	x, xs *Buffer
+	n     int
+	dt    gpu.DType
+}
+
 func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
+	if r := d.rounded.x; r != nil && out.ptr < r.ptr+uint64(r.size) && r.ptr < out.ptr+uint64(out.size) {
+		d.rounded = roundedX{} // the product overwrites the rounded x
+	}
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 && n == 1 {
 		if nv, ks, ok := d.gemvShape(k, m); ok {
@@ -335,10 +346,16 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 	if err != nil {
 		return err
 	}
-	err = d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
-		bufArg("out", xs, w.dt, n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
-	if err != nil {
-		return err
+	// Products of one x in a row (q, k, v; gate, up) round it once.
+	key := roundedX{x: x, n: n * k, dt: w.dt, xs: xs}
+	if d.rounded != key {
+		err = d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
+			bufArg("out", xs, w.dt, n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
+		if err != nil {
+			d.rounded = roundedX{}
+			return err
+		}
+		d.rounded = key
 	}
 	var (
 		kern          *kernel
