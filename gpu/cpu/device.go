@@ -16,8 +16,14 @@ type Device struct {
 	k       *kernels
 	pool    *pool
 	scratch []scratch // per thread, indexed by tid
-	tiles   []int32   // Attention's tile starts, reused between calls
-	closed  bool
+	// Attention's workspace, reused between calls: tile starts, the
+	// sequences' widened keys and values, and each tile's span.
+	tiles    []int32
+	spans    []kvSpan
+	wide     []float32
+	tileSpan []int32
+	wideMax  int // the most floats widened ahead (flashWideMax)
+	closed   bool
 }
 
 var (
@@ -55,6 +61,7 @@ func newDevice(cfg Config, k *kernels) (*Device, error) {
 		k:       k,
 		pool:    newPool(n, cfg.Spin),
 		scratch: make([]scratch, n),
+		wideMax: flashWideMax,
 	}, nil
 }
 

@@ -29,6 +29,18 @@ type kernels struct {
 	// queries, each value row read once.
 	accum2F32  func(acc []float32, astride int, v []float32, vstride int, p []float32, pstride, rows, hd int)
 	accum2BF16 func(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int)
+	// flash* are the blocked attention kernels (flash.go): flashLanes
+	// query lanes against a chunk of keys, scores kept key-major.
+	// flashScores sets s[j*flashLanes+i] = k[j*kstride:][:hd] · column i
+	// of qt, which is [hd][flashLanes], for j < nk, i < flashLanes.
+	flashScores func(s, k []float32, kstride, nk int, qt []float32, hd int)
+	// flashSoftmax takes one step of the online softmax over nk > 0 rows
+	// of s, lane by lane: mn = max(m, max_j s[j]), f = exp(m-mn),
+	// s[j] = exp(s[j]-mn), l = l*f + Σ_j s[j], m = mn.
+	flashSoftmax func(s []float32, nk int, m, l, f []float32)
+	// flashPV scales each lane i of o by f[i] and adds Σ_j p[j*flashLanes+i]
+	// * v[j*vstride:][:hd]; o is laid out as flashAt describes.
+	flashPV func(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int)
 	// max returns the largest element of a non-empty s.
 	max func(s []float32) float32
 	// expShift sets s[i] = exp(s[i]-m) and returns Σ s[i]; m ≥ max(s).
@@ -46,24 +58,27 @@ type kernels struct {
 }
 
 var genericKernels = &kernels{
-	name:        "generic",
-	gemvF32:     gemvF32Go,
-	gemvBF16:    gemvBF16Go,
-	gemvF16:     gemvF16Go,
-	gemm4x3:     gemm4x3Go,
-	accum:       accumGo,
-	accumBF16:   accumBF16Go,
-	dots3F32:    dots3F32Go,
-	dots3BF16:   dots3BF16Go,
-	accum2F32:   accum2F32Go,
-	accum2BF16:  accum2BF16Go,
-	max:         maxGo,
-	expShift:    expShiftGo,
-	siluMul:     siluMulGo,
-	cvtBF16Rows: cvtBF16RowsGo,
-	cvtBF16:     cvtBF16Go,
-	cvtF16:      cvtF16Go,
-	sum:         sumGo,
+	name:         "generic",
+	gemvF32:      gemvF32Go,
+	gemvBF16:     gemvBF16Go,
+	gemvF16:      gemvF16Go,
+	gemm4x3:      gemm4x3Go,
+	accum:        accumGo,
+	accumBF16:    accumBF16Go,
+	dots3F32:     dots3F32Go,
+	dots3BF16:    dots3BF16Go,
+	accum2F32:    accum2F32Go,
+	accum2BF16:   accum2BF16Go,
+	max:          maxGo,
+	flashScores:  flashScoresGo,
+	flashSoftmax: flashSoftmaxGo,
+	flashPV:      flashPVGo,
+	expShift:     expShiftGo,
+	siluMul:      siluMulGo,
+	cvtBF16Rows:  cvtBF16RowsGo,
+	cvtBF16:      cvtBF16Go,
+	cvtF16:       cvtF16Go,
+	sum:          sumGo,
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {
@@ -232,5 +247,47 @@ func maxGo(s []float32) float32 {
 func cvtBF16RowsGo(dst []float32, src []uint16, sstride, rows, n int) {
 	for r := range rows {
 		cvtBF16Go(dst[r*n:(r+1)*n], src[r*sstride:r*sstride+n])
+	}
+}
+
+func flashScoresGo(s, k []float32, kstride, nk int, qt []float32, hd int) {
+	for j := range nk {
+		row := s[j*flashLanes : (j+1)*flashLanes]
+		clear(row)
+		for d, kv := range k[j*kstride : j*kstride+hd] {
+			for i, q := range qt[d*flashLanes : (d+1)*flashLanes] {
+				row[i] += kv * q
+			}
+		}
+	}
+}
+
+func flashSoftmaxGo(s []float32, nk int, m, l, f []float32) {
+	for i := range flashLanes {
+		mn := m[i]
+		for j := range nk {
+			mn = max(mn, s[j*flashLanes+i])
+		}
+		f[i] = expf(m[i] - mn)
+		sum := l[i] * f[i]
+		for j := range nk {
+			e := expf(s[j*flashLanes+i] - mn)
+			s[j*flashLanes+i] = e
+			sum += e
+		}
+		l[i], m[i] = sum, mn
+	}
+}
+
+func flashPVGo(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int) {
+	for i := range flashLanes {
+		for d := range hd {
+			at := flashAt(i, d, hd)
+			acc := o[at] * f[i]
+			for j := range nk {
+				acc += p[j*flashLanes+i] * v[j*vstride+d]
+			}
+			o[at] = acc
+		}
 	}
 }

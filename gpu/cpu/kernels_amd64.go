@@ -16,24 +16,27 @@ func fastKernels() *kernels {
 }
 
 var avx2Kernels = &kernels{
-	name:        "avx2",
-	gemvF32:     gemvF32Asm,
-	gemvBF16:    gemvBF16Asm,
-	gemvF16:     gemvF16Asm,
-	gemm4x3:     gemm4x3Asm,
-	accum:       accumAsm,
-	accumBF16:   accumBF16Asm,
-	dots3F32:    dots3F32Asm,
-	dots3BF16:   dots3BF16Asm,
-	accum2F32:   accum2F32Asm,
-	accum2BF16:  accum2BF16Asm,
-	max:         maxAsm,
-	expShift:    expShiftAsm,
-	siluMul:     siluMulAsm,
-	cvtBF16Rows: cvtBF16RowsAsm,
-	cvtBF16:     cvtBF16Asm,
-	cvtF16:      cvtF16Asm,
-	sum:         sumAsm,
+	name:         "avx2",
+	gemvF32:      gemvF32Asm,
+	gemvBF16:     gemvBF16Asm,
+	gemvF16:      gemvF16Asm,
+	gemm4x3:      gemm4x3Asm,
+	accum:        accumAsm,
+	accumBF16:    accumBF16Asm,
+	dots3F32:     dots3F32Asm,
+	dots3BF16:    dots3BF16Asm,
+	accum2F32:    accum2F32Asm,
+	accum2BF16:   accum2BF16Asm,
+	max:          maxAsm,
+	flashScores:  flashScoresAsm,
+	flashSoftmax: flashSoftmaxAsm,
+	flashPV:      flashPVAsm,
+	expShift:     expShiftAsm,
+	siluMul:      siluMulAsm,
+	cvtBF16Rows:  cvtBF16RowsAsm,
+	cvtBF16:      cvtBF16Asm,
+	cvtF16:       cvtF16Asm,
+	sum:          sumAsm,
 }
 
 //go:noescape
@@ -65,6 +68,15 @@ func accum2F32AVX2(acc *float32, astride int, v *float32, vstride int, p *float3
 
 //go:noescape
 func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float32, pstride int, rows int, hd8 int)
+
+//go:noescape
+func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int)
+
+//go:noescape
+func flashSoftmaxAVX2(s *float32, nk int, m, l, f *float32)
+
+//go:noescape
+func flashPVAVX2(o *float32, p *float32, nk int, v *float32, vstride int, f *float32, hd16 int)
 
 //go:noescape
 func maxF32AVX2(s *float32, n8 int) float32
@@ -347,4 +359,50 @@ func cvtBF16RowsAsm(dst []float32, src []uint16, sstride, rows, n int) {
 	_ = dst[rows*n-1]
 	_ = src[(rows-1)*sstride+n-1]
 	cvtBF16RowsAVX2(&dst[0], &src[0], sstride, rows, n)
+}
+
+func flashScoresAsm(s, k []float32, kstride, nk int, qt []float32, hd int) {
+	if nk <= 0 {
+		return
+	}
+	if hd <= 0 {
+		clear(s[:nk*flashLanes])
+		return
+	}
+	_ = s[nk*flashLanes-1]
+	_ = qt[hd*flashLanes-1]
+	if (nk-1)*kstride+hd > len(k) {
+		panic("cpu: flash scores keys out of range")
+	}
+	flashScoresAVX2(&s[0], &k[0], kstride, nk, &qt[0], hd)
+}
+
+func flashSoftmaxAsm(s []float32, nk int, m, l, f []float32) {
+	if nk <= 0 {
+		return
+	}
+	_ = s[nk*flashLanes-1]
+	_, _, _ = m[flashLanes-1], l[flashLanes-1], f[flashLanes-1]
+	flashSoftmaxAVX2(&s[0], nk, &m[0], &l[0], &f[0])
+}
+
+func flashPVAsm(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int) {
+	if hd <= 0 {
+		return
+	}
+	if hd%flashDims != 0 {
+		flashPVGo(o, p, nk, v, vstride, f, hd)
+		return
+	}
+	_ = o[flashLanes*hd-1]
+	_ = f[flashLanes-1]
+	pp, vp := &f[0], &f[0] // any valid pointer: no key rows are read
+	if nk > 0 {
+		_ = p[nk*flashLanes-1]
+		if (nk-1)*vstride+hd > len(v) {
+			panic("cpu: flash values out of range")
+		}
+		pp, vp = &p[0], &v[0]
+	}
+	flashPVAVX2(&o[0], pp, nk, vp, vstride, &f[0], hd/flashDims)
 }

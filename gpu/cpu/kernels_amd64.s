@@ -1329,3 +1329,264 @@ loop:
 	JNZ row
 	VZEROUPPER
 	RET
+
+// Blocked attention kernels. A unit of work holds 24 query lanes; scores
+// and probabilities are kept key-major, [key][24 lanes], so that the
+// softmax runs down columns with whole vectors and the value sums broadcast
+// six lanes' probabilities at a time.
+
+// func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int)
+// s[j*24+i] = Σ_{d<hd} k[j*kstride+d] * qt[d*24+i] for j < nk, i < 24: four
+// keys against the 24 lanes per step (12 accumulators), then single keys.
+TEXT ·flashScoresAVX2(SB), NOSPLIT, $0-48
+	MOVQ s+0(FP), DI
+	MOVQ k+8(FP), SI
+	MOVQ kstride+16(FP), R8
+	SHLQ $2, R8
+	MOVQ nk+24(FP), CX
+	MOVQ qt+32(FP), DX
+	MOVQ hd+40(FP), BX
+	LEAQ (R8)(R8*2), R9
+quad:
+	CMPQ CX, $4
+	JLT single
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	MOVQ DX, R10
+	MOVQ SI, R11
+	MOVQ BX, R12
+qd:
+	VMOVUPS (R10), Y12
+	VMOVUPS 32(R10), Y13
+	VMOVUPS 64(R10), Y14
+	VBROADCASTSS (R11), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VBROADCASTSS (R11)(R8*1), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VBROADCASTSS (R11)(R8*2), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VBROADCASTSS (R11)(R9*1), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+	ADDQ $96, R10
+	ADDQ $4, R11
+	DECQ R12
+	JNZ qd
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVUPS Y8, 256(DI)
+	VMOVUPS Y9, 288(DI)
+	VMOVUPS Y10, 320(DI)
+	VMOVUPS Y11, 352(DI)
+	ADDQ $384, DI
+	LEAQ (SI)(R8*4), SI
+	SUBQ $4, CX
+	JMP quad
+single:
+	TESTQ CX, CX
+	JZ sdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	MOVQ DX, R10
+	MOVQ SI, R11
+	MOVQ BX, R12
+sd:
+	VBROADCASTSS (R11), Y15
+	VFMADD231PS 0(R10), Y15, Y0
+	VFMADD231PS 32(R10), Y15, Y1
+	VFMADD231PS 64(R10), Y15, Y2
+	ADDQ $96, R10
+	ADDQ $4, R11
+	DECQ R12
+	JNZ sd
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	ADDQ $96, DI
+	ADDQ R8, SI
+	DECQ CX
+	JMP single
+sdone:
+	VZEROUPPER
+	RET
+
+// EXPY0 sets Y0 = exp(Y0) lane by lane (the algorithm of expShiftAVX2);
+// it clobbers Y1-Y3.
+#define EXPY0 \
+	VMAXPS expc<>+320(SB), Y0, Y0; \
+	VMINPS expc<>+352(SB), Y0, Y0; \
+	VMOVUPS expc<>+0(SB), Y1; \
+	VFMADD213PS expc<>+256(SB), Y0, Y1; \
+	VROUNDPS $1, Y1, Y1; \
+	VFNMADD231PS expc<>+32(SB), Y1, Y0; \
+	VFNMADD231PS expc<>+64(SB), Y1, Y0; \
+	VCVTTPS2DQ Y1, Y1; \
+	VPADDD expc<>+384(SB), Y1, Y1; \
+	VPSLLD $23, Y1, Y1; \
+	VMOVUPS expc<>+96(SB), Y2; \
+	VFMADD213PS expc<>+128(SB), Y0, Y2; \
+	VFMADD213PS expc<>+160(SB), Y0, Y2; \
+	VFMADD213PS expc<>+192(SB), Y0, Y2; \
+	VFMADD213PS expc<>+224(SB), Y0, Y2; \
+	VFMADD213PS expc<>+256(SB), Y0, Y2; \
+	VMULPS Y0, Y0, Y3; \
+	VFMADD213PS Y0, Y3, Y2; \
+	VADDPS expc<>+288(SB), Y2, Y2; \
+	VMULPS Y1, Y2, Y0
+
+// func flashSoftmaxAVX2(s *float32, nk int, m, l, f *float32)
+// One step of the online softmax over nk > 0 rows of 24 lanes, a column of
+// eight lanes at a time: mn = max(m, max_j s[j]); f = exp(m-mn);
+// s[j] = exp(s[j]-mn); l = l*f + Σ_j s[j]; m = mn.
+TEXT ·flashSoftmaxAVX2(SB), NOSPLIT, $0-40
+	MOVQ s+0(FP), DI
+	MOVQ nk+8(FP), CX
+	MOVQ m+16(FP), R8
+	MOVQ l+24(FP), R9
+	MOVQ f+32(FP), R10
+	XORQ BX, BX
+col:
+	VMOVUPS (R8)(BX*1), Y4
+	VMOVAPS Y4, Y5
+	LEAQ (DI)(BX*1), SI
+	MOVQ CX, AX
+colmax:
+	VMAXPS (SI), Y5, Y5
+	ADDQ $96, SI
+	DECQ AX
+	JNZ colmax
+	VSUBPS Y5, Y4, Y0
+	EXPY0
+	VMOVUPS Y0, (R10)(BX*1)
+	VMULPS (R9)(BX*1), Y0, Y6
+	VMOVUPS Y5, (R8)(BX*1)
+	LEAQ (DI)(BX*1), SI
+	MOVQ CX, AX
+colexp:
+	VMOVUPS (SI), Y0
+	VSUBPS Y5, Y0, Y0
+	EXPY0
+	VADDPS Y0, Y6, Y6
+	VMOVUPS Y0, (SI)
+	ADDQ $96, SI
+	DECQ AX
+	JNZ colexp
+	VMOVUPS Y6, (R9)(BX*1)
+	ADDQ $32, BX
+	CMPQ BX, $96
+	JLT col
+	VZEROUPPER
+	RET
+
+// func flashPVAVX2(o *float32, p *float32, nk int, v *float32, vstride int, f *float32, hd16 int)
+// o holds 24 lanes × 16*hd16 dims as tiles of 6 lanes × 16 dims, 96
+// floats each, lane group-major: tile (g, c) starts at (g*hd16+c)*96. Each
+// tile is scaled by its lanes' f and then gains Σ_j p[j*24+6g+r] *
+// v[j*vstride+16c : +16] for j < nk (12 accumulators per tile).
+TEXT ·flashPVAVX2(SB), NOSPLIT, $0-56
+	MOVQ o+0(FP), DI
+	MOVQ p+8(FP), SI
+	MOVQ nk+16(FP), CX
+	MOVQ vstride+32(FP), R8
+	SHLQ $2, R8
+	MOVQ f+40(FP), R9
+	MOVQ $4, R11
+group:
+	MOVQ v+24(FP), DX
+	MOVQ hd16+48(FP), R12
+tile:
+	VBROADCASTSS 0(R9), Y14
+	VMULPS 0(DI), Y14, Y0
+	VMULPS 32(DI), Y14, Y1
+	VBROADCASTSS 4(R9), Y14
+	VMULPS 64(DI), Y14, Y2
+	VMULPS 96(DI), Y14, Y3
+	VBROADCASTSS 8(R9), Y14
+	VMULPS 128(DI), Y14, Y4
+	VMULPS 160(DI), Y14, Y5
+	VBROADCASTSS 12(R9), Y14
+	VMULPS 192(DI), Y14, Y6
+	VMULPS 224(DI), Y14, Y7
+	VBROADCASTSS 16(R9), Y14
+	VMULPS 256(DI), Y14, Y8
+	VMULPS 288(DI), Y14, Y9
+	VBROADCASTSS 20(R9), Y14
+	VMULPS 320(DI), Y14, Y10
+	VMULPS 352(DI), Y14, Y11
+	MOVQ SI, AX
+	MOVQ DX, BX
+	MOVQ CX, R13
+	TESTQ R13, R13
+	JZ tstore
+keys:
+	VMOVUPS 0(BX), Y12
+	VMOVUPS 32(BX), Y13
+	VBROADCASTSS 0(AX), Y14
+	VFMADD231PS Y12, Y14, Y0
+	VFMADD231PS Y13, Y14, Y1
+	VBROADCASTSS 4(AX), Y14
+	VFMADD231PS Y12, Y14, Y2
+	VFMADD231PS Y13, Y14, Y3
+	VBROADCASTSS 8(AX), Y14
+	VFMADD231PS Y12, Y14, Y4
+	VFMADD231PS Y13, Y14, Y5
+	VBROADCASTSS 12(AX), Y14
+	VFMADD231PS Y12, Y14, Y6
+	VFMADD231PS Y13, Y14, Y7
+	VBROADCASTSS 16(AX), Y14
+	VFMADD231PS Y12, Y14, Y8
+	VFMADD231PS Y13, Y14, Y9
+	VBROADCASTSS 20(AX), Y14
+	VFMADD231PS Y12, Y14, Y10
+	VFMADD231PS Y13, Y14, Y11
+	ADDQ $96, AX
+	ADDQ R8, BX
+	DECQ R13
+	JNZ keys
+tstore:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVUPS Y8, 256(DI)
+	VMOVUPS Y9, 288(DI)
+	VMOVUPS Y10, 320(DI)
+	VMOVUPS Y11, 352(DI)
+	ADDQ $384, DI
+	ADDQ $64, DX
+	DECQ R12
+	JNZ tile
+	ADDQ $24, SI
+	ADDQ $24, R9
+	DECQ R11
+	JNZ group
+	VZEROUPPER
+	RET
