@@ -161,16 +161,34 @@ func TestKernelsAgree(t *testing.T) {
 			}
 		}
 	}
-	for _, k8 := range []int{8, 16, 24, 64, 392} {
-		for _, n3 := range []int{1, 2, 5} {
-			xs, ws, os := k8+8*rng.IntN(3), k8+8*rng.IntN(3), 3*n3+rng.IntN(4)
-			x, w := randF32(rng, 3*xs+k8), randF32(rng, (3*n3-1)*ws+k8)
-			got, want, scale := make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3)
-			fast.gemm4x3(got, os, x, xs, w, ws, k8, n3)
-			genericKernels.gemm4x3(want, os, x, xs, w, ws, k8, n3)
-			genericKernels.gemm4x3(scale, os, absF32(x), xs, absF32(w), ws, k8, n3)
-			if e := diff(got, want, scale); e > tol {
-				t.Errorf("gemm4x3 k=%d n3=%d: error %.3g", k8, n3, e)
+	for _, k := range []int{1, 7, 8, 9, 24, 64, 392} {
+		// Sixteen weight rows into a strip, then six rows against n16
+		// strips, written and then added to.
+		ws := k + rng.IntN(3)
+		w := randF32(rng, 15*ws+k)
+		got, want := make([]float32, 16*k), make([]float32, 16*k)
+		fast.pack16(got, w, ws, k)
+		genericKernels.pack16(want, w, ws, k)
+		for c := range k {
+			for j := range 16 {
+				if got[c*16+j] != w[j*ws+c] || want[c*16+j] != w[j*ws+c] {
+					t.Fatalf("pack16 k=%d: element (%d, %d) is %v (portable %v), want %v", k, c, j, got[c*16+j], want[c*16+j], w[j*ws+c])
+				}
+			}
+		}
+		for _, n16 := range []int{1, 2, 5} {
+			xs, os := k+rng.IntN(3), 16*n16+rng.IntN(4)
+			x, wp := randF32(rng, 5*xs+k), randF32(rng, 16*k*n16)
+			for _, add := range []bool{false, true} {
+				got, want, scale := randF32(rng, 5*os+16*n16), make([]float32, 5*os+16*n16), make([]float32, 5*os+16*n16)
+				copy(want, got)
+				scale = absF32(got)
+				fast.gemm6x16(got, os, x, xs, wp, k, n16, add)
+				genericKernels.gemm6x16(want, os, x, xs, wp, k, n16, add)
+				genericKernels.gemm6x16(scale, os, absF32(x), xs, absF32(wp), k, n16, add)
+				if e := diff(got, want, scale); e > tol {
+					t.Errorf("gemm6x16 k=%d n16=%d add=%v: error %.3g", k, n16, add, e)
+				}
 			}
 		}
 	}

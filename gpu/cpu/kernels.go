@@ -11,10 +11,14 @@ type kernels struct {
 	gemvF32  func(out, x, w []float32, stride, rows, k int)
 	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
-	// gemm4x3 sets out[i*ostride+j] = x[i*xstride:][:k8] · w[j*wstride:][:k8]
-	// for i < 4, j < 3*n3: a 4x3 tile repeated over n3 triples of rows of
-	// w. k8 is a positive multiple of 8.
-	gemm4x3 func(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int)
+	// gemm6x16 sets out[i*ostride+16*s+j] to x[i*xstride:][:k] · column j
+	// of strip s of wp, or adds that to it if add, for i < 6, j < 16,
+	// s < n16; a strip is 16 weight rows packed k-major (pack16),
+	// wp[(s*k+c)*16+j] = w[16*s+j][c].
+	gemm6x16 func(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool)
+	// pack16 sets dst[c*16+j] = src[j*sstride+c] for j < 16, c < k: one
+	// strip for gemm6x16.
+	pack16 func(dst, src []float32, sstride, k int)
 	// accum adds Σ_r p[r]*v[r*vstride : r*vstride+len(acc)] to acc for
 	// r < len(p).
 	accum     func(acc, v []float32, vstride int, p []float32)
@@ -62,7 +66,8 @@ var genericKernels = &kernels{
 	gemvF32:      gemvF32Go,
 	gemvBF16:     gemvBF16Go,
 	gemvF16:      gemvF16Go,
-	gemm4x3:      gemm4x3Go,
+	gemm6x16:     gemm6x16Go,
+	pack16:       pack16Go,
 	accum:        accumGo,
 	accumBF16:    accumBF16Go,
 	dots3F32:     dots3F32Go,
@@ -134,15 +139,6 @@ func gemvF16Go(out, x []float32, w []uint16, stride, rows, k int) {
 			s += x[i] * gpu.F16ToF32(h)
 		}
 		out[r] = s
-	}
-}
-
-func gemm4x3Go(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
-	for i := range 4 {
-		xr := x[i*xstride : i*xstride+k8]
-		for j := range 3 * n3 {
-			out[i*ostride+j] = dotGo(xr, w[j*wstride:j*wstride+k8])
-		}
 	}
 }
 
@@ -288,6 +284,33 @@ func flashPVGo(o, p []float32, nk int, v []float32, vstride int, f []float32, hd
 				acc += p[j*flashLanes+i] * v[j*vstride+d]
 			}
 			o[at] = acc
+		}
+	}
+}
+
+func gemm6x16Go(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	for s := range n16 {
+		strip := wp[s*16*k : (s+1)*16*k]
+		for i := range 6 {
+			var acc [16]float32
+			if add {
+				copy(acc[:], out[i*ostride+16*s:])
+			}
+			for c, xv := range x[i*xstride : i*xstride+k] {
+				w := strip[c*16 : c*16+16]
+				for j := range acc {
+					acc[j] += xv * w[j]
+				}
+			}
+			copy(out[i*ostride+16*s:i*ostride+16*s+16], acc[:])
+		}
+	}
+}
+
+func pack16Go(dst, src []float32, sstride, k int) {
+	for j := range 16 {
+		for c, v := range src[j*sstride : j*sstride+k] {
+			dst[c*16+j] = v
 		}
 	}
 }

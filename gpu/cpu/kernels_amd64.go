@@ -20,7 +20,8 @@ var avx2Kernels = &kernels{
 	gemvF32:      gemvF32Asm,
 	gemvBF16:     gemvBF16Asm,
 	gemvF16:      gemvF16Asm,
-	gemm4x3:      gemm4x3Asm,
+	gemm6x16:     gemm6x16Asm,
+	pack16:       pack16Asm,
 	accum:        accumAsm,
 	accumBF16:    accumBF16Asm,
 	dots3F32:     dots3F32Asm,
@@ -49,9 +50,6 @@ func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
 func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
 
 //go:noescape
-func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride, k8, n3 int)
-
-//go:noescape
 func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
 
 //go:noescape
@@ -68,6 +66,12 @@ func accum2F32AVX2(acc *float32, astride int, v *float32, vstride int, p *float3
 
 //go:noescape
 func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float32, pstride int, rows int, hd8 int)
+
+//go:noescape
+func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
+
+//go:noescape
+func pack16AVX2(dst *float32, src *float32, sstride int, k8 int)
 
 //go:noescape
 func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int)
@@ -159,19 +163,6 @@ func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 			out[r] += tail[0]
 		}
 	}
-}
-
-func gemm4x3Asm(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
-	if k8 <= 0 || k8%8 != 0 {
-		panic("cpu: gemm4x3 depth is not a positive multiple of 8")
-	}
-	if n3 <= 0 {
-		return
-	}
-	_ = out[3*ostride+3*n3-1]
-	_ = x[3*xstride+k8-1]
-	_ = w[(3*n3-1)*wstride+k8-1]
-	gemm4x3AVX2(&out[0], ostride, &x[0], xstride, &w[0], wstride, k8, n3)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {
@@ -405,4 +396,41 @@ func flashPVAsm(o, p []float32, nk int, v []float32, vstride int, f []float32, h
 		pp, vp = &p[0], &v[0]
 	}
 	flashPVAVX2(&o[0], pp, nk, vp, vstride, &f[0], hd/flashDims)
+}
+
+func gemm6x16Asm(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	if n16 <= 0 || (k <= 0 && add) {
+		return
+	}
+	if k <= 0 {
+		for i := range 6 {
+			clear(out[i*ostride : i*ostride+16*n16])
+		}
+		return
+	}
+	_ = out[5*ostride+16*n16-1]
+	_ = x[5*xstride+k-1]
+	_ = wp[16*k*n16-1]
+	a := 0
+	if add {
+		a = 1
+	}
+	gemm6x16AVX2(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
+}
+
+func pack16Asm(dst, src []float32, sstride, k int) {
+	if k <= 0 {
+		return
+	}
+	_ = dst[16*k-1]
+	_ = src[15*sstride+k-1]
+	k8 := k &^ 7
+	if k8 > 0 {
+		pack16AVX2(&dst[0], &src[0], sstride, k8)
+	}
+	for c := k8; c < k; c++ {
+		for j := range 16 {
+			dst[c*16+j] = src[j*sstride+c]
+		}
+	}
 }
