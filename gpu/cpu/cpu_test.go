@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -125,6 +126,18 @@ func diff(got, want, scale []float32) float64 {
 	return math.Sqrt(num / den)
 }
 
+// TestKernelsComplete checks that every kernel set fills every kernel.
+func TestKernelsComplete(t *testing.T) {
+	for _, k := range lanes() {
+		v := reflect.ValueOf(*k)
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.Func && f.IsNil() {
+				t.Errorf("%s kernels: %s is nil", k.name, v.Type().Field(i).Name)
+			}
+		}
+	}
+}
+
 // TestKernelsAgree checks the assembly kernels against the portable ones
 // over sizes that exercise every remainder path.
 func TestKernelsAgree(t *testing.T) {
@@ -162,17 +175,20 @@ func TestKernelsAgree(t *testing.T) {
 		}
 	}
 	for _, k := range []int{1, 7, 8, 9, 24, 64, 392} {
-		// Sixteen weight rows into a strip, then six rows against n16
-		// strips, written and then added to.
-		ws := k + rng.IntN(3)
-		w := randF32(rng, 15*ws+k)
-		got, want := make([]float32, 16*k), make([]float32, 16*k)
-		fast.pack16(got, w, ws, k)
-		genericKernels.pack16(want, w, ws, k)
-		for c := range k {
-			for j := range 16 {
-				if got[c*16+j] != w[j*ws+c] || want[c*16+j] != w[j*ws+c] {
-					t.Fatalf("pack16 k=%d: element (%d, %d) is %v (portable %v), want %v", k, c, j, got[c*16+j], want[c*16+j], w[j*ws+c])
+		// Weight rows into a strip of 16 (and 13 or 24 query rows into
+		// columns), then six rows against n16 strips, written and then
+		// added to.
+		for _, rows := range []int{16, 13, 24} {
+			ws, ds := k+rng.IntN(3), rows+rng.IntN(3)
+			w := randF32(rng, (rows-1)*ws+k)
+			got, want := make([]float32, (k-1)*ds+rows), make([]float32, (k-1)*ds+rows)
+			fast.packT(got, ds, w, ws, rows, k)
+			genericKernels.packT(want, ds, w, ws, rows, k)
+			for c := range k {
+				for j := range rows {
+					if got[c*ds+j] != w[j*ws+c] || want[c*ds+j] != w[j*ws+c] {
+						t.Fatalf("packT rows=%d k=%d: element (%d, %d) is %v (portable %v), want %v", rows, k, c, j, got[c*ds+j], want[c*ds+j], w[j*ws+c])
+					}
 				}
 			}
 		}
@@ -309,6 +325,14 @@ func TestKernelsAgree(t *testing.T) {
 		genericKernels.siluMul(want, x, u)
 		if e := relErr(got, want); e > tol {
 			t.Errorf("siluMul n=%d: error %.3g", n, e)
+		}
+		if g, w := fast.sumSq(x), genericKernels.sumSq(x); math.Abs(float64(g-w)) > tol*float64(w) {
+			t.Errorf("sumSq n=%d: got %v, want %v", n, g, w)
+		}
+		fast.scaleMul(got, x, u, 0.3)
+		genericKernels.scaleMul(want, x, u, 0.3)
+		if e := relErr(got, want); e > tol {
+			t.Errorf("scaleMul n=%d: error %.3g", n, e)
 		}
 		v := randF32(rng, n)
 		sum, wantSum := fast.sum(v), genericKernels.sum(v)

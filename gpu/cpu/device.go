@@ -31,10 +31,11 @@ var (
 	_ gpu.Argmaxer = (*Device)(nil)
 )
 
-// scratch is one thread's reusable float32 workspace.
+// scratch is one thread's reusable workspace.
 type scratch struct {
-	buf []float32
-	_   [40]byte // keep threads' headers on separate cache lines
+	buf   []float32
+	buf64 []float64
+	_     [16]byte // keep threads' headers on separate cache lines
 }
 
 // get returns n elements of the workspace; their contents are undefined.
@@ -43,6 +44,15 @@ func (s *scratch) get(n int) []float32 {
 		s.buf = make([]float32, n+n/4)
 	}
 	return s.buf[:n]
+}
+
+// get64 returns n elements of the float64 workspace; their contents are
+// undefined.
+func (s *scratch) get64(n int) []float64 {
+	if len(s.buf64) < n {
+		s.buf64 = make([]float64, n)
+	}
+	return s.buf64[:n]
 }
 
 // New starts a Device with cfg's threads, using the assembly kernels when

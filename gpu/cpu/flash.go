@@ -37,7 +37,7 @@ func flashAt(i, d, hd int) int {
 
 // flashScratch is one thread's workspace for attendFlash.
 type flashScratch struct {
-	qt      []float32         // [HeadDim][flashLanes] queries times Scale
+	qt      []float32         // [HeadDim][flashLanes] queries
 	s       []float32         // [flashChunk][flashLanes] scores, then probabilities
 	o       []float32         // value sums, laid out as flashAt says
 	k, v    []float32         // [flashChunk][HeadDim] widened keys and values
@@ -81,7 +81,7 @@ func newFlashScratch(buf []float32, hd int) *flashScratch {
 func (d *Device) attendFlash(o, q []float32, kc, vc mat, kwide, vwide []float32, table, pos []int32, kh, group, l0, l1, kw int, a gpu.AttnArgs, sc *flashScratch) {
 	hd := a.HeadDim
 	n := l1 - l0
-	lo, hi := sc.loadQueries(q, pos, kh, group, l0, l1, a)
+	lo, hi := sc.loadQueries(d.k, q, pos, kh, group, l0, l1, a)
 	for i := range flashLanes {
 		sc.m[i] = float32(math.Inf(-1))
 	}
@@ -90,7 +90,7 @@ func (d *Device) attendFlash(o, q []float32, kc, vc mat, kwide, vwide []float32,
 	for c0 := 0; c0 <= hi; c0 += flashChunk {
 		nk := min(flashChunk, hi+1-c0)
 		kr, ks := d.flashRows(kc, kwide, sc.k, table, c0, nk, kh, kw, a)
-		d.k.flashScores(sc.s, kr, ks, nk, sc.qt, hd)
+		d.k.flashScores(sc.s, kr, ks, nk, sc.qt, hd, a.Scale)
 		if c0+nk-1 > lo {
 			flashMask(sc.s, sc.pos[:n], c0, nk, lo)
 		}
@@ -102,11 +102,13 @@ func (d *Device) attendFlash(o, q []float32, kc, vc mat, kwide, vwide []float32,
 }
 
 // loadQueries fills sc.qt and sc.pos with lanes [l0, l1) and returns the
-// least and the greatest of their positions. Lanes past l1 score zero and
-// are never masked; their outputs are dropped.
-func (sc *flashScratch) loadQueries(q []float32, pos []int32, kh, group, l0, l1 int, a gpu.AttnArgs) (lo, hi int) {
+// least and the greatest of their positions: the lanes' query rows are
+// copied into sc.o (free until the first chunk) and transposed from there.
+// Lanes past l1 score zero and are never masked; their outputs are dropped.
+func (sc *flashScratch) loadQueries(k *kernels, q []float32, pos []int32, kh, group, l0, l1 int, a gpu.AttnArgs) (lo, hi int) {
 	hd, qw := a.HeadDim, a.Heads*a.HeadDim
-	clear(sc.qt)
+	rows := sc.o[:flashLanes*hd]
+	clear(rows[(l1-l0)*hd:])
 	lo, hi = math.MaxInt32, -1
 	for i := range flashLanes {
 		sc.pos[i] = math.MaxInt32
@@ -117,10 +119,9 @@ func (sc *flashScratch) loadQueries(q []float32, pos []int32, kh, group, l0, l1 
 		p := int(pos[t])
 		sc.pos[i] = int32(p)
 		lo, hi = min(lo, p), max(hi, p)
-		for c, x := range q[t*qw+h*hd : t*qw+(h+1)*hd] {
-			sc.qt[c*flashLanes+i] = x * a.Scale
-		}
+		copy(rows[i*hd:(i+1)*hd], q[t*qw+h*hd:])
 	}
+	k.packT(sc.qt, flashLanes, rows, hd, flashLanes, hd)
 	return lo, hi
 }
 
@@ -131,11 +132,11 @@ func (sc *flashScratch) store(o []float32, kh, group, l0, l1 int, a gpu.AttnArgs
 	for i := range l1 - l0 {
 		t, h := (l0+i)/group, kh*group+(l0+i)%group
 		inv := 1 / sc.l[i]
-		dst := o[t*qw+h*hd : t*qw+(h+1)*hd]
 		for c := 0; c < hd; c += flashDims {
 			src := sc.o[flashAt(i, c, hd):][:min(flashDims, hd-c)]
+			dst := o[t*qw+h*hd+c:][:len(src)]
 			for j, v := range src {
-				dst[c+j] = v * inv
+				dst[j] = v * inv
 			}
 		}
 	}

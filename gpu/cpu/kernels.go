@@ -13,12 +13,13 @@ type kernels struct {
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
 	// gemm6x16 sets out[i*ostride+16*s+j] to x[i*xstride:][:k] · column j
 	// of strip s of wp, or adds that to it if add, for i < 6, j < 16,
-	// s < n16; a strip is 16 weight rows packed k-major (pack16),
+	// s < n16; a strip is 16 weight rows packed k-major (packT),
 	// wp[(s*k+c)*16+j] = w[16*s+j][c].
 	gemm6x16 func(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool)
-	// pack16 sets dst[c*16+j] = src[j*sstride+c] for j < 16, c < k: one
-	// strip for gemm6x16.
-	pack16 func(dst, src []float32, sstride, k int)
+	// packT sets dst[c*dstride+j] = src[j*sstride+c] for j < rows, c < k:
+	// rows transposed into columns (a strip for gemm6x16, queries for
+	// flashScores).
+	packT func(dst []float32, dstride int, src []float32, sstride, rows, k int)
 	// accum adds Σ_r p[r]*v[r*vstride : r*vstride+len(acc)] to acc for
 	// r < len(p).
 	accum     func(acc, v []float32, vstride int, p []float32)
@@ -35,9 +36,9 @@ type kernels struct {
 	accum2BF16 func(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int)
 	// flash* are the blocked attention kernels (flash.go): flashLanes
 	// query lanes against a chunk of keys, scores kept key-major.
-	// flashScores sets s[j*flashLanes+i] = k[j*kstride:][:hd] · column i
-	// of qt, which is [hd][flashLanes], for j < nk, i < flashLanes.
-	flashScores func(s, k []float32, kstride, nk int, qt []float32, hd int)
+	// flashScores sets s[j*flashLanes+i] = scale * k[j*kstride:][:hd] ·
+	// column i of qt, which is [hd][flashLanes], for j < nk, i < flashLanes.
+	flashScores func(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32)
 	// flashSoftmax takes one step of the online softmax over nk > 0 rows
 	// of s, lane by lane: mn = max(m, max_j s[j]), f = exp(m-mn),
 	// s[j] = exp(s[j]-mn), l = l*f + Σ_j s[j], m = mn.
@@ -59,6 +60,10 @@ type kernels struct {
 	cvtF16  func(dst []float32, src []uint16)
 	// sum returns Σ p[i]; it exists to measure read bandwidth.
 	sum func(p []float32) float32
+	// sumSq returns Σ p[i]².
+	sumSq func(p []float32) float32
+	// scaleMul sets o[i] = x[i] * s * w[i] for i < len(o).
+	scaleMul func(o, x, w []float32, s float32)
 }
 
 var genericKernels = &kernels{
@@ -67,7 +72,7 @@ var genericKernels = &kernels{
 	gemvBF16:     gemvBF16Go,
 	gemvF16:      gemvF16Go,
 	gemm6x16:     gemm6x16Go,
-	pack16:       pack16Go,
+	packT:        packTGo,
 	accum:        accumGo,
 	accumBF16:    accumBF16Go,
 	dots3F32:     dots3F32Go,
@@ -84,6 +89,8 @@ var genericKernels = &kernels{
 	cvtBF16:      cvtBF16Go,
 	cvtF16:       cvtF16Go,
 	sum:          sumGo,
+	sumSq:        sumSqGo,
+	scaleMul:     scaleMulGo,
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {
@@ -246,7 +253,7 @@ func cvtBF16RowsGo(dst []float32, src []uint16, sstride, rows, n int) {
 	}
 }
 
-func flashScoresGo(s, k []float32, kstride, nk int, qt []float32, hd int) {
+func flashScoresGo(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32) {
 	for j := range nk {
 		row := s[j*flashLanes : (j+1)*flashLanes]
 		clear(row)
@@ -254,6 +261,9 @@ func flashScoresGo(s, k []float32, kstride, nk int, qt []float32, hd int) {
 			for i, q := range qt[d*flashLanes : (d+1)*flashLanes] {
 				row[i] += kv * q
 			}
+		}
+		for i := range row {
+			row[i] *= scale
 		}
 	}
 }
@@ -307,10 +317,32 @@ func gemm6x16Go(out []float32, ostride int, x []float32, xstride int, wp []float
 	}
 }
 
-func pack16Go(dst, src []float32, sstride, k int) {
-	for j := range 16 {
+func packTGo(dst []float32, dstride int, src []float32, sstride, rows, k int) {
+	for j := range rows {
 		for c, v := range src[j*sstride : j*sstride+k] {
-			dst[c*16+j] = v
+			dst[c*dstride+j] = v
 		}
+	}
+}
+
+func sumSqGo(p []float32) float32 {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(p); i += 4 {
+		s0 += p[i] * p[i]
+		s1 += p[i+1] * p[i+1]
+		s2 += p[i+2] * p[i+2]
+		s3 += p[i+3] * p[i+3]
+	}
+	for ; i < len(p); i++ {
+		s0 += p[i] * p[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func scaleMulGo(o, x, w []float32, s float32) {
+	x, w = x[:len(o)], w[:len(o)]
+	for i := range o {
+		o[i] = x[i] * s * w[i]
 	}
 }

@@ -21,7 +21,7 @@ var avx2Kernels = &kernels{
 	gemvBF16:     gemvBF16Asm,
 	gemvF16:      gemvF16Asm,
 	gemm6x16:     gemm6x16Asm,
-	pack16:       pack16Asm,
+	packT:        packTAsm,
 	accum:        accumAsm,
 	accumBF16:    accumBF16Asm,
 	dots3F32:     dots3F32Asm,
@@ -38,6 +38,8 @@ var avx2Kernels = &kernels{
 	cvtBF16:      cvtBF16Asm,
 	cvtF16:       cvtF16Asm,
 	sum:          sumAsm,
+	sumSq:        sumSqAsm,
+	scaleMul:     scaleMulAsm,
 }
 
 //go:noescape
@@ -71,10 +73,16 @@ func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float3
 func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
 
 //go:noescape
-func pack16AVX2(dst *float32, src *float32, sstride int, k8 int)
+func packTAVX2(dst *float32, dstride int, src *float32, sstride int, k8 int, groups int)
 
 //go:noescape
-func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int)
+func sumSqF32AVX2(p *float32, n8 int) float32
+
+//go:noescape
+func scaleMulAVX2(o, x, w *float32, s float32, n8 int)
+
+//go:noescape
+func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int, scale float32)
 
 //go:noescape
 func flashSoftmaxAVX2(s *float32, nk int, m, l, f *float32)
@@ -352,7 +360,7 @@ func cvtBF16RowsAsm(dst []float32, src []uint16, sstride, rows, n int) {
 	cvtBF16RowsAVX2(&dst[0], &src[0], sstride, rows, n)
 }
 
-func flashScoresAsm(s, k []float32, kstride, nk int, qt []float32, hd int) {
+func flashScoresAsm(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32) {
 	if nk <= 0 {
 		return
 	}
@@ -365,7 +373,7 @@ func flashScoresAsm(s, k []float32, kstride, nk int, qt []float32, hd int) {
 	if (nk-1)*kstride+hd > len(k) {
 		panic("cpu: flash scores keys out of range")
 	}
-	flashScoresAVX2(&s[0], &k[0], kstride, nk, &qt[0], hd)
+	flashScoresAVX2(&s[0], &k[0], kstride, nk, &qt[0], hd, scale)
 }
 
 func flashSoftmaxAsm(s []float32, nk int, m, l, f []float32) {
@@ -418,19 +426,42 @@ func gemm6x16Asm(out []float32, ostride int, x []float32, xstride int, wp []floa
 	gemm6x16AVX2(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
 }
 
-func pack16Asm(dst, src []float32, sstride, k int) {
-	if k <= 0 {
+func packTAsm(dst []float32, dstride int, src []float32, sstride, rows, k int) {
+	if rows <= 0 || k <= 0 {
 		return
 	}
-	_ = dst[16*k-1]
-	_ = src[15*sstride+k-1]
-	k8 := k &^ 7
-	if k8 > 0 {
-		pack16AVX2(&dst[0], &src[0], sstride, k8)
+	_ = dst[(k-1)*dstride+rows-1]
+	_ = src[(rows-1)*sstride+k-1]
+	r8, k8 := rows&^7, k&^7
+	if r8 > 0 && k8 > 0 {
+		packTAVX2(&dst[0], dstride, &src[0], sstride, k8, r8/8)
 	}
-	for c := k8; c < k; c++ {
-		for j := range 16 {
-			dst[c*16+j] = src[j*sstride+c]
+	for c := range k {
+		j0 := r8
+		if c >= k8 {
+			j0 = 0
+		}
+		for j := j0; j < rows; j++ {
+			dst[c*dstride+j] = src[j*sstride+c]
 		}
 	}
+}
+
+func sumSqAsm(p []float32) float32 {
+	n8 := len(p) &^ 7
+	var s float32
+	if n8 > 0 {
+		s = sumSqF32AVX2(&p[0], n8)
+	}
+	return s + sumSqGo(p[n8:])
+}
+
+func scaleMulAsm(o, x, w []float32, s float32) {
+	n := len(o)
+	x, w = x[:n], w[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		scaleMulAVX2(&o[0], &x[0], &w[0], s, n8)
+	}
+	scaleMulGo(o[n8:], x[n8:], w[n8:], s)
 }

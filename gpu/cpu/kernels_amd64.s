@@ -1237,10 +1237,11 @@ loop:
 // softmax runs down columns with whole vectors and the value sums broadcast
 // six lanes' probabilities at a time.
 
-// func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int)
-// s[j*24+i] = Σ_{d<hd} k[j*kstride+d] * qt[d*24+i] for j < nk, i < 24: four
-// keys against the 24 lanes per step (12 accumulators), then single keys.
-TEXT ·flashScoresAVX2(SB), NOSPLIT, $0-48
+// func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int, scale float32)
+// s[j*24+i] = scale * Σ_{d<hd} k[j*kstride+d] * qt[d*24+i] for j < nk,
+// i < 24: four keys against the 24 lanes per step (12 accumulators), then
+// single keys.
+TEXT ·flashScoresAVX2(SB), NOSPLIT, $0-52
 	MOVQ s+0(FP), DI
 	MOVQ k+8(FP), SI
 	MOVQ kstride+16(FP), R8
@@ -1291,6 +1292,19 @@ qd:
 	ADDQ $4, R11
 	DECQ R12
 	JNZ qd
+	VBROADCASTSS scale+48(FP), Y12
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
+	VMULPS Y12, Y3, Y3
+	VMULPS Y12, Y4, Y4
+	VMULPS Y12, Y5, Y5
+	VMULPS Y12, Y6, Y6
+	VMULPS Y12, Y7, Y7
+	VMULPS Y12, Y8, Y8
+	VMULPS Y12, Y9, Y9
+	VMULPS Y12, Y10, Y10
+	VMULPS Y12, Y11, Y11
 	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -1325,6 +1339,10 @@ sd:
 	ADDQ $4, R11
 	DECQ R12
 	JNZ sd
+	VBROADCASTSS scale+48(FP), Y12
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
 	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -1636,23 +1654,27 @@ stored:
 	VZEROUPPER
 	RET
 
-// func pack16AVX2(dst *float32, src *float32, sstride int, k8 int)
-// dst[c*16+j] = src[j*sstride+c] for j < 16, c < k8 (a positive multiple of 8):
-// sixteen rows transposed into one k-major strip, an 8x8 block at a time.
-TEXT ·pack16AVX2(SB), NOSPLIT, $0-32
-	MOVQ sstride+16(FP), R9
+// func packTAVX2(dst *float32, dstride int, src *float32, sstride int, k8 int, groups int)
+// dst[c*dstride+j] = src[j*sstride+c] for j < 8*groups, c < k8 (k8 a
+// positive multiple of 8, groups > 0): rows transposed into columns, an
+// 8x8 block at a time.
+TEXT ·packTAVX2(SB), NOSPLIT, $0-48
+	MOVQ dstride+8(FP), R13
+	SHLQ $2, R13
+	LEAQ (R13)(R13*2), BX
+	MOVQ sstride+24(FP), R9
 	SHLQ $2, R9
-	MOVQ $2, R12
-	MOVQ src+8(FP), R8
+	MOVQ groups+40(FP), R12
+	MOVQ src+16(FP), R8
 	MOVQ dst+0(FP), DI
-half:
+group:
 	LEAQ (R8)(R9*2), R10
 	ADDQ R9, R10
 	LEAQ (R10)(R9*2), R11
 	ADDQ R9, R11
 	MOVQ DI, DX
 	MOVQ R8, SI
-	MOVQ k8+24(FP), CX
+	MOVQ k8+32(FP), CX
 block:
 	VMOVUPS (SI), Y0
 	VMOVUPS (SI)(R9*1), Y1
@@ -1686,23 +1708,91 @@ block:
 	VPERM2F128 $0x31, Y5, Y1, Y13
 	VPERM2F128 $0x31, Y6, Y2, Y14
 	VPERM2F128 $0x31, Y7, Y3, Y15
-	VMOVUPS Y8, 0(DX)
-	VMOVUPS Y9, 64(DX)
-	VMOVUPS Y10, 128(DX)
-	VMOVUPS Y11, 192(DX)
-	VMOVUPS Y12, 256(DX)
-	VMOVUPS Y13, 320(DX)
-	VMOVUPS Y14, 384(DX)
-	VMOVUPS Y15, 448(DX)
+	LEAQ (DX)(R13*4), AX
+	VMOVUPS Y8, (DX)
+	VMOVUPS Y9, (DX)(R13*1)
+	VMOVUPS Y10, (DX)(R13*2)
+	VMOVUPS Y11, (DX)(BX*1)
+	VMOVUPS Y12, (AX)
+	VMOVUPS Y13, (AX)(R13*1)
+	VMOVUPS Y14, (AX)(R13*2)
+	VMOVUPS Y15, (AX)(BX*1)
+	LEAQ (AX)(R13*4), DX
 	ADDQ $32, SI
 	ADDQ $32, R10
 	ADDQ $32, R11
-	ADDQ $512, DX
 	SUBQ $8, CX
 	JNZ block
 	LEAQ (R8)(R9*8), R8
 	ADDQ $32, DI
 	DECQ R12
-	JNZ half
+	JNZ group
+	VZEROUPPER
+	RET
+
+// func sumSqF32AVX2(p *float32, n8 int) float32
+// Σ p[i]² for i < n8 (a multiple of 8): four accumulators over 32
+// elements a step, then eight at a time.
+TEXT ·sumSqF32AVX2(SB), NOSPLIT, $0-20
+	MOVQ p+0(FP), SI
+	MOVQ n8+8(FP), CX
+	SHLQ $2, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+sq32:
+	LEAQ 128(AX), BX
+	CMPQ BX, CX
+	JGT sq8
+	VMOVUPS (SI)(AX*1), Y4
+	VFMADD231PS Y4, Y4, Y0
+	VMOVUPS 32(SI)(AX*1), Y5
+	VFMADD231PS Y5, Y5, Y1
+	VMOVUPS 64(SI)(AX*1), Y6
+	VFMADD231PS Y6, Y6, Y2
+	VMOVUPS 96(SI)(AX*1), Y7
+	VFMADD231PS Y7, Y7, Y3
+	MOVQ BX, AX
+	JMP sq32
+sq8:
+	CMPQ AX, CX
+	JGE sqdone
+	VMOVUPS (SI)(AX*1), Y4
+	VFMADD231PS Y4, Y4, Y0
+	ADDQ $32, AX
+	JMP sq8
+sqdone:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func scaleMulAVX2(o, x, w *float32, s float32, n8 int)
+// o[i] = x[i] * s * w[i] for i < n8 (a multiple of 8).
+TEXT ·scaleMulAVX2(SB), NOSPLIT, $0-40
+	MOVQ o+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	VBROADCASTSS s+24(FP), Y3
+	MOVQ n8+32(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+sm:
+	CMPQ AX, CX
+	JGE smdone
+	VMULPS (SI)(AX*1), Y3, Y0
+	VMULPS (DX)(AX*1), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP sm
+smdone:
 	VZEROUPPER
 	RET

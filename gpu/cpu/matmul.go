@@ -123,7 +123,7 @@ func (d *Device) packPanel(wp, rows []float32, w mat, j0, cnt, k, kc int) {
 		}
 		for kb := 0; kb < k; kb += kc {
 			kcb := min(kc, k-kb)
-			d.k.pack16(wp[kb*r16+s*16*kcb:], src[kb:], k, kcb)
+			d.k.packT(wp[kb*r16+s*16*kcb:], 16, src[kb:], k, 16, kcb)
 		}
 	}
 }
