@@ -326,6 +326,20 @@ func TestKernelsAgree(t *testing.T) {
 		if e := relErr(got, want); e > tol {
 			t.Errorf("siluMul n=%d: error %.3g", n, e)
 		}
+		fast.add(got, x, u)
+		genericKernels.add(want, x, u)
+		if e := relErr(got, want); e > tol {
+			t.Errorf("add n=%d: error %.3g", n, e)
+		}
+		c, sn, hg, hw := randF32(rng, n), randF32(rng, n), randF32(rng, n), make([]float32, n)
+		copy(hw, hg)
+		copy(got, x)
+		copy(want, x)
+		fast.rotate(got, hg, c, sn)
+		genericKernels.rotate(want, hw, c, sn)
+		if e := relErr(append(got, hg...), append(want, hw...)); e > tol {
+			t.Errorf("rotate n=%d: error %.3g", n, e)
+		}
 		if g, w := fast.sumSq(x), genericKernels.sumSq(x); math.Abs(float64(g-w)) > tol*float64(w) {
 			t.Errorf("sumSq n=%d: got %v, want %v", n, g, w)
 		}

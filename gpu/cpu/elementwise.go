@@ -13,11 +13,7 @@ const elemGrain = 16 << 10
 
 // Add implements gpu.Ops.
 func (d *Device) Add(out, a, c gpu.Buffer, n int) error {
-	return d.binary("add", [3]string{"out", "a", "b"}, out, a, c, n, elemGrain, func(o, x, y []float32) {
-		for i := range o {
-			o[i] = x[i] + y[i]
-		}
-	})
+	return d.binary("add", [3]string{"out", "a", "b"}, out, a, c, n, elemGrain, d.k.add)
 }
 
 // SiLUMul implements gpu.Ops.
@@ -206,12 +202,7 @@ func (d *Device) RoPE(x, pos, invFreq gpu.Buffer, n, heads, headDim int) error {
 			rot.store(cos, sin)
 			for h := range heads {
 				row := xv[t*width+h*headDim : t*width+(h+1)*headDim]
-				lo, hi := row[:half], row[half:]
-				for i := range half {
-					a, b := lo[i], hi[i]
-					lo[i] = a*cos[i] - b*sin[i]
-					hi[i] = b*cos[i] + a*sin[i]
-				}
+				d.k.rotate(row[:half], row[half:], cos, sin)
 			}
 		}
 	})

@@ -60,6 +60,11 @@ type kernels struct {
 	cvtF16  func(dst []float32, src []uint16)
 	// sum returns Σ p[i]; it exists to measure read bandwidth.
 	sum func(p []float32) float32
+	// add sets o[i] = x[i] + y[i] for i < len(o).
+	add func(o, x, y []float32)
+	// rotate turns each pair (lo[i], hi[i]) by the angle whose cosine
+	// and sine are cos[i] and sin[i], for i < len(lo): RoPE's rotation.
+	rotate func(lo, hi, cos, sin []float32)
 	// sumSq returns Σ p[i]².
 	sumSq func(p []float32) float32
 	// scaleMul sets o[i] = x[i] * s * w[i] for i < len(o).
@@ -89,6 +94,8 @@ var genericKernels = &kernels{
 	cvtBF16:      cvtBF16Go,
 	cvtF16:       cvtF16Go,
 	sum:          sumGo,
+	add:          addGo,
+	rotate:       rotateGo,
 	sumSq:        sumSqGo,
 	scaleMul:     scaleMulGo,
 }
@@ -344,5 +351,21 @@ func scaleMulGo(o, x, w []float32, s float32) {
 	x, w = x[:len(o)], w[:len(o)]
 	for i := range o {
 		o[i] = x[i] * s * w[i]
+	}
+}
+
+func addGo(o, x, y []float32) {
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		o[i] = x[i] + y[i]
+	}
+}
+
+func rotateGo(lo, hi, cos, sin []float32) {
+	hi, cos, sin = hi[:len(lo)], cos[:len(lo)], sin[:len(lo)]
+	for i := range lo {
+		a, b := lo[i], hi[i]
+		lo[i] = a*cos[i] - b*sin[i]
+		hi[i] = b*cos[i] + a*sin[i]
 	}
 }

@@ -38,6 +38,8 @@ var avx2Kernels = &kernels{
 	cvtBF16:      cvtBF16Asm,
 	cvtF16:       cvtF16Asm,
 	sum:          sumAsm,
+	add:          addAsm,
+	rotate:       rotateAsm,
 	sumSq:        sumSqAsm,
 	scaleMul:     scaleMulAsm,
 }
@@ -80,6 +82,12 @@ func sumSqF32AVX2(p *float32, n8 int) float32
 
 //go:noescape
 func scaleMulAVX2(o, x, w *float32, s float32, n8 int)
+
+//go:noescape
+func addF32AVX2(o, x, y *float32, n8 int)
+
+//go:noescape
+func rotateAVX2(lo, hi, cos, sin *float32, n8 int)
 
 //go:noescape
 func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int, scale float32)
@@ -433,17 +441,16 @@ func packTAsm(dst []float32, dstride int, src []float32, sstride, rows, k int) {
 	_ = dst[(k-1)*dstride+rows-1]
 	_ = src[(rows-1)*sstride+k-1]
 	r8, k8 := rows&^7, k&^7
-	if r8 > 0 && k8 > 0 {
-		packTAVX2(&dst[0], dstride, &src[0], sstride, k8, r8/8)
+	if r8 == 0 || k8 == 0 {
+		packTGo(dst, dstride, src, sstride, rows, k)
+		return
 	}
-	for c := range k {
-		j0 := r8
-		if c >= k8 {
-			j0 = 0
-		}
-		for j := j0; j < rows; j++ {
-			dst[c*dstride+j] = src[j*sstride+c]
-		}
+	packTAVX2(&dst[0], dstride, &src[0], sstride, k8, r8/8)
+	if r8 < rows {
+		packTGo(dst[r8:], dstride, src[r8*sstride:], sstride, rows-r8, k)
+	}
+	if k8 < k {
+		packTGo(dst[k8*dstride:], dstride, src[k8:], sstride, r8, k-k8)
 	}
 }
 
@@ -464,4 +471,24 @@ func scaleMulAsm(o, x, w []float32, s float32) {
 		scaleMulAVX2(&o[0], &x[0], &w[0], s, n8)
 	}
 	scaleMulGo(o[n8:], x[n8:], w[n8:], s)
+}
+
+func addAsm(o, x, y []float32) {
+	n := len(o)
+	x, y = x[:n], y[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		addF32AVX2(&o[0], &x[0], &y[0], n8)
+	}
+	addGo(o[n8:], x[n8:], y[n8:])
+}
+
+func rotateAsm(lo, hi, cos, sin []float32) {
+	n := len(lo)
+	hi, cos, sin = hi[:n], cos[:n], sin[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		rotateAVX2(&lo[0], &hi[0], &cos[0], &sin[0], n8)
+	}
+	rotateGo(lo[n8:], hi[n8:], cos[n8:], sin[n8:])
 }

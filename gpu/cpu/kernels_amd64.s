@@ -1796,3 +1796,54 @@ sm:
 smdone:
 	VZEROUPPER
 	RET
+
+// func addF32AVX2(o, x, y *float32, n8 int)
+// o[i] = x[i] + y[i] for i < n8 (a multiple of 8).
+TEXT ·addF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ o+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DX
+	MOVQ n8+24(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+add:
+	CMPQ AX, CX
+	JGE adddone
+	VMOVUPS (SI)(AX*1), Y0
+	VADDPS (DX)(AX*1), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP add
+adddone:
+	VZEROUPPER
+	RET
+
+// func rotateAVX2(lo, hi, cos, sin *float32, n8 int)
+// (lo[i], hi[i]) = (lo[i]*cos[i] - hi[i]*sin[i], hi[i]*cos[i] + lo[i]*sin[i])
+// for i < n8 (a multiple of 8).
+TEXT ·rotateAVX2(SB), NOSPLIT, $0-40
+	MOVQ lo+0(FP), DI
+	MOVQ hi+8(FP), SI
+	MOVQ cos+16(FP), DX
+	MOVQ sin+24(FP), R8
+	MOVQ n8+32(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+rot:
+	CMPQ AX, CX
+	JGE rotdone
+	VMOVUPS (DI)(AX*1), Y0
+	VMOVUPS (SI)(AX*1), Y1
+	VMOVUPS (DX)(AX*1), Y2
+	VMOVUPS (R8)(AX*1), Y3
+	VMULPS Y2, Y0, Y4
+	VFNMADD231PS Y3, Y1, Y4
+	VMULPS Y2, Y1, Y5
+	VFMADD231PS Y3, Y0, Y5
+	VMOVUPS Y4, (DI)(AX*1)
+	VMOVUPS Y5, (SI)(AX*1)
+	ADDQ $32, AX
+	JMP rot
+rotdone:
+	VZEROUPPER
+	RET
