@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/host"
@@ -38,10 +39,14 @@ type scratch struct {
 	_     [16]byte // keep threads' headers on separate cache lines
 }
 
-// get returns n elements of the workspace; their contents are undefined.
+// get returns n elements of the workspace, starting on a 64-byte boundary
+// (a cache line, so that the kernels' vector loads split no lines); their
+// contents are undefined.
 func (s *scratch) get(n int) []float32 {
 	if len(s.buf) < n {
-		s.buf = make([]float32, n+n/4)
+		buf := make([]float32, n+n/4+16)
+		off := int(-uintptr(unsafe.Pointer(&buf[0])) % 64 / 4)
+		s.buf = buf[off : off+n+n/4]
 	}
 	return s.buf[:n]
 }
