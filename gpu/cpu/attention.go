@@ -169,7 +169,7 @@ func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, 
 			if lanes := (t1 - t0) * group; lanes >= flashMinLanes {
 				kwide, vwide := d.spanRows(int(d.tileSpan[i]), kh, hd)
 				for l0 := 0; l0 < lanes; l0 += flashLanes {
-					d.attendFlash(o[t0*qw:], qv[t0*qw:], kc, vc, kwide, vwide, table, pos[t0:t1], kh, group, l0, min(l0+flashLanes, lanes), kw, a, fs)
+					d.attendFlash(o[t0*qw:], qv[t0*qw:], kc, vc, kwide, vwide, table, pos[t0:t1], kh, group, l0, min(l0+flashLanes, lanes), kw, a, &fs)
 				}
 				continue
 			}

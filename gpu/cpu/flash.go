@@ -53,14 +53,14 @@ func flashScratchLen(hd int) int {
 
 // newFlashScratch carves a flashScratch for hd out of buf, which holds
 // flashScratchLen(hd) floats.
-func newFlashScratch(buf []float32, hd int) *flashScratch {
+func newFlashScratch(buf []float32, hd int) flashScratch {
 	hp := (hd + flashDims - 1) / flashDims * flashDims
 	take := func(n int) []float32 {
 		s := buf[:n:n]
 		buf = buf[n:]
 		return s
 	}
-	return &flashScratch{
+	return flashScratch{
 		qt: take(flashLanes * hd),
 		s:  take(flashChunk * flashLanes),
 		o:  take(flashLanes * hp),
