@@ -122,6 +122,7 @@ func TestAttentionBlocked(t *testing.T) {
 		{32, 1, 16, 4, []attnSeq{{0, 3}, {20, 2}}, false},
 		{5, 1, 24, 16, []attnSeq{{0, 17}, {64, 9}}, true},
 		{2, 2, 8, 32, []attnSeq{{0, 131}}, true},
+		{3, 3, 64, 12, []attnSeq{{0, 70}, {25, 40}}, false},
 	}
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, c := range cases {
