@@ -12,11 +12,12 @@ import (
 const attnGrain = 16 << 10
 
 // Attention implements gpu.Ops: paged, grouped-query attention with an
-// online softmax over runs of adjacent cache blocks. With three or more
-// tokens and an F32 or BF16 cache, consecutive tokens of one sequence go
-// through the cache together in tiles (attendTile) and work is split over
-// (head, tile) pairs; otherwise (decode, F16 caches) each (token, head)
-// pair makes its own pass (attendOne).
+// online softmax. With three or more tokens, consecutive tokens of one
+// sequence are taken together in tiles and work is split over (KV head,
+// tile) pairs (attendTiles): a tile whose (token, query head) lanes fill at
+// least half a unit goes through the cache in blocks (attendFlash),
+// a smaller one head by head. Fewer tokens (decode) take one pass per
+// (token, head) pair (attendOne).
 func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	const op = "attention"
 	b, err := d.args(op, out, q, kc, vc, a.Pos, a.Seq, a.BlockTable)
@@ -70,7 +71,7 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 		}
 		work += (p + 1) * qw
 	}
-	if a.N >= attnTileMin && kcm.dt == vcm.dt && (kcm.dt == gpu.F32 || kcm.dt == gpu.BF16) {
+	if a.N >= attnTileMin {
 		d.attendTiles(o, qv, kcm, vcm, pos, seq, bt, kw, work, a)
 		return nil
 	}
@@ -121,16 +122,22 @@ type tileScratch struct {
 	sum []float32 // [attnTile] running sums of exponentials
 }
 
-// attendTiles runs attention over tiles of up to attnTile consecutive
-// tokens of one sequence, one (head, tile) pair per unit of work. Units go
-// out head by head, each head's tiles in the order first, last, second,
-// second to last, ..., so that any run of units holds about as much causal
-// work as any other of its length and the threads finish together.
+// attendTiles runs attention over tiles of consecutive tokens of one
+// sequence, one (KV head, tile) pair per unit of work. A tile holds as many
+// tokens as make flashLanes lanes (a lane per token and query head of the
+// KV head's group); one of flashMinLanes lanes or more goes through
+// attendFlash, a smaller one (the end of a sequence, a few decode tokens)
+// head by head through attendTile or attendOne. Units go out KV head by KV
+// head, each head's tiles in the order first, last, second, second to last,
+// ..., so that any run of units holds about as much causal work as any
+// other of its length and the threads finish together.
 func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, kw, work int, a gpu.AttnArgs) {
+	group := a.Heads / a.KVHeads
+	per := max(1, flashLanes/group)
 	tiles := d.tiles[:0]
 	for t := 0; t < a.N; {
 		e := t + 1
-		for e < a.N && e-t < attnTile && seq[e] == seq[t] {
+		for e < a.N && e-t < per && seq[e] == seq[t] {
 			e++
 		}
 		tiles = append(tiles, int32(t))
@@ -138,23 +145,20 @@ func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, 
 	}
 	tiles = append(tiles, int32(a.N))
 	d.tiles = tiles
+	d.widenKV(kc, vc, pos, seq, bt, kw, group, a)
 	nt := len(tiles) - 1
-	units := nt * a.Heads
+	units := nt * a.KVHeads
 	grain := units
 	if work >= attnGrain {
 		grain = 1
 	}
 	hd, qw := a.HeadDim, a.Heads*a.HeadDim
 	d.pool.For(units, grain, func(tid, lo, hi int) {
-		run := max(a.BlockSize, attnRun)
-		s := d.scratch[tid].get(attnTile*(run+2*hd+2) + 2*run*hd)
-		sc := tileScratch{s: s[:attnTile*run]}
-		s = s[attnTile*run:]
-		sc.kf, sc.vf, s = s[:run*hd], s[run*hd:2*run*hd], s[2*run*hd:]
-		sc.q, sc.acc, s = s[:attnTile*hd], s[attnTile*hd:2*attnTile*hd], s[2*attnTile*hd:]
-		sc.mx, sc.sum = s[:attnTile], s[attnTile:2*attnTile]
+		fl := flashScratchLen(hd)
+		s := d.scratch[tid].get(fl + tileScratchLen(a))
+		fs, ts := newFlashScratch(s[:fl], hd), newTileScratch(s[fl:], a)
 		for u := lo; u < hi; u++ {
-			h, i := u/nt, u%nt
+			kh, i := u/nt, u%nt
 			if i%2 == 0 {
 				i /= 2
 			} else {
@@ -162,17 +166,43 @@ func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, 
 			}
 			t0, t1 := int(tiles[i]), int(tiles[i+1])
 			table := bt[int(seq[t0])*a.MaxBlocks:][:a.MaxBlocks]
-			kh := h / (a.Heads / a.KVHeads)
-			if t1-t0 < attnTileMin {
-				one := attnScratch{scores: sc.s[:run], acc: sc.acc[:hd], q: sc.q[:hd]}
-				for t := t0; t < t1; t++ {
-					d.attendOne(o[t*qw+h*hd:][:hd], qv[t*qw+h*hd:][:hd], kc, vc, table, int(pos[t]), kh, kw, a, one)
+			if lanes := (t1 - t0) * group; lanes >= flashMinLanes {
+				kwide, vwide := d.spanRows(int(d.tileSpan[i]), kh, hd)
+				for l0 := 0; l0 < lanes; l0 += flashLanes {
+					d.attendFlash(o[t0*qw:], qv[t0*qw:], kc, vc, kwide, vwide, table, pos[t0:t1], kh, group, l0, min(l0+flashLanes, lanes), kw, a, &fs)
 				}
 				continue
 			}
-			d.attendTile(o[t0*qw+h*hd:], qv[t0*qw+h*hd:], kc, vc, table, pos[t0:t1], kh, kw, a, sc)
+			for h := kh * group; h < (kh+1)*group; h++ {
+				if t1-t0 >= attnTileMin && kc.dt == vc.dt && (kc.dt == gpu.F32 || kc.dt == gpu.BF16) {
+					d.attendTile(o[t0*qw+h*hd:], qv[t0*qw+h*hd:], kc, vc, table, pos[t0:t1], kh, kw, a, ts)
+					continue
+				}
+				one := attnScratch{scores: ts.s[:len(ts.s)/attnTile], acc: ts.acc[:hd], q: ts.q[:hd], v: ts.kf}
+				for t := t0; t < t1; t++ {
+					d.attendOne(o[t*qw+h*hd:][:hd], qv[t*qw+h*hd:][:hd], kc, vc, table, int(pos[t]), kh, kw, a, one)
+				}
+			}
 		}
 	})
+}
+
+// tileScratchLen is how many floats a tileScratch for a takes.
+func tileScratchLen(a gpu.AttnArgs) int {
+	run := max(a.BlockSize, attnRun)
+	return attnTile*(run+2*a.HeadDim+2) + 2*run*a.HeadDim
+}
+
+// newTileScratch carves a tileScratch for a out of buf, which holds
+// tileScratchLen(a) floats.
+func newTileScratch(s []float32, a gpu.AttnArgs) tileScratch {
+	run, hd := max(a.BlockSize, attnRun), a.HeadDim
+	sc := tileScratch{s: s[:attnTile*run]}
+	s = s[attnTile*run:]
+	sc.kf, sc.vf, s = s[:run*hd], s[run*hd:2*run*hd], s[2*run*hd:]
+	sc.q, sc.acc, s = s[:attnTile*hd], s[attnTile*hd:2*attnTile*hd], s[2*attnTile*hd:]
+	sc.mx, sc.sum = s[:attnTile], s[attnTile:2*attnTile]
+	return sc
 }
 
 // attendTile computes one head of len(pos) tokens of one sequence: o and q

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -125,6 +126,18 @@ func diff(got, want, scale []float32) float64 {
 	return math.Sqrt(num / den)
 }
 
+// TestKernelsComplete checks that every kernel set fills every kernel.
+func TestKernelsComplete(t *testing.T) {
+	for _, k := range lanes() {
+		v := reflect.ValueOf(*k)
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.Func && f.IsNil() {
+				t.Errorf("%s kernels: %s is nil", k.name, v.Type().Field(i).Name)
+			}
+		}
+	}
+}
+
 // TestKernelsAgree checks the assembly kernels against the portable ones
 // over sizes that exercise every remainder path.
 func TestKernelsAgree(t *testing.T) {
@@ -161,16 +174,37 @@ func TestKernelsAgree(t *testing.T) {
 			}
 		}
 	}
-	for _, k8 := range []int{8, 16, 24, 64, 392} {
-		for _, n3 := range []int{1, 2, 5} {
-			xs, ws, os := k8+8*rng.IntN(3), k8+8*rng.IntN(3), 3*n3+rng.IntN(4)
-			x, w := randF32(rng, 3*xs+k8), randF32(rng, (3*n3-1)*ws+k8)
-			got, want, scale := make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3), make([]float32, 3*os+3*n3)
-			fast.gemm4x3(got, os, x, xs, w, ws, k8, n3)
-			genericKernels.gemm4x3(want, os, x, xs, w, ws, k8, n3)
-			genericKernels.gemm4x3(scale, os, absF32(x), xs, absF32(w), ws, k8, n3)
-			if e := diff(got, want, scale); e > tol {
-				t.Errorf("gemm4x3 k=%d n3=%d: error %.3g", k8, n3, e)
+	for _, k := range []int{1, 7, 8, 9, 24, 64, 392} {
+		// Weight rows into a strip of 16 (and 13 or 24 query rows into
+		// columns), then six rows against n16 strips, written and then
+		// added to.
+		for _, rows := range []int{16, 13, 24} {
+			ws, ds := k+rng.IntN(3), rows+rng.IntN(3)
+			w := randF32(rng, (rows-1)*ws+k)
+			got, want := make([]float32, (k-1)*ds+rows), make([]float32, (k-1)*ds+rows)
+			fast.packT(got, ds, w, ws, rows, k)
+			genericKernels.packT(want, ds, w, ws, rows, k)
+			for c := range k {
+				for j := range rows {
+					if got[c*ds+j] != w[j*ws+c] || want[c*ds+j] != w[j*ws+c] {
+						t.Fatalf("packT rows=%d k=%d: element (%d, %d) is %v (portable %v), want %v", rows, k, c, j, got[c*ds+j], want[c*ds+j], w[j*ws+c])
+					}
+				}
+			}
+		}
+		for _, n16 := range []int{1, 2, 5} {
+			xs, os := k+rng.IntN(3), 16*n16+rng.IntN(4)
+			x, wp := randF32(rng, 5*xs+k), randF32(rng, 16*k*n16)
+			for _, add := range []bool{false, true} {
+				got, want, scale := randF32(rng, 5*os+16*n16), make([]float32, 5*os+16*n16), make([]float32, 5*os+16*n16)
+				copy(want, got)
+				scale = absF32(got)
+				fast.gemm6x16(got, os, x, xs, wp, k, n16, add)
+				genericKernels.gemm6x16(want, os, x, xs, wp, k, n16, add)
+				genericKernels.gemm6x16(scale, os, absF32(x), xs, absF32(wp), k, n16, add)
+				if e := diff(got, want, scale); e > tol {
+					t.Errorf("gemm6x16 k=%d n16=%d add=%v: error %.3g", k, n16, add, e)
+				}
 			}
 		}
 	}
@@ -291,6 +325,28 @@ func TestKernelsAgree(t *testing.T) {
 		genericKernels.siluMul(want, x, u)
 		if e := relErr(got, want); e > tol {
 			t.Errorf("siluMul n=%d: error %.3g", n, e)
+		}
+		fast.add(got, x, u)
+		genericKernels.add(want, x, u)
+		if e := relErr(got, want); e > tol {
+			t.Errorf("add n=%d: error %.3g", n, e)
+		}
+		c, sn, hg, hw := randF32(rng, n), randF32(rng, n), randF32(rng, n), make([]float32, n)
+		copy(hw, hg)
+		copy(got, x)
+		copy(want, x)
+		fast.rotate(got, hg, c, sn)
+		genericKernels.rotate(want, hw, c, sn)
+		if e := relErr(append(got, hg...), append(want, hw...)); e > tol {
+			t.Errorf("rotate n=%d: error %.3g", n, e)
+		}
+		if g, w := fast.sumSq(x), genericKernels.sumSq(x); math.Abs(float64(g-w)) > tol*float64(w) {
+			t.Errorf("sumSq n=%d: got %v, want %v", n, g, w)
+		}
+		fast.scaleMul(got, x, u, 0.3)
+		genericKernels.scaleMul(want, x, u, 0.3)
+		if e := relErr(got, want); e > tol {
+			t.Errorf("scaleMul n=%d: error %.3g", n, e)
 		}
 		v := randF32(rng, n)
 		sum, wantSum := fast.sum(v), genericKernels.sum(v)

@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/host"
@@ -16,8 +17,14 @@ type Device struct {
 	k       *kernels
 	pool    *pool
 	scratch []scratch // per thread, indexed by tid
-	tiles   []int32   // Attention's tile starts, reused between calls
-	closed  bool
+	// Attention's workspace, reused between calls: tile starts, the
+	// sequences' widened keys and values, and each tile's span.
+	tiles    []int32
+	spans    []kvSpan
+	wide     []float32
+	tileSpan []int32
+	wideMax  int // the most floats widened ahead (flashWideMax)
+	closed   bool
 }
 
 var (
@@ -25,18 +32,32 @@ var (
 	_ gpu.Argmaxer = (*Device)(nil)
 )
 
-// scratch is one thread's reusable float32 workspace.
+// scratch is one thread's reusable workspace.
 type scratch struct {
-	buf []float32
-	_   [40]byte // keep threads' headers on separate cache lines
+	buf   []float32
+	buf64 []float64
+	_     [16]byte // keep threads' headers on separate cache lines
 }
 
-// get returns n elements of the workspace; their contents are undefined.
+// get returns n elements of the workspace, starting on a 64-byte boundary
+// (a cache line, so that the kernels' vector loads split no lines); their
+// contents are undefined.
 func (s *scratch) get(n int) []float32 {
 	if len(s.buf) < n {
-		s.buf = make([]float32, n+n/4)
+		buf := make([]float32, n+n/4+16)
+		off := int(-uintptr(unsafe.Pointer(&buf[0])) % 64 / 4)
+		s.buf = buf[off : off+n+n/4]
 	}
 	return s.buf[:n]
+}
+
+// get64 returns n elements of the float64 workspace; their contents are
+// undefined.
+func (s *scratch) get64(n int) []float64 {
+	if len(s.buf64) < n {
+		s.buf64 = make([]float64, n)
+	}
+	return s.buf64[:n]
 }
 
 // New starts a Device with cfg's threads, using the assembly kernels when
@@ -55,6 +76,7 @@ func newDevice(cfg Config, k *kernels) (*Device, error) {
 		k:       k,
 		pool:    newPool(n, cfg.Spin),
 		scratch: make([]scratch, n),
+		wideMax: flashWideMax,
 	}, nil
 }
 

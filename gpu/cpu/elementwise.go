@@ -13,11 +13,7 @@ const elemGrain = 16 << 10
 
 // Add implements gpu.Ops.
 func (d *Device) Add(out, a, c gpu.Buffer, n int) error {
-	return d.binary("add", [3]string{"out", "a", "b"}, out, a, c, n, elemGrain, func(o, x, y []float32) {
-		for i := range o {
-			o[i] = x[i] + y[i]
-		}
-	})
+	return d.binary("add", [3]string{"out", "a", "b"}, out, a, c, n, elemGrain, d.k.add)
 }
 
 // SiLUMul implements gpu.Ops.
@@ -73,20 +69,9 @@ func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
 	wf := wm.floats(d.k, dim)
 	d.pool.For(n, max(1, elemGrain/dim), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
-			xr, or := xv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
-			var s0, s1 float32
-			j := 0
-			for ; j+2 <= dim; j += 2 {
-				s0 += xr[j] * xr[j]
-				s1 += xr[j+1] * xr[j+1]
-			}
-			if j < dim {
-				s0 += xr[j] * xr[j]
-			}
-			inv := float32(1 / math.Sqrt(float64(s0+s1)/float64(dim)+float64(eps)))
-			for j, v := range xr {
-				or[j] = v * inv * wf[j]
-			}
+			xr := xv[r*dim : (r+1)*dim]
+			inv := float32(1 / math.Sqrt(float64(d.k.sumSq(xr))/float64(dim)+float64(eps)))
+			d.k.scaleMul(o[r*dim:(r+1)*dim], xr, wf, inv)
 		}
 	})
 	return nil
@@ -129,6 +114,53 @@ func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
 	return nil
 }
 
+// ropeRestart is how many consecutive positions RoPE steps its angles
+// through before it computes them afresh, bounding the rounding that the
+// steps accumulate (about 1e-16 each, in float64).
+const ropeRestart = 64
+
+// rotor holds the cosines and sines of pos·invFreq[i] in float64 and steps
+// them to the next position by an angle addition, which costs a few
+// multiplications where math.Sincos costs tens of nanoseconds.
+type rotor struct {
+	f            []float32
+	cos, sin     []float64 // of the current position's angles
+	cstep, sstep []float64 // of invFreq: one position's rotation
+}
+
+// newRotor returns a rotor for invFreq f using buf (4*len(f) floats).
+func newRotor(buf []float64, f []float32) rotor {
+	h := len(f)
+	r := rotor{f: f, cos: buf[:h], sin: buf[h : 2*h], cstep: buf[2*h : 3*h], sstep: buf[3*h : 4*h]}
+	for i, v := range f {
+		r.sstep[i], r.cstep[i] = math.Sincos(float64(v))
+	}
+	return r
+}
+
+// set computes the angles of position p afresh.
+func (r rotor) set(p int32) {
+	for i, v := range r.f {
+		r.sin[i], r.cos[i] = math.Sincos(float64(p) * float64(v))
+	}
+}
+
+// step moves the angles on by one position.
+func (r rotor) step() {
+	for i := range r.cos {
+		c, s := r.cos[i], r.sin[i]
+		r.cos[i] = c*r.cstep[i] - s*r.sstep[i]
+		r.sin[i] = s*r.cstep[i] + c*r.sstep[i]
+	}
+}
+
+// store rounds the cosines and sines into cos and sin.
+func (r rotor) store(cos, sin []float32) {
+	for i := range r.cos {
+		cos[i], sin[i] = float32(r.cos[i]), float32(r.sin[i])
+	}
+}
+
 // RoPE implements gpu.Ops. Angles are formed in float64 (positions reach
 // the thousands), once per token and frequency, and shared by the heads.
 func (d *Device) RoPE(x, pos, invFreq gpu.Buffer, n, heads, headDim int) error {
@@ -160,20 +192,17 @@ func (d *Device) RoPE(x, pos, invFreq gpu.Buffer, n, heads, headDim int) error {
 	d.pool.For(n, max(1, elemGrain/max(1, 4*width)), func(tid, lo, hi int) {
 		cs := d.scratch[tid].get(2 * half)
 		cos, sin := cs[:half], cs[half:]
+		rot := newRotor(d.scratch[tid].get64(4*half), f)
 		for t := lo; t < hi; t++ {
-			pt := float64(p[t])
-			for i := range half {
-				s, c := math.Sincos(pt * float64(f[i]))
-				cos[i], sin[i] = float32(c), float32(s)
+			if t > lo && p[t] == p[t-1]+1 && (t-lo)%ropeRestart != 0 {
+				rot.step()
+			} else {
+				rot.set(p[t])
 			}
+			rot.store(cos, sin)
 			for h := range heads {
 				row := xv[t*width+h*headDim : t*width+(h+1)*headDim]
-				lo, hi := row[:half], row[half:]
-				for i := range half {
-					a, b := lo[i], hi[i]
-					lo[i] = a*cos[i] - b*sin[i]
-					hi[i] = b*cos[i] + a*sin[i]
-				}
+				d.k.rotate(row[:half], row[half:], cos, sin)
 			}
 		}
 	})

@@ -11,10 +11,15 @@ type kernels struct {
 	gemvF32  func(out, x, w []float32, stride, rows, k int)
 	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
-	// gemm4x3 sets out[i*ostride+j] = x[i*xstride:][:k8] · w[j*wstride:][:k8]
-	// for i < 4, j < 3*n3: a 4x3 tile repeated over n3 triples of rows of
-	// w. k8 is a positive multiple of 8.
-	gemm4x3 func(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int)
+	// gemm6x16 sets out[i*ostride+16*s+j] to x[i*xstride:][:k] · column j
+	// of strip s of wp, or adds that to it if add, for i < 6, j < 16,
+	// s < n16; a strip is 16 weight rows packed k-major (packT),
+	// wp[(s*k+c)*16+j] = w[16*s+j][c].
+	gemm6x16 func(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool)
+	// packT sets dst[c*dstride+j] = src[j*sstride+c] for j < rows, c < k:
+	// rows transposed into columns (a strip for gemm6x16, queries for
+	// flashScores).
+	packT func(dst []float32, dstride int, src []float32, sstride, rows, k int)
 	// accum adds Σ_r p[r]*v[r*vstride : r*vstride+len(acc)] to acc for
 	// r < len(p).
 	accum     func(acc, v []float32, vstride int, p []float32)
@@ -29,6 +34,18 @@ type kernels struct {
 	// queries, each value row read once.
 	accum2F32  func(acc []float32, astride int, v []float32, vstride int, p []float32, pstride, rows, hd int)
 	accum2BF16 func(acc []float32, astride int, v []uint16, vstride int, p []float32, pstride, rows, hd int)
+	// flash* are the blocked attention kernels (flash.go): flashLanes
+	// query lanes against a chunk of keys, scores kept key-major.
+	// flashScores sets s[j*flashLanes+i] = scale * k[j*kstride:][:hd] ·
+	// column i of qt, which is [hd][flashLanes], for j < nk, i < flashLanes.
+	flashScores func(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32)
+	// flashSoftmax takes one step of the online softmax over nk > 0 rows
+	// of s, lane by lane: mn = max(m, max_j s[j]), f = exp(m-mn),
+	// s[j] = exp(s[j]-mn), l = l*f + Σ_j s[j], m = mn.
+	flashSoftmax func(s []float32, nk int, m, l, f []float32)
+	// flashPV scales each lane i of o by f[i] and adds Σ_j p[j*flashLanes+i]
+	// * v[j*vstride:][:hd]; o is laid out as flashAt describes.
+	flashPV func(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int)
 	// max returns the largest element of a non-empty s.
 	max func(s []float32) float32
 	// expShift sets s[i] = exp(s[i]-m) and returns Σ s[i]; m ≥ max(s).
@@ -43,27 +60,44 @@ type kernels struct {
 	cvtF16  func(dst []float32, src []uint16)
 	// sum returns Σ p[i]; it exists to measure read bandwidth.
 	sum func(p []float32) float32
+	// add sets o[i] = x[i] + y[i] for i < len(o).
+	add func(o, x, y []float32)
+	// rotate turns each pair (lo[i], hi[i]) by the angle whose cosine
+	// and sine are cos[i] and sin[i], for i < len(lo): RoPE's rotation.
+	rotate func(lo, hi, cos, sin []float32)
+	// sumSq returns Σ p[i]².
+	sumSq func(p []float32) float32
+	// scaleMul sets o[i] = x[i] * s * w[i] for i < len(o).
+	scaleMul func(o, x, w []float32, s float32)
 }
 
 var genericKernels = &kernels{
-	name:        "generic",
-	gemvF32:     gemvF32Go,
-	gemvBF16:    gemvBF16Go,
-	gemvF16:     gemvF16Go,
-	gemm4x3:     gemm4x3Go,
-	accum:       accumGo,
-	accumBF16:   accumBF16Go,
-	dots3F32:    dots3F32Go,
-	dots3BF16:   dots3BF16Go,
-	accum2F32:   accum2F32Go,
-	accum2BF16:  accum2BF16Go,
-	max:         maxGo,
-	expShift:    expShiftGo,
-	siluMul:     siluMulGo,
-	cvtBF16Rows: cvtBF16RowsGo,
-	cvtBF16:     cvtBF16Go,
-	cvtF16:      cvtF16Go,
-	sum:         sumGo,
+	name:         "generic",
+	gemvF32:      gemvF32Go,
+	gemvBF16:     gemvBF16Go,
+	gemvF16:      gemvF16Go,
+	gemm6x16:     gemm6x16Go,
+	packT:        packTGo,
+	accum:        accumGo,
+	accumBF16:    accumBF16Go,
+	dots3F32:     dots3F32Go,
+	dots3BF16:    dots3BF16Go,
+	accum2F32:    accum2F32Go,
+	accum2BF16:   accum2BF16Go,
+	max:          maxGo,
+	flashScores:  flashScoresGo,
+	flashSoftmax: flashSoftmaxGo,
+	flashPV:      flashPVGo,
+	expShift:     expShiftGo,
+	siluMul:      siluMulGo,
+	cvtBF16Rows:  cvtBF16RowsGo,
+	cvtBF16:      cvtBF16Go,
+	cvtF16:       cvtF16Go,
+	sum:          sumGo,
+	add:          addGo,
+	rotate:       rotateGo,
+	sumSq:        sumSqGo,
+	scaleMul:     scaleMulGo,
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {
@@ -119,15 +153,6 @@ func gemvF16Go(out, x []float32, w []uint16, stride, rows, k int) {
 			s += x[i] * gpu.F16ToF32(h)
 		}
 		out[r] = s
-	}
-}
-
-func gemm4x3Go(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
-	for i := range 4 {
-		xr := x[i*xstride : i*xstride+k8]
-		for j := range 3 * n3 {
-			out[i*ostride+j] = dotGo(xr, w[j*wstride:j*wstride+k8])
-		}
 	}
 }
 
@@ -232,5 +257,115 @@ func maxGo(s []float32) float32 {
 func cvtBF16RowsGo(dst []float32, src []uint16, sstride, rows, n int) {
 	for r := range rows {
 		cvtBF16Go(dst[r*n:(r+1)*n], src[r*sstride:r*sstride+n])
+	}
+}
+
+func flashScoresGo(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32) {
+	for j := range nk {
+		row := s[j*flashLanes : (j+1)*flashLanes]
+		clear(row)
+		for d, kv := range k[j*kstride : j*kstride+hd] {
+			for i, q := range qt[d*flashLanes : (d+1)*flashLanes] {
+				row[i] += kv * q
+			}
+		}
+		for i := range row {
+			row[i] *= scale
+		}
+	}
+}
+
+func flashSoftmaxGo(s []float32, nk int, m, l, f []float32) {
+	for i := range flashLanes {
+		mn := m[i]
+		for j := range nk {
+			mn = max(mn, s[j*flashLanes+i])
+		}
+		f[i] = expf(m[i] - mn)
+		sum := l[i] * f[i]
+		for j := range nk {
+			e := expf(s[j*flashLanes+i] - mn)
+			s[j*flashLanes+i] = e
+			sum += e
+		}
+		l[i], m[i] = sum, mn
+	}
+}
+
+func flashPVGo(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int) {
+	for i := range flashLanes {
+		for d := range hd {
+			at := flashAt(i, d, hd)
+			acc := o[at] * f[i]
+			for j := range nk {
+				acc += p[j*flashLanes+i] * v[j*vstride+d]
+			}
+			o[at] = acc
+		}
+	}
+}
+
+func gemm6x16Go(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	for s := range n16 {
+		strip := wp[s*16*k : (s+1)*16*k]
+		for i := range 6 {
+			var acc [16]float32
+			if add {
+				copy(acc[:], out[i*ostride+16*s:])
+			}
+			for c, xv := range x[i*xstride : i*xstride+k] {
+				w := strip[c*16 : c*16+16]
+				for j := range acc {
+					acc[j] += xv * w[j]
+				}
+			}
+			copy(out[i*ostride+16*s:i*ostride+16*s+16], acc[:])
+		}
+	}
+}
+
+func packTGo(dst []float32, dstride int, src []float32, sstride, rows, k int) {
+	for j := range rows {
+		for c, v := range src[j*sstride : j*sstride+k] {
+			dst[c*dstride+j] = v
+		}
+	}
+}
+
+func sumSqGo(p []float32) float32 {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(p); i += 4 {
+		s0 += p[i] * p[i]
+		s1 += p[i+1] * p[i+1]
+		s2 += p[i+2] * p[i+2]
+		s3 += p[i+3] * p[i+3]
+	}
+	for ; i < len(p); i++ {
+		s0 += p[i] * p[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func scaleMulGo(o, x, w []float32, s float32) {
+	x, w = x[:len(o)], w[:len(o)]
+	for i := range o {
+		o[i] = x[i] * s * w[i]
+	}
+}
+
+func addGo(o, x, y []float32) {
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		o[i] = x[i] + y[i]
+	}
+}
+
+func rotateGo(lo, hi, cos, sin []float32) {
+	hi, cos, sin = hi[:len(lo)], cos[:len(lo)], sin[:len(lo)]
+	for i := range lo {
+		a, b := lo[i], hi[i]
+		lo[i] = a*cos[i] - b*sin[i]
+		hi[i] = b*cos[i] + a*sin[i]
 	}
 }

@@ -16,24 +16,32 @@ func fastKernels() *kernels {
 }
 
 var avx2Kernels = &kernels{
-	name:        "avx2",
-	gemvF32:     gemvF32Asm,
-	gemvBF16:    gemvBF16Asm,
-	gemvF16:     gemvF16Asm,
-	gemm4x3:     gemm4x3Asm,
-	accum:       accumAsm,
-	accumBF16:   accumBF16Asm,
-	dots3F32:    dots3F32Asm,
-	dots3BF16:   dots3BF16Asm,
-	accum2F32:   accum2F32Asm,
-	accum2BF16:  accum2BF16Asm,
-	max:         maxAsm,
-	expShift:    expShiftAsm,
-	siluMul:     siluMulAsm,
-	cvtBF16Rows: cvtBF16RowsAsm,
-	cvtBF16:     cvtBF16Asm,
-	cvtF16:      cvtF16Asm,
-	sum:         sumAsm,
+	name:         "avx2",
+	gemvF32:      gemvF32Asm,
+	gemvBF16:     gemvBF16Asm,
+	gemvF16:      gemvF16Asm,
+	gemm6x16:     gemm6x16Asm,
+	packT:        packTAsm,
+	accum:        accumAsm,
+	accumBF16:    accumBF16Asm,
+	dots3F32:     dots3F32Asm,
+	dots3BF16:    dots3BF16Asm,
+	accum2F32:    accum2F32Asm,
+	accum2BF16:   accum2BF16Asm,
+	max:          maxAsm,
+	flashScores:  flashScoresAsm,
+	flashSoftmax: flashSoftmaxAsm,
+	flashPV:      flashPVAsm,
+	expShift:     expShiftAsm,
+	siluMul:      siluMulAsm,
+	cvtBF16Rows:  cvtBF16RowsAsm,
+	cvtBF16:      cvtBF16Asm,
+	cvtF16:       cvtF16Asm,
+	sum:          sumAsm,
+	add:          addAsm,
+	rotate:       rotateAsm,
+	sumSq:        sumSqAsm,
+	scaleMul:     scaleMulAsm,
 }
 
 //go:noescape
@@ -44,9 +52,6 @@ func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
 
 //go:noescape
 func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
-
-//go:noescape
-func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride, k8, n3 int)
 
 //go:noescape
 func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
@@ -65,6 +70,33 @@ func accum2F32AVX2(acc *float32, astride int, v *float32, vstride int, p *float3
 
 //go:noescape
 func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float32, pstride int, rows int, hd8 int)
+
+//go:noescape
+func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
+
+//go:noescape
+func packTAVX2(dst *float32, dstride int, src *float32, sstride int, k8 int, groups int)
+
+//go:noescape
+func sumSqF32AVX2(p *float32, n8 int) float32
+
+//go:noescape
+func scaleMulAVX2(o, x, w *float32, s float32, n8 int)
+
+//go:noescape
+func addF32AVX2(o, x, y *float32, n8 int)
+
+//go:noescape
+func rotateAVX2(lo, hi, cos, sin *float32, n8 int)
+
+//go:noescape
+func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int, scale float32)
+
+//go:noescape
+func flashSoftmaxAVX2(s *float32, nk int, m, l, f *float32)
+
+//go:noescape
+func flashPVAVX2(o *float32, p *float32, nk int, v *float32, vstride int, f *float32, hd16 int)
 
 //go:noescape
 func maxF32AVX2(s *float32, n8 int) float32
@@ -147,19 +179,6 @@ func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 			out[r] += tail[0]
 		}
 	}
-}
-
-func gemm4x3Asm(out []float32, ostride int, x []float32, xstride int, w []float32, wstride, k8, n3 int) {
-	if k8 <= 0 || k8%8 != 0 {
-		panic("cpu: gemm4x3 depth is not a positive multiple of 8")
-	}
-	if n3 <= 0 {
-		return
-	}
-	_ = out[3*ostride+3*n3-1]
-	_ = x[3*xstride+k8-1]
-	_ = w[(3*n3-1)*wstride+k8-1]
-	gemm4x3AVX2(&out[0], ostride, &x[0], xstride, &w[0], wstride, k8, n3)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {
@@ -347,4 +366,129 @@ func cvtBF16RowsAsm(dst []float32, src []uint16, sstride, rows, n int) {
 	_ = dst[rows*n-1]
 	_ = src[(rows-1)*sstride+n-1]
 	cvtBF16RowsAVX2(&dst[0], &src[0], sstride, rows, n)
+}
+
+func flashScoresAsm(s, k []float32, kstride, nk int, qt []float32, hd int, scale float32) {
+	if nk <= 0 {
+		return
+	}
+	if hd <= 0 {
+		clear(s[:nk*flashLanes])
+		return
+	}
+	_ = s[nk*flashLanes-1]
+	_ = qt[hd*flashLanes-1]
+	if (nk-1)*kstride+hd > len(k) {
+		panic("cpu: flash scores keys out of range")
+	}
+	flashScoresAVX2(&s[0], &k[0], kstride, nk, &qt[0], hd, scale)
+}
+
+func flashSoftmaxAsm(s []float32, nk int, m, l, f []float32) {
+	if nk <= 0 {
+		return
+	}
+	_ = s[nk*flashLanes-1]
+	_, _, _ = m[flashLanes-1], l[flashLanes-1], f[flashLanes-1]
+	flashSoftmaxAVX2(&s[0], nk, &m[0], &l[0], &f[0])
+}
+
+func flashPVAsm(o, p []float32, nk int, v []float32, vstride int, f []float32, hd int) {
+	if hd <= 0 {
+		return
+	}
+	if hd%flashDims != 0 {
+		flashPVGo(o, p, nk, v, vstride, f, hd)
+		return
+	}
+	_ = o[flashLanes*hd-1]
+	_ = f[flashLanes-1]
+	pp, vp := &f[0], &f[0] // any valid pointer: no key rows are read
+	if nk > 0 {
+		_ = p[nk*flashLanes-1]
+		if (nk-1)*vstride+hd > len(v) {
+			panic("cpu: flash values out of range")
+		}
+		pp, vp = &p[0], &v[0]
+	}
+	flashPVAVX2(&o[0], pp, nk, vp, vstride, &f[0], hd/flashDims)
+}
+
+func gemm6x16Asm(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	if n16 <= 0 || (k <= 0 && add) {
+		return
+	}
+	if k <= 0 {
+		for i := range 6 {
+			clear(out[i*ostride : i*ostride+16*n16])
+		}
+		return
+	}
+	_ = out[5*ostride+16*n16-1]
+	_ = x[5*xstride+k-1]
+	_ = wp[16*k*n16-1]
+	a := 0
+	if add {
+		a = 1
+	}
+	gemm6x16AVX2(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
+}
+
+func packTAsm(dst []float32, dstride int, src []float32, sstride, rows, k int) {
+	if rows <= 0 || k <= 0 {
+		return
+	}
+	_ = dst[(k-1)*dstride+rows-1]
+	_ = src[(rows-1)*sstride+k-1]
+	r8, k8 := rows&^7, k&^7
+	if r8 == 0 || k8 == 0 {
+		packTGo(dst, dstride, src, sstride, rows, k)
+		return
+	}
+	packTAVX2(&dst[0], dstride, &src[0], sstride, k8, r8/8)
+	if r8 < rows {
+		packTGo(dst[r8:], dstride, src[r8*sstride:], sstride, rows-r8, k)
+	}
+	if k8 < k {
+		packTGo(dst[k8*dstride:], dstride, src[k8:], sstride, r8, k-k8)
+	}
+}
+
+func sumSqAsm(p []float32) float32 {
+	n8 := len(p) &^ 7
+	var s float32
+	if n8 > 0 {
+		s = sumSqF32AVX2(&p[0], n8)
+	}
+	return s + sumSqGo(p[n8:])
+}
+
+func scaleMulAsm(o, x, w []float32, s float32) {
+	n := len(o)
+	x, w = x[:n], w[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		scaleMulAVX2(&o[0], &x[0], &w[0], s, n8)
+	}
+	scaleMulGo(o[n8:], x[n8:], w[n8:], s)
+}
+
+func addAsm(o, x, y []float32) {
+	n := len(o)
+	x, y = x[:n], y[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		addF32AVX2(&o[0], &x[0], &y[0], n8)
+	}
+	addGo(o[n8:], x[n8:], y[n8:])
+}
+
+func rotateAsm(lo, hi, cos, sin []float32) {
+	n := len(lo)
+	hi, cos, sin = hi[:n], cos[:n], sin[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		rotateAVX2(&lo[0], &hi[0], &cos[0], &sin[0], n8)
+	}
+	rotateGo(lo[n8:], hi[n8:], cos[n8:], sin[n8:])
 }

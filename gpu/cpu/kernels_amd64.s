@@ -390,104 +390,6 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemm4x3AVX2(out *float32, ostride int, x *float32, xstride int, w *float32, wstride int, k8 int, n3 int)
-// out[i*ostride+j] = x[i*xstride : +k8] · w[j*wstride : +k8] for i < 4,
-// j < 3*n3: the 4x3 tile repeated over n3 consecutive triples of w's rows,
-// the four rows of x staying in L1. k8 is a positive multiple of 8, n3 > 0.
-TEXT ·gemm4x3AVX2(SB), NOSPLIT, $0-64
-	MOVQ out+0(FP), DI
-	MOVQ ostride+8(FP), BX
-	SHLQ $2, BX
-	MOVQ x+16(FP), SI
-	MOVQ xstride+24(FP), R10
-	SHLQ $2, R10
-	MOVQ w+32(FP), DX
-	MOVQ wstride+40(FP), R8
-	SHLQ $2, R8
-	MOVQ k8+48(FP), CX
-	SHLQ $2, CX
-	LEAQ (SI)(R10*1), R11
-	LEAQ (SI)(R10*2), R12
-	LEAQ (R11)(R10*2), R13
-	LEAQ (DX)(R8*2), R9
-	ADDQ DX, R8
-triple:
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
-	XORQ AX, AX
-loop:
-	VMOVUPS (DX)(AX*1), Y12
-	VMOVUPS (R8)(AX*1), Y13
-	VMOVUPS (R9)(AX*1), Y14
-	VMOVUPS (SI)(AX*1), Y15
-	VFMADD231PS Y12, Y15, Y0
-	VFMADD231PS Y13, Y15, Y1
-	VFMADD231PS Y14, Y15, Y2
-	VMOVUPS (R11)(AX*1), Y15
-	VFMADD231PS Y12, Y15, Y3
-	VFMADD231PS Y13, Y15, Y4
-	VFMADD231PS Y14, Y15, Y5
-	VMOVUPS (R12)(AX*1), Y15
-	VFMADD231PS Y12, Y15, Y6
-	VFMADD231PS Y13, Y15, Y7
-	VFMADD231PS Y14, Y15, Y8
-	VMOVUPS (R13)(AX*1), Y15
-	VFMADD231PS Y12, Y15, Y9
-	VFMADD231PS Y13, Y15, Y10
-	VFMADD231PS Y14, Y15, Y11
-	ADDQ $32, AX
-	CMPQ AX, CX
-	JLT loop
-	VHADDPS Y1, Y0, Y0
-	VHADDPS Y3, Y2, Y2
-	VHADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS Y5, Y4, Y4
-	VHADDPS Y7, Y6, Y6
-	VHADDPS Y6, Y4, Y4
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VHADDPS Y9, Y8, Y8
-	VHADDPS Y11, Y10, Y10
-	VHADDPS Y10, Y8, Y8
-	VEXTRACTF128 $1, Y8, X9
-	VADDPS X9, X8, X8
-	// X0 = [o00 o01 o02 o10], X4 = [o11 o12 o20 o21], X8 = [o22 o30 o31 o32]
-	VMOVQ X0, (DI)
-	VEXTRACTPS $2, X0, 8(DI)
-	VEXTRACTPS $3, X0, (DI)(BX*1)
-	VMOVQ X4, 4(DI)(BX*1)
-	VMOVHPS X4, (DI)(BX*2)
-	VEXTRACTPS $0, X8, 8(DI)(BX*2)
-	LEAQ (DI)(BX*2), R10
-	ADDQ BX, R10
-	VEXTRACTPS $1, X8, (R10)
-	VEXTRACTPS $2, X8, 4(R10)
-	VEXTRACTPS $3, X8, 8(R10)
-	// Next triple: w's rows advance by three strides, out by three columns.
-	MOVQ R8, R10
-	SUBQ DX, R10
-	LEAQ (R10)(R10*2), R10
-	ADDQ R10, DX
-	ADDQ R10, R8
-	ADDQ R10, R9
-	ADDQ $12, DI
-	DECQ n3+56(FP)
-	JNZ triple
-	VZEROUPPER
-	RET
-
 // func accumF32AVX2(acc *float32, v *float32, vstride int, p *float32, rows int, hd8 int)
 // acc[c] += Σ_r p[r]*v[r*vstride+c] for c < hd8; rows > 0, hd8 a multiple of 8.
 TEXT ·accumF32AVX2(SB), NOSPLIT, $0-48
@@ -1327,5 +1229,621 @@ loop:
 	ADDQ R8, SI
 	DECQ R9
 	JNZ row
+	VZEROUPPER
+	RET
+
+// Blocked attention kernels. A unit of work holds 24 query lanes; scores
+// and probabilities are kept key-major, [key][24 lanes], so that the
+// softmax runs down columns with whole vectors and the value sums broadcast
+// six lanes' probabilities at a time.
+
+// func flashScoresAVX2(s *float32, k *float32, kstride int, nk int, qt *float32, hd int, scale float32)
+// s[j*24+i] = scale * Σ_{d<hd} k[j*kstride+d] * qt[d*24+i] for j < nk,
+// i < 24: four keys against the 24 lanes per step (12 accumulators), then
+// single keys.
+TEXT ·flashScoresAVX2(SB), NOSPLIT, $0-52
+	MOVQ s+0(FP), DI
+	MOVQ k+8(FP), SI
+	MOVQ kstride+16(FP), R8
+	SHLQ $2, R8
+	MOVQ nk+24(FP), CX
+	MOVQ qt+32(FP), DX
+	MOVQ hd+40(FP), BX
+	LEAQ (R8)(R8*2), R9
+quad:
+	CMPQ CX, $4
+	JLT single
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	MOVQ DX, R10
+	MOVQ SI, R11
+	MOVQ BX, R12
+qd:
+	VMOVUPS (R10), Y12
+	VMOVUPS 32(R10), Y13
+	VMOVUPS 64(R10), Y14
+	VBROADCASTSS (R11), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VBROADCASTSS (R11)(R8*1), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VBROADCASTSS (R11)(R8*2), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VBROADCASTSS (R11)(R9*1), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+	ADDQ $96, R10
+	ADDQ $4, R11
+	DECQ R12
+	JNZ qd
+	VBROADCASTSS scale+48(FP), Y12
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
+	VMULPS Y12, Y3, Y3
+	VMULPS Y12, Y4, Y4
+	VMULPS Y12, Y5, Y5
+	VMULPS Y12, Y6, Y6
+	VMULPS Y12, Y7, Y7
+	VMULPS Y12, Y8, Y8
+	VMULPS Y12, Y9, Y9
+	VMULPS Y12, Y10, Y10
+	VMULPS Y12, Y11, Y11
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVUPS Y8, 256(DI)
+	VMOVUPS Y9, 288(DI)
+	VMOVUPS Y10, 320(DI)
+	VMOVUPS Y11, 352(DI)
+	ADDQ $384, DI
+	LEAQ (SI)(R8*4), SI
+	SUBQ $4, CX
+	JMP quad
+single:
+	TESTQ CX, CX
+	JZ sdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	MOVQ DX, R10
+	MOVQ SI, R11
+	MOVQ BX, R12
+sd:
+	VBROADCASTSS (R11), Y15
+	VFMADD231PS 0(R10), Y15, Y0
+	VFMADD231PS 32(R10), Y15, Y1
+	VFMADD231PS 64(R10), Y15, Y2
+	ADDQ $96, R10
+	ADDQ $4, R11
+	DECQ R12
+	JNZ sd
+	VBROADCASTSS scale+48(FP), Y12
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	ADDQ $96, DI
+	ADDQ R8, SI
+	DECQ CX
+	JMP single
+sdone:
+	VZEROUPPER
+	RET
+
+// EXPY0 sets Y0 = exp(Y0) lane by lane (the algorithm of expShiftAVX2);
+// it clobbers Y1-Y3.
+#define EXPY0 \
+	VMAXPS expc<>+320(SB), Y0, Y0; \
+	VMINPS expc<>+352(SB), Y0, Y0; \
+	VMOVUPS expc<>+0(SB), Y1; \
+	VFMADD213PS expc<>+256(SB), Y0, Y1; \
+	VROUNDPS $1, Y1, Y1; \
+	VFNMADD231PS expc<>+32(SB), Y1, Y0; \
+	VFNMADD231PS expc<>+64(SB), Y1, Y0; \
+	VCVTTPS2DQ Y1, Y1; \
+	VPADDD expc<>+384(SB), Y1, Y1; \
+	VPSLLD $23, Y1, Y1; \
+	VMOVUPS expc<>+96(SB), Y2; \
+	VFMADD213PS expc<>+128(SB), Y0, Y2; \
+	VFMADD213PS expc<>+160(SB), Y0, Y2; \
+	VFMADD213PS expc<>+192(SB), Y0, Y2; \
+	VFMADD213PS expc<>+224(SB), Y0, Y2; \
+	VFMADD213PS expc<>+256(SB), Y0, Y2; \
+	VMULPS Y0, Y0, Y3; \
+	VFMADD213PS Y0, Y3, Y2; \
+	VADDPS expc<>+288(SB), Y2, Y2; \
+	VMULPS Y1, Y2, Y0
+
+// func flashSoftmaxAVX2(s *float32, nk int, m, l, f *float32)
+// One step of the online softmax over nk > 0 rows of 24 lanes, a column of
+// eight lanes at a time: mn = max(m, max_j s[j]); f = exp(m-mn);
+// s[j] = exp(s[j]-mn); l = l*f + Σ_j s[j]; m = mn.
+TEXT ·flashSoftmaxAVX2(SB), NOSPLIT, $0-40
+	MOVQ s+0(FP), DI
+	MOVQ nk+8(FP), CX
+	MOVQ m+16(FP), R8
+	MOVQ l+24(FP), R9
+	MOVQ f+32(FP), R10
+	XORQ BX, BX
+col:
+	VMOVUPS (R8)(BX*1), Y4
+	VMOVAPS Y4, Y5
+	LEAQ (DI)(BX*1), SI
+	MOVQ CX, AX
+colmax:
+	VMAXPS (SI), Y5, Y5
+	ADDQ $96, SI
+	DECQ AX
+	JNZ colmax
+	VSUBPS Y5, Y4, Y0
+	EXPY0
+	VMOVUPS Y0, (R10)(BX*1)
+	VMULPS (R9)(BX*1), Y0, Y6
+	VMOVUPS Y5, (R8)(BX*1)
+	LEAQ (DI)(BX*1), SI
+	MOVQ CX, AX
+colexp:
+	VMOVUPS (SI), Y0
+	VSUBPS Y5, Y0, Y0
+	EXPY0
+	VADDPS Y0, Y6, Y6
+	VMOVUPS Y0, (SI)
+	ADDQ $96, SI
+	DECQ AX
+	JNZ colexp
+	VMOVUPS Y6, (R9)(BX*1)
+	ADDQ $32, BX
+	CMPQ BX, $96
+	JLT col
+	VZEROUPPER
+	RET
+
+// func flashPVAVX2(o *float32, p *float32, nk int, v *float32, vstride int, f *float32, hd16 int)
+// o holds 24 lanes × 16*hd16 dims as tiles of 6 lanes × 16 dims, 96
+// floats each, lane group-major: tile (g, c) starts at (g*hd16+c)*96. Each
+// tile is scaled by its lanes' f and then gains Σ_j p[j*24+6g+r] *
+// v[j*vstride+16c : +16] for j < nk (12 accumulators per tile).
+TEXT ·flashPVAVX2(SB), NOSPLIT, $0-56
+	MOVQ o+0(FP), DI
+	MOVQ p+8(FP), SI
+	MOVQ nk+16(FP), CX
+	MOVQ vstride+32(FP), R8
+	SHLQ $2, R8
+	MOVQ f+40(FP), R9
+	MOVQ $4, R11
+group:
+	MOVQ v+24(FP), DX
+	MOVQ hd16+48(FP), R12
+tile:
+	VBROADCASTSS 0(R9), Y14
+	VMULPS 0(DI), Y14, Y0
+	VMULPS 32(DI), Y14, Y1
+	VBROADCASTSS 4(R9), Y14
+	VMULPS 64(DI), Y14, Y2
+	VMULPS 96(DI), Y14, Y3
+	VBROADCASTSS 8(R9), Y14
+	VMULPS 128(DI), Y14, Y4
+	VMULPS 160(DI), Y14, Y5
+	VBROADCASTSS 12(R9), Y14
+	VMULPS 192(DI), Y14, Y6
+	VMULPS 224(DI), Y14, Y7
+	VBROADCASTSS 16(R9), Y14
+	VMULPS 256(DI), Y14, Y8
+	VMULPS 288(DI), Y14, Y9
+	VBROADCASTSS 20(R9), Y14
+	VMULPS 320(DI), Y14, Y10
+	VMULPS 352(DI), Y14, Y11
+	MOVQ SI, AX
+	MOVQ DX, BX
+	MOVQ CX, R13
+	TESTQ R13, R13
+	JZ tstore
+keys:
+	VMOVUPS 0(BX), Y12
+	VMOVUPS 32(BX), Y13
+	VBROADCASTSS 0(AX), Y14
+	VFMADD231PS Y12, Y14, Y0
+	VFMADD231PS Y13, Y14, Y1
+	VBROADCASTSS 4(AX), Y14
+	VFMADD231PS Y12, Y14, Y2
+	VFMADD231PS Y13, Y14, Y3
+	VBROADCASTSS 8(AX), Y14
+	VFMADD231PS Y12, Y14, Y4
+	VFMADD231PS Y13, Y14, Y5
+	VBROADCASTSS 12(AX), Y14
+	VFMADD231PS Y12, Y14, Y6
+	VFMADD231PS Y13, Y14, Y7
+	VBROADCASTSS 16(AX), Y14
+	VFMADD231PS Y12, Y14, Y8
+	VFMADD231PS Y13, Y14, Y9
+	VBROADCASTSS 20(AX), Y14
+	VFMADD231PS Y12, Y14, Y10
+	VFMADD231PS Y13, Y14, Y11
+	ADDQ $96, AX
+	ADDQ R8, BX
+	DECQ R13
+	JNZ keys
+tstore:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVUPS Y8, 256(DI)
+	VMOVUPS Y9, 288(DI)
+	VMOVUPS Y10, 320(DI)
+	VMOVUPS Y11, 352(DI)
+	ADDQ $384, DI
+	ADDQ $64, DX
+	DECQ R12
+	JNZ tile
+	ADDQ $24, SI
+	ADDQ $24, R9
+	DECQ R11
+	JNZ group
+	VZEROUPPER
+	RET
+
+// func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
+// out[i*ostride+16*s+j] (+)= Σ_{c<k} x[i*xstride+c] * wp[(s*k+c)*16+j] for
+// i < 6, j < 16, s < n16 (k, n16 > 0), adding to out where add is not
+// zero: six rows of x against n16 strips of 16 packed weight rows (each
+// strip k-major), 12 accumulators, no horizontal sums.
+TEXT ·gemm6x16AVX2(SB), NOSPLIT, $0-64
+	MOVQ out+0(FP), DI
+	MOVQ ostride+8(FP), BX
+	SHLQ $2, BX
+	MOVQ x+16(FP), SI
+	MOVQ xstride+24(FP), R8
+	SHLQ $2, R8
+	MOVQ wp+32(FP), DX
+	MOVQ k+40(FP), CX
+	MOVQ n16+48(FP), R13
+	LEAQ (R8)(R8*2), R10
+	LEAQ (BX)(BX*2), R9
+strip:
+	CMPQ add+56(FP), $0
+	JNE load
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	JMP sums
+load:
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS (DI)(BX*1), Y2
+	VMOVUPS 32(DI)(BX*1), Y3
+	VMOVUPS (DI)(BX*2), Y4
+	VMOVUPS 32(DI)(BX*2), Y5
+	LEAQ (DI)(R9*1), R11
+	VMOVUPS (R11), Y6
+	VMOVUPS 32(R11), Y7
+	VMOVUPS (R11)(BX*1), Y8
+	VMOVUPS 32(R11)(BX*1), Y9
+	VMOVUPS (R11)(BX*2), Y10
+	VMOVUPS 32(R11)(BX*2), Y11
+sums:
+	MOVQ SI, R11
+	LEAQ (SI)(R10*1), R12
+	MOVQ CX, AX
+	SHRQ $1, AX
+	JZ depth1
+depth2:
+	VMOVUPS (DX), Y12
+	VMOVUPS 32(DX), Y13
+	VBROADCASTSS (R11), Y14
+	VFMADD231PS Y12, Y14, Y0
+	VFMADD231PS Y13, Y14, Y1
+	VBROADCASTSS (R11)(R8*1), Y15
+	VFMADD231PS Y12, Y15, Y2
+	VFMADD231PS Y13, Y15, Y3
+	VBROADCASTSS (R11)(R8*2), Y14
+	VFMADD231PS Y12, Y14, Y4
+	VFMADD231PS Y13, Y14, Y5
+	VBROADCASTSS (R12), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VBROADCASTSS (R12)(R8*1), Y14
+	VFMADD231PS Y12, Y14, Y8
+	VFMADD231PS Y13, Y14, Y9
+	VBROADCASTSS (R12)(R8*2), Y15
+	VFMADD231PS Y12, Y15, Y10
+	VFMADD231PS Y13, Y15, Y11
+	VMOVUPS 64(DX), Y12
+	VMOVUPS 96(DX), Y13
+	VBROADCASTSS 4(R11), Y14
+	VFMADD231PS Y12, Y14, Y0
+	VFMADD231PS Y13, Y14, Y1
+	VBROADCASTSS 4(R11)(R8*1), Y15
+	VFMADD231PS Y12, Y15, Y2
+	VFMADD231PS Y13, Y15, Y3
+	VBROADCASTSS 4(R11)(R8*2), Y14
+	VFMADD231PS Y12, Y14, Y4
+	VFMADD231PS Y13, Y14, Y5
+	VBROADCASTSS 4(R12), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VBROADCASTSS 4(R12)(R8*1), Y14
+	VFMADD231PS Y12, Y14, Y8
+	VFMADD231PS Y13, Y14, Y9
+	VBROADCASTSS 4(R12)(R8*2), Y15
+	VFMADD231PS Y12, Y15, Y10
+	VFMADD231PS Y13, Y15, Y11
+	ADDQ $128, DX
+	ADDQ $8, R11
+	ADDQ $8, R12
+	DECQ AX
+	JNZ depth2
+depth1:
+	TESTQ $1, CX
+	JZ stored
+	VMOVUPS (DX), Y12
+	VMOVUPS 32(DX), Y13
+	VBROADCASTSS (R11), Y14
+	VFMADD231PS Y12, Y14, Y0
+	VFMADD231PS Y13, Y14, Y1
+	VBROADCASTSS (R11)(R8*1), Y15
+	VFMADD231PS Y12, Y15, Y2
+	VFMADD231PS Y13, Y15, Y3
+	VBROADCASTSS (R11)(R8*2), Y14
+	VFMADD231PS Y12, Y14, Y4
+	VFMADD231PS Y13, Y14, Y5
+	VBROADCASTSS (R12), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VBROADCASTSS (R12)(R8*1), Y14
+	VFMADD231PS Y12, Y14, Y8
+	VFMADD231PS Y13, Y14, Y9
+	VBROADCASTSS (R12)(R8*2), Y15
+	VFMADD231PS Y12, Y15, Y10
+	VFMADD231PS Y13, Y15, Y11
+	ADDQ $64, DX
+stored:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, (DI)(BX*1)
+	VMOVUPS Y3, 32(DI)(BX*1)
+	VMOVUPS Y4, (DI)(BX*2)
+	VMOVUPS Y5, 32(DI)(BX*2)
+	LEAQ (DI)(R9*1), R11
+	VMOVUPS Y6, (R11)
+	VMOVUPS Y7, 32(R11)
+	VMOVUPS Y8, (R11)(BX*1)
+	VMOVUPS Y9, 32(R11)(BX*1)
+	VMOVUPS Y10, (R11)(BX*2)
+	VMOVUPS Y11, 32(R11)(BX*2)
+	ADDQ $64, DI
+	DECQ R13
+	JNZ strip
+	VZEROUPPER
+	RET
+
+// func packTAVX2(dst *float32, dstride int, src *float32, sstride int, k8 int, groups int)
+// dst[c*dstride+j] = src[j*sstride+c] for j < 8*groups, c < k8 (k8 a
+// positive multiple of 8, groups > 0): rows transposed into columns, an
+// 8x8 block at a time.
+TEXT ·packTAVX2(SB), NOSPLIT, $0-48
+	MOVQ dstride+8(FP), R13
+	SHLQ $2, R13
+	LEAQ (R13)(R13*2), BX
+	MOVQ sstride+24(FP), R9
+	SHLQ $2, R9
+	MOVQ groups+40(FP), R12
+	MOVQ src+16(FP), R8
+	MOVQ dst+0(FP), DI
+group:
+	LEAQ (R8)(R9*2), R10
+	ADDQ R9, R10
+	LEAQ (R10)(R9*2), R11
+	ADDQ R9, R11
+	MOVQ DI, DX
+	MOVQ R8, SI
+	MOVQ k8+32(FP), CX
+block:
+	VMOVUPS (SI), Y0
+	VMOVUPS (SI)(R9*1), Y1
+	VMOVUPS (SI)(R9*2), Y2
+	VMOVUPS (R10), Y3
+	VMOVUPS (R10)(R9*1), Y4
+	VMOVUPS (R10)(R9*2), Y5
+	VMOVUPS (R11), Y6
+	VMOVUPS (R11)(R9*1), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0
+	VSHUFPS $0xEE, Y10, Y8, Y1
+	VSHUFPS $0x44, Y11, Y9, Y2
+	VSHUFPS $0xEE, Y11, Y9, Y3
+	VSHUFPS $0x44, Y14, Y12, Y4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x31, Y4, Y0, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	LEAQ (DX)(R13*4), AX
+	VMOVUPS Y8, (DX)
+	VMOVUPS Y9, (DX)(R13*1)
+	VMOVUPS Y10, (DX)(R13*2)
+	VMOVUPS Y11, (DX)(BX*1)
+	VMOVUPS Y12, (AX)
+	VMOVUPS Y13, (AX)(R13*1)
+	VMOVUPS Y14, (AX)(R13*2)
+	VMOVUPS Y15, (AX)(BX*1)
+	LEAQ (AX)(R13*4), DX
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, R11
+	SUBQ $8, CX
+	JNZ block
+	LEAQ (R8)(R9*8), R8
+	ADDQ $32, DI
+	DECQ R12
+	JNZ group
+	VZEROUPPER
+	RET
+
+// func sumSqF32AVX2(p *float32, n8 int) float32
+// Σ p[i]² for i < n8 (a multiple of 8): four accumulators over 32
+// elements a step, then eight at a time.
+TEXT ·sumSqF32AVX2(SB), NOSPLIT, $0-20
+	MOVQ p+0(FP), SI
+	MOVQ n8+8(FP), CX
+	SHLQ $2, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+sq32:
+	LEAQ 128(AX), BX
+	CMPQ BX, CX
+	JGT sq8
+	VMOVUPS (SI)(AX*1), Y4
+	VFMADD231PS Y4, Y4, Y0
+	VMOVUPS 32(SI)(AX*1), Y5
+	VFMADD231PS Y5, Y5, Y1
+	VMOVUPS 64(SI)(AX*1), Y6
+	VFMADD231PS Y6, Y6, Y2
+	VMOVUPS 96(SI)(AX*1), Y7
+	VFMADD231PS Y7, Y7, Y3
+	MOVQ BX, AX
+	JMP sq32
+sq8:
+	CMPQ AX, CX
+	JGE sqdone
+	VMOVUPS (SI)(AX*1), Y4
+	VFMADD231PS Y4, Y4, Y0
+	ADDQ $32, AX
+	JMP sq8
+sqdone:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func scaleMulAVX2(o, x, w *float32, s float32, n8 int)
+// o[i] = x[i] * s * w[i] for i < n8 (a multiple of 8).
+TEXT ·scaleMulAVX2(SB), NOSPLIT, $0-40
+	MOVQ o+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	VBROADCASTSS s+24(FP), Y3
+	MOVQ n8+32(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+sm:
+	CMPQ AX, CX
+	JGE smdone
+	VMULPS (SI)(AX*1), Y3, Y0
+	VMULPS (DX)(AX*1), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP sm
+smdone:
+	VZEROUPPER
+	RET
+
+// func addF32AVX2(o, x, y *float32, n8 int)
+// o[i] = x[i] + y[i] for i < n8 (a multiple of 8).
+TEXT ·addF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ o+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DX
+	MOVQ n8+24(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+add:
+	CMPQ AX, CX
+	JGE adddone
+	VMOVUPS (SI)(AX*1), Y0
+	VADDPS (DX)(AX*1), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP add
+adddone:
+	VZEROUPPER
+	RET
+
+// func rotateAVX2(lo, hi, cos, sin *float32, n8 int)
+// (lo[i], hi[i]) = (lo[i]*cos[i] - hi[i]*sin[i], hi[i]*cos[i] + lo[i]*sin[i])
+// for i < n8 (a multiple of 8).
+TEXT ·rotateAVX2(SB), NOSPLIT, $0-40
+	MOVQ lo+0(FP), DI
+	MOVQ hi+8(FP), SI
+	MOVQ cos+16(FP), DX
+	MOVQ sin+24(FP), R8
+	MOVQ n8+32(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+rot:
+	CMPQ AX, CX
+	JGE rotdone
+	VMOVUPS (DI)(AX*1), Y0
+	VMOVUPS (SI)(AX*1), Y1
+	VMOVUPS (DX)(AX*1), Y2
+	VMOVUPS (R8)(AX*1), Y3
+	VMULPS Y2, Y0, Y4
+	VFNMADD231PS Y3, Y1, Y4
+	VMULPS Y2, Y1, Y5
+	VFMADD231PS Y3, Y0, Y5
+	VMOVUPS Y4, (DI)(AX*1)
+	VMOVUPS Y5, (SI)(AX*1)
+	ADDQ $32, AX
+	JMP rot
+rotdone:
 	VZEROUPPER
 	RET

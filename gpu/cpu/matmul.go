@@ -12,7 +12,9 @@ const (
 	gemvGrain = 32 << 10
 	// panelBytes bounds the F32 weight panel a GEMM thread keeps in its
 	// L2 cache while all input rows stream past it.
-	panelBytes = 96 << 10
+	panelBytes = 192 << 10
+	// gemmMaxDepth bounds the depth of one GEMM kernel call.
+	gemmMaxDepth = 256
 )
 
 // MatMul implements gpu.Ops: out[n,m] = x[n,k] · w[m,k]ᵀ.
@@ -70,73 +72,96 @@ func (d *Device) gemv(out, x []float32, w mat, k, m int) {
 	})
 }
 
-// gemm computes out[n,m] = x[n,k] · w[m,k]ᵀ by blocks of weight rows: each
-// thread widens a panel of rows to F32 once (padding k to a multiple of 8
-// with zeros), then runs the 4x3 kernel over every input row against it.
+// gemm computes out[n,m] = x[n,k] · w[m,k]ᵀ by panels of weight rows:
+// each thread packs a panel (packPanel), then runs the 6x16 kernel over
+// every block of six input rows against it (gemmPanel).
 func (d *Device) gemm(out, x []float32, w mat, n, k, m int) {
-	kp := (k + 7) &^ 7
-	// Rows per panel: a multiple of 3 that fits panelBytes, chosen so
+	// Rows per panel: a multiple of 16 that fits panelBytes, chosen so
 	// that the panels split evenly over the threads.
-	rmax := max(3, panelBytes/(4*kp)/3*3)
+	rmax := max(16, panelBytes/(4*k)/16*16)
 	t := d.pool.threads
 	per := (m + t*rmax - 1) / (t * rmax) // panels per thread
-	r := ((m+t*per-1)/(t*per) + 2) / 3 * 3
+	r := ((m+t*per-1)/(t*per) + 15) / 16 * 16
 	panels := (m + r - 1) / r
+	kc := gemmDepth(k)
 	d.pool.For(panels, 1, func(tid, lo, hi int) {
-		s := d.scratch[tid].get(r*kp + 4*kp + 12)
-		wp, xp, tmp := s[:r*kp], s[r*kp:r*kp+4*kp], s[r*kp+4*kp:]
+		s := d.scratch[tid].get(r*k + 16*k + 6*k + 6*16)
+		wp, rows, xp, tmp := s[:r*k], s[r*k:(r+16)*k], s[(r+16)*k:(r+22)*k], s[(r+22)*k:]
 		for p := lo; p < hi; p++ {
 			j0 := p * r
-			rows := min(r, m-j0)
-			pan, ps := wp, kp
-			if w.dt == gpu.F32 && kp == k && rows%3 == 0 {
-				pan, ps = w.f[j0*k:(j0+rows)*k], k
-			} else {
-				for j := range rows {
-					dst := wp[j*kp : (j+1)*kp]
-					w.row(d.k, dst[:k], (j0+j)*k)
-					clear(dst[k:])
-				}
-				// Rows past m in the last group of three feed only
-				// discarded outputs, but must hold numbers.
-				clear(wp[rows*kp : (rows+2)/3*3*kp])
-			}
-			d.gemmPanel(out, x, n, k, m, kp, j0, rows, pan, ps, xp, tmp)
+			cnt := min(r, m-j0)
+			d.packPanel(wp, rows, w, j0, cnt, k, kc)
+			d.gemmPanel(out, x, n, k, m, j0, cnt, kc, wp, xp, tmp)
 		}
 	})
 }
 
-// gemmPanel multiplies all n input rows by the panel of weight rows
-// [j0, j0+rows) held in pan (row stride ps, depth kp). For each block of
-// four input rows one kernel call sweeps every whole triple of the panel,
-// so the Go loop runs once per block rather than once per 4x3 tile.
-func (d *Device) gemmPanel(out, x []float32, n, k, m, kp, j0, rows int, pan []float32, ps int, xp, tmp []float32) {
-	for i := 0; i < n; i += 4 {
-		ni := min(4, n-i)
-		xt, xs := x[i*k:], k
-		if ni < 4 || kp != k {
-			for r := range 4 {
-				dst := xp[r*kp : (r+1)*kp]
-				if r < ni {
-					copy(dst, x[(i+r)*k:(i+r+1)*k])
-					clear(dst[k:])
-				} else {
-					clear(dst)
-				}
+// gemmDepth returns how much of the depth k one kernel call takes: k split
+// into near-equal parts of at most gemmMaxDepth, rounded up to a multiple
+// of 8, so that six input rows of it stay in the L1 cache beside the
+// weight strip streaming past.
+func gemmDepth(k int) int {
+	parts := (k + gemmMaxDepth - 1) / gemmMaxDepth
+	return ((k+parts-1)/parts + 7) &^ 7
+}
+
+// packPanel packs weight rows [j0, j0+cnt) of w for gemm6x16: for each
+// depth block of kc columns, strips of 16 rows laid out k-major, so that
+// block b's strip s starts at b*kc*r16 + s*16*kcb (r16: cnt rounded up to
+// 16; kcb: the block's depth). Rows that are not F32 are widened through
+// rows (16 rows of k); rows past the last in the final strip are zero.
+func (d *Device) packPanel(wp, rows []float32, w mat, j0, cnt, k, kc int) {
+	r16 := (cnt + 15) / 16 * 16
+	for s := 0; s*16 < cnt; s++ {
+		j, nr := j0+16*s, min(16, cnt-16*s)
+		src := rows
+		if w.dt == gpu.F32 && nr == 16 {
+			src = w.f[j*k:]
+		} else {
+			w.rows(d.k, rows[:nr*k], j*k, k, nr, k)
+			clear(rows[nr*k : 16*k])
+		}
+		for kb := 0; kb < k; kb += kc {
+			kcb := min(kc, k-kb)
+			d.k.packT(wp[kb*r16+s*16*kcb:], 16, src[kb:], k, 16, kcb)
+		}
+	}
+}
+
+// gemmPanel multiplies all n input rows by the packed panel of weight rows
+// [j0, j0+cnt). For each block of six input rows and each depth block, one
+// kernel call sweeps every whole strip, writing (then adding to) out
+// directly; a final partial strip, and a final block of fewer than six
+// rows (padded with zero rows in xp), go through tmp.
+func (d *Device) gemmPanel(out, x []float32, n, k, m, j0, cnt, kc int, wp, xp, tmp []float32) {
+	strips, whole, r16 := (cnt+15)/16, cnt/16, (cnt+15)/16*16
+	for i := 0; i < n; i += 6 {
+		ni := min(6, n-i)
+		xt := x[i*k:]
+		if ni < 6 {
+			copy(xp, x[i*k:(i+ni)*k])
+			clear(xp[ni*k : 6*k])
+			xt = xp
+		}
+		if ni == 6 && whole > 0 {
+			for kb := 0; kb < k; kb += kc {
+				kcb := min(kc, k-kb)
+				d.k.gemm6x16(out[i*m+j0:], m, xt[kb:], k, wp[kb*r16:], kcb, whole, kb > 0)
 			}
-			xt, xs = xp, kp
 		}
-		j := 0
-		if ni == 4 && rows >= 3 {
-			// Whole triples in one call; the x rows stay in L1.
-			j = rows / 3 * 3
-			d.k.gemm4x3(out[i*m+j0:], m, xt, xs, pan, ps, kp, rows/3)
+		s := whole
+		if ni < 6 {
+			s = 0
 		}
-		for ; j < rows; j += 3 {
-			nj := min(3, rows-j)
-			d.k.gemm4x3(tmp, 3, xt, xs, pan[j*ps:], ps, kp, 1)
+		for ; s < strips; s++ {
+			for kb := 0; kb < k; kb += kc {
+				kcb := min(kc, k-kb)
+				d.k.gemm6x16(tmp, 16, xt[kb:], k, wp[kb*r16+s*16*kcb:], kcb, 1, kb > 0)
+			}
+			nj := min(16, cnt-16*s)
 			for a := range ni {
-				copy(out[(i+a)*m+j0+j:(i+a)*m+j0+j+nj], tmp[3*a:3*a+nj])
+				o := (i+a)*m + j0 + 16*s
+				copy(out[o:o+nj], tmp[16*a:16*a+nj])
 			}
 		}
 	}

@@ -1,0 +1,77 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
+	"github.com/troupe/troupe/gpu/ref"
+)
+
+// TestMatMulBlocked covers the packed GEMM against the float64 reference:
+// input rows that leave a partial block of six, weight rows that leave a
+// partial strip of 16, depths split into several kernel calls (and not a
+// multiple of 8), panels split over threads, and every weight dtype.
+func TestMatMulBlocked(t *testing.T) {
+	shapes := [][3]int{{4, 8, 16}, {13, 300, 17}, {6, 1000, 33}, {29, 517, 70}, {64, 256, 130}}
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, kern := range lanes() {
+		for _, threads := range []int{1, 3} {
+			d := open(t, kern, threads)
+			for _, dt := range []gpu.DType{gpu.F32, gpu.BF16, gpu.F16} {
+				for _, s := range shapes {
+					n, k, m := s[0], s[1], s[2]
+					t.Run(fmt.Sprintf("%s/threads=%d/%s/n=%d/k=%d/m=%d", kern.name, threads, dt, n, k, m), func(t *testing.T) {
+						x, w := randF32(rng, n*k), randF32(rng, m*k)
+						var outs [2][]float32
+						for i, dev := range []gpu.Device{d, ref.New()} {
+							xb, err := dev.Alloc(gpu.F32, n*k)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := dev.Write(xb, 0, gpu.F32Bytes(x)); err != nil {
+								t.Fatal(err)
+							}
+							wb, err := dev.Weights(dt, weightBytes(dt, w))
+							if err != nil {
+								t.Fatal(err)
+							}
+							ob, err := dev.Alloc(gpu.F32, n*m)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := dev.MatMul(ob, xb, wb, n, k, m); err != nil {
+								t.Fatal(err)
+							}
+							outs[i] = make([]float32, n*m)
+							if err := dev.Read(gpu.F32Bytes(outs[i]), ob, 0); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if e := gputest.RelL2(outs[0], outs[1]); e > 1e-5 {
+							t.Errorf("relative L2 error %.3g, want <= 1e-5", e)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// weightBytes encodes w in dt.
+func weightBytes(dt gpu.DType, w []float32) []byte {
+	if dt == gpu.F32 {
+		return gpu.F32Bytes(w)
+	}
+	h := make([]uint16, len(w))
+	for i, v := range w {
+		if dt == gpu.BF16 {
+			h[i] = gpu.F32ToBF16(v)
+		} else {
+			h[i] = gpu.F32ToF16(v)
+		}
+	}
+	return gpu.U16Bytes(h)
+}
