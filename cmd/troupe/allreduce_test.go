@@ -28,17 +28,11 @@ func TestAllReduceBenchTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := 0
-	for _, line := range strings.Split(out.String(), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
-			continue
-		}
-		rows++
+	rows := tableRows(out.String(), func(line string, f []string) {
 		if len(f) != 9 || f[2] != "f16" || f[3] != "sum" || f[8] != "0" {
 			t.Errorf("row %q: want 9 columns, f16, sum and 0 wrong", line)
 		}
-	}
+	})
 	if rows != 5 {
 		t.Errorf("got %d rows, want 5 (8 B to 32 KiB by 8)", rows)
 	}
@@ -141,17 +135,11 @@ func TestAllReduceBenchProcs(t *testing.T) {
 		t.Logf("no GPUs: %v", err)
 		return
 	}
-	rows := 0
-	for _, line := range strings.Split(out.String(), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
-			continue
-		}
-		rows++
+	rows := tableRows(out.String(), func(line string, f []string) {
 		if len(f) != 9 || f[8] != "0" {
 			t.Errorf("row %q: want 9 columns and 0 wrong", line)
 		}
-	}
+	})
 	if rows != 5 || !strings.Contains(out.String(), "CUDA IPC, one process per GPU") {
 		t.Errorf("got %d rows, want 5:\n%s", rows, out.String())
 	}
@@ -168,4 +156,19 @@ func TestAllReduceBenchProcsArguments(t *testing.T) {
 			t.Errorf("%v: %v", args, err)
 		}
 	}
+}
+
+// tableRows calls check with each data row of an allreduce-bench table
+// (comment lines skipped) and its fields, and counts them.
+func tableRows(table string, check func(line string, f []string)) int {
+	rows := 0
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		rows++
+		check(line, f)
+	}
+	return rows
 }

@@ -53,18 +53,7 @@ func TestAttentionRuns(t *testing.T) {
 					r := ref.New()
 					var outs [2][]float32
 					for i, dev := range []gpu.Device{d, r} {
-						buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer {
-							b, err := dev.Alloc(dt, n)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if raw != nil {
-								if err := dev.Write(b, 0, raw); err != nil {
-									t.Fatal(err)
-								}
-							}
-							return b
-						}
+						buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer { return devBuf(t, dev, dt, raw, n) }
 						kc, vc := buf(cache, nil, nblocks*bs*kw), buf(cache, nil, nblocks*bs*kw)
 						kb, vb := buf(gpu.F32, gpu.F32Bytes(k), len(k)), buf(gpu.F32, gpu.F32Bytes(v), len(v))
 						if err := dev.StoreKV(kc, vc, kb, vb, buf(gpu.I32, gpu.I32Bytes(slots), ctx), ctx, kw); err != nil {
@@ -89,4 +78,19 @@ func TestAttentionRuns(t *testing.T) {
 			}
 		}
 	}
+}
+
+// devBuf allocates n elements of dt on dev, filled with raw unless nil.
+func devBuf(t testing.TB, dev gpu.Device, dt gpu.DType, raw []byte, n int) gpu.Buffer {
+	t.Helper()
+	b, err := dev.Alloc(dt, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw != nil {
+		if err := dev.Write(b, 0, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
 }

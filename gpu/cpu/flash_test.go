@@ -182,18 +182,7 @@ func runAttention(t *testing.T, d gpu.Device, c attnCase, cache gpu.DType, seed 
 	q := randF32(rng, n*c.heads*c.hd)
 	var outs [2][]float32
 	for i, dev := range []gpu.Device{d, ref.New()} {
-		buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer {
-			b, err := dev.Alloc(dt, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if raw != nil {
-				if err := dev.Write(b, 0, raw); err != nil {
-					t.Fatal(err)
-				}
-			}
-			return b
-		}
+		buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer { return devBuf(t, dev, dt, raw, n) }
 		kc, vc := buf(cache, nil, nblocks*c.bs*kw), buf(cache, nil, nblocks*c.bs*kw)
 		kb, vb := buf(gpu.F32, gpu.F32Bytes(k), len(k)), buf(gpu.F32, gpu.F32Bytes(v), len(v))
 		if err := dev.StoreKV(kc, vc, kb, vb, buf(gpu.I32, gpu.I32Bytes(slots), len(slots)), len(slots), kw); err != nil {

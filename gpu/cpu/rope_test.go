@@ -32,16 +32,7 @@ func TestRoPESteps(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/threads=%d/theta=%g", kern.name, threads, theta), func(t *testing.T) {
 					var outs [2][]float32
 					for i, dev := range []gpu.Device{open(t, kern, threads), ref.New()} {
-						buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer {
-							b, err := dev.Alloc(dt, n)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if err := dev.Write(b, 0, raw); err != nil {
-								t.Fatal(err)
-							}
-							return b
-						}
+						buf := func(dt gpu.DType, raw []byte, n int) gpu.Buffer { return devBuf(t, dev, dt, raw, n) }
 						xb := buf(gpu.F32, gpu.F32Bytes(x), len(x))
 						f := gputest.InvFreq(hd, theta)
 						if err := dev.RoPE(xb, buf(gpu.I32, gpu.I32Bytes(pos), len(pos)), buf(gpu.F32, gpu.F32Bytes(f), len(f)), len(pos), heads, hd); err != nil {
