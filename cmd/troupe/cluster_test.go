@@ -25,7 +25,9 @@ func TestCheckExposure(t *testing.T) {
 		{[]string{"--tp", "9"}, "at most 8"},
 		{[]string{"--tp", "2", "--shards", "2"}, "--tp and --shards are exclusive"},
 		{[]string{"--tp", "2", "--placement", "a"}, "--tp and --placement are exclusive"},
-		{[]string{"--tp", "2", "--replicas", "2"}, "one replica"},
+		{[]string{"--tp", "2", "--replicas", "2"}, ""},
+		{[]string{"--tp", "2", "--replicas", "0"}, "needs a local replica"},
+		{[]string{"--tp", "4", "--replicas", "3", "--device", "cuda"}, "at most 8 GPUs"},
 		{[]string{"--tp", "2", "--device", "ref"}, "--device cpu or cuda"},
 	} {
 		_, err := parseServe(tc.args, io.Discard)

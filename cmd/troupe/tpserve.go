@@ -16,11 +16,12 @@ import (
 	"github.com/troupe/troupe/xgmi"
 )
 
-// Tensor-parallel serving (--tp N): the node opens N devices (N CPU
-// devices sharing the threads, or GPUs 0 to N-1), each owned by a device
-// actor. The replica's ranks are layer-shard actors, rank i holding its
-// slice of every layer on device i, and its scheduler drives them in
-// lock-step (scheduler.Lockstep) over a fabric: host memory on the CPU
+// Tensor-parallel serving (--tp N, --replicas R): the node opens R·N
+// devices (CPU devices sharing the threads, or GPUs 0 to R·N-1), each owned
+// by a device actor; replica r takes devices r·N to r·N+N-1. A replica's
+// ranks are layer-shard actors, rank i holding its slice of every layer on
+// its device i, and its scheduler drives them in lock-step
+// (scheduler.Lockstep) over a fabric of its own: host memory on the CPU
 // lane, CUDA peer memory on the CUDA lane.
 
 // checkTP reports a --tp that cannot be served.
@@ -38,40 +39,64 @@ func checkTP(cfg serveConfig) error {
 		return fmt.Errorf("serve: --tp and --shards are exclusive: a tensor-parallel replica is one stage")
 	case cfg.Placement != "":
 		return fmt.Errorf("serve: --tp and --placement are exclusive")
-	case cfg.Replicas > 1:
-		return fmt.Errorf("serve: --tp %d serves one replica, not %d: its ranks own the node's devices", cfg.TP, cfg.Replicas)
+	case cfg.Replicas < 1:
+		return fmt.Errorf("serve: --tp %d needs a local replica (--replicas 1 or more)", cfg.TP)
+	case cfg.Device == "cuda" && cfg.TP*cfg.Replicas > 8:
+		return fmt.Errorf("serve: --tp %d × --replicas %d: at most 8 GPUs", cfg.TP, cfg.Replicas)
 	}
 	return nil
 }
 
 // tpState is a tensor-parallel node's devices and the ranks of its
-// replica.
+// replicas.
 type tpState struct {
-	devs  []gpu.Device
+	tp    int            // ranks per replica
+	devs  []gpu.Device   // replica r's are devs[r*tp : (r+1)*tp]
 	cudas []*cuda.Device // the same devices on the CUDA lane
 
 	mu     sync.Mutex
-	shards []*scheduler.Shard // the replica's ranks; guarded by mu
+	shards [][]*scheduler.Shard // each started replica's ranks; guarded by mu
 }
 
-// ranks returns the replica's rank shards.
-func (t *tpState) ranks() []*scheduler.Shard {
+// ranks returns the rank shards of the r-th replica started.
+func (t *tpState) ranks(r int) []*scheduler.Shard {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.shards
+	if r >= len(t.shards) {
+		return nil
+	}
+	return t.shards[r]
 }
 
-// openDevices opens the node's device: one, or the --tp devices of which
-// it returns rank 0's (the node's device actor owns it) and closes the
-// others with the node.
+// take reserves the next group of devices for a replica: its index and
+// devices (and GPUs on the CUDA lane).
+func (t *tpState) take() (int, []gpu.Device, []*cuda.Device, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g := len(t.shards)
+	if (g+1)*t.tp > len(t.devs) {
+		return 0, nil, nil, fmt.Errorf("serve: every group of %d devices serves a replica already", t.tp)
+	}
+	t.shards = append(t.shards, nil)
+	var cudas []*cuda.Device
+	if t.cudas != nil {
+		cudas = t.cudas[g*t.tp : (g+1)*t.tp]
+	}
+	return g, t.devs[g*t.tp : (g+1)*t.tp], cudas, nil
+}
+
+// openDevices opens the node's device: one, or the --tp devices of every
+// replica, of which it returns the first (the node's device actor owns it)
+// and closes the others with the node.
 func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 	cfg := n.cfg
 	if cfg.TP <= 1 {
 		return openDevice(ctx, cfg.Device, cfg.Threads)
 	}
-	t := &tpState{}
+	total := cfg.TP * max(1, cfg.Replicas)
+	t := &tpState{tp: cfg.TP}
 	if cfg.Device == "cuda" {
-		devs, err := openCUDAs(ctx, cfg.TP)
+		devs, err := openCUDAs(ctx, total)
 		if err != nil {
 			return nil, fmt.Errorf("serve: --tp %d: %w", cfg.TP, err)
 		}
@@ -84,11 +109,11 @@ func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 		if threads <= 0 {
 			threads = runtime.GOMAXPROCS(0)
 		}
-		for i := range cfg.TP {
-			// The threads are split between the ranks, the first ones
+		for i := range total {
+			// The threads are split between the devices, the first ones
 			// taking the remainder.
-			per := threads / cfg.TP
-			if i < threads%cfg.TP {
+			per := threads / total
+			if i < threads%total {
 				per++
 			}
 			d, err := cpu.New(cpu.Config{Threads: max(1, per), Spin: cpu.DefaultConfig().Spin})
@@ -110,11 +135,15 @@ func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 	return t.devs[0], nil
 }
 
-// startTPReplica runs replica id over the node's --tp devices: a rank
-// actor per device, its KV-manager, and its scheduler over a Lockstep.
+// startTPReplica runs replica id over the next group of --tp devices: a
+// rank actor per device, its KV-manager, and its scheduler over a Lockstep.
 func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
 	t := n.tpd
-	N := len(t.devs)
+	g, devs, cudas, err := t.take()
+	if err != nil {
+		return nil, err
+	}
+	N := len(devs)
 	mc := n.bundle.Config
 	rep := &replica{id: id, shape: shape{stages: 1}}
 	defer func() {
@@ -123,10 +152,10 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 		}
 	}()
 	var fab tpFabric
-	if t.cudas != nil {
-		fab, err = newCUDATP(t.cudas)
+	if cudas != nil {
+		fab, err = newCUDATP(cudas)
 	} else {
-		fab, err = newHostTP(t.devs)
+		fab, err = newHostTP(devs)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("serve: tensor parallelism: %w", err)
@@ -138,10 +167,16 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 			fab.Close()
 		}
 	}()
-	devRefs := []*actors.Ref[scheduler.DeviceJob]{n.device}
+	// The node's device actor owns the first device; the others get
+	// actors of their own.
+	var devRefs []*actors.Ref[scheduler.DeviceJob]
 	var devProcs []actors.Process
-	for i := 1; i < N; i++ {
-		ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, i), t.devs[i]))
+	for i := range N {
+		if g == 0 && i == 0 {
+			devRefs = append(devRefs, n.device)
+			continue
+		}
+		ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, g*N+i), devs[i]))
 		if err != nil {
 			for _, p := range devProcs {
 				rep.actors = append(rep.actors, p)
@@ -156,7 +191,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 	var shards []*scheduler.Shard
 	for i := range N {
 		sid := fmt.Sprintf("%s-t%d", scheduler.ShardID(rep.id, 0), i)
-		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, t.devs[i], models.Options{
+		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, devs[i], models.Options{
 			FirstLayer: 0, LastLayer: mc.Layers, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
 			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
 		})
@@ -191,7 +226,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 		rep.actors = append(rep.actors, ref)
 		refs = append(refs, ref)
 		shards = append(shards, sh)
-		fmt.Fprintf(n.log, "node %s: shard %s runs rank %d of %d on %s\n", n.cfg.Node, sid, i, N, t.devs[i].Name())
+		fmt.Fprintf(n.log, "node %s: shard %s runs rank %d of %d on %s\n", n.cfg.Node, sid, i, N, devs[i].Name())
 	}
 	// The device actors stop after the ranks that use them.
 	rep.actors = append(rep.actors, devProcs...)
@@ -211,7 +246,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 		return nil, err
 	}
 	t.mu.Lock()
-	t.shards = shards
+	t.shards[g] = shards
 	t.mu.Unlock()
 	return rep, nil
 }

@@ -81,6 +81,72 @@ func TestServeTensorParallel(t *testing.T) {
 	}
 }
 
+// TestServeTensorParallelReplicas serves two replicas of two ranks each
+// (four CPU devices, a host fabric per replica): concurrent requests are
+// spread over both, every completion equals the reference, and each
+// replica's ranks hold devices of their own.
+func TestServeTensorParallelReplicas(t *testing.T) {
+	ctx := context.Background()
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Replicas, cfg.Threads = "test", 256, 2, 2, 2
+	tcfg := trace.DefaultConfig()
+	tcfg.NodeName = "test"
+	tp, err := trace.Setup(ctx, tcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Shutdown(ctx)
+	n, err := startNode(ctx, cfg, tp, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	devices := map[any]bool{}
+	for r := range 2 {
+		ranks := n.tpd.ranks(r)
+		if len(ranks) != 2 {
+			t.Fatalf("replica %d: %d ranks, want 2", r, len(ranks))
+		}
+		for _, sh := range ranks {
+			devices[sh.Device] = true
+		}
+	}
+	if len(devices) != 4 {
+		t.Errorf("the ranks share device actors: %d distinct, want 4", len(devices))
+	}
+	refs := demoRefs(t)
+	var wg sync.WaitGroup
+	for round := range 2 {
+		for i, ref := range refs {
+			wg.Go(func() {
+				var got []int32
+				_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
+					RequestID: fmt.Sprintf("r%d-%d", round, i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
+					MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
+				}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
+				if err != nil {
+					t.Errorf("prompt %d: %v", i, err)
+					return
+				}
+				if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+					t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	n.replicasMu.Lock()
+	defer n.replicasMu.Unlock()
+	if len(n.replicas) != 2 {
+		t.Fatalf("%d replicas, want 2", len(n.replicas))
+	}
+	for _, rep := range n.replicas {
+		if st := rep.sched.Stats(); st.Steps == 0 {
+			t.Errorf("replica %s ran no step: %+v", rep.id, st)
+		}
+	}
+}
+
 // TestServeTensorParallelRankPanic makes rank 1 panic in a step: the step
 // fails for both ranks (rank 0 does not stay in its all-reduce) and its
 // request fails, the supervisor restarts the rank, and every later request
@@ -102,7 +168,7 @@ func TestServeTensorParallelRankPanic(t *testing.T) {
 	}
 	defer tp.Shutdown(ctx)
 	defer n.Close()
-	ranks := n.tpd.ranks()
+	ranks := n.tpd.ranks(0)
 	if len(ranks) != 2 {
 		t.Fatalf("%d ranks, want 2", len(ranks))
 	}
