@@ -357,6 +357,9 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 		}
 		d.rounded = key
 	}
+	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
+		return err
+	}
 	var (
 		kern          *kernel
 		grid          dim3
@@ -364,9 +367,6 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 		shmem         int
 		splits, chunk int
 	)
-	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
-		return err
-	}
 	if n <= skinnyRows && k%64 == 0 {
 		splits, chunk = skinnySplits(m, k, d.info.SMs)
 		kern, grid, threads = d.k("gemm_skinny_"+suf), dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}, 128
