@@ -134,3 +134,23 @@ func TestSkinnySplits(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefillAttentionChoice: the tensor-core prompt kernel takes steps of
+// more than 64 tokens in runs of 16 or more, with a 16-bit cache and head
+// dim 64 or 128; recorded decode steps (64 tokens at most) never do.
+func TestPrefillAttentionChoice(t *testing.T) {
+	for _, c := range []struct {
+		n, runs, hd int
+		cache       gpu.DType
+		want        bool
+	}{
+		{64, 1, 128, gpu.BF16, false}, {65, 1, 128, gpu.BF16, true}, {142, 3, 64, gpu.F16, true},
+		{100, 10, 128, gpu.BF16, false}, {2048, 0, 128, gpu.BF16, false}, {512, 1, 128, gpu.F32, false},
+		{512, 1, 256, gpu.BF16, false},
+	} {
+		a := gpu.AttnArgs{N: c.n, Runs: c.runs, HeadDim: c.hd}
+		if got := usePrefillAttention(a, c.cache); got != c.want {
+			t.Errorf("%d tokens in %d runs, head dim %d, %s cache: %v, want %v", c.n, c.runs, c.hd, c.cache, got, c.want)
+		}
+	}
+}
