@@ -41,19 +41,19 @@ type Device struct {
 	cfg  Config
 	info Info
 
-	mu       sync.Mutex
-	cmds     chan func()
-	reply    chan error
-	done     chan struct{}
-	closed   bool
-	capture  bool // a graph is being recorded
-	bufs     map[*Buffer]struct{}
-	graphs   map[*Graph]struct{}
-	scratch  map[string]*Buffer
-	retired  []*Buffer // scratch outgrown while graphs may still use it
+	mu      sync.Mutex
+	cmds    chan func()
+	reply   chan error
+	done    chan struct{}
+	closed  bool
+	capture bool // a graph is being recorded
+	bufs    map[*Buffer]struct{}
+	graphs  map[*Graph]struct{}
+	scratch map[string]*Buffer
+	retired []*Buffer // scratch outgrown while graphs may still use it
 	// rounded names the x whose 16-bit copy the last product left in
 	// scratch; any other operation, or a product writing over x, forgets it.
-	rounded roundedX
+	rounded  roundedX
 	deferred []*Buffer // freed while recording
 	kern     map[string]*kernel
 
