@@ -332,20 +332,8 @@ func packTGo(dst []float32, dstride int, src []float32, sstride, rows, k int) {
 	}
 }
 
-func sumSqGo(p []float32) float32 {
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(p); i += 4 {
-		s0 += p[i] * p[i]
-		s1 += p[i+1] * p[i+1]
-		s2 += p[i+2] * p[i+2]
-		s3 += p[i+3] * p[i+3]
-	}
-	for ; i < len(p); i++ {
-		s0 += p[i] * p[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
+// sumSqGo is p · p, summed as dotGo sums.
+func sumSqGo(p []float32) float32 { return dotGo(p, p) }
 
 func scaleMulGo(o, x, w []float32, s float32) {
 	x, w = x[:len(o)], w[:len(o)]
