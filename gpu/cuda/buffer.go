@@ -20,6 +20,12 @@ type Buffer struct {
 	freed    bool
 	parent   *Buffer // the allocation a view (Slice) shares; nil for an allocation
 	ipcBase  uint64  // for memory of another process mapped by ImportIPC: the mapping to close; 0 otherwise
+	// tmap is the last TMA descriptor encoded for the buffer (tensorMap):
+	// a weight's serves every step, and ptr never changes.
+	tmap struct {
+		rows, k, box int
+		raw          []byte
+	}
 }
 
 // dead reports whether b, or the allocation it views, was freed.

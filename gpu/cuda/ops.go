@@ -257,8 +257,11 @@ const wgSharedMemory = 4*(128+256)*64*2 + 1024 + 4*16
 // tensorMap encodes a TMA descriptor (CUtensorMap) for b as a row-major
 // [rows, k] bf16 matrix: boxes of 64 along k by boxRows rows, 128-byte
 // swizzle, zeros beyond the edges. The 128 bytes are passed to the kernel
-// by value.
+// by value; the buffer keeps the last ones encoded.
 func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
+	if c := &b.tmap; c.raw != nil && c.rows == rows && c.k == k && c.box == boxRows {
+		return c.raw, nil
+	}
 	const (
 		dtBF16     = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 		swizzle128 = 3 // CU_TENSOR_MAP_SWIZZLE_128B
@@ -288,8 +291,9 @@ func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tensor map of %d x %d: %w", rows, k, err)
 	}
-	tm := raw[off : off+128]
-	return append([]byte(nil), tm...), nil
+	tm := append([]byte(nil), raw[off:off+128]...)
+	b.tmap.rows, b.tmap.k, b.tmap.box, b.tmap.raw = rows, k, boxRows, tm
+	return tm, nil
 }
 
 // skinnySplits cuts k (a multiple of 64) for gemm_skinny into parts of
@@ -640,18 +644,20 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	}
 	slots := min(b[2].n, b[3].n) / kw
 	btRows := b[6].n / a.MaxBlocks
+	// inputs are the kernels' arguments after their outputs.
+	inputs := func(splits int) []arg {
+		return []arg{bufArg("q", b[1], gpu.F32, a.N*qw), bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
+			bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
+			rawArg(attnParams(a, slots, splits, btRows)), devPtrArg(d.faultDev)}
+	}
 	if usePrefillAttention(a, b[2].dt) {
 		return d.launch(d.k(fmt.Sprintf("attn_prefill_%s_hd%d", suffix(b[2].dt), hd)),
 			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 0,
-			bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("q", b[1], gpu.F32, a.N*qw),
-			bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
-			bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
-			rawArg(attnParams(a, slots, 1, btRows)), devPtrArg(d.faultDev))
+			append([]arg{bufArg("out", b[0], gpu.F32, a.N*qw)}, inputs(1)...)...)
 	}
 	// 16-bit caches with head dim 64 or 128 run on the tensor cores, up to
 	// 16 query heads of a KV head per block; the others on the CUDA cores,
-	// up to 8.
-	// Keys are split for about perSM blocks per SM.
+	// up to 8. Keys are split for about perSM blocks per SM.
 	kern, rows, tile, shmem, perSM := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd)), 8, 32, 0, 2
 	if b[2].dt != gpu.F32 && hd <= 128 {
 		kern, rows, tile, shmem, perSM = d.k(fmt.Sprintf("attn_decode_%s_hd%d", suffix(b[2].dt), hd)), 16, 64, 4*64*hd*2, 4
@@ -673,10 +679,7 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 		return err
 	}
 	err = d.launch(kern, dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}, grid1(128), shmem,
-		bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
-		bufArg("q", b[1], gpu.F32, a.N*qw), bufArg("kc", b[2], b[2].dt, slots*kw), bufArg("vc", b[3], b[3].dt, slots*kw),
-		bufArg("pos", b[4], gpu.I32, a.N), bufArg("seq", b[5], gpu.I32, a.N), bufArg("blockTable", b[6], gpu.I32, btRows*a.MaxBlocks),
-		rawArg(attnParams(a, slots, splits, btRows)), devPtrArg(d.faultDev))
+		append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(splits)...)...)
 	if err != nil {
 		return err
 	}
