@@ -5,6 +5,7 @@ package models_test
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -230,13 +231,11 @@ func margin(logits []float32, best int) float64 {
 func TestCUDALongPrompt(t *testing.T) {
 	ctx := context.Background()
 	dir := "demo/" + demo.Name
-	cpuLane := extraLanes[0]
-	for _, ln := range extraLanes {
-		if ln.name == "cpu" {
-			cpuLane = ln
-		}
+	i := slices.IndexFunc(extraLanes, func(ln lane) bool { return ln.name == "cpu" })
+	if i < 0 {
+		t.Fatal("no CPU lane to compare with")
 	}
-	cpuDev := cpuLane.open(t)
+	cpuDev := extraLanes[i].open(t)
 	defer cpuDev.Close()
 	gpuDev := openCUDA(t)
 	defer gpuDev.Close()
