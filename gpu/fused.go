@@ -65,6 +65,10 @@ type QKVArgs struct {
 	N, Heads, KVHeads, HeadDim int
 	Norm                       QKNorm
 	Eps                        float32
+	// Stride is the distance in elements between the rows of q, of k and
+	// of v, as when they are views of one packed q|k|v product; 0 means
+	// each is dense ([N, width]).
+	Stride int
 }
 
 // QKVPreparer fuses what lies between the q/k/v projections and attention:
@@ -78,9 +82,9 @@ type QKVPreparer interface {
 	PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, slots Buffer, a QKVArgs) error
 }
 
-// SiLUMatMuler folds a gated MLP's activation into the down projection of
-// one token: out[j] = Σ_i silu(gu[i]) * gu[k+i] * w[j, i], for gu [2k]
-// (gate then up, f32), w [m, k], out [m] (f32).
+// SiLUMatMuler folds a gated MLP's activation into its down projection:
+// out[r, j] = Σ_i silu(gu[r, i]) * gu[r, k+i] * w[j, i], for n rows of gu
+// [n, 2k] (each gate then up, f32), w [m, k], out [n, m] (f32).
 type SiLUMatMuler interface {
-	SiLUMatMul(out, gu, w Buffer, k, m int) error
+	SiLUMatMul(out, gu, w Buffer, n, k, m int) error
 }

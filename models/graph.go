@@ -185,8 +185,11 @@ func (m *Model) ensureIndex(maxBlocks int) error {
 	return nil
 }
 
-// allocPacked allocates the single-token outputs of packed products, as
-// views of one buffer each, when a layer has packed weights.
+// allocPacked allocates the outputs of packed products for steps of up to
+// qkvFuseTokens tokens, when a layer has packed weights. The views start
+// at each part's first row and run to the buffer's end: a step of one
+// token reads them as dense rows, a longer step with the packed row
+// stride (gpu.QKVArgs.Stride, gpu.SiLUMatMuler).
 func (m *Model) allocPacked() error {
 	c := &m.Config
 	sl, ok := m.dev.(gpu.Slicer)
@@ -207,13 +210,16 @@ func (m *Model) allocPacked() error {
 		}
 		return v
 	}
+	s.packedRows = min(qkvFuseTokens, m.opts.MaxTokens)
 	if hasQKV && qw%4 == 0 && kw%4 == 0 {
-		s.qkv1 = m.alloc(gpu.F32, qw+2*kw)
-		s.q1, s.k1, s.v1 = view(s.qkv1, 0, qw), view(s.qkv1, qw, kw), view(s.qkv1, qw+kw, kw)
+		all := s.packedRows * (qw + 2*kw)
+		s.qkv1 = m.alloc(gpu.F32, all)
+		s.q1, s.k1, s.v1 = view(s.qkv1, 0, all), view(s.qkv1, qw, all-qw), view(s.qkv1, qw+kw, all-qw-kw)
 	}
 	if hasGU && F%4 == 0 {
-		s.gu1 = m.alloc(gpu.F32, 2*F)
-		s.g1, s.u1 = view(s.gu1, 0, F), view(s.gu1, F, F)
+		all := s.packedRows * 2 * F
+		s.gu1 = m.alloc(gpu.F32, all)
+		s.g1, s.u1 = view(s.gu1, 0, all), view(s.gu1, F, all-F)
 	}
 	return nil
 }

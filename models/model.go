@@ -76,9 +76,12 @@ type Model struct {
 type scratch struct {
 	idx                             index
 	x, h, q, k, v, att, o, gate, up gpu.Buffer
-	// Single-token products of packed weights: qkv1 holds q1|k1|v1 and
-	// gu1 holds g1|u1 (views); nil when no layer is packed.
+	// Products of packed weights for steps of up to packedRows tokens:
+	// qkv1 holds rows of q|k|v and gu1 rows of gate|up; q1, k1, v1, g1
+	// and u1 are views from each part's first row. nil when no layer is
+	// packed.
 	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
+	packedRows                    int
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
 	// A vocabulary-parallel LM head writes this rank's columns of each row
 	// into logitsPart ([rows, Vocab/ranks]), and an all-gather per row
@@ -891,16 +894,22 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			in = s.h
 		}
 		q, k, v := s.q, s.k, s.v
-		if n == 1 && ly.qkv != nil && s.qkv1 != nil {
+		stride := 0 // of q, k and v when they are rows of one packed product
+		switch {
+		case n == 1 && ly.qkv != nil && s.qkv1 != nil:
 			e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
 			q, k, v = s.q1, s.k1, s.v1
-		} else {
+		case n <= s.packedRows && ly.qkv != nil && s.qkv1 != nil && m.qp != nil:
+			// Only the fused preparation reads strided rows.
+			e.do(d.MatMul(s.qkv1, in, ly.qkv, n, c.Hidden, qw+2*kw))
+			q, k, v, stride = s.q1, s.k1, s.v1, qw+2*kw
+		default:
 			e.do(d.MatMul(q, in, ly.q, n, c.Hidden, qw))
 			e.do(d.MatMul(k, in, ly.k, n, c.Hidden, kw))
 			e.do(d.MatMul(v, in, ly.v, n, c.Hidden, kw))
 		}
 		if m.qp != nil && n <= qkvFuseTokens {
-			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps}
+			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps, Stride: stride}
 			switch c.Arch {
 			case OLMo2:
 				pa.Norm = gpu.QKNormRow
@@ -977,10 +986,10 @@ func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {
 	}
 	var e errs
 	F := c.Intermediate
-	if n == 1 && ly.gateUp != nil && s.gu1 != nil {
-		e.do(d.MatMul(s.gu1, in, ly.gateUp, 1, c.Hidden, 2*F))
+	if ly.gateUp != nil && s.gu1 != nil && (n == 1 || n <= s.packedRows && m.sm != nil) {
+		e.do(d.MatMul(s.gu1, in, ly.gateUp, n, c.Hidden, 2*F))
 		if m.sm != nil {
-			e.do(m.sm.SiLUMatMul(out, s.gu1, ly.down, F, c.Hidden))
+			e.do(m.sm.SiLUMatMul(out, s.gu1, ly.down, n, F, c.Hidden))
 			return e.err
 		}
 		e.do(d.SiLUMul(s.g1, s.g1, s.u1, F))

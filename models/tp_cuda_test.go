@@ -128,11 +128,13 @@ func sharedDir(parts ...string) string {
 }
 
 // cudaConfig is GPU 0's configuration; TROUPE_CUDA_KERNELS names a
-// kernels/ directory to load instead of the embedded artifacts.
+// kernels/ directory to load instead of the embedded artifacts, and
+// TROUPE_CUDA_SERIAL=1 turns overlapped launches off.
 func cudaConfig() cuda.Config {
 	cfg := cuda.DefaultConfig()
 	if dir := os.Getenv("TROUPE_CUDA_KERNELS"); dir != "" {
 		cfg.Kernels = os.DirFS(dir)
 	}
+	cfg.Serial = os.Getenv("TROUPE_CUDA_SERIAL") == "1"
 	return cfg
 }

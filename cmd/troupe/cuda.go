@@ -14,6 +14,10 @@ import (
 // built artifacts on a GPU host without rebuilding the binary.
 const kernelsEnv = "TROUPE_CUDA_KERNELS"
 
+// serialEnv set to 1 turns programmatic dependent launch off
+// (cuda.Config.Serial), for comparisons.
+const serialEnv = "TROUPE_CUDA_SERIAL"
+
 // cudaConfig is the configuration of GPU ordinal.
 func cudaConfig(ordinal int) cuda.Config {
 	cfg := cuda.DefaultConfig()
@@ -21,6 +25,7 @@ func cudaConfig(ordinal int) cuda.Config {
 	if dir := os.Getenv(kernelsEnv); dir != "" {
 		cfg.Kernels = os.DirFS(dir)
 	}
+	cfg.Serial = os.Getenv(serialEnv) == "1"
 	return cfg
 }
 

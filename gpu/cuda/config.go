@@ -26,6 +26,11 @@ type Config struct {
 	// poll before parking; 0 parks at once. On the H200 host measured
 	// (docs/cuda.md) polling made a Sync round trip slower, not faster.
 	Spin time.Duration
+	// Serial turns programmatic dependent launch off: each kernel then
+	// starts only when the one before it on the stream has finished. By
+	// default a Hopper GPU running the sm_90a kernels starts a kernel's
+	// blocks while the previous kernel drains (docs/cuda.md).
+	Serial bool
 }
 
 // DefaultConfig returns the configuration of the first GPU.

@@ -25,6 +25,9 @@ type Info struct {
 	Driver       int    // driver API version, e.g. 13000
 	UUID         UUID   // the GPU's UUID, as nvidia-smi -L prints it
 	Code         string // "cubin sm_90a" or "ptx compute_80 (JIT)"
+	// Overlap says kernels are launched as programmatic dependent
+	// launches (Config.Serial).
+	Overlap bool
 }
 
 // Device is one NVIDIA GPU. It implements gpu.Device, gpu.Grapher and
@@ -295,6 +298,7 @@ func (d *Device) loadKernels() error {
 	useCubin := d.info.ComputeMajor == 9 && d.info.ComputeMinor == 0
 	if useCubin {
 		d.info.Code = codeCubin
+		d.info.Overlap = !d.cfg.Serial && d.drv.cuLaunchKernelEx.addr != 0
 	} else {
 		d.info.Code = "ptx compute_80 (JIT)"
 	}
@@ -436,7 +440,11 @@ func (d *Device) leave() { d.mu.Unlock() }
 
 // Name implements gpu.Device.
 func (d *Device) Name() string {
-	return fmt.Sprintf("cuda %d: %s (sm_%d%d, %d SMs, %s)", d.info.Ordinal, d.info.Name, d.info.ComputeMajor, d.info.ComputeMinor, d.info.SMs, d.info.Code)
+	code := d.info.Code
+	if d.info.Overlap {
+		code += ", overlapped launches"
+	}
+	return fmt.Sprintf("cuda %d: %s (sm_%d%d, %d SMs, %s)", d.info.Ordinal, d.info.Name, d.info.ComputeMajor, d.info.ComputeMinor, d.info.SMs, code)
 }
 
 // Info describes the device.

@@ -19,9 +19,11 @@ import (
 
 var kernelDir = flag.String("cuda.kernels", "", "load kernel artifacts from this kernels/ directory instead of the embedded ones")
 
+var serial = flag.Bool("cuda.serial", false, "launch kernels without programmatic dependent launch")
+
 func open(t testing.TB) *Device {
 	t.Helper()
-	cfg := Config{Ordinal: 0}
+	cfg := Config{Ordinal: 0, Serial: *serial}
 	if *kernelDir != "" {
 		cfg.Kernels = os.DirFS(*kernelDir)
 	}
@@ -70,6 +72,24 @@ func bf16Bytes(v []float32) []byte {
 		u[i] = gpu.F32ToBF16(x)
 	}
 	return append([]byte(nil), gpu.U16Bytes(u)...)
+}
+
+func f16Bytes(v []float32) []byte {
+	u := make([]uint16, len(v))
+	for i, x := range v {
+		u[i] = gpu.F32ToF16(x)
+	}
+	return append([]byte(nil), gpu.U16Bytes(u)...)
+}
+
+// slice is a view of n elements of b from element off.
+func slice(t testing.TB, d *Device, b gpu.Buffer, off, n int) gpu.Buffer {
+	t.Helper()
+	v, err := d.Slice(b, off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 func alloc(t testing.TB, d gpu.Device, dt gpu.DType, n int) gpu.Buffer {
@@ -319,7 +339,7 @@ func (s *step) run(d *Device) error {
 		func() error { return d.Add(s.att, s.att, s.att2, s.dim) },
 		func() error { return d.AddRMSNorm(s.o, s.x, s.att, s.normW, 1, s.dim, 1e-6) },
 		func() error { return d.MatMul(s.gu, s.o, s.wgu, 1, s.dim, 2*s.dim) },
-		func() error { return d.SiLUMatMul(s.o2, s.gu, s.wd, s.dim, s.dim) },
+		func() error { return d.SiLUMatMul(s.o2, s.gu, s.wd, 1, s.dim, s.dim) },
 		func() error { return d.Add(s.o, s.o, s.o2, s.dim) },
 		func() error { return d.MatMul(s.logits, s.o, s.wo, 1, s.dim, s.vocab) },
 		func() error { return d.Argmax(s.next, s.logits, 1, s.vocab) },

@@ -203,6 +203,7 @@ type driver struct {
 	cuFuncSetAttribute            proc
 	cuTensorMapEncodeTiled        proc
 	cuLaunchKernel                proc
+	cuLaunchKernelEx              proc `cuda:"optional"` // CUDA 12.0
 }
 
 // loadDriver opens the driver library and resolves every entry point.
@@ -220,6 +221,9 @@ func loadDriver(path string) (*driver, error) {
 			continue
 		}
 		addr, err := lookup(h, f.Name)
+		if err != nil && f.Tag.Get("cuda") == "optional" {
+			continue // left zero: the caller checks
+		}
 		if err != nil {
 			closeLibrary(h)
 			return nil, fmt.Errorf("cuda: %s lacks %s: the NVIDIA driver is too old (%v)", path, f.Name, err)

@@ -22,6 +22,9 @@ func fusedKernelNames() []string {
 			names = append(names, "qkv_prep_"+w+"_"+c)
 		}
 	}
+	for _, dt := range []string{"f32", "bf16", "f16"} {
+		names = append(names, "silu_rows_"+dt)
+	}
 	for _, nv := range []int{1, 2, 4, 8} {
 		for _, ks := range []int{1, 2, 4, 8} {
 			names = append(names, fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks))
@@ -39,12 +42,14 @@ func overlaps(a, b *Buffer) bool {
 }
 
 // qkvParams mirrors struct QKVParams in kernels/cuda/fused.cu.
-func qkvParams(a gpu.QKVArgs, capSlots int) []byte {
-	raw := make([]byte, 28)
+func qkvParams(a gpu.QKVArgs, capSlots, ldq, ldk int) []byte {
+	raw := make([]byte, 36)
 	for i, v := range []int{a.N, a.Heads, a.KVHeads, a.HeadDim, int(a.Norm), capSlots} {
 		binary.LittleEndian.PutUint32(raw[4*i:], uint32(int32(v)))
 	}
 	binary.LittleEndian.PutUint32(raw[24:], math.Float32bits(a.Eps))
+	binary.LittleEndian.PutUint32(raw[28:], uint32(int32(ldq)))
+	binary.LittleEndian.PutUint32(raw[32:], uint32(int32(ldk)))
 	return raw
 }
 
@@ -76,7 +81,15 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 		return err
 	}
 	n, qw, kw, half := a.N, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim, a.HeadDim/2
-	if err := checkLens(op, names[:6], b[:6], []int{n * qw, n * qw, n * kw, n * kw, n, half}); err != nil {
+	ldq, ldk := qw, kw
+	if a.Stride != 0 {
+		if a.Stride < qw || a.Stride < kw {
+			return fmt.Errorf("%s: row stride %d is narrower than q (%d) or k (%d)", op, a.Stride, qw, kw)
+		}
+		ldq, ldk = a.Stride, a.Stride
+	}
+	lq, lk := (n-1)*ldq+qw, (n-1)*ldk+kw // elements spanned by q's and k's (v's) rows
+	if err := checkLens(op, names[:6], b[:6], []int{n * qw, lq, lk, lk, n, half}); err != nil {
 		return err
 	}
 	if err := checkLens(op, names[8:9], b[8:9], []int{n}); err != nil {
@@ -122,19 +135,21 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	}
 	capSlots := min(b[6].n, b[7].n) / kw
 	args := []arg{
-		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("q", b[1], gpu.F32, n*qw), bufArg("k", b[2], gpu.F32, n*kw),
-		bufArg("v", b[3], gpu.F32, n*kw), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
+		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("q", b[1], gpu.F32, lq), bufArg("k", b[2], gpu.F32, lk),
+		bufArg("v", b[3], gpu.F32, lk), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
 		bufArg("invFreq", b[5], gpu.F32, half), bufArg("kc", b[6], b[6].dt, capSlots*kw),
 		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n),
-		rawArg(qkvParams(a, capSlots)), devPtrArg(d.faultDev),
+		rawArg(qkvParams(a, capSlots, ldq, ldk)), devPtrArg(d.faultDev),
 	}
 	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(128), 0, args...)
 }
 
-// SiLUMatMul implements gpu.SiLUMatMuler. bf16 weights with k a multiple
-// of 256 run the split-K GEMV with silu(gate)*up formed as x is loaded;
-// other shapes run SiLUMul into scratch, then MatMul.
-func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, k, m int) error {
+// SiLUMatMul implements gpu.SiLUMatMuler. One row with bf16 weights and k
+// a multiple of 256 runs the split-K GEMV forming silu(gate)*up as it
+// loads x; more than 8 rows with 16-bit weights form the rounded x of the
+// tensor-core product from gu (silu_rows) and run it; other shapes form
+// silu(gate)*up in f32 scratch, then MatMul.
+func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	const op = "silu matmul"
 	if err := d.enter(op); err != nil {
 		return err
@@ -144,10 +159,10 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, k, m int) error {
 	if err != nil {
 		return err
 	}
-	if err := positive(op, k, m); err != nil {
+	if err := positive(op, n, k, m); err != nil {
 		return err
 	}
-	if err := checkLens(op, []string{"out", "gu", "w"}, b, []int{m, 2 * k, m * k}); err != nil {
+	if err := checkLens(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
 		return err
 	}
 	for i, nm := range []string{"out", "gu"} {
@@ -158,7 +173,7 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, k, m int) error {
 	if !b[2].dt.IsFloat() {
 		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
 	}
-	if b[2].dt == gpu.BF16 {
+	if n == 1 && b[2].dt == gpu.BF16 {
 		if nv, ks, ok := d.gemvShape(k, m); ok {
 			if kern := d.k(fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
 				return d.launch(kern, grid1(d.gemvGrid(ks, m)), grid1(256), 0,
@@ -167,19 +182,26 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, k, m int) error {
 			}
 		}
 	}
-	if k%4 != 0 {
-		return fmt.Errorf("%s: k %d is not a multiple of 4", op, k)
+	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 {
+		return d.gemm(b[0], b[1], b[2], n, k, m, true)
 	}
-	s, err := d.scratchBuf("silu", gpu.F32, k)
+	s, err := d.scratchBuf("silu", gpu.F32, n*k)
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	g := max(1, min(ceilDiv(ceilDiv(k, 4), 256), 8*d.info.SMs))
-	err = d.launch(d.k("silumul_f32"), grid1(g), grid1(256), 0, bufArg("out", s, gpu.F32, k),
-		arg{kind: argBuf, name: "gate", buf: b[1], n: k, dt: gpu.F32},
-		arg{kind: argBuf, name: "up", buf: b[1], off: k, n: k, dt: gpu.F32}, i32Arg(k))
-	if err != nil {
+	if err := d.siluRows(s, b[1], n, k); err != nil {
 		return err
 	}
-	return d.matmul(b[0], s, b[2], 1, k, m)
+	return d.matmul(b[0], s, b[2], n, k, m)
+}
+
+// siluRows writes silu(gate)*up of gu's n rows ([n, 2k]) into out ([n, k],
+// f32 or the 16-bit type of a product's rounded x).
+func (d *Device) siluRows(out, gu *Buffer, n, k int) error {
+	kern := d.k("silu_rows_" + suffix(out.dt))
+	if kern == nil {
+		return fmt.Errorf("silu matmul: the fused kernels are not loaded: rebuild with kernels/build.sh")
+	}
+	return d.launch(kern, grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
+		bufArg("out", out, out.dt, n*k), bufArg("gu", gu, gpu.F32, 2*n*k), i32Arg(n), i32Arg(k))
 }

@@ -45,76 +45,90 @@ func TestPrepareQKV(t *testing.T) {
 	pos, slot := []int32{5, 700, 3000}, []int32{7, 0, 12}
 	for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead} {
 		for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
-			t.Run(fmt.Sprintf("norm%d/%s", norm, cdt), func(t *testing.T) {
-				r := rand.New(rand.NewPCG(uint64(norm), 3))
-				qv, kv, vv := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, n*kw, 1)
-				wq, wk := qw, kw
-				if norm == gpu.QKNormHead {
-					wq, wk = hd, hd
-				}
-				qn, kn := bf16Bytes(randF32(r, wq, 1)), bf16Bytes(randF32(r, wk, 1))
-				inv := gputest.InvFreq(hd, 10000)
-				a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
+			for _, packed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("norm%d/%s/packed=%v", norm, cdt, packed), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(norm), 3))
+					qv, kv, vv := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, n*kw, 1)
+					wq, wk := qw, kw
+					if norm == gpu.QKNormHead {
+						wq, wk = hd, hd
+					}
+					qn, kn := bf16Bytes(randF32(r, wq, 1)), bf16Bytes(randF32(r, wk, 1))
+					inv := gputest.InvFreq(hd, 10000)
+					a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
 
-				// Device.
-				q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
-				kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
-				var qnb, knb gpu.Buffer
-				if norm != gpu.QKNormNone {
-					qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
-				}
-				if err := d.PrepareQKV(qout, q, k, v, qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kc, vc, i32buf(t, d, slot), a); err != nil {
-					t.Fatal(err)
-				}
-
-				// Reference: the separate operations in float64.
-				hb := func(v []float32) gpu.Buffer {
-					b := alloc(t, rf, gpu.F32, len(v))
-					_ = rf.Write(b, 0, gpu.F32Bytes(v))
-					return b
-				}
-				hi := func(v []int32) gpu.Buffer {
-					b := alloc(t, rf, gpu.I32, len(v))
-					_ = rf.Write(b, 0, gpu.I32Bytes(v))
-					return b
-				}
-				rq, rk, rv := hb(qv), hb(kv), hb(vv)
-				rkc, rvc := alloc(t, rf, cdt, slots*kw), alloc(t, rf, cdt, slots*kw)
-				rp := hi(pos)
-				switch norm {
-				case gpu.QKNormRow:
-					_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n, qw, 1e-6)
-					_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n, kw, 1e-6)
-				case gpu.QKNormHead:
-					_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*heads, hd, 1e-6)
-					_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*kvheads, hd, 1e-6)
-				}
-				for _, err := range []error{
-					rf.RoPE(rq, rp, hb(inv), n, heads, hd),
-					rf.RoPE(rk, rp, hb(inv), n, kvheads, hd),
-					rf.StoreKV(rkc, rvc, rk, rv, hi(slot), n, kw),
-				} {
-					if err != nil {
+					// Device: q, k and v dense, or as rows of one q|k|v buffer.
+					q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
+					if packed {
+						ld := qw + 2*kw
+						rows := make([]float32, n*ld)
+						for i := range n {
+							copy(rows[i*ld:], qv[i*qw:(i+1)*qw])
+							copy(rows[i*ld+qw:], kv[i*kw:(i+1)*kw])
+							copy(rows[i*ld+qw+kw:], vv[i*kw:(i+1)*kw])
+						}
+						all := f32buf(t, d, rows)
+						q, k, v = slice(t, d, all, 0, n*ld), slice(t, d, all, qw, n*ld-qw), slice(t, d, all, qw+kw, n*ld-qw-kw)
+						a.Stride = ld
+					}
+					kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
+					var qnb, knb gpu.Buffer
+					if norm != gpu.QKNormNone {
+						qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
+					}
+					if err := d.PrepareQKV(qout, q, k, v, qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kc, vc, i32buf(t, d, slot), a); err != nil {
 						t.Fatal(err)
 					}
-				}
-				tol := 1e-5
-				if cdt == gpu.BF16 {
-					tol = 4e-3
-				}
-				if e := gputest.RelL2(readF32(t, d, qout), readF32(t, rf, rq)); e > 1e-5 {
-					t.Errorf("q: error %.3g", e)
-				}
-				if e := gputest.RelL2(readCache(t, d, kc), readCache(t, rf, rkc)); e > tol {
-					t.Errorf("k cache: error %.3g", e)
-				}
-				if e := gputest.RelL2(readCache(t, d, vc), readCache(t, rf, rvc)); e > tol {
-					t.Errorf("v cache: error %.3g", e)
-				}
-				if got := readF32(t, d, k); gputest.RelL2(got, kv) != 0 {
-					t.Errorf("k changed")
-				}
-			})
+
+					// Reference: the separate operations in float64.
+					hb := func(v []float32) gpu.Buffer {
+						b := alloc(t, rf, gpu.F32, len(v))
+						_ = rf.Write(b, 0, gpu.F32Bytes(v))
+						return b
+					}
+					hi := func(v []int32) gpu.Buffer {
+						b := alloc(t, rf, gpu.I32, len(v))
+						_ = rf.Write(b, 0, gpu.I32Bytes(v))
+						return b
+					}
+					rq, rk, rv := hb(qv), hb(kv), hb(vv)
+					rkc, rvc := alloc(t, rf, cdt, slots*kw), alloc(t, rf, cdt, slots*kw)
+					rp := hi(pos)
+					switch norm {
+					case gpu.QKNormRow:
+						_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n, qw, 1e-6)
+						_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n, kw, 1e-6)
+					case gpu.QKNormHead:
+						_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*heads, hd, 1e-6)
+						_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*kvheads, hd, 1e-6)
+					}
+					for _, err := range []error{
+						rf.RoPE(rq, rp, hb(inv), n, heads, hd),
+						rf.RoPE(rk, rp, hb(inv), n, kvheads, hd),
+						rf.StoreKV(rkc, rvc, rk, rv, hi(slot), n, kw),
+					} {
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					tol := 1e-5
+					if cdt == gpu.BF16 {
+						tol = 4e-3
+					}
+					if e := gputest.RelL2(readF32(t, d, qout), readF32(t, rf, rq)); e > 1e-5 {
+						t.Errorf("q: error %.3g", e)
+					}
+					if e := gputest.RelL2(readCache(t, d, kc), readCache(t, rf, rkc)); e > tol {
+						t.Errorf("k cache: error %.3g", e)
+					}
+					if e := gputest.RelL2(readCache(t, d, vc), readCache(t, rf, rvc)); e > tol {
+						t.Errorf("v cache: error %.3g", e)
+					}
+					if got := readF32(t, d, k)[:len(kv)]; !packed && gputest.RelL2(got, kv) != 0 {
+						t.Errorf("k changed")
+					}
+				})
+			}
 		}
 	}
 	// A bad slot is skipped and reported; overlapping q and qOut are refused.
@@ -134,38 +148,53 @@ func TestPrepareQKV(t *testing.T) {
 }
 
 // TestSiLUMatMul checks the down projection with SiLU folded in against the
-// float64 reference's SiLUMul then MatMul, on the fused GEMV (bf16, k a
-// multiple of 256) and the fallback (f32 weights, odd shapes).
+// float64 reference's SiLUMul then MatMul: one row on the fused GEMV (bf16,
+// k a multiple of 256), decode batches on the tensor-core product fed by
+// silu_rows, and the fallback (f32 weights, odd shapes, 2 to 8 rows).
 func TestSiLUMatMul(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
 	for _, c := range []struct {
-		dt   gpu.DType
-		k, m int
-	}{{gpu.BF16, 8192, 2048}, {gpu.BF16, 512, 100}, {gpu.BF16, 20, 33}, {gpu.F32, 8192, 64}} {
-		t.Run(fmt.Sprintf("%s/%dx%d", c.dt, c.m, c.k), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m)))
-			gu, wv := randF32(r, 2*c.k, 2), randF32(r, c.m*c.k, 0.05)
+		dt      gpu.DType
+		n, k, m int
+		tol     float64
+	}{
+		{gpu.BF16, 1, 8192, 2048, 1e-5}, {gpu.BF16, 1, 512, 100, 1e-5}, {gpu.BF16, 1, 20, 33, 1e-5},
+		{gpu.F32, 1, 8192, 64, 1e-5}, {gpu.F32, 3, 24, 40, 1e-5}, {gpu.BF16, 5, 512, 100, 1e-5},
+		// The tensor cores take x rounded to bf16.
+		{gpu.BF16, 64, 8192, 2048, 1e-2}, {gpu.BF16, 17, 512, 300, 1e-2}, {gpu.F16, 40, 264, 96, 1e-2},
+	} {
+		t.Run(fmt.Sprintf("%s/%dx%dx%d", c.dt, c.n, c.m, c.k), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m*c.n)))
+			gu, wv := randF32(r, 2*c.n*c.k, 2), randF32(r, c.m*c.k, 0.05)
 			raw := gpu.F32Bytes(wv)
-			if c.dt == gpu.BF16 {
+			switch c.dt {
+			case gpu.BF16:
 				raw = bf16Bytes(wv)
+			case gpu.F16:
+				raw = f16Bytes(wv)
 			}
-			out := alloc(t, d, gpu.F32, c.m)
-			if err := d.SiLUMatMul(out, f32buf(t, d, gu), weights(t, d, c.dt, raw), c.k, c.m); err != nil {
+			out := alloc(t, d, gpu.F32, c.n*c.m)
+			if err := d.SiLUMatMul(out, f32buf(t, d, gu), weights(t, d, c.dt, raw), c.n, c.k, c.m); err != nil {
 				t.Fatal(err)
 			}
-			g, u := alloc(t, rf, gpu.F32, c.k), alloc(t, rf, gpu.F32, c.k)
-			_ = rf.Write(g, 0, gpu.F32Bytes(gu[:c.k]))
-			_ = rf.Write(u, 0, gpu.F32Bytes(gu[c.k:]))
-			ro := alloc(t, rf, gpu.F32, c.m)
-			if err := rf.SiLUMul(g, g, u, c.k); err != nil {
+			g, u := make([]float32, c.n*c.k), make([]float32, c.n*c.k)
+			for i := range c.n {
+				copy(g[i*c.k:], gu[2*i*c.k:(2*i+1)*c.k])
+				copy(u[i*c.k:], gu[(2*i+1)*c.k:(2*i+2)*c.k])
+			}
+			rg, ru := alloc(t, rf, gpu.F32, c.n*c.k), alloc(t, rf, gpu.F32, c.n*c.k)
+			_ = rf.Write(rg, 0, gpu.F32Bytes(g))
+			_ = rf.Write(ru, 0, gpu.F32Bytes(u))
+			ro := alloc(t, rf, gpu.F32, c.n*c.m)
+			if err := rf.SiLUMul(rg, rg, ru, c.n*c.k); err != nil {
 				t.Fatal(err)
 			}
-			if err := rf.MatMul(ro, g, weights(t, rf, c.dt, raw), 1, c.k, c.m); err != nil {
+			if err := rf.MatMul(ro, rg, weights(t, rf, c.dt, raw), c.n, c.k, c.m); err != nil {
 				t.Fatal(err)
 			}
-			if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, ro)); e > 1e-5 {
-				t.Errorf("error %.3g", e)
+			if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, ro)); e > c.tol {
+				t.Errorf("error %.3g, want at most %.0e", e, c.tol)
 			}
 		})
 	}

@@ -83,6 +83,45 @@ type launchCmd struct {
 	vals  [maxArgs]uint64
 	ptrs  [maxArgs]unsafe.Pointer
 	blobs [][]byte
+	// For cuLaunchKernelEx.
+	cfg  launchConfig
+	attr launchAttr
+}
+
+// launchConfig is CUlaunchConfig.
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	shmem                  uint32
+	_                      uint32
+	stream                 uintptr
+	attrs                  *launchAttr
+	numAttrs               uint32
+	_                      uint32
+}
+
+// launchAttr is CUlaunchAttribute: an id, padding, and a 64-byte union.
+type launchAttr struct {
+	id  uint32
+	_   uint32
+	val [64]byte
+}
+
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the kernel may
+// start before the previous kernel on the stream has finished; it waits
+// for it with griddepcontrol.wait (pdl_begin in kernels/cuda/common.cuh).
+const launchAttrProgrammatic = 6
+
+// overlapped fills l's extended configuration for a programmatic
+// dependent launch on stream.
+func (l *launchCmd) overlapped(stream uintptr) {
+	l.attr = launchAttr{id: launchAttrProgrammatic}
+	l.attr.val[0] = 1 // programmaticStreamSerializationAllowed
+	l.cfg = launchConfig{
+		gridX: l.grid.x, gridY: l.grid.y, gridZ: l.grid.z,
+		blockX: l.block.x, blockY: l.block.y, blockZ: l.block.z,
+		shmem: l.shmem, stream: stream, attrs: &l.attr, numAttrs: 1,
+	}
 }
 
 // checkSpan refuses a buffer argument whose span lies outside its
@@ -165,11 +204,18 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 			return fmt.Errorf("cuda: launch %s: argument %d has no type", k.name, i)
 		}
 	}
+	overlap := d.info.Overlap
 	d.post(func() error {
-		err := d.drv.cuLaunchKernel.call(l.fn,
-			uintptr(l.grid.x), uintptr(l.grid.y), uintptr(l.grid.z),
-			uintptr(l.block.x), uintptr(l.block.y), uintptr(l.block.z),
-			uintptr(l.shmem), d.stream, uintptr(unsafe.Pointer(&l.ptrs[0])), 0)
+		var err error
+		if overlap {
+			l.overlapped(d.stream)
+			err = d.drv.cuLaunchKernelEx.call(uintptr(unsafe.Pointer(&l.cfg)), l.fn, uintptr(unsafe.Pointer(&l.ptrs[0])), 0)
+		} else {
+			err = d.drv.cuLaunchKernel.call(l.fn,
+				uintptr(l.grid.x), uintptr(l.grid.y), uintptr(l.grid.z),
+				uintptr(l.block.x), uintptr(l.block.y), uintptr(l.block.z),
+				uintptr(l.shmem), d.stream, uintptr(unsafe.Pointer(&l.ptrs[0])), 0)
+		}
 		runtime.KeepAlive(l)
 		if err != nil {
 			return fmt.Errorf("cuda: launch %s: %w", k.name, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -152,5 +153,34 @@ func TestPrefillAttentionChoice(t *testing.T) {
 		if got := usePrefillAttention(a, c.cache); got != c.want {
 			t.Errorf("%d tokens in %d runs, head dim %d, %s cache: %v, want %v", c.n, c.runs, c.hd, c.cache, got, c.want)
 		}
+	}
+}
+
+// TestLaunchConfigLayout pins CUlaunchConfig and CUlaunchAttribute as the
+// driver's headers lay them out on 64-bit hosts.
+func TestLaunchConfigLayout(t *testing.T) {
+	var c launchConfig
+	var a launchAttr
+	for _, f := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"sizeof(CUlaunchConfig)", unsafe.Sizeof(c), 56},
+		{"offsetof(sharedMemBytes)", unsafe.Offsetof(c.shmem), 24},
+		{"offsetof(hStream)", unsafe.Offsetof(c.stream), 32},
+		{"offsetof(attrs)", unsafe.Offsetof(c.attrs), 40},
+		{"offsetof(numAttrs)", unsafe.Offsetof(c.numAttrs), 48},
+		{"sizeof(CUlaunchAttribute)", unsafe.Sizeof(a), 72},
+		{"offsetof(value)", unsafe.Offsetof(a.val), 8},
+	} {
+		if f.got != f.want {
+			t.Errorf("%s = %d, want %d", f.name, f.got, f.want)
+		}
+	}
+	l := launchCmd{grid: dim3{3, 2, 1}, block: dim3{128, 1, 1}, shmem: 4096}
+	l.overlapped(7)
+	if l.cfg.gridX != 3 || l.cfg.gridY != 2 || l.cfg.blockX != 128 || l.cfg.shmem != 4096 || l.cfg.stream != 7 ||
+		l.cfg.attrs != &l.attr || l.cfg.numAttrs != 1 || l.attr.id != launchAttrProgrammatic || l.attr.val[0] != 1 {
+		t.Fatalf("overlapped launch config %+v, attribute %+v", l.cfg, l.attr)
 	}
 }

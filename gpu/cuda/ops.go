@@ -210,7 +210,7 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 		return d.launch(d.k("gemv_"+suf), grid1(ceilDiv(m, 8)), grid1(256), 0, append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
 	}
 	if w.dt != gpu.F32 && k%8 == 0 {
-		return d.gemm(out, x, w, n, k, m)
+		return d.gemm(out, x, w, n, k, m, false)
 	}
 	if ceilDiv(n, 64) > 65535 {
 		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*64)
@@ -343,8 +343,9 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8: x rounded to
 // w's type once, the tensor-core product (gemm_skinny for decode batches,
 // gemm_pipe tiles otherwise), and when k is split the ordered sum of the
-// partial products.
-func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
+// partial products. With silu, x holds n rows of gate then up ([n, 2k])
+// and the product's input is silu(gate)*up, rounded.
+func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	suf := suffix(w.dt)
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
@@ -352,7 +353,12 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int) error {
 	}
 	// Products of one x in a row (q, k, v; gate, up) round it once.
 	key := roundedX{x: x, n: n * k, dt: w.dt, xs: xs}
-	if d.rounded != key {
+	if silu {
+		d.rounded = roundedX{}
+		if err := d.siluRows(xs, x, n, k); err != nil {
+			return err
+		}
+	} else if d.rounded != key {
 		err = d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
 			bufArg("out", xs, w.dt, n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
 		if err != nil {

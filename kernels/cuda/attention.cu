@@ -48,6 +48,7 @@ template <typename T, int HD>
 DEV void attn_split(float* part_acc, float* part_ml, const float* q, const typename Elem<T>::raw* kc,
                     const typename Elem<T>::raw* vc, const int* pos, const int* seq, const int* bt, AttnParams a,
                     unsigned* fault) {
+  pdl_begin();
   // Value phase: each thread owns DV consecutive elements of a V row; TPR
   // threads cover a row, KP rows (key partitions) are read at once.
   constexpr int DV = 8;
@@ -225,6 +226,7 @@ SPLIT(F16, f16, 64) SPLIT(F16, f16, 128) SPLIT(F16, f16, 256)
 // attn_combine: blockDim.x == hd (at most 256); splits at most 1024.
 extern "C" __global__ void attn_combine(float* out, const float* part_acc, const float* part_ml, int n_heads, int hd,
                                         int splits) {
+  pdl_begin();
   __shared__ float red[256];
   __shared__ float M_s, L_s;
   int th = blockIdx.x;
@@ -350,6 +352,7 @@ template <typename T, int HD>
 DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, const uint16_t* __restrict__ kc,
                       const uint16_t* __restrict__ vc, const int* __restrict__ pos, const int* __restrict__ seq,
                       const int* __restrict__ bt, AttnParams a, unsigned* fault) {
+  pdl_begin();
   constexpr int CH = HD / 8;      // 16-byte chunks per row
   constexpr int KS = HD / 16;     // k-steps over the head dimension
   constexpr int DT = HD / 8;      // 8-wide output tiles per row
@@ -532,6 +535,7 @@ template <typename T, int HD>
 DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                      const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
                      const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault) {
+  pdl_begin();
   constexpr int CH = HD / 8, DT = HD / 8, TILE = DKV * HD;
   const float NEG = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) uint16_t dsm[];  // K[2][TILE], V[2][TILE]; reused to merge the warps

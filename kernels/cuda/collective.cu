@@ -234,6 +234,7 @@ DEV void reduce_chunk(const CommArgs& a, unsigned e, const char* src, char* dst,
 // reduce the n slots (this rank's own input read in place) into dst.
 template <typename T>
 DEV void allreduce_oneshot(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {
+  pdl_begin();
   const int N = Vec<T>::N, es = sizeof(typename Vec<T>::raw);
   unsigned e = begin(a);
   long long full = n / N, chunks = (n + N - 1) / N;
@@ -263,6 +264,7 @@ DEV void allreduce_oneshot(CommArgs a, char* dst, const char* src, long long n, 
 // a peer writes it next at epoch e+2, after the barrier of epoch e+1.
 template <typename T, bool IPC>
 DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {
+  pdl_begin();
   const int N = Vec<T>::N, es = sizeof(typename Vec<T>::raw);
   unsigned e = begin(a);
   if (!IPC && blockIdx.x == 0 && threadIdx.x < a.nranks && threadIdx.x != a.rank) {
@@ -311,6 +313,7 @@ DEV void allreduce_twoshot(CommArgs a, char* dst, const char* src, long long n, 
 // 16-byte vectors when n and stride are multiples of 16, bytes otherwise.
 extern "C" __global__ void __launch_bounds__(CO_THREADS)
     allgather_u8(CommArgs a, char* dst, const char* src, long long n, long long stride, unsigned* fault) {
+  pdl_begin();
   unsigned e = begin(a);
   long long full = n / 16, chunks = (n + 15) / 16;
   int tail = (int)(n - full * 16);
@@ -347,6 +350,7 @@ extern "C" __global__ void __launch_bounds__(CO_THREADS)
 // peer; the others copy it out after the barrier.
 extern "C" __global__ void __launch_bounds__(CO_THREADS)
     broadcast_u8(CommArgs a, char* buf, long long n, int root, unsigned* fault) {
+  pdl_begin();
   unsigned e = begin(a);
   long long full = n / 16, chunks = (n + 15) / 16;
   int tail = (int)(n - full * 16);

@@ -26,6 +26,23 @@ DEV void record_fault(unsigned* f, unsigned code, int a, int b) {
   }
 }
 
+// Programmatic dependent launch (Hopper). The host may start a kernel
+// while the kernel before it on the stream is still running, so that the
+// launch and the kernel's prologue overlap the other's tail. pdl_begin
+// waits until that kernel has finished and its writes are visible, then
+// lets the next kernel start in turn. Every entry point calls it before it
+// reads or writes memory another kernel touches (the weights may be read
+// before: nothing writes them); kernels_test checks that each one does.
+// Both instructions do nothing when the launch was not programmatic, and
+// the PTX for older GPUs leaves them out (the host enables the launches on
+// the Hopper cubins only).
+DEV void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 DEV float bf2f(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
 DEV float bflo(uint32_t u) { return __uint_as_float(u << 16); }
 DEV float bfhi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }

@@ -2,6 +2,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void add_f32(float* out, const float* a, const float* b, int n) {
+  pdl_begin();
   int n4 = n >> 2;
   int stride = gridDim.x * blockDim.x;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
@@ -13,6 +14,7 @@ extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i
 }
 
 extern "C" __global__ void silumul_f32(float* out, const float* g, const float* u, int n) {
+  pdl_begin();
   int n4 = n >> 2;
   int stride = gridDim.x * blockDim.x;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
@@ -26,6 +28,7 @@ extern "C" __global__ void silumul_f32(float* out, const float* g, const float* 
 // RoPE, rotate-half layout, in place on x [n, heads, hd]; one block per
 // (token, head), one thread per rotated pair.
 extern "C" __global__ void rope_f32(float* x, const int* pos, const float* inv_freq, int n, int heads, int hd) {
+  pdl_begin();
   int th = blockIdx.x;
   if (th >= n * heads) return;
   int t = th / heads;
@@ -48,6 +51,7 @@ extern "C" __global__ void rope_f32(float* x, const int* pos, const float* inv_f
 template <typename T>
 DEV void storekv(typename Elem<T>::raw* kc, typename Elem<T>::raw* vc, const float* k, const float* v, const int* slots,
                  int n, int width, int cap, unsigned* fault) {
+  pdl_begin();
   int t = blockIdx.x;
   if (t >= n) return;
   int s = slots[t];
@@ -85,6 +89,7 @@ DEV void better(float& bv, int& bi, float v, int i) {
 }
 
 extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int width) {
+  pdl_begin();
   __shared__ float sv[32];
   __shared__ int si[32];
   int row = blockIdx.x;
@@ -121,6 +126,7 @@ extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int 
 
 // Read-only bandwidth probe: sums n4 float4s into *out.
 extern "C" __global__ void reduce_sum_f32(float* out, const float4* x, long n4) {
+  pdl_begin();
   __shared__ float scratch[32];
   float s = 0.f;
   long stride = (long)gridDim.x * blockDim.x;

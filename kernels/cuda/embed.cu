@@ -4,6 +4,7 @@
 template <typename T>
 DEV void embed(float* out, const typename Elem<T>::raw* table, const int* ids, int n, int dim, int rows,
                unsigned* fault) {
+  pdl_begin();
   int t = blockIdx.x;
   if (t >= n) return;
   int id = ids[t];

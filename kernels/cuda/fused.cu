@@ -3,9 +3,12 @@
 #include "common.cuh"
 
 // QKVParams mirrors qkvParams in gpu/cuda/fused.go.
+// ldq and ldk are the row strides of q and of k and v (the rows of a
+// packed q|k|v product, or the projections' own widths).
 struct QKVParams {
   int n, heads, kvheads, hd, norm, cap;
   float eps;
+  int ldq, ldk;
 };
 
 // qkv_prep: for each token t and head h of q (heads) then k (kvheads):
@@ -20,6 +23,7 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
                   const typename Elem<W>::raw* __restrict__ kn, const int* __restrict__ pos,
                   const float* __restrict__ inv_freq, typename Elem<C>::raw* kc, typename Elem<C>::raw* vc,
                   const int* __restrict__ slots, QKVParams pa, unsigned* fault) {
+  pdl_begin();
   const int n = pa.n, heads = pa.heads, kvheads = pa.kvheads, hd = pa.hd, norm = pa.norm, cap = pa.cap;
   const float eps = pa.eps;
   __shared__ float scratch[32];
@@ -29,7 +33,7 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
   bool isk = h >= heads;
   if (isk) h -= heads;
   int nh = isk ? kvheads : heads;
-  const float* row = (isk ? k : q) + (long)t * nh * hd;
+  const float* row = isk ? k + (long)t * pa.ldk : q + (long)t * pa.ldq;
   const float* x = row + (long)h * hd;
   const typename Elem<W>::raw* w = isk ? kn : qn;
   int slot = 0;
@@ -77,7 +81,7 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
     }
   }
   if (isk) {
-    const float* vr = v + ((long)t * kvheads + h) * hd;
+    const float* vr = v + (long)t * pa.ldk + (long)h * hd;
     for (int j = threadIdx.x; j < hd; j += blockDim.x) Elem<C>::store(vc, d + j, vr[j]);
   }
 }

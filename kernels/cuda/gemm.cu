@@ -77,6 +77,7 @@ DEV void load_stage(Stage& s, const float* x, const uint16_t* w, int n, int k, i
 template <typename T>
 DEV void gemm_tc(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
                  int m) {
+  pdl_begin();
   __shared__ __align__(16) uint16_t As[2][BM][BK + PAD];
   __shared__ __align__(16) uint16_t Bs[2][BN][BK + PAD];
   int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -150,6 +151,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f16(float* out, const flo
 
 // gemm_f32: 64x64 tiles, 256 threads, 4x4 outputs per thread.
 extern "C" __global__ void __launch_bounds__(256) gemm_f32(float* out, const float* x, const float* w, int n, int k, int m) {
+  pdl_begin();
   __shared__ float xs[16][64 + 1];
   __shared__ float ws[16][64 + 1];
   int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -189,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(float* out, const flo
 // round_x_{bf16,f16}: out[i] = x[i] rounded to 16 bits, 8 elements a thread.
 template <typename T>
 DEV void round_x(uint16_t* __restrict__ out, const float* __restrict__ x, long count) {
+  pdl_begin();
   long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i + 8 <= count) {
     float4 a = *reinterpret_cast<const float4*>(x + i), b = *reinterpret_cast<const float4*>(x + i + 4);
@@ -201,8 +204,43 @@ DEV void round_x(uint16_t* __restrict__ out, const float* __restrict__ x, long c
 extern "C" __global__ void round_x_bf16(uint16_t* out, const float* x, long count) { round_x<BF16>(out, x, count); }
 extern "C" __global__ void round_x_f16(uint16_t* out, const float* x, long count) { round_x<F16>(out, x, count); }
 
+// silu_rows_{f32,bf16,f16}: out[r, i] = silu(gu[r, i]) * gu[r, k + i] for n
+// rows of gate then up (2k elements each), in out's type: the input of a
+// gated MLP's down projection, rounded for the tensor cores. 8 elements a
+// thread.
+template <typename T>
+DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restrict__ gu, int n, int k) {
+  pdl_begin();
+  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8, total = (long)n * k;
+  if (i >= total) return;
+  if ((k & 7) == 0) {
+    long r = i / k, c = i - r * k;
+    const float* g = gu + 2 * r * k + c;
+    float4 a = *reinterpret_cast<const float4*>(g), b = *reinterpret_cast<const float4*>(g + 4);
+    float4 u = *reinterpret_cast<const float4*>(g + k), v = *reinterpret_cast<const float4*>(g + k + 4);
+    float f[8] = {silu(a.x) * u.x, silu(a.y) * u.y, silu(a.z) * u.z, silu(a.w) * u.w,
+                  silu(b.x) * v.x, silu(b.y) * v.y, silu(b.z) * v.z, silu(b.w) * v.w};
+    if constexpr (sizeof(typename Elem<T>::raw) == 2) {
+      *reinterpret_cast<uint4*>(out + i) =
+          make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7]));
+    } else {
+      *reinterpret_cast<float4*>(out + i) = make_float4(f[0], f[1], f[2], f[3]);
+      *reinterpret_cast<float4*>(out + i + 4) = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    return;
+  }
+  for (long e = i; e < min(i + 8, total); e++) {
+    long r = e / k, c = e - r * k;
+    Elem<T>::store(out, e, silu(gu[2 * r * k + c]) * gu[2 * r * k + k + c]);
+  }
+}
+extern "C" __global__ void silu_rows_f32(float* out, const float* gu, int n, int k) { silu_rows<float>(out, gu, n, k); }
+extern "C" __global__ void silu_rows_bf16(uint16_t* out, const float* gu, int n, int k) { silu_rows<BF16>(out, gu, n, k); }
+extern "C" __global__ void silu_rows_f16(uint16_t* out, const float* gu, int n, int k) { silu_rows<F16>(out, gu, n, k); }
+
 // splitk_sum: out[i] = Σ_s part[s*count + i] in split order.
 extern "C" __global__ void splitk_sum(float* __restrict__ out, const float* __restrict__ part, long count, int splits) {
+  pdl_begin();
   long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (i + 4 <= count && (count & 3) == 0) {
     float4 acc = *reinterpret_cast<const float4*>(part + i);
@@ -227,6 +265,7 @@ extern "C" __global__ void splitk_sum(float* __restrict__ out, const float* __re
 template <typename T, int PM, int PN, int PWM, int PWN, int STAGES>
 DEV void gemm_pipe(float* __restrict__ out, const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
                    int m, int kchunk) {
+  pdl_begin();
   constexpr int NT = PWM * PWN * 32;
   constexpr int TM = PM / PWM, TN = PN / PWN;
   constexpr int MI = TM / 16, NJ = TN / 8;
@@ -391,7 +430,8 @@ DEV void gemm_skinny(float* __restrict__ out, const uint16_t* __restrict__ x, co
       }
   };
   uint4 cur[2][2][2], nxt[2][2][2];
-  loadw(cur, kbeg);
+  loadw(cur, kbeg);  // the weights, before waiting for x
+  pdl_begin();
   for (int xk = kbeg; xk < kend; xk += SK_XK) {
     int xlen = min(SK_XK, kend - xk);
     __syncthreads();  // the last stage of x is consumed

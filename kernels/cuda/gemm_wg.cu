@@ -219,6 +219,7 @@ DEV void store_slab(float* __restrict__ out, const float (&acc)[BN / 2], int n, 
 
 template <int BN, int STAGES, bool SETMAXNREG>
 DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* tmx, const TMap* tmw) {
+  pdl_begin();
   constexpr int BM = GEMM_WG_BM, BK = GEMM_WG_BK;
   constexpr uint32_t A_BYTES = BM * BK * 2;  // 16 KiB
   constexpr uint32_t B_BYTES = BN * BK * 2;  // 32 or 16 KiB

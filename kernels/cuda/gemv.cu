@@ -18,6 +18,20 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ks = warp % KS, grp = warp / KS;
   int k0 = ks * NV * 256;
+  uint4 wv[R][NV];
+  auto loadw = [&](int row0) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      int row = min(row0 + r, m - 1);
+      const uint16_t* wp = w + (long)row * k + k0 + lane * 8;
+#pragma unroll
+      for (int v = 0; v < NV; v++) wv[r][v] = ld_stream(wp + v * 256);
+    }
+  };
+  // The first rows' weights are requested before waiting for x.
+  int base = blockIdx.x * ROWS;
+  if (base < m) loadw(base + grp * R);
+  pdl_begin();
   float xv[NV][8];
 #pragma unroll
   for (int v = 0; v < NV; v++) {
@@ -33,16 +47,9 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       for (int j = 0; j < 8; j++) xv[v][j] = silu(xv[v][j]) * u[j];
     }
   }
-  for (int base = blockIdx.x * ROWS; base < m; base += gridDim.x * ROWS) {
+  for (bool first = true; base < m; base += gridDim.x * ROWS, first = false) {
     int row0 = base + grp * R;
-    uint4 wv[R][NV];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      int row = min(row0 + r, m - 1);
-      const uint16_t* wp = w + (long)row * k + k0 + lane * 8;
-#pragma unroll
-      for (int v = 0; v < NV; v++) wv[r][v] = ld_stream(wp + v * 256);
-    }
+    if (!first) loadw(row0);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -106,6 +113,7 @@ SILUFAST(8, 1) SILUFAST(8, 2) SILUFAST(8, 4) SILUFAST(8, 8)
 template <typename T>
 DEV void gemv(float* __restrict__ out, const float* __restrict__ x, const typename Elem<T>::raw* __restrict__ w, int n,
               int k, int m) {
+  pdl_begin();
   constexpr int NB = 8;
   int lane = threadIdx.x & 31;
   int row = blockIdx.x * 8 + (threadIdx.x >> 5);

@@ -38,6 +38,7 @@ DEV float warp_dot(const typename Elem<T>::raw* w, const float* x, int k) {
 template <typename T>
 DEV void moe_route(int* ids, float* wts, const float* x, const typename Elem<T>::raw* router, int n, int dim,
                    int experts, int topk, int norm) {
+  pdl_begin();
   __shared__ float lg[MAX_EXPERTS];
   int t = blockIdx.x;
   if (t >= n) return;
@@ -77,6 +78,7 @@ DEV void moe_route(int* ids, float* wts, const float* x, const typename Elem<T>:
 template <typename T>
 DEV void moe_gateup(float* h, const float* x, const int* ids, Ptrs gate, Ptrs up, int n, int topk, int dim, int inter,
                     int experts, unsigned* fault) {
+  pdl_begin();
   int slot = blockIdx.y;
   int r = blockIdx.x * 8 + (threadIdx.x >> 5);
   if (slot >= n * topk || r >= inter) return;
@@ -96,6 +98,7 @@ DEV void moe_gateup(float* h, const float* x, const int* ids, Ptrs gate, Ptrs up
 template <typename T>
 DEV void moe_down(float* out, const float* h, const int* ids, const float* wts, Ptrs down, int n, int topk, int dim,
                   int inter, int experts) {
+  pdl_begin();
   int t = blockIdx.y;
   int r = blockIdx.x * 8 + (threadIdx.x >> 5);
   if (t >= n || r >= dim) return;

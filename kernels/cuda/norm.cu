@@ -6,6 +6,7 @@
 
 template <typename T, int MODE>
 DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps) {
+  pdl_begin();
   __shared__ float scratch[32];
   int row = blockIdx.x;
   if (row >= n) return;

@@ -7,6 +7,7 @@
 // sumsq2: out[row] = sum of a[row, :]^2 for rows [0, n), then
 // out[n + row] = sum of b[row, :]^2.
 extern "C" __global__ void sumsq2_f32(float* out, const float* a, const float* b, int n, int wa, int wb) {
+  pdl_begin();
   __shared__ float scratch[32];
   int row = blockIdx.x;
   const float* x = row < n ? a + (long)row * wa : b + (long)(row - n) * wb;
@@ -26,6 +27,7 @@ extern "C" __global__ void sumsq2_f32(float* out, const float* a, const float* b
 template <typename T>
 DEV void rmsnorm_shard(float* x, const float* ss, const typename Elem<T>::raw* w, int n, int dim, float inv_total,
                        float eps) {
+  pdl_begin();
   int row = blockIdx.x;
   if (row >= n) return;
   float inv = rsqrtf(ss[row] * inv_total + eps);
