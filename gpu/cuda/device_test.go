@@ -137,12 +137,15 @@ func readF32(t testing.TB, d gpu.Device, b gpu.Buffer) []float32 {
 	return v
 }
 
-// TestGEMVShapes checks the batch-1 bf16 GEMV on the OLMo-2-1B shapes
-// against a float64 product of the same bf16 weights.
+// TestGEMVShapes checks the batch-1 bf16 GEMV on the OLMo-2-1B shapes, the
+// 7B down projection (whole and over two ranks: k not a power-of-two
+// multiple of 256, or of 256 at all) and short rows against a float64
+// product of the same bf16 weights.
 func TestGEMVShapes(t *testing.T) {
 	d := open(t)
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, s := range [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {100352, 2048}, {1536, 4096}, {768, 1024}} {
+	for _, s := range [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {100352, 2048}, {1536, 4096}, {768, 1024},
+		{4096, 11008}, {4096, 5504}, {300, 264}, {40, 8}} {
 		m, k := s[0], s[1]
 		wv := randF32(r, m*k, 0.05)
 		raw := bf16Bytes(wv)

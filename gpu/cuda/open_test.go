@@ -88,14 +88,19 @@ func TestGEMVShape(t *testing.T) {
 	d := &Device{info: Info{SMs: 132}}
 	for _, c := range []struct{ k, m, nv, ks int }{
 		{2048, 2048, 2, 4}, {2048, 8192, 2, 4}, {8192, 2048, 4, 8}, {2048, 100352, 2, 4}, {1024, 64, 2, 2}, {256, 8, 1, 1}, {512, 8, 2, 1}, {4096, 8, 2, 8},
+		// OLMo-2-7B's down projection, whole and split over two ranks (43
+		// and 21.5 units), and short k.
+		{11008, 4096, 8, 8}, {5504, 4096, 4, 8}, {16384, 8, 8, 8}, {8, 8, 1, 1}, {264, 8, 2, 1},
 	} {
 		nv, ks, ok := d.gemvShape(c.k, c.m)
 		if !ok || nv != c.nv || ks != c.ks {
 			t.Errorf("gemvShape(%d, %d) = %d, %d, %v; want %d, %d", c.k, c.m, nv, ks, ok, c.nv, c.ks)
 		}
 	}
-	if _, _, ok := d.gemvShape(100, 10); ok {
-		t.Error("k=100 took the fast path")
+	for _, k := range []int{100, 16392, 0} {
+		if _, _, ok := d.gemvShape(k, 10); ok {
+			t.Errorf("k=%d took the fast path", k)
+		}
 	}
 }
 

@@ -405,20 +405,30 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 		bufArg("out", out, gpu.F32, n*m), bufArg("part", dst, gpu.F32, splits*n*m), i64Arg(n*m), i32Arg(splits))
 }
 
-// gemvShape picks the split of k for the batch-1 bf16 GEMV: k = nv*256*ks
-// with nv, ks in {1,2,4,8}, as many splits as leave each warp at least two
-// 16-byte loads per lane (measured best on the H200 for the OLMo-2-1B
-// shapes, see docs/cuda.md).
+// gemvShape picks the split of k for the batch-1 bf16 GEMV (k a multiple
+// of 8, up to 16384): k is cut into ceil(k/256) units, ks warps share a
+// row and each takes at most nv of the units (nv, ks in {1,2,4,8}). As many
+// splits as leave each warp at least two units (two 16-byte loads per
+// lane) were measured best on the H200 for the OLMo-2-1B shapes (see
+// docs/cuda.md).
 func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
-	if k%256 != 0 {
+	if k%8 != 0 || k <= 0 {
 		return 0, 0, false
 	}
-	units := k / 256
+	units := ceilDiv(k, 256)
 	for _, c := range []int{8, 4, 2, 1} {
-		n := units / c
-		if units%c == 0 && n <= 8 && n&(n-1) == 0 && (n >= 2 || units == 1) {
-			return n, c, true
+		per := ceilDiv(units, c)
+		if c > units || (per < 2 && units > 1) {
+			continue
 		}
+		nv = 1
+		for nv < per {
+			nv *= 2
+		}
+		if nv > 8 {
+			return 0, 0, false
+		}
+		return nv, c, true
 	}
 	return 0, 0, false
 }

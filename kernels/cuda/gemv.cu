@@ -2,13 +2,16 @@
 // f32 x and out, f32/bf16/f16 w, f32 accumulation.
 #include "common.cuh"
 
-// gemv_bf16_fast: batch 1, k == KS * NV * 256. A block is 8 warps; each
-// k-slice of NV*256 elements belongs to one warp, a row to KS warps (split-K
-// inside the block, combined through shared memory). Each warp keeps its
-// slice of x in registers and walks R rows at a time with 16-byte streaming
-// loads, so R*NV loads are in flight per lane. The grid strides over row
-// groups. With SILU, x holds gate then up (2k elements) and the input is
-// silu(gate) * up, formed as x is loaded (the down projection of a gated MLP).
+// gemv_bf16_fast: batch 1, k a multiple of 8 up to NV * KS * 256. A block
+// is 8 warps; k is cut into units of 256 elements (the last may be short),
+// unit u belonging to warp u % KS of a row's KS warps (split-K inside the
+// block, combined through shared memory), at most NV units a warp. Each
+// warp keeps its units of x in registers and walks R rows at a time with
+// 16-byte streaming loads, so R*NV loads are in flight per lane. The grid
+// strides over row groups; the first group's weights are requested before
+// the kernel waits for x (pdl_begin). With SILU, x holds gate then up (2k
+// elements) and the input is silu(gate) * up, formed as x is loaded (the
+// down projection of a gated MLP).
 template <int NV, int KS, int R, bool SILU = false>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
                         int m) {
@@ -17,15 +20,17 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   __shared__ float part[KS > 1 ? KS : 1][ROWS];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ks = warp % KS, grp = warp / KS;
-  int k0 = ks * NV * 256;
+  // The lane's 8 elements of its warp's unit v start at off(v); with k % 8
+  // == 0 they lie wholly inside k or wholly beyond it.
+  auto off = [&](int v) { return (v * KS + ks) * 256 + lane * 8; };
   uint4 wv[R][NV];
   auto loadw = [&](int row0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
       int row = min(row0 + r, m - 1);
-      const uint16_t* wp = w + (long)row * k + k0 + lane * 8;
+      const uint16_t* wp = w + (long)row * k;
 #pragma unroll
-      for (int v = 0; v < NV; v++) wv[r][v] = ld_stream(wp + v * 256);
+      for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_stream(wp + off(v)) : make_uint4(0, 0, 0, 0);
     }
   };
   // The first rows' weights are requested before waiting for x.
@@ -35,12 +40,17 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   float xv[NV][8];
 #pragma unroll
   for (int v = 0; v < NV; v++) {
-    const float4* xp = reinterpret_cast<const float4*>(x + k0 + (v * 32 + lane) * 8);
+    if (off(v) >= k) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) xv[v][j] = 0.f;
+      continue;
+    }
+    const float4* xp = reinterpret_cast<const float4*>(x + off(v));
     float4 a = xp[0], b = xp[1];
     xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
     xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
     if (SILU) {
-      const float4* up = reinterpret_cast<const float4*>(x + k + k0 + (v * 32 + lane) * 8);
+      const float4* up = reinterpret_cast<const float4*>(x + k + off(v));
       float4 c = up[0], e = up[1];
       float u[8] = {c.x, c.y, c.z, c.w, e.x, e.y, e.z, e.w};
 #pragma unroll
