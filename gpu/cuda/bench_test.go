@@ -139,6 +139,63 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 }
 
+// BenchmarkGEMVGrid sweeps the blocks per SM of the batch-1 GEMV, plain
+// and with SiLU folded in, on the OLMo-2 1B and 7B shapes (m x k; the 7B
+// down projection also as one of two tensor-parallel ranks holds it). Each
+// block reads all of x once, so wide x favours fewer blocks.
+func BenchmarkGEMVGrid(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct {
+		m, k int
+		silu bool
+	}{
+		{2048, 8192, true}, {4096, 11008, true}, {4096, 5504, true}, {2048, 8192, false},
+		{12288, 4096, false}, {4096, 4096, false}, {22016, 4096, false}, {6144, 2048, false}, {16384, 2048, false},
+	} {
+		m, k := c.m, c.k
+		raw := bf16Bytes(randF32(r, m*k, 0.05))
+		ws := rotating(b, d, gpu.BF16, raw)
+		xk := k
+		if c.silu {
+			xk = 2 * k
+		}
+		x := f32buf(b, d, randF32(r, xk, 1))
+		out := alloc(b, d, gpu.F32, m)
+		per := len(ws) * max(1, 32/len(ws))
+		nv, ks, ok := d.gemvShape(k, m)
+		if !ok {
+			b.Fatalf("no fast GEMV for k=%d", k)
+		}
+		name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
+		if c.silu {
+			name = fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)
+		}
+		for _, perSM := range []int{0, 1, 2, 3, 4} {
+			grid := d.gemvGrid(ks, m, k, c.silu)
+			if perSM > 0 {
+				grid = min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
+			}
+			b.Run(fmt.Sprintf("%dx%d/silu=%v/perSM%d_grid%d", m, k, c.silu, perSM, grid), func(b *testing.B) {
+				graphRate(b, d, per, float64(len(raw)), func() error {
+					for i := 0; i < per; i++ {
+						err := d.launch(d.k(name), grid1(grid), grid1(256), 0,
+							bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, xk),
+							bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(k), i32Arg(m))
+						if err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			})
+		}
+		for _, w := range ws {
+			d.Free(w)
+		}
+	}
+}
+
 // BenchmarkReadBandwidth is the roofline the GEMVs are compared with: a
 // read-only reduction over 4 GiB of f32.
 func BenchmarkReadBandwidth(b *testing.B) {

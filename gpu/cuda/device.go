@@ -69,6 +69,7 @@ type Device struct {
 	fault     *[4]uint32
 	faultHost unsafe.Pointer
 	faultDev  uint64
+	counters  *Buffer // maxCounters zeroed words (see init)
 	staging   unsafe.Pointer
 	halves    [2]stageHalf
 	cur       int
@@ -269,6 +270,17 @@ func (d *Device) init() error {
 			return err
 		}
 	}
+	// Counters of the kernels whose last block finishes the work (Argmax),
+	// zero between launches. Made here, before anything is recorded, so
+	// that their zeroing is never only a node of a graph.
+	d.counters = &Buffer{dev: d, dt: gpu.I32, n: maxCounters, size: 4 * maxCounters}
+	if err := drv.cuMemAlloc_v2.call(ptr(&d.counters.ptr), uintptr(d.counters.size)); err != nil {
+		return err
+	}
+	d.bufs[d.counters] = struct{}{}
+	if err := drv.cuMemsetD8Async.call(uintptr(d.counters.ptr), 0, uintptr(d.counters.size), d.stream); err != nil {
+		return err
+	}
 	return d.loadKernels()
 }
 
@@ -280,6 +292,9 @@ func cstring(b []byte) string {
 	}
 	return string(b)
 }
+
+// maxCounters is the length of Device.counters: one per row of an Argmax.
+const maxCounters = 65535
 
 // codeCubin is Info.Code when the Hopper cubins are loaded.
 const codeCubin = "cubin sm_90a"

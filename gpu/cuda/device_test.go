@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -178,24 +179,44 @@ func TestGEMVShapes(t *testing.T) {
 func TestArgmax(t *testing.T) {
 	d := open(t)
 	r := rand.New(rand.NewPCG(5, 6))
-	n, width := 3, 100352
+	// Rows are shared by blocks of 2048 values: the ties and the maxima
+	// below lie in different blocks.
+	n, width := 4, 100352
 	v := randF32(r, n*width, 1)
 	v[0*width+777] = 9
 	v[0*width+5000] = 9 // tie: the lower index wins
 	v[1*width+width-1] = 7
 	v[2*width+12] = float32(math.NaN())
 	v[2*width+13] = 8
+	for i := range width {
+		v[3*width+i] = float32(math.NaN()) // a row of NaNs gives 0
+	}
 	logits := f32buf(t, d, v)
 	out := alloc(t, d, gpu.I32, n)
-	if err := d.Argmax(out, logits, n, width); err != nil {
+	want := []int32{777, int32(width - 1), 13, 0}
+	for range 3 { // the blocks' counters are left zero for the next call
+		if err := d.Argmax(out, logits, n, width); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]int32, n)
+		if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	// A row narrower than one block.
+	small := f32buf(t, d, []float32{1, 3, 2, 3, -1})
+	if err := d.Argmax(out, small, 1, 5); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]int32, n)
+	got := make([]int32, 1)
 	if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
 		t.Fatal(err)
 	}
-	if want := []int32{777, int32(width - 1), 13}; got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
-		t.Fatalf("got %v, want %v", got, want)
+	if got[0] != 1 {
+		t.Fatalf("argmax of [1 3 2 3 -1] = %d, want 1", got[0])
 	}
 }
 

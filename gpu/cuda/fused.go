@@ -176,7 +176,7 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if n == 1 && b[2].dt == gpu.BF16 {
 		if nv, ks, ok := d.gemvShape(k, m); ok {
 			if kern := d.k(fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
-				return d.launch(kern, grid1(d.gemvGrid(ks, m)), grid1(256), 0,
+				return d.launch(kern, grid1(d.gemvGrid(ks, m, k, true)), grid1(256), 0,
 					bufArg("out", b[0], gpu.F32, m), bufArg("gu", b[1], gpu.F32, 2*k), bufArg("w", b[2], gpu.BF16, m*k),
 					i32Arg(k), i32Arg(m))
 			}

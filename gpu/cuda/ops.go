@@ -200,7 +200,7 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 && n == 1 {
 		if nv, ks, ok := d.gemvShape(k, m); ok {
-			g := d.gemvGrid(ks, m)
+			g := d.gemvGrid(ks, m, k, false)
 			name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
 			return d.launch(d.k(name), grid1(g), grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
 		}
@@ -434,8 +434,12 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 }
 
 // gemvGrid is the fast GEMV's grid: every row group its own block, up to
-// four blocks per SM (the grid strides beyond that).
-func (d *Device) gemvGrid(ks, m int) int { return min(ceilDiv(m, 8/ks*2), 4*d.info.SMs) }
+// four blocks per SM (the grid strides beyond that). Each block reads all
+// of x (k f32, 2k with SiLU), so a wide x gets fewer blocks.
+func (d *Device) gemvGrid(ks, m, k int, silu bool) int {
+	perSM := 4
+	return min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
+}
 
 // RMSNorm implements gpu.Ops.
 func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
@@ -825,6 +829,20 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 	if err := wantDT("argmax", "logits", b[1], gpu.F32); err != nil {
 		return err
 	}
-	return d.launch(d.k("argmax_f32"), grid1(n), grid1(1024), 0,
-		bufArg("out", b[0], gpu.I32, n), bufArg("logits", b[1], gpu.F32, n*width), i32Arg(n), i32Arg(width))
+	if n > maxCounters {
+		return fmt.Errorf("argmax: %d rows, at most %d", n, maxCounters)
+	}
+	// Blocks of about 2048 values share a row; the last to finish reduces.
+	parts := max(1, min(ceilDiv(width, 2048), 128))
+	pv, err := d.scratchBuf("argmax.v", gpu.F32, n*parts)
+	if err != nil {
+		return fmt.Errorf("argmax: %w", err)
+	}
+	pi, err := d.scratchBuf("argmax.i", gpu.I32, n*parts)
+	if err != nil {
+		return fmt.Errorf("argmax: %w", err)
+	}
+	return d.launch(d.k("argmax_f32"), dim3{uint32(parts), uint32(n), 1}, grid1(256), 0,
+		bufArg("out", b[0], gpu.I32, n), bufArg("logits", b[1], gpu.F32, n*width), i32Arg(n), i32Arg(width),
+		bufArg("pv", pv, gpu.F32, n*parts), bufArg("pi", pi, gpu.I32, n*parts), bufArg("cnt", d.counters, gpu.I32, n))
 }

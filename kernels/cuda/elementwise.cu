@@ -36,11 +36,8 @@ extern "C" __global__ void rope_f32(float* x, const int* pos, const float* inv_f
   double p = (double)pos[t];
   float* row = x + (long)th * hd;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // The angle reaches thousands of radians: form and reduce it in f64 so
-    // that f32 rounding of the angle does not become the rotation's error.
-    double sd, cd;
-    sincos(p * (double)inv_freq[i], &sd, &cd);
-    float s = (float)sd, c = (float)cd;
+    float s, c;
+    rope_sincos(p, inv_freq[i], &s, &c);
     float a = row[i], b = row[i + half];
     row[i] = a * c - b * s;
     row[i + half] = b * c + a * s;
@@ -80,7 +77,10 @@ extern "C" __global__ void storekv_f16(uint16_t* kc, uint16_t* vc, const float* 
 }
 
 // Argmax over rows of width; ties go to the lowest index, NaNs are skipped
-// (a row of NaNs gives 0). One block per row.
+// (a row of NaNs gives 0). gridDim.x blocks share a row (blockIdx.y): each
+// finds its chunk's best and writes it to pv/pi, and the last block of the
+// row to finish (counted in cnt[row], which it resets for the next launch)
+// reduces those in block order, so the result does not depend on timing.
 DEV void better(float& bv, int& bi, float v, int i) {
   if (v > bv || (v == bv && i < bi)) {
     bv = v;
@@ -88,16 +88,8 @@ DEV void better(float& bv, int& bi, float v, int i) {
   }
 }
 
-extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int width) {
-  pdl_begin();
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  int row = blockIdx.x;
-  if (row >= n) return;
-  const float* x = logits + (long)row * width;
-  float bv = -__int_as_float(0x7f800000);
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < width; i += blockDim.x) better(bv, bi, x[i], i);
+// block_best reduces (bv, bi) over the block; thread 0 gets the result.
+DEV void block_best(float& bv, int& bi, float* sv, int* si) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float v = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -105,6 +97,7 @@ extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int 
     better(bv, bi, v, j);
   }
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
   if (lane == 0) {
     sv[warp] = bv;
     si[warp] = bi;
@@ -120,7 +113,41 @@ extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int 
       int j = __shfl_xor_sync(0xffffffffu, bi, o);
       better(bv, bi, v, j);
     }
-    if (lane == 0) out[row] = bi == 0x7fffffff ? 0 : bi;
+  }
+}
+
+extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int width, float* pv, int* pi,
+                                      unsigned* cnt) {
+  pdl_begin();
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  __shared__ bool last;
+  int row = blockIdx.y;
+  if (row >= n) return;
+  const float* x = logits + (long)row * width;
+  int chunk = (width + gridDim.x - 1) / gridDim.x;
+  int lo = blockIdx.x * chunk, hi = min(width, lo + chunk);
+  float bv = -__int_as_float(0x7f800000);
+  int bi = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, x[i], i);
+  block_best(bv, bi, sv, si);
+  long p = (long)row * gridDim.x;
+  if (threadIdx.x == 0) {
+    pv[p + blockIdx.x] = bv;
+    pi[p + blockIdx.x] = bi;
+    __threadfence();
+    last = atomicAdd(&cnt[row], 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  bv = -__int_as_float(0x7f800000);
+  bi = 0x7fffffff;
+  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) better(bv, bi, __ldcg(pv + p + b), __ldcg(pi + p + b));
+  block_best(bv, bi, sv, si);
+  if (threadIdx.x == 0) {
+    out[row] = bi == 0x7fffffff ? 0 : bi;
+    cnt[row] = 0;
   }
 }
 

@@ -68,9 +68,8 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
       a = a * inv * Elem<W>::load(w, woff + i);
       b = b * inv * Elem<W>::load(w, woff + i + half);
     }
-    double sd, cd;
-    sincos(p * (double)inv_freq[i], &sd, &cd);
-    float sn = (float)sd, cs = (float)cd;
+    float sn, cs;
+    rope_sincos(p, inv_freq[i], &sn, &cs);
     float ra = a * cs - b * sn, rb = b * cs + a * sn;
     if (isk) {
       Elem<C>::store(kc, d + i, ra);

@@ -6,15 +6,56 @@
 
 template <typename T, int MODE>
 DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps) {
-  pdl_begin();
+  constexpr int E = 8;  // elements a thread holds in registers when the row fits
   __shared__ float scratch[32];
+  const int nb = blockDim.x;
+  const bool fits = dim <= E * nb;
+  float wv[E];
+  if (fits) {  // the weights first: nothing writes them
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int j = threadIdx.x + e * nb;
+      wv[e] = j < dim ? Elem<T>::load(w, j) : 0.f;
+    }
+  }
+  pdl_begin();
   int row = blockIdx.x;
   if (row >= n) return;
   const float* xr = x + (long)row * dim;
   float* rr = r + (long)row * dim;
   float* orow = out + (long)row * dim;
   float ss = 0.f;
-  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+  if (fits) {
+    // One pass over memory: x (and r) into registers, the sum, the stores.
+    float xv[E], rv[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int j = threadIdx.x + e * nb;
+      xv[e] = j < dim ? xr[j] : 0.f;
+      rv[e] = (MODE != 0 && j < dim) ? rr[j] : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (MODE == 1) {
+        xv[e] += rv[e];
+        int j = threadIdx.x + e * nb;
+        if (j < dim) rr[j] = xv[e];
+      }
+      ss += xv[e] * xv[e];
+    }
+    ss = block_sum(ss, scratch);
+    float inv = rsqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int j = threadIdx.x + e * nb;
+      if (j >= dim) continue;
+      float v = xv[e] * inv * wv[e];
+      if (MODE == 2) rr[j] = rv[e] + v;
+      else orow[j] = v;
+    }
+    return;
+  }
+  for (int j = threadIdx.x; j < dim; j += nb) {
     float v = xr[j];
     if (MODE == 1) {
       v += rr[j];
@@ -24,7 +65,7 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   }
   ss = block_sum(ss, scratch);
   float inv = rsqrtf(ss / (float)dim + eps);
-  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+  for (int j = threadIdx.x; j < dim; j += nb) {
     float v = (MODE == 1 ? rr[j] : xr[j]) * inv * Elem<T>::load(w, j);
     if (MODE == 2) rr[j] += v;
     else orow[j] = v;
