@@ -97,6 +97,16 @@ func TestGEMVShape(t *testing.T) {
 			t.Errorf("gemvShape(%d, %d) = %d, %d, %v; want %d, %d", c.k, c.m, nv, ks, ok, c.nv, c.ks)
 		}
 	}
+	// Grids: up to four blocks per SM; SiLU's wide x two, or one past 8192.
+	for _, c := range []struct {
+		ks, m, k int
+		silu     bool
+		want     int
+	}{{4, 2048, 2048, false, 512}, {8, 22016, 4096, false, 528}, {8, 2048, 8192, true, 264}, {8, 4096, 11008, true, 132}, {8, 8, 8192, true, 4}} {
+		if g := d.gemvGrid(c.ks, c.m, c.k, c.silu); g != c.want {
+			t.Errorf("gemvGrid(%d, %d, %d, %v) = %d, want %d", c.ks, c.m, c.k, c.silu, g, c.want)
+		}
+	}
 	for _, k := range []int{100, 16392, 0} {
 		if _, _, ok := d.gemvShape(k, 10); ok {
 			t.Errorf("k=%d took the fast path", k)

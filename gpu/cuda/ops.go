@@ -435,9 +435,17 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 
 // gemvGrid is the fast GEMV's grid: every row group its own block, up to
 // four blocks per SM (the grid strides beyond that). Each block reads all
-// of x (k f32, 2k with SiLU), so a wide x gets fewer blocks.
+// of x: with SiLU that is gate and up (8k bytes), and fewer blocks, two per
+// SM, or one beyond k = 8192, were measured faster on an H200
+// (BenchmarkGEMVGrid, docs/cuda.md).
 func (d *Device) gemvGrid(ks, m, k int, silu bool) int {
 	perSM := 4
+	switch {
+	case silu && k > 8192:
+		perSM = 1
+	case silu:
+		perSM = 2
+	}
 	return min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
 }
 
