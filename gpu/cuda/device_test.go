@@ -176,6 +176,48 @@ func TestGEMVShapes(t *testing.T) {
 	}
 }
 
+// TestSkinnyExact checks decode-batch products against a float64 product
+// of the same 16-bit weights and the f32 x: up to 32 rows within f32
+// rounding (x's rounding remainder goes through a second mma), more rows
+// within bf16 (f16) rounding of x.
+func TestSkinnyExact(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, c := range []struct {
+		dt      gpu.DType
+		n, k, m int
+		tol     float64
+	}{
+		{gpu.BF16, 9, 512, 300, 1e-5}, {gpu.BF16, 24, 2048, 640, 1e-5}, {gpu.F16, 32, 1024, 200, 1e-5},
+		{gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
+	} {
+		wv, xv := randF32(r, c.m*c.k, 0.05), randF32(r, c.n*c.k, 1)
+		raw := bf16Bytes(wv)
+		dec := gpu.BF16ToF32
+		if c.dt == gpu.F16 {
+			raw, dec = f16Bytes(wv), gpu.F16ToF32
+		}
+		out := alloc(t, d, gpu.F32, c.n*c.m)
+		if err := d.MatMul(out, f32buf(t, d, xv), weights(t, d, c.dt, raw), c.n, c.k, c.m); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float32, c.n*c.m)
+		for i := range c.n {
+			for j := range c.m {
+				var acc float64
+				for l := range c.k {
+					h := uint16(raw[2*(j*c.k+l)]) | uint16(raw[2*(j*c.k+l)+1])<<8
+					acc += float64(dec(h)) * float64(xv[i*c.k+l])
+				}
+				want[i*c.m+j] = float32(acc)
+			}
+		}
+		if e := gputest.RelL2(readF32(t, d, out), want); !(e <= c.tol) {
+			t.Errorf("%s %dx%dx%d: relative L2 error %.3g, want <= %.0e", c.dt, c.n, c.m, c.k, e, c.tol)
+		}
+	}
+}
+
 func TestArgmax(t *testing.T) {
 	d := open(t)
 	r := rand.New(rand.NewPCG(5, 6))

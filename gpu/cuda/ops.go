@@ -36,7 +36,7 @@ func kernelNames() []string {
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s,
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s, "gemm_skinny_"+s+"_exact",
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128")
 	}
 	for _, nv := range []int{1, 2, 4, 8} {
@@ -340,12 +340,15 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 	return ceilDiv(k, chunk), chunk
 }
 
-// gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8: x rounded to
-// w's type once, the tensor-core product (gemm_skinny for decode batches,
-// gemm_pipe tiles otherwise), and when k is split the ordered sum of the
-// partial products. With silu, x holds n rows of gate then up ([n, 2k])
-// and the product's input is silu(gate)*up, rounded.
+// gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
+// batches (gemm_skinny) read x in f32; prompts round x to w's type once,
+// then run the Hopper product or gemm_pipe tiles. When k is split, the
+// ordered sum of the partial products follows. With silu, x holds n rows
+// of gate then up ([n, 2k]) and the product's input is silu(gate)*up.
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
+	if n <= skinnyRows && k%64 == 0 {
+		return d.skinny(out, x, w, n, k, m, silu)
+	}
 	suf := suffix(w.dt)
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
@@ -370,33 +373,58 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
 		return err
 	}
-	var (
-		kern          *kernel
-		grid          dim3
-		threads       = 256
-		shmem         int
-		splits, chunk int
-	)
-	if n <= skinnyRows && k%64 == 0 {
-		splits, chunk = skinnySplits(m, k, d.info.SMs)
-		kern, grid, threads = d.k("gemm_skinny_"+suf), dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}, 128
-	} else {
-		t := gemmTileFor(n)
-		if ceilDiv(n, t.rows) > 65535 {
-			return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*t.rows)
-		}
-		splits, chunk = t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
-		kern, threads, shmem = d.k("gemm_"+suf+t.suffix), t.threads, t.shmem
-		grid = dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)}
+	t := gemmTileFor(n)
+	if ceilDiv(n, t.rows) > 65535 {
+		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*t.rows)
 	}
+	splits, chunk := t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
+	grid := dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)}
+	return d.splitProduct(d.k("gemm_"+suf+t.suffix), grid, t.threads, t.shmem, out, xs, w, n, k, m, splits, chunk)
+}
+
+// skinnyExactRows is the most rows for which gemm_skinny also multiplies
+// the remainder of x's rounding (the _exact kernels): products as exact as
+// f32 x for steps of a few tokens, where the second mma costs little.
+const skinnyExactRows = 32
+
+// skinnyShmem is gemm_skinny's dynamic shared memory: 64 rows of SK_XK
+// (256) f32.
+const skinnyShmem = 64 * 256 * 4
+
+// skinny runs a decode batch's product on gemm_skinny, x in f32.
+func (d *Device) skinny(out, x, w *Buffer, n, k, m int, silu bool) error {
+	if silu {
+		s, err := d.scratchBuf("silu", gpu.F32, n*k)
+		if err != nil {
+			return err
+		}
+		if err := d.siluRows(s, x, n, k); err != nil {
+			return err
+		}
+		x = s
+	}
+	name := "gemm_skinny_" + suffix(w.dt)
+	if n <= skinnyExactRows {
+		name += "_exact"
+	}
+	splits, chunk := skinnySplits(m, k, d.info.SMs)
+	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+	return d.splitProduct(d.k(name), grid, 128, skinnyShmem, out, x, w, n, k, m, splits, chunk)
+}
+
+// splitProduct launches a product kernel taking (out, x, w, n, k, m,
+// chunk) whose splits of k write partial products, then sums them in
+// split order into out.
+func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, x, w *Buffer, n, k, m, splits, chunk int) error {
 	dst := out
 	if splits > 1 {
+		var err error
 		if dst, err = d.scratchBuf("gemm.part", gpu.F32, splits*n*m); err != nil {
 			return err
 		}
 	}
-	err = d.launch(kern, grid, grid1(threads), shmem,
-		bufArg("out", dst, gpu.F32, splits*n*m), bufArg("x", xs, w.dt, n*k), bufArg("w", w, w.dt, m*k),
+	err := d.launch(kern, grid, grid1(threads), shmem,
+		bufArg("out", dst, gpu.F32, splits*n*m), bufArg("x", x, x.dt, n*k), bufArg("w", w, w.dt, m*k),
 		i32Arg(n), i32Arg(k), i32Arg(m), i32Arg(chunk))
 	if err != nil || splits == 1 {
 		return err

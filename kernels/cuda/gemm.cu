@@ -9,14 +9,15 @@
 // partial product and splitk_sum adds them in split order, so results do
 // not depend on scheduling.
 //
-// gemm_skinny_{bf16,f16}: products of at most 64 rows of x (decode
+// gemm_skinny_{bf16,f16}[_exact]: products of at most 64 rows of x (decode
 // batches) are a stream of the weights. Each warp takes 32 rows of w and
 // reads them straight from memory into registers, 16-byte loads one step
 // ahead, as the A operand (the weights' rows are the mma's M); x's rows
-// (tokens) are the N side, staged once per 256 of k in shared memory for
-// the block's four warps. The mma's k slots take the k of a thread's own
-// 16-byte loads in a permuted order, the same for both operands, so no
-// shuffling is needed.
+// (tokens) are the N side, staged in f32 once per 256 of k in shared
+// memory for the block's four warps and rounded as the B operand is
+// formed (_exact: its remainder through a second mma). The mma's k slots
+// take the k of a thread's own 16-byte loads in a permuted order, the same
+// for both operands, so no shuffling is needed.
 //
 // gemm_bf16 / gemm_f16 are the older register-staged kernels, kept for k
 // not a multiple of 8 (rows of w not 16-byte aligned); gemm_f32 is a plain
@@ -372,7 +373,7 @@ PIPE(bf16, BF16)
 PIPE(f16, F16)
 
 #define SK_ROWS 128  // weight rows per block, 32 per warp
-#define SK_XK 256    // k of x staged in shared memory at a time
+#define SK_XK 256    // k of x staged in shared memory at a time (f32: 64 KiB)
 
 DEV uint32_t word(const uint4& lo, const uint4& hi, int i) {
   switch (i) {
@@ -387,12 +388,33 @@ DEV uint32_t word(const uint4& lo, const uint4& hi, int i) {
   }
 }
 
-// out (+ blockIdx.y*n*m when k is split) [n,m] = x16[n,k] · w[m,k]ᵀ over k in
+// split2 rounds a and b to T (hi, packed as pack2 does) and their
+// remainders a - hi, b - hi to T (lo): hi + lo carries about twice T's
+// mantissa, so x·w over both halves is within f32 rounding of the f32 x.
+template <typename T> DEV void split2(float a, float b, uint32_t& hi, uint32_t& lo);
+template <> DEV void split2<BF16>(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<BF16>(a, b);
+  lo = pack2<BF16>(a - bflo(hi), b - bfhi(hi));
+}
+template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<F16>(a, b);
+  lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
+}
+
+// skinny_chunk is the place of 16-byte chunk c (4 floats) of row r of the
+// staged x: the XOR spreads the 8 lanes of a 16-byte load phase (two rows,
+// four k offsets 16 floats apart) over all 32 banks.
+DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)); }
+
+// out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
 // [blockIdx.y*kchunk, +kchunk); n <= 64, k % 64 == 0, kchunk % 64 == 0.
-template <typename T>
-DEV void gemm_skinny(float* __restrict__ out, const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, int n,
+// x is f32, staged in shared memory (dynamic, 64 * SK_XK floats) and
+// rounded to T as the mma's B operand is formed; with EXACT its remainder
+// runs through a second mma, so the product is as exact as f32 x·w.
+template <typename T, bool EXACT>
+DEV void gemm_skinny(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
                      int k, int m, int kchunk) {
-  __shared__ __align__(16) uint16_t xs[64 * SK_XK];
+  extern __shared__ __align__(16) float xs[];
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   int row0 = blockIdx.x * SK_ROWS + warp * 32;
   int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
@@ -435,32 +457,35 @@ DEV void gemm_skinny(float* __restrict__ out, const uint16_t* __restrict__ x, co
   for (int xk = kbeg; xk < kend; xk += SK_XK) {
     int xlen = min(SK_XK, kend - xk);
     __syncthreads();  // the last stage of x is consumed
-    for (int i = tid; i < 64 * (SK_XK / 8); i += 128) {
-      int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
-      bool ok = r < n && c * 8 < xlen;
-      cp_async16(xs + r * SK_XK + ((c ^ (r & 7)) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
+    for (int i = tid; i < 64 * (SK_XK / 4); i += 128) {
+      int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
+      bool ok = r < n && c * 4 < xlen;
+      cp_async16(xs + r * SK_XK + (skinny_chunk(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     for (int kk = 0; kk < xlen; kk += 64) {
       loadw(nxt, xk + kk + 64);
-      // x: token rows t*8+g, the 16 k of this thread at kk + q*16, one
-      // token tile at a time (registers bound the blocks per SM).
+      // x: token rows t*8+g, the 16 k of this thread at kk + q*16 (four
+      // chunks), one token tile at a time (registers bound the blocks per SM).
 #pragma unroll
       for (int t = 0; t < 8; t++) {
         if (t >= ntn) continue;
-        int r = t * 8 + g, c = (kk >> 3) + q * 2;
-        uint4 x0 = *reinterpret_cast<const uint4*>(xs + r * SK_XK + ((c ^ g) << 3));
-        uint4 x1 = *reinterpret_cast<const uint4*>(xs + r * SK_XK + (((c + 1) ^ g) << 3));
+        const float* xrow = xs + (t * 8 + g) * SK_XK;
+        int c0 = (kk >> 2) + q * 4;
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-          uint32_t b[2] = {word(x0, x1, 2 * s), word(x0, x1, 2 * s + 1)};
+          float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk(c0 + s, g) << 2));
+          uint32_t bh[2], bl[2];
+          split2<T>(v.x, v.y, bh[0], bl[0]);
+          split2<T>(v.z, v.w, bh[1], bl[1]);
 #pragma unroll
           for (int rs = 0; rs < 2; rs++) {
             uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
                              word(cur[rs][0][0], cur[rs][0][1], 2 * s + 1), word(cur[rs][1][0], cur[rs][1][1], 2 * s + 1)};
-            mma16816<T>(acc[rs][t], a, b);
+            mma16816<T>(acc[rs][t], a, bh);
+            if (EXACT) mma16816<T>(acc[rs][t], a, bl);
           }
         }
       }
@@ -487,11 +512,12 @@ DEV void gemm_skinny(float* __restrict__ out, const uint16_t* __restrict__ x, co
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_bf16(float* out, const uint16_t* x, const uint16_t* w,
-                                                                   int n, int k, int m, int kchunk) {
-  gemm_skinny<BF16>(out, x, w, n, k, m, kchunk);
-}
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_f16(float* out, const uint16_t* x, const uint16_t* w,
-                                                                  int n, int k, int m, int kchunk) {
-  gemm_skinny<F16>(out, x, w, n, k, m, kchunk);
-}
+#define SKINNY(name, T, suffix, EXACT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      gemm_skinny_##name##suffix(float* out, const float* x, const uint16_t* w, int n, int k, int m, int kchunk) { \
+    gemm_skinny<T, EXACT>(out, x, w, n, k, m, kchunk);                                                         \
+  }
+SKINNY(bf16, BF16, , false)
+SKINNY(f16, F16, , false)
+SKINNY(bf16, BF16, _exact, true)
+SKINNY(f16, F16, _exact, true)
