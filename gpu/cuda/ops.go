@@ -341,15 +341,30 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 }
 
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
-// batches (gemm_skinny) read x in f32; prompts round x to w's type once,
-// then run the Hopper product or gemm_pipe tiles. When k is split, the
-// ordered sum of the partial products follows. With silu, x holds n rows
-// of gate then up ([n, 2k]) and the product's input is silu(gate)*up.
+// batches of up to skinnyExactRows rows run gemm_skinny_*_exact on x in
+// f32; otherwise x is rounded to w's type once and the product runs on
+// gemm_skinny (up to 64 rows), the Hopper product or gemm_pipe tiles. When
+// k is split, the ordered sum of the partial products follows. With silu,
+// x holds n rows of gate then up ([n, 2k]) and the product's input is
+// silu(gate)*up.
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
-	if n <= skinnyRows && k%64 == 0 {
-		return d.skinny(out, x, w, n, k, m, silu)
-	}
+	skinny := n <= skinnyRows && k%64 == 0
 	suf := suffix(w.dt)
+	if skinny && n <= skinnyExactRows {
+		if silu {
+			s, err := d.scratchBuf("silu", gpu.F32, n*k)
+			if err != nil {
+				return err
+			}
+			if err := d.siluRows(s, x, n, k); err != nil {
+				return err
+			}
+			x = s
+		}
+		splits, chunk := skinnySplits(m, k, d.info.SMs)
+		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+		return d.splitProduct(d.k("gemm_skinny_"+suf+"_exact"), grid, 128, skinnyExactShmem, out, x, w, n, k, m, splits, chunk)
+	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
 		return err
@@ -370,6 +385,11 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 		}
 		d.rounded = key
 	}
+	if skinny {
+		splits, chunk := skinnySplits(m, k, d.info.SMs)
+		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+		return d.splitProduct(d.k("gemm_skinny_"+suf), grid, 128, 0, out, xs, w, n, k, m, splits, chunk)
+	}
 	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
 		return err
 	}
@@ -382,35 +402,16 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	return d.splitProduct(d.k("gemm_"+suf+t.suffix), grid, t.threads, t.shmem, out, xs, w, n, k, m, splits, chunk)
 }
 
-// skinnyExactRows is the most rows for which gemm_skinny also multiplies
-// the remainder of x's rounding (the _exact kernels): products as exact as
-// f32 x for steps of a few tokens, where the second mma costs little.
+// skinnyExactRows is the most rows for which decode-batch products take x
+// in f32 and also multiply the remainder of its rounding
+// (gemm_skinny_*_exact): as exact as f32 x for steps of a few tokens. More
+// rows round x to 16 bits: the exact kernel reads twice the bytes of x,
+// which at 64 rows cost as much as the weights (docs/cuda.md).
 const skinnyExactRows = 32
 
-// skinnyShmem is gemm_skinny's dynamic shared memory: 64 rows of SK_XK
-// (256) f32.
-const skinnyShmem = 64 * 256 * 4
-
-// skinny runs a decode batch's product on gemm_skinny, x in f32.
-func (d *Device) skinny(out, x, w *Buffer, n, k, m int, silu bool) error {
-	if silu {
-		s, err := d.scratchBuf("silu", gpu.F32, n*k)
-		if err != nil {
-			return err
-		}
-		if err := d.siluRows(s, x, n, k); err != nil {
-			return err
-		}
-		x = s
-	}
-	name := "gemm_skinny_" + suffix(w.dt)
-	if n <= skinnyExactRows {
-		name += "_exact"
-	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs)
-	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(name), grid, 128, skinnyShmem, out, x, w, n, k, m, splits, chunk)
-}
+// skinnyExactShmem is gemm_skinny_*_exact's dynamic shared memory: 64 rows
+// of SK_XK (256) f32.
+const skinnyExactShmem = 64 * 256 * 4
 
 // splitProduct launches a product kernel taking (out, x, w, n, k, m,
 // chunk) whose splits of k write partial products, then sums them in
