@@ -17,3 +17,9 @@ type ModelEngine struct {
 func (e *ModelEngine) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
 	return e.Model.Forward(ctx, e.Cache, b, logits)
 }
+
+// ForwardArgmax implements ArgmaxEngine: on a device with a device-side
+// argmax only the chosen ids come back, not the logits.
+func (e *ModelEngine) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	return e.Model.ForwardArgmax(ctx, e.Cache, b, ids)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/troupe/troupe/bus"
@@ -43,6 +44,8 @@ type Failover struct {
 	valid   []map[int32]uint64 // per placement: block -> offsets whose KV it holds
 	hist    map[int32][]int32  // block -> token at each offset (-1: none)
 	scratch []float32
+	vocab   int
+	logits  []float32 // a greedy step's logits, from an engine without ArgmaxEngine
 }
 
 // NewFailover returns a Failover over engines (named by names, in order
@@ -58,7 +61,7 @@ func NewFailover(engines []Engine, names []string, blockSize, maxTokens, vocab i
 	}
 	f := &Failover{blockSize: blockSize, maxTokens: maxTokens, engines: engines, names: names,
 		up: make([]bool, len(engines)), restored: make([]bool, len(engines)),
-		valid: make([]map[int32]uint64, len(engines)), hist: map[int32][]int32{}, scratch: make([]float32, vocab)}
+		valid: make([]map[int32]uint64, len(engines)), hist: map[int32][]int32{}, scratch: make([]float32, vocab), vocab: vocab}
 	for i := range engines {
 		f.up[i] = true
 		f.valid[i] = map[int32]uint64{}
@@ -134,6 +137,28 @@ func (f *Failover) pick() int {
 
 // Forward implements Engine.
 func (f *Failover) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	return f.forward(ctx, b, func(e Engine) error { return e.Forward(ctx, b, logits) })
+}
+
+// ForwardArgmax implements ArgmaxEngine; a placement whose engine cannot
+// choose tokens returns logits and the choice is made here.
+func (f *Failover) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	return f.forward(ctx, b, func(e Engine) error {
+		if ae, ok := e.(ArgmaxEngine); ok {
+			return ae.ForwardArgmax(ctx, b, ids)
+		}
+		f.logits = slices.Grow(f.logits[:0], len(b.Logits)*f.vocab)[:len(b.Logits)*f.vocab]
+		if err := e.Forward(ctx, b, f.logits); err != nil {
+			return err
+		}
+		argmaxRows(ids, f.logits, f.vocab)
+		return nil
+	})
+}
+
+// forward runs a step with run on the first placement that is up, moving
+// to the next when one is found dead.
+func (f *Failover) forward(ctx context.Context, b *models.Batch, run func(Engine) error) error {
 	f.record(b)
 	var last error
 	for {
@@ -155,7 +180,7 @@ func (f *Failover) Forward(ctx context.Context, b *models.Batch, logits []float3
 		}
 		err := f.replay(ctx, i, b)
 		if err == nil {
-			err = f.engines[i].Forward(ctx, b, logits)
+			err = run(f.engines[i])
 		}
 		if err == nil {
 			f.markValid(i, b.Tables, b.Seq, b.Pos)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,6 +17,15 @@ import (
 type Engine interface {
 	// Forward computes the logits of the rows b.Logits into logits.
 	Forward(ctx context.Context, b *models.Batch, logits []float32) error
+}
+
+// ArgmaxEngine is an Engine that can also return the most likely token of
+// each row of b.Logits (the lowest id among equals) instead of the logits.
+// A step whose sampled sequences are all greedy uses it: on a GPU the
+// logits then never leave the device.
+type ArgmaxEngine interface {
+	Engine
+	ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error
 }
 
 // Blocks allocates the KV cache's blocks; *KV implements it.
@@ -123,9 +133,10 @@ type Scheduler struct {
 	admitted uint64
 	batch    models.Batch
 	logits   []float32
-	in       []*seq // the step's sequences, in table order
-	chunks   []int  // tokens of each
-	sampled  []*seq // the step's sequences that get a token
+	ids      []int32 // the chosen tokens of a greedy step (ArgmaxEngine)
+	in       []*seq  // the step's sequences, in table order
+	chunks   []int   // tokens of each
+	sampled  []*seq  // the step's sequences that get a token
 	span     stepSpan
 }
 
@@ -375,12 +386,23 @@ plan:
 	if len(in) == 0 {
 		return nil
 	}
-	if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
-		s.logits = make([]float32, need)
+	ae, greedy := s.engine.(ArgmaxEngine)
+	for _, q := range sampled {
+		greedy = greedy && q.gen.Greedy()
 	}
+	greedy = greedy && len(sampled) > 0
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
-	err := s.engine.Forward(span.ctx, b, s.logits[:len(b.Logits)*s.cfg.Vocab])
+	var err error
+	if greedy {
+		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
+		err = ae.ForwardArgmax(span.ctx, b, s.ids)
+	} else {
+		if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
+			s.logits = make([]float32, need)
+		}
+		err = s.engine.Forward(span.ctx, b, s.logits[:len(b.Logits)*s.cfg.Vocab])
+	}
 	span.forwardDone(err)
 	if err != nil {
 		span.end()
@@ -396,9 +418,13 @@ plan:
 		s.kv.Commit(q.req.ID, q.tokens[:q.done])
 	}
 	for i, q := range sampled {
-		row := s.logits[i*s.cfg.Vocab : (i+1)*s.cfg.Vocab]
 		t0 := time.Now()
-		st := q.gen.Next(row)
+		var st generate.Step
+		if greedy {
+			st = q.gen.Accept(s.ids[i], 0)
+		} else {
+			st = q.gen.Next(s.logits[i*s.cfg.Vocab : (i+1)*s.cfg.Vocab])
+		}
 		q.tokens = append(q.tokens, st.ID)
 		s.emit(q, st, span, t0)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,13 @@ type harness struct {
 
 func start(t testing.TB, blocks int, cfg Config) *harness {
 	t.Helper()
+	return startWith(t, blocks, cfg, nil)
+}
+
+// startWith is start with the model's engine passed through wrap (when
+// set) before the scheduler gets it.
+func startWith(t testing.TB, blocks int, cfg Config, wrap func(*ModelEngine) Engine) *harness {
+	t.Helper()
 	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +74,11 @@ func start(t testing.TB, blocks int, cfg Config) *harness {
 		t.Fatal(err)
 	}
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
-	s, err := New(cfg, &ModelEngine{Model: m, Cache: cache}, kv, nil)
+	var e Engine = &ModelEngine{Model: m, Cache: cache}
+	if wrap != nil {
+		e = wrap(e.(*ModelEngine))
+	}
+	s, err := New(cfg, e, kv, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +168,78 @@ func TestBatchedMatchesReference(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return h.s.Stats().KV.Used == 0 })
+}
+
+// logitsOnly hides an engine's ArgmaxEngine side: the scheduler then
+// samples every step from the logits.
+type logitsOnly struct{ Engine }
+
+// argmaxCounter counts the steps in which an engine chose the tokens.
+type argmaxCounter struct {
+	*ModelEngine
+	steps atomic.Int64
+}
+
+func (a *argmaxCounter) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	a.steps.Add(1)
+	return a.ModelEngine.ForwardArgmax(ctx, b, ids)
+}
+
+// TestGreedyStepsChooseOnTheEngine runs the same batched requests with the
+// engine choosing greedy tokens (ArgmaxEngine) and with the scheduler
+// sampling from logits: the same tokens, the reference's. A request asking
+// for log-probabilities keeps its steps on the logits and gets them.
+func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
+	samples := demoSamples(t)
+	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
+	run := func(wrap func(*ModelEngine) Engine) ([][]int32, []Frame) {
+		h := startWith(t, 256, cfg, wrap)
+		var cs []*collect
+		for i, s := range samples {
+			col := newCollect()
+			cs = append(cs, col)
+			if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lp := newCollect()
+		p := greedy(8)
+		p.Logprobs = true
+		if err := h.s.Submit(&Request{ID: "logprobs", Prompt: samples[0].PromptIDs, Params: p, Detok: nop{}, Sink: lp.sink}); err != nil {
+			t.Fatal(err)
+		}
+		var out [][]int32
+		for _, col := range cs {
+			out = append(out, ids(t, col.wait(t)))
+		}
+		return out, lp.wait(t)
+	}
+	counter := &argmaxCounter{}
+	onEngine, lpFrames := run(func(e *ModelEngine) Engine { counter.ModelEngine = e; return counter })
+	onHost, _ := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
+	for i := range samples {
+		if fmt.Sprint(onEngine[i]) != fmt.Sprint(samples[i].GreedyIDs) || fmt.Sprint(onHost[i]) != fmt.Sprint(onEngine[i]) {
+			t.Errorf("request %d: engine's choice %v, host's %v, reference %v", i, onEngine[i], onHost[i], samples[i].GreedyIDs)
+		}
+	}
+	if counter.steps.Load() == 0 {
+		t.Error("no step chose its tokens on the engine")
+	}
+	if got, want := ids(t, lpFrames), samples[0].GreedyIDs[:8]; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("logprobs request: %v, want %v", got, want)
+	}
+	negative := 0
+	for _, f := range lpFrames {
+		if !(f.Logprob <= 0) {
+			t.Fatalf("logprobs request: token %d has log-probability %v", f.ID, f.Logprob)
+		}
+		if f.Logprob < 0 {
+			negative++
+		}
+	}
+	if negative == 0 {
+		t.Error("logprobs request: every log-probability is 0: not computed from the logits")
+	}
 }
 
 // TestPreemption runs more than the cache holds: sequences are preempted,

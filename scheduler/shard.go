@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,6 +100,13 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		}
 		b.Hidden = in
 	}
+	if m.Argmax && s.model.IsLast() {
+		ids := make([]int32, len(m.Logits))
+		if err := s.onDevice(ctx, func() error { return s.model.ForwardArgmax(ctx, s.cache, b, ids) }); err != nil {
+			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+		}
+		return ForwardReply{IDs: ids}, nil
+	}
 	var n int
 	if s.model.IsLast() {
 		n = len(m.Logits) * cfg.Vocab
@@ -169,14 +177,15 @@ type Pipeline struct {
 	// (microbatch.go); 0 means one per stage, 1 turns it off.
 	MicroBatches int
 
-	nc     *nats.Conn
-	stages []string // forward subjects, in layer order
-	local  []*actors.Ref[ShardCall]
-	plane  *xgmi.Host
-	vocab  int
-	step   uint64
-	plan   plan // the step's plan as local stages see it
-	micro  microPlan
+	nc      *nats.Conn
+	stages  []string // forward subjects, in layer order
+	local   []*actors.Ref[ShardCall]
+	plane   *xgmi.Host
+	vocab   int
+	step    uint64
+	plan    plan // the step's plan as local stages see it
+	micro   microPlan
+	scratch []float32 // logits of a micro-batched greedy step
 }
 
 // NewPipeline drives the stages listening on the given forward subjects.
@@ -209,13 +218,66 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if parts := p.split(b); parts != nil {
 		return p.forwardMicro(ctx, b, parts, logits)
 	}
+	out, err := p.stagesForward(ctx, b, false)
+	if err != nil || len(b.Logits) == 0 {
+		return err
+	}
+	return p.readLogits(ctx, b, out.Output, logits)
+}
+
+// ForwardArgmax implements ArgmaxEngine: the last stage returns each row's
+// most likely token instead of its logits. A step cut into micro-batches
+// takes the logits and chooses here.
+func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	if len(ids) < len(b.Logits) {
+		return fmt.Errorf("pipeline: %d ids for %d logits rows", len(ids), len(b.Logits))
+	}
+	p.step++
+	if parts := p.split(b); parts != nil {
+		p.scratch = slices.Grow(p.scratch[:0], len(b.Logits)*p.vocab)[:len(b.Logits)*p.vocab]
+		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
+			return err
+		}
+		argmaxRows(ids, p.scratch, p.vocab)
+		return nil
+	}
+	out, err := p.stagesForward(ctx, b, true)
+	if err != nil {
+		return err
+	}
+	if len(out.IDs) != len(b.Logits) {
+		return fmt.Errorf("pipeline: the last stage chose %d tokens for %d rows", len(out.IDs), len(b.Logits))
+	}
+	copy(ids, out.IDs)
+	return nil
+}
+
+// argmaxRows sets ids[i] to the most likely token of row i of logits (the
+// lowest id among equals, NaNs skipped, as the devices' argmax).
+func argmaxRows(ids []int32, logits []float32, vocab int) {
+	for i := range len(logits) / vocab {
+		row := logits[i*vocab : (i+1)*vocab]
+		best := -1
+		for j, x := range row {
+			if x == x && (best < 0 || x > row[best]) {
+				best = j
+			}
+		}
+		ids[i] = int32(max(best, 0))
+	}
+}
+
+// stagesForward sends the step's plan through the stages in turn and
+// returns the last one's reply; with argmax the last stage chooses tokens.
+func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool) (ForwardReply, error) {
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
-	var out bus.TensorRef
+	var r ForwardReply
 	copied := false
 	for i, subj := range p.stages {
 		if i > 0 {
-			msg.Tokens, msg.Input = nil, out
+			msg.Tokens, msg.Input = nil, r.Output
 		}
+		msg.Argmax = argmax && i == len(p.stages)-1
 		ref := p.local[i]
 		if ref != nil && stopped(ref) {
 			ref = nil
@@ -231,7 +293,6 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 			copied = true
 		}
 		sctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
-		var r ForwardReply
 		var err error
 		if ref != nil {
 			r, err = actors.Ask(sctx, ref, shardCall, msg)
@@ -244,13 +305,14 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 				// The stage may still read the copy: leave it to the stage.
 				p.plan = plan{}
 			}
-			return fmt.Errorf("pipeline stage %d: %w", i, err)
+			return ForwardReply{}, fmt.Errorf("pipeline stage %d: %w", i, err)
 		}
-		out = r.Output
 	}
-	if len(b.Logits) == 0 {
-		return nil
-	}
+	return r, nil
+}
+
+// readLogits copies the last stage's logits, out, into logits.
+func (p *Pipeline) readLogits(ctx context.Context, b *models.Batch, out bus.TensorRef, logits []float32) error {
 	rctx := ctx
 	if out.Node != p.plane.Node() {
 		// Only a fetch from another node can take time.

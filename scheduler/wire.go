@@ -94,6 +94,9 @@ type ForwardMsg struct {
 	Tables [][]int32     `msgpack:"tables"`
 	Logits []int32       `msgpack:"logits"`
 	Input  bus.TensorRef `msgpack:"input"`
+	// Argmax asks the last stage for each logits row's most likely token
+	// (ForwardReply.IDs) instead of the logits.
+	Argmax bool `msgpack:"argmax,omitempty"`
 }
 
 // Schema implements bus.Message.
@@ -102,6 +105,9 @@ func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forw
 // ForwardReply names a shard's output: activations, or logits from the last stage.
 type ForwardReply struct {
 	Output bus.TensorRef `msgpack:"output"`
+	// IDs are the chosen tokens of an Argmax step's last stage, one per
+	// logits row; Output is then empty.
+	IDs []int32 `msgpack:"ids,omitempty"`
 }
 
 // Schema implements bus.Message.

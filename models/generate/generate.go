@@ -96,6 +96,14 @@ func (s *State) Done() bool { return s.done }
 // Generated is the number of tokens produced so far.
 func (s *State) Generated() int { return s.n }
 
+// Greedy reports whether the next token is the most likely one of the raw
+// logits, with nothing else read from them (no repetition penalty, no
+// log-probabilities): then a device-side argmax may choose it (Accept).
+func (s *State) Greedy() bool {
+	rp := s.p.RepetitionPenalty
+	return s.sampler.Greedy() && (rp == 0 || rp == 1) && !s.p.Logprobs && s.p.TopLogprobs == 0
+}
+
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
 	id := s.sampler.Sample(logits, s.seen)

@@ -3,6 +3,8 @@ package generate
 import (
 	"strings"
 	"testing"
+
+	"github.com/troupe/troupe/models/sample"
 )
 
 // letters detokenizes id i as the i-th string of a table.
@@ -73,5 +75,26 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (Params{MaxTokens: 5, Stop: []string{"x"}}).Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestGreedy says when a device-side argmax may choose the next token: a
+// greedy draw with nothing else read from the logits.
+func TestGreedy(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		p    Params
+		want bool
+	}{
+		{"greedy", Params{MaxTokens: 4}, true},
+		{"penalty 1", Params{MaxTokens: 4, Params: sample.Params{RepetitionPenalty: 1}}, true},
+		{"temperature", Params{MaxTokens: 4, Params: sample.Params{Temperature: 0.7}}, false},
+		{"penalty", Params{MaxTokens: 4, Params: sample.Params{RepetitionPenalty: 1.2}}, false},
+		{"logprobs", Params{MaxTokens: 4, Logprobs: true}, false},
+		{"top logprobs", Params{MaxTokens: 4, TopLogprobs: 2}, false},
+	} {
+		if got := New(c.p, nil, nil, nil).Greedy(); got != c.want {
+			t.Errorf("%s: Greedy() = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -23,10 +23,23 @@ try {
   await page.waitForFunction(() => document.getElementById("status").textContent === "connected");
   await page.waitForFunction(() => document.querySelectorAll("#model option").length > 0);
   await page.fill("#prompt", "Hello from the browser");
-  await page.click("#send");
   // Tokens arrive one by one: see a partial message first, then the whole of it.
-  await page.waitForFunction(() => document.querySelectorAll(".msg.assistant a.tok").length >= 3);
-  result.partialTokens = await page.locator(".msg.assistant a.tok").count();
+  // The page counts them on the DOM change that reaches three (an observer set
+  // up before sending), so a slow test process does not count tokens that
+  // arrived after that.
+  const partial = page.evaluate(() => new Promise((resolve) => {
+    const count = () => document.querySelectorAll(".msg.assistant a.tok").length;
+    const obs = new MutationObserver(() => {
+      const n = count();
+      if (n >= 3) {
+        obs.disconnect();
+        resolve(n);
+      }
+    });
+    obs.observe(document.body, { childList: true, subtree: true });
+  }));
+  await page.click("#send");
+  result.partialTokens = await partial;
   await page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 30000 });
   result.tokens = await page.locator(".msg.assistant a.tok").count();
   result.text = await page.locator(".msg.assistant .body").innerText();
