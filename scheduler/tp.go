@@ -66,11 +66,40 @@ func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, 
 // left to run on the reset group, where it would take the place of the
 // next step's.
 func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	if err := l.run(ctx, b, false); err != nil || len(b.Logits) == 0 {
+		return err
+	}
+	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
+	if err != nil {
+		return fmt.Errorf("lockstep logits: %w", err)
+	}
+	if want := len(b.Logits) * l.vocab; len(rows) != want {
+		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
+	}
+	copy(logits, rows)
+	return nil
+}
+
+// ForwardArgmax implements ArgmaxEngine: every rank chooses the tokens
+// from the whole logits rows it holds, and rank 0's choice is the step's.
+func (l *Lockstep) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	if err := l.run(ctx, b, true); err != nil {
+		return err
+	}
+	if got := l.outs[0].IDs; len(got) != len(b.Logits) || len(ids) < len(got) {
+		return fmt.Errorf("lockstep: rank 0 chose %d tokens for %d rows", len(got), len(b.Logits))
+	}
+	copy(ids, l.outs[0].IDs)
+	return nil
+}
+
+// run sends the step to every rank and waits for all of them.
+func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool) error {
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
 	l.plan.copyOf(b)
-	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits}
+	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits, Argmax: argmax}
 	var abortOnce sync.Once
 	var why error // the first abort's reason; read after the watchdogs stop
 	abort := func(err error) { abortOnce.Do(func() { why = err; l.group.Abort(err) }) }
@@ -107,16 +136,5 @@ func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float3
 		}
 		return fmt.Errorf("lockstep: %w", err)
 	}
-	if len(b.Logits) == 0 {
-		return nil
-	}
-	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
-	if err != nil {
-		return fmt.Errorf("lockstep logits: %w", err)
-	}
-	if want := len(b.Logits) * l.vocab; len(rows) != want {
-		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
-	}
-	copy(logits, rows)
 	return nil
 }

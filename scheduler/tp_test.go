@@ -101,6 +101,9 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 		c.Fail(err)
 		return nil
 	}
+	if c.Req.Argmax {
+		return c.Reply(ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}})
+	}
 	name := fmt.Sprintf("rank/%d", a.rank)
 	out := []float32{float32(a.rank), float32(c.Req.Step)}
 	a.plane.Publish(name, out)
@@ -162,6 +165,11 @@ func TestLockstep(t *testing.T) {
 		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
 			t.Errorf("step %d: got %v, want an error containing %q", step+1, err, want)
 		}
+	}
+	// A greedy step: every rank chooses, rank 0's choice is the step's.
+	ids := make([]int32, 1)
+	if err := l.ForwardArgmax(ctx, b, ids); err != nil || ids[0] != 5 {
+		t.Errorf("argmax step 5: ids %v, err %v; want rank 0's [5]", ids, err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
