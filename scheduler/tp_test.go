@@ -177,3 +177,34 @@ func TestLockstep(t *testing.T) {
 		t.Errorf("%d resets with %d ranks still in a pass, want 2 with none", g.resets, g.dirty)
 	}
 }
+
+// TestForwardArgmaxWire round-trips a greedy step's plan and reply through
+// the bus codec, and checks that a plan without the new fields decodes as
+// a logits step.
+func TestForwardArgmaxWire(t *testing.T) {
+	msg := ForwardMsg{Step: 7, Tokens: []int32{1, 2}, Pos: []int32{0, 1}, Seq: []int32{0, 0}, Tables: [][]int32{{3}}, Logits: []int32{1}, Argmax: true}
+	raw, err := bus.Encode(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got ForwardMsg
+	if err := bus.Decode(raw, &got); err != nil || !got.Argmax || got.Step != 7 || len(got.Logits) != 1 {
+		t.Fatalf("decoded %+v, %v", got, err)
+	}
+	msg.Argmax = false
+	if raw, err = bus.Encode(msg); err != nil {
+		t.Fatal(err)
+	}
+	got = ForwardMsg{}
+	if err := bus.Decode(raw, &got); err != nil || got.Argmax {
+		t.Fatalf("a logits step decoded as %+v, %v", got, err)
+	}
+	reply := ForwardReply{IDs: []int32{42, 7}}
+	if raw, err = bus.Encode(reply); err != nil {
+		t.Fatal(err)
+	}
+	var r ForwardReply
+	if err := bus.Decode(raw, &r); err != nil || len(r.IDs) != 2 || r.IDs[0] != 42 || r.IDs[1] != 7 {
+		t.Fatalf("reply decoded as %+v, %v", r, err)
+	}
+}
