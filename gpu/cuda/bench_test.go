@@ -45,6 +45,19 @@ func graphRate(b *testing.B, d *Device, per int, bytes float64, body func() erro
 	return sec
 }
 
+// rotatingRate times per launches of launch with graphRate, each on the
+// next of the weight copies ws.
+func rotatingRate(b *testing.B, d *Device, ws []gpu.Buffer, per int, bytes float64, launch func(w *Buffer) error) {
+	graphRate(b, d, per, bytes, func() error {
+		for i := range per {
+			if err := launch(ws[i%len(ws)].(*Buffer)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // repeat calls f n times, stopping at the first error.
 func repeat(n int, f func() error) error {
 	for range n {
@@ -82,14 +95,7 @@ func BenchmarkGEMV(b *testing.B) {
 		out := alloc(b, d, gpu.F32, m)
 		per := len(ws) * max(1, 32/len(ws))
 		b.Run(fmt.Sprintf("%dx%d/auto", m, k), func(b *testing.B) {
-			graphRate(b, d, per, float64(len(raw)), func() error {
-				for i := 0; i < per; i++ {
-					if err := d.MatMul(out, x, ws[i%len(ws)], 1, k, m); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error { return d.MatMul(out, x, w, 1, k, m) })
 		})
 		// Every split of k the fast kernel offers, to tune gemvShape.
 		units := k / 256
@@ -106,31 +112,17 @@ func BenchmarkGEMV(b *testing.B) {
 				rows := 8 / ks * 2
 				grid := min(ceilDiv(m, rows), mult*d.info.SMs)
 				b.Run(fmt.Sprintf("%dx%d/nv%d_ks%d_grid%d", m, k, nv, ks, grid), func(b *testing.B) {
-					graphRate(b, d, per, float64(len(raw)), func() error {
-						for i := 0; i < per; i++ {
-							err := d.launch(d.k(name), grid1(grid), grid1(256), 0,
-								bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, k),
-								bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(k), i32Arg(m))
-							if err != nil {
-								return err
-							}
-						}
-						return nil
+					rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error {
+						return d.launch(d.k(name), grid1(grid), grid1(256), 0, bufArg("out", out.(*Buffer), gpu.F32, m),
+							bufArg("x", x.(*Buffer), gpu.F32, k), bufArg("w", w, gpu.BF16, m*k), i32Arg(k), i32Arg(m))
 					})
 				})
 			}
 		}
 		b.Run(fmt.Sprintf("%dx%d/general", m, k), func(b *testing.B) {
-			graphRate(b, d, per, float64(len(raw)), func() error {
-				for i := 0; i < per; i++ {
-					err := d.launch(d.k("gemv_bf16"), grid1(ceilDiv(m, 8)), grid1(256), 0,
-						bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, k),
-						bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(1), i32Arg(k), i32Arg(m))
-					if err != nil {
-						return err
-					}
-				}
-				return nil
+			rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error {
+				return d.launch(d.k("gemv_bf16"), grid1(ceilDiv(m, 8)), grid1(256), 0, bufArg("out", out.(*Buffer), gpu.F32, m),
+					bufArg("x", x.(*Buffer), gpu.F32, k), bufArg("w", w, gpu.BF16, m*k), i32Arg(1), i32Arg(k), i32Arg(m))
 			})
 		})
 		for _, w := range ws {
@@ -177,16 +169,9 @@ func BenchmarkGEMVGrid(b *testing.B) {
 				grid = min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
 			}
 			b.Run(fmt.Sprintf("%dx%d/silu=%v/perSM%d_grid%d", m, k, c.silu, perSM, grid), func(b *testing.B) {
-				graphRate(b, d, per, float64(len(raw)), func() error {
-					for i := 0; i < per; i++ {
-						err := d.launch(d.k(name), grid1(grid), grid1(256), 0,
-							bufArg("out", out.(*Buffer), gpu.F32, m), bufArg("x", x.(*Buffer), gpu.F32, xk),
-							bufArg("w", ws[i%len(ws)].(*Buffer), gpu.BF16, m*k), i32Arg(k), i32Arg(m))
-						if err != nil {
-							return err
-						}
-					}
-					return nil
+				rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error {
+					return d.launch(d.k(name), grid1(grid), grid1(256), 0, bufArg("out", out.(*Buffer), gpu.F32, m),
+						bufArg("x", x.(*Buffer), gpu.F32, xk), bufArg("w", w, gpu.BF16, m*k), i32Arg(k), i32Arg(m))
 				})
 			})
 		}
