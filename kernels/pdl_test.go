@@ -103,39 +103,32 @@ type function struct{ name, body string }
 func functions(src string, head *regexp.Regexp) []function {
 	var out []function
 	for _, m := range head.FindAllStringSubmatchIndex(src, -1) {
-		name := src[m[2]:m[3]]
-		i := m[1] - 1 // the '(' of the parameter list
-		depth := 0
-		for ; i < len(src); i++ {
-			if src[i] == '(' {
-				depth++
-			} else if src[i] == ')' {
-				depth--
-				if depth == 0 {
-					break
-				}
-			}
-		}
-		j := i + 1
+		params := closing(src, m[1]-1, '(', ')') // m[1]-1 is the list's '('
+		j := params + 1
 		for j < len(src) && src[j] != '{' && src[j] != ';' {
 			j++
 		}
 		if j >= len(src) || src[j] == ';' {
 			continue
 		}
-		depth = 0
-		k := j
-		for ; k < len(src); k++ {
-			if src[k] == '{' {
-				depth++
-			} else if src[k] == '}' {
-				depth--
-				if depth == 0 {
-					break
-				}
-			}
-		}
-		out = append(out, function{name: name, body: src[j:min(k+1, len(src))]})
+		out = append(out, function{name: src[m[2]:m[3]], body: src[j:min(closing(src, j, '{', '}')+1, len(src))]})
 	}
 	return out
+}
+
+// closing returns the index of the delimiter that closes the one at src[i],
+// or len(src) when it is not closed.
+func closing(src string, i int, open, close byte) int {
+	depth := 0
+	for ; i < len(src); i++ {
+		switch src[i] {
+		case open:
+			depth++
+		case close:
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return len(src)
 }
