@@ -21,3 +21,14 @@ type Graph interface {
 type Argmaxer interface {
 	Argmax(out, logits Buffer, n, width int) error
 }
+
+// LateReader is a device that can read a buffer back without waiting for
+// the work issued after the read: ReadLater queues the copy behind the
+// work issued so far and returns wait, which blocks until that copy is
+// done, fills dst and returns the first error the work before it met. At
+// most two reads may be pending; dst must not be used before wait returns.
+// A host-side greedy loop uses it to issue step t+1 before it reads step
+// t's token, so the device never idles between steps.
+type LateReader interface {
+	ReadLater(dst []byte, b Buffer, off int) (wait func() error, err error)
+}

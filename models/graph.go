@@ -26,17 +26,26 @@ type graphKey struct {
 	cache  *Cache
 	n, r   int
 	argmax bool
+	from   tokenSource
 }
+
+// tokenSource says where a step's embedding reads its token ids.
+type tokenSource bool
+
+const (
+	fromIndex    tokenSource = false // the uploaded indexes
+	fromPrevious tokenSource = true  // the previous step's device-side argmax (chained greedy steps)
+)
 
 // step issues one step's operations, replaying (and first recording) a
 // graph where the device and the shape allow.
-func (m *Model) step(cache *Cache, n, r int, argmax bool) error {
-	record := func() error { return m.ops(cache, n, r, argmax) }
+func (m *Model) step(cache *Cache, n, r int, argmax bool, from tokenSource) error {
+	record := func() error { return m.ops(cache, n, r, argmax, from) }
 	gr, ok := m.dev.(gpu.Grapher)
 	if !ok || m.opts.Eager || m.graphErr != nil || n > graphMaxTokens {
 		return record()
 	}
-	key := graphKey{cache: cache, n: n, r: r, argmax: argmax}
+	key := graphKey{cache: cache, n: n, r: r, argmax: argmax, from: from}
 	g := m.graphs[key]
 	if g == nil {
 		if len(m.graphs) >= maxGraphs {

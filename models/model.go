@@ -608,7 +608,7 @@ func (m *Model) forward(ctx context.Context, cache *Cache, b *Batch, out []float
 	if err := m.upload(cache, b); err != nil {
 		return err
 	}
-	if err := m.step(cache, n, r, false); err != nil {
+	if err := m.step(cache, n, r, false, fromIndex); err != nil {
 		return err
 	}
 	if !read {
@@ -659,19 +659,24 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.ensureLogits(r); err != nil {
+	if err := m.issueArgmax(cache, b, fromIndex); err != nil || r == 0 {
+		return err
+	}
+	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+}
+
+// issueArgmax issues a step whose device-side argmax of each logits row
+// lands in s.next, without waiting for it. With fromPrevious the step's
+// embedding reads its token ids from s.next, the previous step's choice,
+// instead of the uploaded ones.
+func (m *Model) issueArgmax(cache *Cache, b *Batch, from tokenSource) error {
+	if err := m.ensureLogits(len(b.Logits)); err != nil {
 		return err
 	}
 	if err := m.upload(cache, b); err != nil {
 		return err
 	}
-	if err := m.step(cache, len(b.Pos), r, true); err != nil {
-		return err
-	}
-	if r == 0 {
-		return nil
-	}
-	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+	return m.step(cache, len(b.Pos), len(b.Logits), true, from)
 }
 
 // argmax is the index of the largest value, the lowest among equals; NaNs
@@ -823,10 +828,14 @@ func (m *Model) upload(cache *Cache, b *Batch) error {
 // ops issues the operations of one step over the indexes already written:
 // the embedding (first stage), the layers, and for the last stage the final
 // norm and LM head over r rows, with their argmax when argmax is set.
-func (m *Model) ops(cache *Cache, n, r int, argmax bool) error {
+func (m *Model) ops(cache *Cache, n, r int, argmax bool, from tokenSource) error {
 	c, s, d := &m.Config, &m.s, m.dev
 	if m.first() {
-		if err := d.Embed(s.x, m.embed, s.idx.ids, n, c.Hidden); err != nil {
+		ids := s.idx.ids
+		if from == fromPrevious {
+			ids = s.next
+		}
+		if err := d.Embed(s.x, m.embed, ids, n, c.Hidden); err != nil {
 			return fmt.Errorf("forward: %w", err)
 		}
 	}

@@ -3,6 +3,8 @@ package models
 import (
 	"context"
 	"fmt"
+
+	"github.com/troupe/troupe/gpu"
 )
 
 // Sequence runs one sequence through a model with a private KV cache: the
@@ -96,6 +98,82 @@ func (s *Sequence) FeedArgmax(ctx context.Context, ids []int32) (int32, error) {
 		return s.m.ForwardArgmax(ctx, s.cache, b, next[:])
 	})
 	return next[0], err
+}
+
+// Greedy feeds first and then n-1 tokens of its own choosing, each the
+// greedy choice after the one before, calling emit with each of the n
+// choices in order: the same as n calls of FeedArgmax, each with the
+// previous choice. On a device with gpu.Argmaxer and gpu.LateReader a
+// step's token goes from its argmax to the next step's embedding on the
+// device, and step t+1 is issued before step t's choice is read back, so
+// the device does not wait for the host between steps. It does not stop
+// at end-of-sequence tokens.
+func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int32)) error {
+	if n <= 0 {
+		return nil
+	}
+	if s.pos+n > s.Cap() {
+		return fmt.Errorf("greedy: %d tokens after %d exceed the context of %d", n, s.pos, s.Cap())
+	}
+	_, argmaxer := s.m.dev.(gpu.Argmaxer)
+	lr, late := s.m.dev.(gpu.LateReader)
+	if !argmaxer || !late || s.m.group != nil || !s.m.first() || !s.m.last() {
+		next := first
+		for range n {
+			var err error
+			if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
+				return err
+			}
+			emit(next)
+		}
+		return nil
+	}
+	b := &Batch{Tokens: []int32{first}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{s.table}, Logits: []int32{0}}
+	var (
+		got  [2][1]int32
+		wait [2]func() error
+	)
+	// drain waits for a pending read, if any, so none outlives the call.
+	drain := func(i int) error {
+		if wait[i] == nil {
+			return nil
+		}
+		err := wait[i]()
+		wait[i] = nil
+		return err
+	}
+	defer func() { _, _ = drain(0), drain(1) }()
+	for t := range n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		from := fromIndex
+		if t > 0 {
+			// The uploaded id is a placeholder: the step embeds the
+			// previous step's argmax.
+			b.Tokens[0], from = 0, fromPrevious
+		}
+		b.Pos[0] = int32(s.pos)
+		if err := s.m.issueArgmax(s.cache, b, from); err != nil {
+			return fmt.Errorf("greedy: %w", err)
+		}
+		s.pos++
+		var err error
+		if wait[t%2], err = lr.ReadLater(gpu.I32Bytes(got[t%2][:]), s.m.s.next, 0); err != nil {
+			return fmt.Errorf("greedy: %w", err)
+		}
+		if t > 0 {
+			if err := drain((t - 1) % 2); err != nil {
+				return fmt.Errorf("greedy: %w", err)
+			}
+			emit(got[(t-1)%2][0])
+		}
+	}
+	if err := drain((n - 1) % 2); err != nil {
+		return fmt.Errorf("greedy: %w", err)
+	}
+	emit(got[(n-1)%2][0])
+	return nil
 }
 
 // feed runs ids through the model in chunks of its step size: step gets each

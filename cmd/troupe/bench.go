@@ -107,11 +107,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // limit of sequences per step.
 const maxBenchBatch = 64
 
-// benchOnce prefills ids and then decodes gen tokens greedily, the argmax
-// taken on the device where it can be. One decode step before the timed
-// ones records the step on devices that replay recorded steps.
+// benchOnce prefills ids and then decodes gen tokens greedily
+// (models.Sequence.Greedy: the argmax taken on the device, and each step
+// issued before the previous step's token is read, where the device
+// allows). Two decode steps before the timed ones record both kinds of
+// step on devices that replay recorded steps.
 func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, decode time.Duration, err error) {
-	seq, err := l.model.NewSequence(len(ids) + gen + 1)
+	seq, err := l.model.NewSequence(len(ids) + gen + 2)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -122,14 +124,13 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, d
 		return 0, 0, err
 	}
 	prefill = time.Since(start)
-	if next, err = seq.FeedArgmax(ctx, []int32{next}); err != nil {
+	keep := func(id int32) { next = id }
+	if err := seq.Greedy(ctx, next, 2, keep); err != nil {
 		return 0, 0, err
 	}
 	start = time.Now()
-	for i := 0; i < gen; i++ {
-		if next, err = seq.FeedArgmax(ctx, []int32{next}); err != nil {
-			return 0, 0, err
-		}
+	if err := seq.Greedy(ctx, next, gen, keep); err != nil {
+		return 0, 0, err
 	}
 	return prefill, time.Since(start), nil
 }

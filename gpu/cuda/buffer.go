@@ -279,3 +279,77 @@ func (d *Device) Read(dst []byte, b gpu.Buffer, off int) error {
 		return d.takeErr()
 	})
 }
+
+// lateSlotBytes is the most bytes one ReadLater copies: token ids and the
+// like, not tensors.
+const lateSlotBytes = 4096
+
+// lateSlot is pinned host memory a ReadLater copies into, and the event
+// that marks the copy done.
+type lateSlot struct {
+	host    unsafe.Pointer
+	ev      uintptr
+	pending bool
+}
+
+// ReadLater implements gpu.LateReader for up to 4 KiB: the copy goes into
+// one of two pinned slots behind the work issued so far, and wait blocks on
+// that copy's event alone.
+func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, error) {
+	const op = "read later"
+	if err := d.enter(op); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	cb, err := d.buf(op, "b", b)
+	if err != nil {
+		return nil, err
+	}
+	if err := span(op, cb, off, len(dst)); err != nil {
+		return nil, err
+	}
+	switch {
+	case d.capture:
+		return nil, fmt.Errorf("%s: not allowed while recording a graph", op)
+	case len(dst) > lateSlotBytes:
+		return nil, fmt.Errorf("%s: %d bytes, at most %d", op, len(dst), lateSlotBytes)
+	}
+	i := d.lateNext
+	s := &d.late[i]
+	if s.pending {
+		return nil, fmt.Errorf("%s: two reads are pending already", op)
+	}
+	s.pending = true
+	d.lateNext ^= 1
+	src := cb.ptr + uint64(off*cb.dt.Size())
+	d.post(func() error {
+		if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(s.host), uintptr(src), uintptr(len(dst)), d.stream); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		return d.drv.cuEventRecord.call(s.ev, d.stream)
+	})
+	done := false
+	return func() error {
+		if err := d.enter(op); err != nil {
+			return err
+		}
+		defer d.leave()
+		if done {
+			return fmt.Errorf("%s: waited for twice", op)
+		}
+		done = true
+		defer func() { s.pending = false }()
+		return d.do(func() error {
+			// A queued error (say the copy's own) means the event may
+			// never have been recorded.
+			if err := d.takeErr(); err != nil {
+				return err
+			}
+			if err := d.drv.cuEventSynchronize.call(s.ev); err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+			copy(dst, unsafe.Slice((*byte)(s.host), len(dst)))
+			return d.takeErr()
+		})
+	}, nil
+}

@@ -72,6 +72,8 @@ type Device struct {
 	counters  *Buffer // maxCounters zeroed words (see init)
 	staging   unsafe.Pointer
 	halves    [2]stageHalf
+	late      [2]lateSlot // ReadLater's pinned slots
+	lateNext  int
 	cur       int
 	modules   []uintptr
 }
@@ -270,6 +272,14 @@ func (d *Device) init() error {
 			return err
 		}
 	}
+	for i := range d.late {
+		if err := drv.cuMemHostAlloc.call(ptr(&d.late[i].host), lateSlotBytes, hostAllocPortable); err != nil {
+			return fmt.Errorf("cuda: pinned read slot: %w", err)
+		}
+		if err := drv.cuEventCreate.call(ptr(&d.late[i].ev), eventDisableTiming); err != nil {
+			return err
+		}
+	}
 	// Counters of the kernels whose last block finishes the work (Argmax),
 	// zero between launches. Made here, before anything is recorded, so
 	// that their zeroing is never only a node of a graph.
@@ -386,6 +396,14 @@ func (d *Device) teardown() {
 		for _, h := range d.halves {
 			if h.ev != 0 {
 				_ = drv.cuEventDestroy_v2.call(h.ev)
+			}
+		}
+		for _, s := range d.late {
+			if s.ev != 0 {
+				_ = drv.cuEventDestroy_v2.call(s.ev)
+			}
+			if s.host != nil {
+				_ = drv.cuMemFreeHost.call(uintptr(s.host))
 			}
 		}
 		if d.staging != nil {

@@ -548,3 +548,43 @@ func TestGEMMWarpgroup(t *testing.T) {
 		d.Free(out)
 	}
 }
+
+// TestReadLater checks that a late read returns the buffer as the work
+// issued before it left it, not as later work changes it, that at most two
+// reads are pending, and that a wait is used once.
+func TestReadLater(t *testing.T) {
+	d := open(t)
+	x := f32buf(t, d, []float32{1, 2, 3, 4})
+	y := f32buf(t, d, []float32{10, 20, 30, 40})
+	var first, second [4]float32
+	wait1, err := d.ReadLater(gpu.F32Bytes(first[:]), x, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Add(x, x, y, 4); err != nil { // issued after the read
+		t.Fatal(err)
+	}
+	wait2, err := d.ReadLater(gpu.F32Bytes(second[:]), x, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ReadLater(make([]byte, 4), x, 0); err == nil {
+		t.Error("a third pending read: no error")
+	}
+	if err := wait1(); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait2(); err != nil {
+		t.Fatal(err)
+	}
+	if first != [4]float32{1, 2, 3, 4} || second != [4]float32{11, 22, 33, 44} {
+		t.Fatalf("late reads %v and %v, want [1 2 3 4] and [11 22 33 44]", first, second)
+	}
+	if err := wait1(); err == nil {
+		t.Error("a second wait: no error")
+	}
+	big := alloc(t, d, gpu.F32, 2*lateSlotBytes/4)
+	if _, err := d.ReadLater(make([]byte, lateSlotBytes+4), big, 0); err == nil {
+		t.Error("a read larger than a slot: no error")
+	}
+}

@@ -163,3 +163,12 @@ func (Memory) Read(dst []byte, b gpu.Buffer, off int) error {
 
 // Sync implements gpu.Device; host work is synchronous.
 func (Memory) Sync(ctx context.Context) error { return ctx.Err() }
+
+// ReadLater implements gpu.LateReader: host work is done when issued, so
+// the copy is made at once.
+func (m Memory) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, error) {
+	if err := m.Read(dst, b, off); err != nil {
+		return nil, err
+	}
+	return func() error { return nil }, nil
+}
