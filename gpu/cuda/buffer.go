@@ -340,11 +340,8 @@ func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, err
 		done = true
 		defer func() { s.pending = false }()
 		return d.do(func() error {
-			// A queued error (say the copy's own) means the event may
-			// never have been recorded.
-			if err := d.takeErr(); err != nil {
-				return err
-			}
+			// An event never recorded (its copy failed to queue) is
+			// complete at once; the queued error then says why.
 			if err := d.drv.cuEventSynchronize.call(s.ev); err != nil {
 				return fmt.Errorf("%s: %w", op, err)
 			}
