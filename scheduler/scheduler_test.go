@@ -143,6 +143,21 @@ func ids(t testing.TB, frames []Frame) []int32 {
 
 func greedy(n int) generate.Params { return generate.Params{MaxTokens: n, IgnoreEOS: true} }
 
+// submitGreedy submits each sample's prompt for its reference's length of
+// greedy tokens, as requests "0", "1", ...
+func submitGreedy(t testing.TB, h *harness, samples []refSample) []*collect {
+	t.Helper()
+	var cs []*collect
+	for i, s := range samples {
+		col := newCollect()
+		cs = append(cs, col)
+		if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cs
+}
+
 // TestBatchedMatchesReference runs every demo prompt several times at once
 // and expects each to produce the reference's greedy tokens.
 func TestBatchedMatchesReference(t *testing.T) {
@@ -194,14 +209,7 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
 	run := func(wrap func(*ModelEngine) Engine) ([][]int32, []Frame) {
 		h := startWith(t, 256, cfg, wrap)
-		var cs []*collect
-		for i, s := range samples {
-			col := newCollect()
-			cs = append(cs, col)
-			if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		cs := submitGreedy(t, h, samples)
 		lp := newCollect()
 		p := greedy(8)
 		p.Logprobs = true
@@ -247,14 +255,7 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 func TestPreemption(t *testing.T) {
 	samples := demoSamples(t)
 	h := start(t, 8, Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 8}) // 128 token slots for 6 x 50 tokens
-	var cs []*collect
-	for i, s := range samples {
-		col := newCollect()
-		cs = append(cs, col)
-		if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: s.PromptIDs, Params: greedy(len(s.GreedyIDs)), Detok: nop{}, Sink: col.sink}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cs := submitGreedy(t, h, samples)
 	for i, col := range cs {
 		if got, want := ids(t, col.wait(t)), samples[i].GreedyIDs; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("request %d: got %v, want %v", i, got, want)
