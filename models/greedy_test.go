@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,5 +97,54 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 				t.Logf("%d tokens equal: %v", len(got), got)
 			})
 		}
+	}
+}
+
+// TestGreedyStops checks Greedy's limits on the CPU lane (chained steps):
+// more tokens than the sequence holds are refused before any step, and a
+// context cancelled between tokens ends it with the context's error.
+func TestGreedyStops(t *testing.T) {
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
+	var cpuLane *lane
+	for _, ln := range lanes() {
+		if ln.name == "cpu" {
+			cpuLane = &ln
+		}
+	}
+	if cpuLane == nil {
+		t.Fatal("no cpu lane")
+	}
+	dev := cpuLane.open(t)
+	defer dev.Close()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	seq, err := m.NewSequence(32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close()
+	if err := seq.Greedy(context.Background(), 5, 33, func(int32) {}); err == nil || seq.Len() != 0 {
+		t.Fatalf("33 tokens into a sequence of 32: error %v, length %d", err, seq.Len())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got []int32
+	err = seq.Greedy(ctx, 5, 20, func(id int32) {
+		if got = append(got, id); len(got) == 3 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) || len(got) != 3 || seq.Len() < 3 || seq.Len() > 4 {
+		t.Fatalf("cancelled after 3 tokens: error %v, %d tokens, length %d", err, len(got), seq.Len())
 	}
 }
