@@ -6,9 +6,21 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/generate"
 )
+
+// serveDemo serves h's scheduler as model "demo" on nc until the test ends.
+func serveDemo(t *testing.T, nc *nats.Conn, subj bus.Subjects, h *harness) *Service {
+	t.Helper()
+	svc, err := Serve(context.Background(), nc, subj, "demo", h.s, func() generate.Detokenizer { return nop{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
+	return svc
+}
 
 // TestServiceDrainHandsOver drains one of two schedulers of a model while
 // requests arrive: the requests it took finish with the reference tokens,
@@ -25,12 +37,7 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	ctx := context.Background()
 	_, nc := testBus(t)
 	subj, _ := bus.NewSubjects("test")
-	detok := func() generate.Detokenizer { return nop{} }
-	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svcA.Close)
+	svcA := serveDemo(t, nc, subj, a)
 	client := NewClient(nc, subj, "demo")
 	if local {
 		client.Local(svcA)
@@ -67,11 +74,7 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	for range 6 {
 		<-started
 	}
-	svcB, err := Serve(ctx, nc, subj, "demo", b.s, detok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svcB.Close)
+	svcB := serveDemo(t, nc, subj, b)
 	if local {
 		client.Local(svcA, svcB)
 	}
@@ -104,7 +107,7 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	if err := svcB.Drain(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = client.Generate(ctx, SubmitMsg{ID: "late", Prompt: samples[0].PromptIDs, MaxTokens: 4}, func(FrameMsg) error { return nil })
+	_, err := client.Generate(ctx, SubmitMsg{ID: "late", Prompt: samples[0].PromptIDs, MaxTokens: 4}, func(FrameMsg) error { return nil })
 	if bus.CodeOf(err) != bus.CodeUnavailable {
 		t.Errorf("with every scheduler drained: got %v, want an unavailable error", err)
 	}
@@ -119,17 +122,7 @@ func TestClientLocalLeastLoaded(t *testing.T) {
 	ctx := context.Background()
 	_, nc := testBus(t)
 	subj, _ := bus.NewSubjects("test")
-	detok := func() generate.Detokenizer { return nop{} }
-	svcA, err := Serve(ctx, nc, subj, "demo", a.s, detok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svcA.Close)
-	svcB, err := Serve(ctx, nc, subj, "demo", b.s, detok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svcB.Close)
+	svcA, svcB := serveDemo(t, nc, subj, a), serveDemo(t, nc, subj, b)
 	client := NewClient(nc, subj, "demo")
 	client.Local(svcA)
 	// A long request keeps A loaded.
