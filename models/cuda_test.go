@@ -40,14 +40,7 @@ func openCUDA(t testing.TB) gpu.Device {
 // per-head norm, grouped-query llama) are checked.
 func TestCUDAGraphsMatchEager(t *testing.T) {
 	t.Run("demo", func(t *testing.T) {
-		if !demo.Embedded() {
-			t.Skip("built without the demo model (nodemo)")
-		}
-		b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
+		b := openDemo(t)
 		graphsMatchEager(t, b.Config, b.Checkpoint)
 	})
 	for _, name := range []string{"llama-gqa", "olmo2", "qwen3"} {
@@ -141,14 +134,7 @@ func graphsMatchEager(t *testing.T, cfg *models.Config, ckpt *safetensors.Checkp
 // row's device argmax against the same sequence decoded alone.
 func TestCUDABatchedArgmax(t *testing.T) {
 	ctx := context.Background()
-	if !demo.Embedded() {
-		t.Skip("built without the demo model (nodemo)")
-	}
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := openDemo(t)
 	dev := openCUDA(t)
 	defer dev.Close()
 	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16})

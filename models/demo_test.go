@@ -19,6 +19,21 @@ type demoSample struct {
 	Text      string  `json:"text"`
 }
 
+// openDemo opens the embedded demo model, closed when the test ends; a
+// build without it (nodemo) skips the test.
+func openDemo(t testing.TB) *models.Bundle {
+	t.Helper()
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
 func demoReference(t testing.TB) []demoSample {
 	raw, err := os.ReadFile(filepath.Join("demo", demo.Name, "reference.json"))
 	if err != nil {
@@ -39,14 +54,7 @@ func demoReference(t testing.TB) []demoSample {
 // own top-2 gap is below greedyTolerance.
 func TestDemoGreedy(t *testing.T) {
 	samples := demoReference(t)
-	if !demo.Embedded() {
-		t.Skip("built without the demo model (nodemo)")
-	}
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := openDemo(t)
 	for _, ln := range lanes() {
 		if ln.slow {
 			continue

@@ -51,11 +51,8 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 				}
 				var m *models.Model
 				if ck == "demo" {
-					b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer b.Close()
+					b := openDemo(t)
+					var err error
 					if m, err = models.Load(b.Config, b.Checkpoint, dev, models.Options{CacheDType: ln.cache}); err != nil {
 						t.Fatal(err)
 					}
@@ -104,9 +101,7 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 // more tokens than the sequence holds are refused before any step, and a
 // context cancelled between tokens ends it with the context's error.
 func TestGreedyStops(t *testing.T) {
-	if !demo.Embedded() {
-		t.Skip("built without the demo model (nodemo)")
-	}
+	b := openDemo(t)
 	var cpuLane *lane
 	for _, ln := range lanes() {
 		if ln.name == "cpu" {
@@ -118,11 +113,6 @@ func TestGreedyStops(t *testing.T) {
 	}
 	dev := cpuLane.open(t)
 	defer dev.Close()
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{})
 	if err != nil {
 		t.Fatal(err)
