@@ -279,15 +279,7 @@ func BenchmarkFrameTrip(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer sub.Unsubscribe()
-		next := func(ctx context.Context) (FrameMsg, error) {
-			var f FrameMsg
-			msg, err := sub.NextMsgWithContext(ctx)
-			if err == nil {
-				err = bus.Decode(msg.Data, &f)
-			}
-			return f, err
-		}
-		benchTrip(b, frame, func(f FrameMsg) { _ = bus.Publish(b.Context(), nc, subject, f) }, next)
+		benchTrip(b, frame, func(f FrameMsg) { _ = bus.Publish(b.Context(), nc, subject, f) }, nextFrame(sub))
 	})
 	b.Run("local", func(b *testing.B) {
 		q := &frameQueue{ready: make(chan struct{}, 1)}

@@ -240,14 +240,7 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 	if err := c.submit(ctx, m); err != nil {
 		return FrameMsg{}, err
 	}
-	next := func(ctx context.Context) (FrameMsg, error) {
-		var f FrameMsg
-		msg, err := sub.NextMsgWithContext(ctx)
-		if err == nil {
-			err = bus.Decode(msg.Data, &f)
-		}
-		return f, err
-	}
+	next := nextFrame(sub)
 	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
 	return relay(ctx, next, cancel, emit)
 }
@@ -317,4 +310,16 @@ func resubmit(ctx context.Context, submit func() error) error {
 // Timings converts a frame's microsecond fields.
 func (f FrameMsg) Timings() (queued, sinceStart, sinceLast time.Duration) {
 	return time.Duration(f.QueuedUS) * time.Microsecond, time.Duration(f.SinceStartUS) * time.Microsecond, time.Duration(f.SinceLastUS) * time.Microsecond
+}
+
+// nextFrame returns a function that waits for the next frame on sub.
+func nextFrame(sub *nats.Subscription) func(context.Context) (FrameMsg, error) {
+	return func(ctx context.Context) (FrameMsg, error) {
+		var f FrameMsg
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err == nil {
+			err = bus.Decode(msg.Data, &f)
+		}
+		return f, err
+	}
 }
