@@ -147,8 +147,9 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 // SiLUMatMul implements gpu.SiLUMatMuler. One row with bf16 weights and k
 // a multiple of 256 runs the split-K GEMV forming silu(gate)*up as it
 // loads x; more than 8 rows with 16-bit weights form the rounded x of the
-// tensor-core product from gu (silu_rows) and run it; other shapes form
-// silu(gate)*up in f32 scratch, then MatMul.
+// tensor-core product from gu (silu_rows) and run it; other shapes, and
+// the decode batches whose product takes x in f32, form silu(gate)*up in
+// f32 scratch, then MatMul.
 func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	const op = "silu matmul"
 	if err := d.enter(op); err != nil {
@@ -182,7 +183,7 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 			}
 		}
 	}
-	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 {
+	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 && !exactSkinny(n, k) {
 		return d.gemm(b[0], b[1], b[2], n, k, m, true)
 	}
 	s, err := d.scratchBuf("silu", gpu.F32, n*k)

@@ -342,28 +342,15 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
 // batches of up to skinnyExactRows rows run gemm_skinny_*_exact on x in
-// f32; otherwise x is rounded to w's type once and the product runs on
+// f32 (SiLUMatMul forms their f32 rows itself); otherwise x is rounded to w's type once and the product runs on
 // gemm_skinny (up to 64 rows), the Hopper product or gemm_pipe tiles. When
 // k is split, the ordered sum of the partial products follows. With silu,
 // x holds n rows of gate then up ([n, 2k]) and the product's input is
 // silu(gate)*up.
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
-	skinny := n <= skinnyRows && k%64 == 0
 	suf := suffix(w.dt)
-	if skinny && n <= skinnyExactRows {
-		if silu {
-			s, err := d.scratchBuf("silu", gpu.F32, n*k)
-			if err != nil {
-				return err
-			}
-			if err := d.siluRows(s, x, n, k); err != nil {
-				return err
-			}
-			x = s
-		}
-		splits, chunk := skinnySplits(m, k, d.info.SMs)
-		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-		return d.splitProduct(d.k("gemm_skinny_"+suf+"_exact"), grid, 128, skinnyExactShmem, out, x, w, n, k, m, splits, chunk)
+	if !silu && exactSkinny(n, k) {
+		return d.skinny("gemm_skinny_"+suf+"_exact", skinnyExactShmem, out, x, w, n, k, m)
 	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
@@ -385,10 +372,8 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 		}
 		d.rounded = key
 	}
-	if skinny {
-		splits, chunk := skinnySplits(m, k, d.info.SMs)
-		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-		return d.splitProduct(d.k("gemm_skinny_"+suf), grid, 128, 0, out, xs, w, n, k, m, splits, chunk)
+	if n <= skinnyRows && k%64 == 0 {
+		return d.skinny("gemm_skinny_"+suf, 0, out, xs, w, n, k, m)
 	}
 	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
 		return err
@@ -412,6 +397,18 @@ const skinnyExactRows = 32
 // skinnyExactShmem is gemm_skinny_*_exact's dynamic shared memory: 64 rows
 // of SK_XK (256) f32.
 const skinnyExactShmem = 64 * 256 * 4
+
+// exactSkinny says whether a product of n rows of x over k takes the exact
+// decode-batch kernel, x in f32.
+func exactSkinny(n, k int) bool { return n <= skinnyExactRows && k%64 == 0 }
+
+// skinny launches the gemm_skinny kernel name (shmem bytes of dynamic
+// shared memory) over x, k split for about three blocks per SM.
+func (d *Device) skinny(name string, shmem int, out, x, w *Buffer, n, k, m int) error {
+	splits, chunk := skinnySplits(m, k, d.info.SMs)
+	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+	return d.splitProduct(d.k(name), grid, 128, shmem, out, x, w, n, k, m, splits, chunk)
+}
 
 // splitProduct launches a product kernel taking (out, x, w, n, k, m,
 // chunk) whose splits of k write partial products, then sums them in
