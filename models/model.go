@@ -651,9 +651,7 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 		if err := m.forward(ctx, cache, b, logits, true); err != nil {
 			return err
 		}
-		for i := range r {
-			ids[i] = argmax(logits[i*V : (i+1)*V])
-		}
+		ArgmaxRows(ids, logits, V)
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -677,6 +675,14 @@ func (m *Model) issueArgmax(cache *Cache, b *Batch, from tokenSource) error {
 		return err
 	}
 	return m.step(cache, len(b.Pos), len(b.Logits), true, from)
+}
+
+// ArgmaxRows sets ids[i] to the greedy choice of row i of logits (rows of
+// vocab values), as ForwardArgmax chooses: the devices' argmax.
+func ArgmaxRows(ids []int32, logits []float32, vocab int) {
+	for i := range len(logits) / vocab {
+		ids[i] = argmax(logits[i*vocab : (i+1)*vocab])
+	}
 }
 
 // argmax is the index of the largest value, the lowest among equals; NaNs

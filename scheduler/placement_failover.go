@@ -151,7 +151,7 @@ func (f *Failover) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 		if err := e.Forward(ctx, b, f.logits); err != nil {
 			return err
 		}
-		argmaxRows(ids, f.logits, f.vocab)
+		models.ArgmaxRows(ids, f.logits, f.vocab)
 		return nil
 	})
 }

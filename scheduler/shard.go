@@ -238,7 +238,7 @@ func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
-		argmaxRows(ids, p.scratch, p.vocab)
+		models.ArgmaxRows(ids, p.scratch, p.vocab)
 		return nil
 	}
 	out, err := p.stagesForward(ctx, b, true)
@@ -250,21 +250,6 @@ func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 	}
 	copy(ids, out.IDs)
 	return nil
-}
-
-// argmaxRows sets ids[i] to the most likely token of row i of logits (the
-// lowest id among equals, NaNs skipped, as the devices' argmax).
-func argmaxRows(ids []int32, logits []float32, vocab int) {
-	for i := range len(logits) / vocab {
-		row := logits[i*vocab : (i+1)*vocab]
-		best := -1
-		for j, x := range row {
-			if x == x && (best < 0 || x > row[best]) {
-				best = j
-			}
-		}
-		ids[i] = int32(max(best, 0))
-	}
 }
 
 // stagesForward sends the step's plan through the stages in turn and
