@@ -88,3 +88,11 @@ type QKVPreparer interface {
 type SiLUMatMuler interface {
 	SiLUMatMul(out, gu, w Buffer, n, k, m int) error
 }
+
+// GatedMatVecer forms a gated MLP's activation in its gate and up
+// projection, for one token: out[j] = silu(w[j]·x) * (w[f+j]·x) for j < f,
+// with w the gate rows then the up rows ([2f, k]), x [k] and out [f] (f32).
+// The down projection then reads f values instead of 2f.
+type GatedMatVecer interface {
+	GatedMatVec(out, x, w Buffer, k, f int) error
+}

@@ -57,6 +57,7 @@ type Model struct {
 	rn                  gpu.ResidualNormer // nil when the device has no fused norms
 	qp                  gpu.QKVPreparer    // nil when the device does not fuse QK-norm, RoPE and the KV store
 	sm                  gpu.SiLUMatMuler   // nil when the device does not fold SiLU into the down projection
+	gmv                 gpu.GatedMatVecer  // nil when the device does not form one token's activation in gate|up
 
 	// Tensor parallelism: full is the whole model's configuration (Config
 	// is this rank's slice of it); group, on rank 0 only, lists every rank,
@@ -137,6 +138,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 	}
 	m.rn, _ = dev.(gpu.ResidualNormer)
 	m.sm, _ = dev.(gpu.SiLUMatMuler)
+	m.gmv, _ = dev.(gpu.GatedMatVecer)
 	if m.sn == nil { // OLMo 2's sharded QK-norm keeps its own operations
 		m.qp, _ = dev.(gpu.QKVPreparer)
 	}
@@ -1001,6 +1003,12 @@ func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {
 	}
 	var e errs
 	F := c.Intermediate
+	if n == 1 && ly.gateUp != nil && s.gu1 != nil && m.gmv != nil {
+		// One token: silu(gate)*up leaves the gate|up product, F values.
+		e.do(m.gmv.GatedMatVec(s.g1, in, ly.gateUp, c.Hidden, F))
+		e.do(d.MatMul(out, s.g1, ly.down, 1, F, c.Hidden))
+		return e.err
+	}
 	if ly.gateUp != nil && s.gu1 != nil && (n == 1 || n <= s.packedRows && m.sm != nil) {
 		e.do(d.MatMul(s.gu1, in, ly.gateUp, n, c.Hidden, 2*F))
 		if m.sm != nil {

@@ -102,9 +102,9 @@ func BenchmarkGEMV(b *testing.B) {
 		if !*sweep {
 			units = 0
 		}
-		for _, ks := range []int{1, 2, 4, 8} {
-			nv := units / ks
-			if units == 0 || units%ks != 0 || nv > 8 || nv&(nv-1) != 0 {
+		for _, sp := range gemvSplits {
+			nv, ks := sp.nv, sp.ks
+			if per := ceilDiv(units, ks); units == 0 || per > nv || 2*per <= nv {
 				continue
 			}
 			name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
@@ -131,28 +131,25 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 }
 
-// BenchmarkGEMVGrid sweeps the blocks per SM of the batch-1 GEMV, plain
-// and with SiLU folded in, on the OLMo-2 1B and 7B shapes (m x k; the 7B
-// down projection also as one of two tensor-parallel ranks holds it). Each
-// block reads all of x once, so wide x favours fewer blocks.
+// BenchmarkGEMVGrid sweeps the blocks per SM of the batch-1 GEMV, plain and
+// forming silu(gate)*up from a packed gate|up (glu), on the OLMo-2 1B and
+// 7B shapes (m x k; the 7B MLP also as one of two tensor-parallel ranks
+// holds it).
 func BenchmarkGEMVGrid(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range []struct {
 		m, k int
-		silu bool
+		kind string
 	}{
-		{2048, 8192, true}, {4096, 11008, true}, {4096, 5504, true}, {2048, 8192, false},
-		{12288, 4096, false}, {4096, 4096, false}, {22016, 4096, false}, {6144, 2048, false}, {16384, 2048, false},
+		{16384, 2048, "glu"}, {22016, 4096, "glu"}, {11008, 4096, "glu"},
+		{2048, 8192, "plain"}, {4096, 11008, "plain"}, {4096, 5504, "plain"}, {12288, 4096, "plain"}, {4096, 4096, "plain"},
+		{22016, 4096, "plain"}, {6144, 2048, "plain"}, {16384, 2048, "plain"},
 	} {
 		m, k := c.m, c.k
 		raw := bf16Bytes(randF32(r, m*k, 0.05))
 		ws := rotating(b, d, gpu.BF16, raw)
-		xk := k
-		if c.silu {
-			xk = 2 * k
-		}
-		x := f32buf(b, d, randF32(r, xk, 1))
+		x := f32buf(b, d, randF32(r, k, 1))
 		out := alloc(b, d, gpu.F32, m)
 		per := len(ws) * max(1, 32/len(ws))
 		nv, ks, ok := d.gemvShape(k, m)
@@ -160,18 +157,18 @@ func BenchmarkGEMVGrid(b *testing.B) {
 			b.Fatalf("no fast GEMV for k=%d", k)
 		}
 		name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
-		if c.silu {
-			name = fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)
+		if c.kind == "glu" {
+			name = fmt.Sprintf("gemv_glu_bf16_nv%d_ks%d", nv, ks)
 		}
 		for _, perSM := range []int{0, 1, 2, 3, 4} {
-			grid := d.gemvGrid(ks, m, k, c.silu)
+			grid := d.gemvGrid(ks, m, d.k(name).occ)
 			if perSM > 0 {
 				grid = min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
 			}
-			b.Run(fmt.Sprintf("%dx%d/silu=%v/perSM%d_grid%d", m, k, c.silu, perSM, grid), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%dx%d/%s/perSM%d_grid%d", m, k, c.kind, perSM, grid), func(b *testing.B) {
 				rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error {
 					return d.launch(d.k(name), grid1(grid), grid1(256), 0, bufArg("out", out.(*Buffer), gpu.F32, m),
-						bufArg("x", x.(*Buffer), gpu.F32, xk), bufArg("w", w, gpu.BF16, m*k), i32Arg(k), i32Arg(m))
+						bufArg("x", x.(*Buffer), gpu.F32, k), bufArg("w", w, gpu.BF16, m*k), i32Arg(k), i32Arg(m))
 				})
 			})
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -303,7 +304,8 @@ func cstring(b []byte) string {
 	return string(b)
 }
 
-// maxCounters is the length of Device.counters: one per row of an Argmax.
+// maxCounters is the length of Device.counters: one per row of an Argmax,
+// or per token and block row of an Attention.
 const maxCounters = 65535
 
 // codeCubin is Info.Code when the Hopper cubins are loaded.
@@ -368,7 +370,15 @@ func (d *Device) loadKernels() error {
 		if fn == 0 {
 			return fmt.Errorf("cuda: kernel %s is in no module: rebuild with kernels/build.sh", name)
 		}
-		d.kern[name] = &kernel{name: name, fn: fn}
+		k := &kernel{name: name, fn: fn}
+		if strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv") {
+			var occ int32
+			if err := d.drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.call(ptr(&occ), fn, 256, 0); err != nil {
+				return fmt.Errorf("cuda: occupancy of %s: %w", name, err)
+			}
+			k.occ = int(occ)
+		}
+		d.kern[name] = k
 	}
 	return nil
 }

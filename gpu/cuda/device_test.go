@@ -111,7 +111,7 @@ func weights(t testing.TB, d gpu.Device, dt gpu.DType, raw []byte) gpu.Buffer {
 	return b
 }
 
-func f32buf(t testing.TB, d *Device, v []float32) gpu.Buffer {
+func f32buf(t testing.TB, d gpu.Device, v []float32) gpu.Buffer {
 	t.Helper()
 	b := alloc(t, d, gpu.F32, len(v))
 	if err := d.Write(b, 0, gpu.F32Bytes(v)); err != nil {

@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	_ gpu.QKVPreparer  = (*Device)(nil)
-	_ gpu.SiLUMatMuler = (*Device)(nil)
+	_ gpu.QKVPreparer   = (*Device)(nil)
+	_ gpu.SiLUMatMuler  = (*Device)(nil)
+	_ gpu.GatedMatVecer = (*Device)(nil)
 )
 
 // fusedKernelNames are the kernels of the fused decode operations; they are
@@ -25,10 +26,8 @@ func fusedKernelNames() []string {
 	for _, dt := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "silu_rows_"+dt)
 	}
-	for _, nv := range []int{1, 2, 4, 8} {
-		for _, ks := range []int{1, 2, 4, 8} {
-			names = append(names, fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks))
-		}
+	for _, s := range gemvSplits {
+		names = append(names, fmt.Sprintf("gemv_glu_bf16_nv%d_ks%d", s.nv, s.ks))
 	}
 	return names
 }
@@ -144,12 +143,11 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(128), 0, args...)
 }
 
-// SiLUMatMul implements gpu.SiLUMatMuler. One row with bf16 weights and k
-// a multiple of 256 runs the split-K GEMV forming silu(gate)*up as it
-// loads x; more than 8 rows with 16-bit weights form the rounded x of the
-// tensor-core product from gu (silu_rows) and run it; other shapes, and
-// the decode batches whose product takes x in f32, form silu(gate)*up in
-// f32 scratch, then MatMul.
+// SiLUMatMul implements gpu.SiLUMatMuler. More than 8 rows with 16-bit
+// weights form the rounded x of the tensor-core product from gu
+// (silu_rows) and run it; other shapes, and the decode batches whose
+// product takes x in f32, form silu(gate)*up in f32 scratch, then MatMul.
+// (One token is faster through GatedMatVec and a plain MatMul.)
 func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	const op = "silu matmul"
 	if err := d.enter(op); err != nil {
@@ -174,15 +172,6 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if !b[2].dt.IsFloat() {
 		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
 	}
-	if n == 1 && b[2].dt == gpu.BF16 {
-		if nv, ks, ok := d.gemvShape(k, m); ok {
-			if kern := d.k(fmt.Sprintf("gemv_silu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
-				return d.launch(kern, grid1(d.gemvGrid(ks, m, k, true)), grid1(256), 0,
-					bufArg("out", b[0], gpu.F32, m), bufArg("gu", b[1], gpu.F32, 2*k), bufArg("w", b[2], gpu.BF16, m*k),
-					i32Arg(k), i32Arg(m))
-			}
-		}
-	}
 	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 && !exactSkinny(n, k) {
 		return d.gemm(b[0], b[1], b[2], n, k, m, true)
 	}
@@ -194,6 +183,53 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 		return err
 	}
 	return d.matmul(b[0], s, b[2], n, k, m)
+}
+
+// GatedMatVec implements gpu.GatedMatVecer. With bf16 weights and k a
+// multiple of 8 one split-K GEMV takes each gate row with its up row and
+// stores silu(gate)*up; other weights run MatMul into scratch, then
+// silu_rows.
+func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
+	const op = "gated matvec"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	b, err := d.bufs2(op, []string{"out", "x", "w"}, out, x, w)
+	if err != nil {
+		return err
+	}
+	if err := positive(op, k, f); err != nil {
+		return err
+	}
+	if err := checkLens(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}); err != nil {
+		return err
+	}
+	for i, nm := range []string{"out", "x"} {
+		if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	if !b[2].dt.IsFloat() {
+		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
+	}
+	if b[2].dt == gpu.BF16 {
+		if nv, ks, ok := d.gemvShape(k, 2*f); ok {
+			if kern := d.k(fmt.Sprintf("gemv_glu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
+				return d.launch(kern, grid1(d.gemvGrid(ks, 2*f, kern.occ)), grid1(256), 0,
+					bufArg("out", b[0], gpu.F32, f), bufArg("x", b[1], gpu.F32, k), bufArg("w", b[2], gpu.BF16, 2*f*k),
+					i32Arg(k), i32Arg(2*f))
+			}
+		}
+	}
+	gu, err := d.scratchBuf("glu", gpu.F32, 2*f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if err := d.matmul(gu, b[1], b[2], 1, k, 2*f); err != nil {
+		return err
+	}
+	return d.siluRows(b[0], gu, 1, f)
 }
 
 // siluRows writes silu(gate)*up of gu's n rows ([n, 2k]) into out ([n, k],

@@ -202,3 +202,54 @@ func TestSiLUMatMul(t *testing.T) {
 		})
 	}
 }
+
+// TestGatedMatVec checks silu(gate)*up formed in the gate|up product
+// against the f64 reference's MatMul and SiLUMul, on the OLMo-2 shapes
+// (1B, 7B and 7B over two ranks), a short k, and the weights and k that
+// take the fallback.
+func TestGatedMatVec(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	for _, c := range []struct {
+		dt   gpu.DType
+		k, f int
+	}{
+		{gpu.BF16, 2048, 8192}, {gpu.BF16, 4096, 11008}, {gpu.BF16, 4096, 5504}, {gpu.BF16, 24, 40},
+		{gpu.BF16, 20, 33}, {gpu.F32, 64, 48}, {gpu.F16, 264, 96},
+	} {
+		t.Run(fmt.Sprintf("%s/%dx%d", c.dt, c.f, c.k), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.f)))
+			x, wv := randF32(r, c.k, 1), randF32(r, 2*c.f*c.k, 0.05)
+			raw := gpu.F32Bytes(wv)
+			switch c.dt {
+			case gpu.BF16:
+				raw = bf16Bytes(wv)
+			case gpu.F16:
+				raw = f16Bytes(wv)
+			}
+			out := alloc(t, d, gpu.F32, c.f)
+			if err := d.GatedMatVec(out, f32buf(t, d, x), weights(t, d, c.dt, raw), c.k, c.f); err != nil {
+				t.Fatal(err)
+			}
+			gu := alloc(t, rf, gpu.F32, 2*c.f)
+			if err := rf.MatMul(gu, f32buf(t, rf, x), weights(t, rf, c.dt, raw), 1, c.k, 2*c.f); err != nil {
+				t.Fatal(err)
+			}
+			g, u := make([]float32, c.f), make([]float32, c.f)
+			all := readF32(t, rf, gu)
+			copy(g, all[:c.f])
+			copy(u, all[c.f:])
+			rg, ru := f32buf(t, rf, g), f32buf(t, rf, u)
+			if err := rf.SiLUMul(rg, rg, ru, c.f); err != nil {
+				t.Fatal(err)
+			}
+			if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, rg)); e > 1e-5 {
+				t.Errorf("error %.3g, want at most 1e-5", e)
+			}
+		})
+	}
+	// Lengths are checked before the GPU sees them.
+	if err := d.GatedMatVec(alloc(t, d, gpu.F32, 8), alloc(t, d, gpu.F32, 16), alloc(t, d, gpu.BF16, 2*8*16-1), 16, 8); err == nil {
+		t.Error("a short w was accepted")
+	}
+}

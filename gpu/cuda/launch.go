@@ -16,6 +16,9 @@ type kernel struct {
 	// shmem is the dynamic shared memory the kernel has been allowed
 	// beyond the default 48 KiB.
 	shmem int
+	// occ is how many 256-thread blocks of the kernel fit on an SM at once,
+	// asked of the driver for the fast GEMVs (0 for the others).
+	occ int
 }
 
 // defaultShmem is the dynamic shared memory a launch may use without

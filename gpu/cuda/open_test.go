@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -90,21 +91,26 @@ func TestGEMVShape(t *testing.T) {
 		{2048, 2048, 2, 4}, {2048, 8192, 2, 4}, {8192, 2048, 4, 8}, {2048, 100352, 2, 4}, {1024, 64, 2, 2}, {256, 8, 1, 1}, {512, 8, 2, 1}, {4096, 8, 2, 8},
 		// OLMo-2-7B's down projection, whole and split over two ranks (43
 		// and 21.5 units), and short k.
-		{11008, 4096, 8, 8}, {5504, 4096, 4, 8}, {16384, 8, 8, 8}, {8, 8, 1, 1}, {264, 8, 2, 1},
+		{11008, 4096, 6, 8}, {5504, 4096, 3, 8}, {16384, 8, 8, 8}, {8, 8, 1, 1}, {264, 8, 2, 1},
 	} {
 		nv, ks, ok := d.gemvShape(c.k, c.m)
 		if !ok || nv != c.nv || ks != c.ks {
 			t.Errorf("gemvShape(%d, %d) = %d, %d, %v; want %d, %d", c.k, c.m, nv, ks, ok, c.nv, c.ks)
 		}
 	}
-	// Grids: up to four blocks per SM; SiLU's wide x two, or one past 8192.
-	for _, c := range []struct {
-		ks, m, k int
-		silu     bool
-		want     int
-	}{{4, 2048, 2048, false, 512}, {8, 22016, 4096, false, 528}, {8, 2048, 8192, true, 264}, {8, 4096, 11008, true, 132}, {8, 8, 8192, true, 4}} {
-		if g := d.gemvGrid(c.ks, c.m, c.k, c.silu); g != c.want {
-			t.Errorf("gemvGrid(%d, %d, %d, %v) = %d, want %d", c.ks, c.m, c.k, c.silu, g, c.want)
+	// Grids: up to four blocks per SM, never more than fit on an SM.
+	for _, c := range []struct{ ks, m, occ, want int }{
+		{4, 2048, 0, 512}, {8, 22016, 4, 528}, {8, 22016, 3, 396}, {8, 4096, 1, 132}, {8, 8, 0, 4},
+	} {
+		if g := d.gemvGrid(c.ks, c.m, c.occ); g != c.want {
+			t.Errorf("gemvGrid(%d, %d, %d) = %d, want %d", c.ks, c.m, c.occ, g, c.want)
+		}
+	}
+	// Every k the fast path takes has a kernel.
+	for k := 8; k <= 16384; k += 8 {
+		nv, ks, ok := d.gemvShape(k, 64)
+		if !ok || !slices.Contains(gemvSplits, struct{ nv, ks int }{nv, ks}) {
+			t.Fatalf("gemvShape(%d) = %d, %d, %v: no such kernel", k, nv, ks, ok)
 		}
 	}
 	for _, k := range []int{100, 16392, 0} {

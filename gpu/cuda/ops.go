@@ -39,10 +39,8 @@ func kernelNames() []string {
 		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s, "gemm_skinny_"+s+"_exact",
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128")
 	}
-	for _, nv := range []int{1, 2, 4, 8} {
-		for _, ks := range []int{1, 2, 4, 8} {
-			names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks))
-		}
+	for _, s := range gemvSplits {
+		names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", s.nv, s.ks))
 	}
 	return names
 }
@@ -200,9 +198,8 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 && n == 1 {
 		if nv, ks, ok := d.gemvShape(k, m); ok {
-			g := d.gemvGrid(ks, m, k, false)
-			name := fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks)
-			return d.launch(d.k(name), grid1(g), grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+			kern := d.k(fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks))
+			return d.launch(kern, grid1(d.gemvGrid(ks, m, kern.occ)), grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
 		}
 	}
 	suf := suffix(w.dt)
@@ -431,12 +428,20 @@ func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, 
 		bufArg("out", out, gpu.F32, n*m), bufArg("part", dst, gpu.F32, splits*n*m), i64Arg(n*m), i32Arg(splits))
 }
 
+// gemvSplits are the splits of the fast GEMV's kernels (gemv.cu): nv units
+// of k a warp, ks warps a row. gemvShape picks no others.
+var gemvSplits = []struct{ nv, ks int }{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}, {3, 8}, {4, 8}, {6, 8}, {8, 8}}
+
+// gemvUnits are the numbers of k units a warp of the fast GEMV can hold.
+var gemvUnits = []int{1, 2, 3, 4, 6, 8}
+
 // gemvShape picks the split of k for the batch-1 bf16 GEMV (k a multiple
 // of 8, up to 16384): k is cut into ceil(k/256) units, ks warps share a
-// row and each takes at most nv of the units (nv, ks in {1,2,4,8}). As many
-// splits as leave each warp at least two units (two 16-byte loads per
-// lane) were measured best on the H200 for the OLMo-2-1B shapes (see
-// docs/cuda.md).
+// row (ks in {1,2,4,8}) and each takes at most nv of the units, nv the
+// fewest of gemvUnits that cover its share (registers hold them twice
+// over). As many splits as leave each warp at least two units (two
+// 16-byte loads per lane) were measured best on the H200 for the
+// OLMo-2-1B shapes (see docs/cuda.md).
 func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 	if k%8 != 0 || k <= 0 {
 		return 0, 0, false
@@ -447,30 +452,24 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 		if c > units || (per < 2 && units > 1) {
 			continue
 		}
-		nv = 1
-		for nv < per {
-			nv *= 2
+		for _, nv := range gemvUnits {
+			if nv >= per {
+				return nv, c, true
+			}
 		}
-		if nv > 8 {
-			return 0, 0, false
-		}
-		return nv, c, true
+		return 0, 0, false
 	}
 	return 0, 0, false
 }
 
-// gemvGrid is the fast GEMV's grid: every row group its own block, up to
-// four blocks per SM (the grid strides beyond that). Each block reads all
-// of x: with SiLU that is gate and up (8k bytes), and fewer blocks, two per
-// SM, or one beyond k = 8192, were measured faster on an H200
-// (BenchmarkGEMVGrid, docs/cuda.md).
-func (d *Device) gemvGrid(ks, m, k int, silu bool) int {
+// gemvGrid is the fast GEMV's grid: every group of m's rows its own
+// block, up to four blocks per SM (the grid strides beyond that; measured
+// best on an H200, BenchmarkGEMVGrid in docs/cuda.md), and no more than
+// fit on an SM at once (occ, from the driver; 0 when unknown).
+func (d *Device) gemvGrid(ks, m, occ int) int {
 	perSM := 4
-	switch {
-	case silu && k > 8192:
-		perSM = 1
-	case silu:
-		perSM = 2
+	if occ > 0 {
+		perSM = min(perSM, occ)
 	}
 	return min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
 }
@@ -663,7 +662,8 @@ func attnParams(a gpu.AttnArgs, cacheSlots, splits, btRows int) []byte {
 }
 
 // Attention implements gpu.Ops: split-KV attention over the paged caches
-// and a combine of the splits. The number of splits depends only on the
+// and a combine of the splits (in the split kernel itself for 16-bit
+// caches). The number of splits depends only on the
 // shape, the share of each split on the token's position, so a graph
 // recorded once serves any context length.
 func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
@@ -732,9 +732,18 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	if err != nil {
 		return err
 	}
-	err = d.launch(kern, dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}, grid1(128), shmem,
-		append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(splits)...)...)
-	if err != nil {
+	grid := dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}
+	args := append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(splits)...)
+	if shmem > 0 {
+		// The tensor-core kernel combines the splits itself, with a counter
+		// per token and block row, when there are enough counters.
+		if blocks <= maxCounters {
+			return d.launch(kern, grid, grid1(128), shmem, append(args, bufArg("out", b[0], gpu.F32, a.N*qw),
+				bufArg("cnt", d.counters, gpu.I32, blocks))...)
+		}
+		args = append(args, devPtrArg(0), devPtrArg(0))
+	}
+	if err := d.launch(kern, grid, grid1(128), shmem, args...); err != nil {
 		return err
 	}
 	return d.launch(d.k("attn_combine"), grid1(a.N*a.Heads), grid1(hd), 0,

@@ -316,9 +316,12 @@ func (h *harness) attention(t *testing.T) {
 	// Three sequences: a prefill after cached tokens, a decode at position
 	// 40 and a decode at position 0. The long prefill makes a step of more
 	// than 64 tokens in runs, which backends may run with a prompt kernel.
+	// The last batch decodes over long contexts of different lengths, which
+	// backends may split over the keys.
 	batches := []struct{ lens, news []int }{
 		{[]int{18, 41, 1}, []int{13, 1, 1}},
 		{[]int{150, 41, 1}, []int{140, 1, 1}},
+		{[]int{700, 130, 1}, []int{1, 2, 1}},
 	}
 	for _, cdt := range h.o.CacheDTypes {
 		for _, c := range cfgs {

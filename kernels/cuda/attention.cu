@@ -15,7 +15,9 @@
 // one token, up to 16 query heads of one KV head (the rows of the mma
 // tiles) and its split's keys, in tiles of 64 (16 per warp) double-buffered
 // through cp.async; the warps' partial results are merged in shared memory
-// and written as the split kernel's, for attn_combine.
+// and written as the split kernel's. Splits without keys return at once,
+// and the last split of a (token, KV head) to finish combines the others
+// (attn_combine's work, through a counter), unless no counters are given.
 //
 // attn_prefill: grid (ceil(N/64), Heads), 128 threads: tensor-core
 // attention for prompts (FlashAttention-2 style) over the paged cache with
@@ -534,7 +536,8 @@ PREFILL(F16, f16, 64) PREFILL(F16, f16, 128)
 template <typename T, int HD>
 DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                      const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
-                     const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault) {
+                     const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
+                     float* __restrict__ out, unsigned* cnt) {
   pdl_begin();
   constexpr int CH = HD / 8, DT = HD / 8, TILE = DKV * HD;
   const float NEG = -__int_as_float(0x7f800000);
@@ -559,6 +562,10 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   chunk = (chunk + DKV - 1) / DKV * DKV;
   int j0 = split * chunk, j1 = min(len, j0 + chunk);
   int ntiles = j1 > j0 ? (j1 - j0 + DKV - 1) / DKV : 0;
+  // The splits that hold keys; with the combine here (cnt set) the others
+  // have nothing to do.
+  int used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
+  if (cnt != nullptr && split >= used) return;
   const int* btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
 
   // Tile copies: thread tid moves chunk tid % CH of rows tid / CH + RPI·i.
@@ -665,6 +672,10 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
       acc += c * os[(w * 16 + r) * HD + d];
       L += c * ml_s[w][r][1];
     }
+    if (cnt != nullptr && used == 1) {  // the only split: the result itself
+      out[((long)t * a.heads + h0 + r) * HD + d] = L > 0.f ? acc / L : 0.f;
+      continue;
+    }
     long o_ = ((long)t * a.heads + h0 + r) * a.splits + split;
     part_acc[o_ * HD + d] = acc;
     if (d == 0) {
@@ -672,15 +683,44 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
       part_ml[o_ * 2 + 1] = L;
     }
   }
+  if (cnt == nullptr || used == 1) return;
+  // The last of the used splits to finish merges them all into out, as
+  // attn_combine would, and leaves its counter zero for the next launch.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* c = cnt + (long)t * gridDim.y + blockIdx.y;
+  if (tid == 0) last = atomicAdd(c, 1u) == (unsigned)(used - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < G * HD; i += 128) {
+    int r = i / HD, d = i % HD;
+    long b = ((long)t * a.heads + h0 + r) * a.splits;
+    float M = NEG;
+    for (int sp = 0; sp < used; sp++) M = fmaxf(M, __ldcg(part_ml + (b + sp) * 2));
+    float acc = 0.f, L = 0.f;
+    for (int sp = 0; sp < used; sp++) {
+      float mm = __ldcg(part_ml + (b + sp) * 2);
+      if (mm == NEG) continue;
+      float e = __expf(mm - M);
+      L += e * __ldcg(part_ml + (b + sp) * 2 + 1);
+      acc += e * __ldcg(part_acc + (b + sp) * HD + d);
+    }
+    out[((long)t * a.heads + h0 + r) * HD + d] = L > 0.f ? acc / L : 0.f;
+  }
+  if (tid == 0) *c = 0;
 }
 
-// Dynamic shared memory: 2 stages of K and V, 4·DKV·HD·2 bytes.
+// Dynamic shared memory: 2 stages of K and V, 4·DKV·HD·2 bytes. With cnt
+// (one zeroed counter per token and blockIdx.y) the kernel also combines
+// the splits into out; without, attn_combine does.
 #define DECODE(T, name, HD)                                                                                    \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       attn_decode_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,         \
                                   const uint16_t* vc, const int* pos, const int* seq, const int* bt, AttnParams a, \
-                                  unsigned* fault) {                                                           \
-    attn_decode<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault);                                  \
+                                  unsigned* fault, float* out, unsigned* cnt) {                               \
+    attn_decode<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                        \
   }
 DECODE(BF16, bf16, 64) DECODE(BF16, bf16, 128)
 DECODE(F16, f16, 64) DECODE(F16, f16, 128)

@@ -2,40 +2,78 @@
 // f32 x and out, f32/bf16/f16 w, f32 accumulation.
 #include "common.cuh"
 
+// What a fast GEMV gives: out = w·x (PLAIN), or a gated MLP's activation
+// from its packed gate and up projection, w holding the gate rows then the
+// up rows (m = 2f) and out[j] = silu(w[j]·x) * (w[f+j]·x) for j < f (GLU).
+enum { GEMV_PLAIN, GEMV_GLU };
+
+// prefetch_l2 asks for bytes (a multiple of 16, from a 16-byte aligned p)
+// to be brought into L2, without waiting for them.
+DEV void prefetch_l2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// GEMV_PREFETCH bounds the weight bytes a block sends to L2 before it
+// waits for the kernel ahead of it: its groups after the first, which goes
+// to registers.
+#define GEMV_PREFETCH (64 << 10)
+
 // gemv_bf16_fast: batch 1, k a multiple of 8 up to NV * KS * 256. A block
 // is 8 warps; k is cut into units of 256 elements (the last may be short),
 // unit u belonging to warp u % KS of a row's KS warps (split-K inside the
 // block, combined through shared memory), at most NV units a warp. Each
 // warp keeps its units of x in registers and walks R rows at a time with
-// 16-byte streaming loads, so R*NV loads are in flight per lane. The grid
-// strides over row groups; the first group's weights are requested before
-// the kernel waits for x (pdl_begin). With SILU, x holds gate then up (2k
-// elements) and the input is silu(gate) * up, formed as x is loaded (the
-// down projection of a gated MLP).
-template <int NV, int KS, int R, bool SILU = false>
+// 16-byte streaming loads: R consecutive rows, or with GLU a gate row and
+// its up row. The grid strides over row groups, and the loads of a block's
+// next group are issued before the current group is summed, so 2*R*NV
+// loads a lane stay in flight across the reductions. Before the kernel
+// waits for x (pdl_begin), so while the kernel ahead of it still runs, it
+// requests the first group's weights into registers and up to
+// GEMV_PREFETCH bytes of the block's next groups into L2.
+template <int NV, int KS, int R, int MODE>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
                         int m) {
-  constexpr int GROUPS = 8 / KS;          // row groups per block
-  constexpr int ROWS = GROUPS * R;        // rows per block iteration
-  __shared__ float part[KS > 1 ? KS : 1][ROWS];
+  static_assert(MODE != GEMV_GLU || R == 2, "GLU pairs a gate row with its up row");
+  constexpr int GROUPS = 8 / KS;                  // row groups per block
+  constexpr int IR = MODE == GEMV_GLU ? 1 : R;    // outputs of a row group
+  constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration
+  const int mo = MODE == GEMV_GLU ? m / 2 : m;    // outputs
+  // Two buffers of partial sums, so one barrier an iteration suffices.
+  __shared__ float part[2][KS > 1 ? KS : 1][GROUPS * R];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ks = warp % KS, grp = warp / KS;
   // The lane's 8 elements of its warp's unit v start at off(v); with k % 8
   // == 0 they lie wholly inside k or wholly beyond it.
   auto off = [&](int v) { return (v * KS + ks) * 256 + lane * 8; };
-  uint4 wv[R][NV];
-  auto loadw = [&](int row0) {
+  uint4 wa[R][NV], wb[R][NV];
+  // loadw loads the rows of the group whose first output is i0 (rows past
+  // the end read the last row; their sums are not stored).
+  auto loadw = [&](uint4 (&wv)[R][NV], int i0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      int row = min(row0 + r, m - 1);
+      int row = min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1);
       const uint16_t* wp = w + (long)row * k;
 #pragma unroll
       for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_stream(wp + off(v)) : make_uint4(0, 0, 0, 0);
     }
   };
-  // The first rows' weights are requested before waiting for x.
-  int base = blockIdx.x * ROWS;
-  if (base < m) loadw(base + grp * R);
+  const int stride = gridDim.x * ITEMS;
+  int base = blockIdx.x * ITEMS;
+  if (base < mo) loadw(wa, base + grp * IR);
+  if (threadIdx.x == 0) {
+    // A group's rows are contiguous (two runs with GLU: gate and up).
+    long run = (long)(MODE == GEMV_GLU ? GROUPS : ITEMS) * k * 2;
+    long budget = GEMV_PREFETCH;
+    for (int b = base + stride; b < mo && budget > 0; b += stride) {
+      int rows = min(MODE == GEMV_GLU ? GROUPS : ITEMS, mo - b);
+      int bytes = (int)((long)rows * k * 2);
+      prefetch_l2(w + (long)b * k, bytes);
+      if (MODE == GEMV_GLU) prefetch_l2(w + (long)(b + mo) * k, bytes);
+      budget -= MODE == GEMV_GLU ? 2 * run : run;
+    }
+  }
   pdl_begin();
   float xv[NV][8];
 #pragma unroll
@@ -49,17 +87,12 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     float4 a = xp[0], b = xp[1];
     xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
     xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
-    if (SILU) {
-      const float4* up = reinterpret_cast<const float4*>(x + k + off(v));
-      float4 c = up[0], e = up[1];
-      float u[8] = {c.x, c.y, c.z, c.w, e.x, e.y, e.z, e.w};
-#pragma unroll
-      for (int j = 0; j < 8; j++) xv[v][j] = silu(xv[v][j]) * u[j];
-    }
   }
-  for (bool first = true; base < m; base += gridDim.x * ROWS, first = false) {
-    int row0 = base + grp * R;
-    if (!first) loadw(row0);
+  // step sums the group at base from cur, with the next group's loads
+  // already issued into nxt.
+  auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf) {
+    if (base + stride < mo) loadw(nxt, base + stride + grp * IR);
+    int i0 = base + grp * IR;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -67,56 +100,62 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
       for (int v = 0; v < NV; v++) {
         float f[8];
-        unpack8<BF16>(wv[r][v], f);
+        unpack8<BF16>(cur[r][v], f);
 #pragma unroll
         for (int e = 0; e < 8; e++) s = fmaf(f[e], xv[v][e], s);
       }
       acc[r] = warp_sum(s);
     }
     if (KS == 1) {
-      if (lane < R) {
+      if (MODE == GEMV_GLU) {
+        if (lane == 0 && i0 < mo) out[i0] = silu(acc[0]) * acc[1];
+      } else if (lane < R) {
         float s = acc[0];
 #pragma unroll
         for (int r = 1; r < R; r++)
           if (lane == r) s = acc[r];
-        if (row0 + lane < m) out[row0 + lane] = s;
+        if (i0 + lane < mo) out[i0 + lane] = s;
       }
-    } else {
-      if (lane == 0) {
+      return;
+    }
+    if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++) part[ks][grp * R + r] = acc[r];
-      }
-      __syncthreads();
-      if (threadIdx.x < ROWS && base + threadIdx.x < m) {
+      for (int r = 0; r < R; r++) part[buf][ks][grp * R + r] = acc[r];
+    }
+    __syncthreads();
+    int j = threadIdx.x;
+    if (j < ITEMS && base + j < mo) {
+      if (MODE == GEMV_GLU) {
+        float g = 0.f, u = 0.f;
+#pragma unroll
+        for (int q = 0; q < KS; q++) {
+          g += part[buf][q][2 * j];
+          u += part[buf][q][2 * j + 1];
+        }
+        out[base + j] = silu(g) * u;
+      } else {
         float s = 0.f;
 #pragma unroll
-        for (int q = 0; q < KS; q++) s += part[q][threadIdx.x];
-        out[base + threadIdx.x] = s;
+        for (int q = 0; q < KS; q++) s += part[buf][q][j];
+        out[base + j] = s;
       }
-      __syncthreads();
     }
+  };
+  for (int it = 0; base < mo; it++, base += stride) {
+    if (it & 1) step(wb, wa, base, 1);
+    else step(wa, wb, base, 0);
   }
 }
 
-#define FAST(NV, KS)                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256) gemv_bf16_nv##NV##_ks##KS(float* out, const float* x,        \
-                                                                               const uint16_t* w, int k, int m) { \
-    gemv_bf16_fast<NV, KS, 2>(out, x, w, k, m);                                                                   \
+// Entry points for the (NV, KS) pairs gemvShape in gpu/cuda picks: KS = 8
+// with NV in {2, 3, 4, 6, 8}, and NV = 2 or 1 for k under 4096.
+#define FAST1(NAME, MODE, NV, KS)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(256) NAME##_nv##NV##_ks##KS(float* out, const float* x,             \
+                                                                            const uint16_t* w, int k, int m) {      \
+    gemv_bf16_fast<NV, KS, 2, MODE>(out, x, w, k, m);                                                               \
   }
-FAST(1, 1) FAST(1, 2) FAST(1, 4) FAST(1, 8)
-FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8)
-FAST(4, 1) FAST(4, 2) FAST(4, 4) FAST(4, 8)
-FAST(8, 1) FAST(8, 2) FAST(8, 4) FAST(8, 8)
-
-#define SILUFAST(NV, KS)                                                                                          \
-  extern "C" __global__ void __launch_bounds__(256)                                                             \
-      gemv_silu_bf16_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m) {                \
-    gemv_bf16_fast<NV, KS, 2, true>(out, x, w, k, m);                                                             \
-  }
-SILUFAST(1, 1) SILUFAST(1, 2) SILUFAST(1, 4) SILUFAST(1, 8)
-SILUFAST(2, 1) SILUFAST(2, 2) SILUFAST(2, 4) SILUFAST(2, 8)
-SILUFAST(4, 1) SILUFAST(4, 2) SILUFAST(4, 4) SILUFAST(4, 8)
-SILUFAST(8, 1) SILUFAST(8, 2) SILUFAST(8, 4) SILUFAST(8, 8)
+#define FAST(NV, KS) FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
+FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
 
 // gemv: any k, up to 8 rows of x; one warp per row of w, 8 rows per block.
 // Uses 16-byte loads of w when rows stay 16-byte aligned.
