@@ -538,7 +538,6 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
                      const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
                      const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
                      float* __restrict__ out, unsigned* cnt) {
-  pdl_begin();
   constexpr int CH = HD / 8, DT = HD / 8, TILE = DKV * HD;
   const float NEG = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) uint16_t dsm[];  // K[2][TILE], V[2][TILE]; reused to merge the warps
@@ -554,6 +553,11 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   int h0 = kh * group + (blockIdx.y % ngroup) * 16;
   int G = min(16, kh * group + group - h0);
   long kw = (long)a.kv_heads * HD;
+  // Until pdl_begin the kernel ahead (the KV store of this step's tokens,
+  // and q) may still run: positions, sequences and block tables are the
+  // step's inputs, and the cache rows of keys below p - 63 were written by
+  // earlier steps (a step holds at most 64 tokens of a sequence through
+  // this kernel), so those are read before the wait.
   int p = pos[t], s = seq[t];
   bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
   if (bad && tid == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
@@ -592,8 +596,13 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
     }
     cp_async_commit();
   };
-  issue(0);
-  issue(1);
+  // Tile j holds keys j0 + 64j .. j0 + 64j + 63.
+  bool pre0 = ntiles > 0 && j0 + DKV <= p - 63, pre1 = ntiles > 1 && j0 + 2 * DKV <= p - 63;
+  if (pre0) issue(0);
+  if (pre1) issue(1);
+  pdl_begin();
+  if (!pre0) issue(0);
+  if (!pre1) issue(1);
 
   for (int i = tid; i < 16 * CH; i += 128) {
     int r = i / CH, c = i % CH;
@@ -694,20 +703,37 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // Each head's split weights exp(m - M) / L, computed once into shared
+  // memory (the K and V stages are free now), then the weighted sum of the
+  // partial outputs with their loads in flight together.
+  float* wt = reinterpret_cast<float*>(dsm);  // [G][used] maxima, then weights
+  float* ls = wt + G * used;                  // [G][used] sums
+  for (int i = tid; i < G * used; i += 128) {
+    long o_ = ((long)t * a.heads + h0 + i / used) * a.splits + i % used;
+    wt[i] = __ldcg(part_ml + o_ * 2);
+    ls[i] = __ldcg(part_ml + o_ * 2 + 1);
+  }
+  __syncthreads();
+  if (tid < G) {
+    float* wr = wt + tid * used;
+    float M = NEG, L = 0.f;
+    for (int sp = 0; sp < used; sp++) M = fmaxf(M, wr[sp]);
+    for (int sp = 0; sp < used; sp++) {
+      wr[sp] = wr[sp] == NEG ? 0.f : __expf(wr[sp] - M);
+      L += wr[sp] * ls[tid * used + sp];
+    }
+    float inv = L > 0.f ? 1.f / L : 0.f;
+    for (int sp = 0; sp < used; sp++) wr[sp] *= inv;
+  }
+  __syncthreads();
   for (int i = tid; i < G * HD; i += 128) {
     int r = i / HD, d = i % HD;
-    long b = ((long)t * a.heads + h0 + r) * a.splits;
-    float M = NEG;
-    for (int sp = 0; sp < used; sp++) M = fmaxf(M, __ldcg(part_ml + (b + sp) * 2));
-    float acc = 0.f, L = 0.f;
-    for (int sp = 0; sp < used; sp++) {
-      float mm = __ldcg(part_ml + (b + sp) * 2);
-      if (mm == NEG) continue;
-      float e = __expf(mm - M);
-      L += e * __ldcg(part_ml + (b + sp) * 2 + 1);
-      acc += e * __ldcg(part_acc + (b + sp) * HD + d);
-    }
-    out[((long)t * a.heads + h0 + r) * HD + d] = L > 0.f ? acc / L : 0.f;
+    const float* pa = part_acc + ((long)t * a.heads + h0 + r) * a.splits * HD + d;
+    const float* wr = wt + r * used;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < used; sp++) acc += wr[sp] * __ldcg(pa + (long)sp * HD);
+    out[((long)t * a.heads + h0 + r) * HD + d] = acc;
   }
   if (tid == 0) *c = 0;
 }

@@ -7,19 +7,6 @@
 // up rows (m = 2f) and out[j] = silu(w[j]·x) * (w[f+j]·x) for j < f (GLU).
 enum { GEMV_PLAIN, GEMV_GLU };
 
-// prefetch_l2 asks for bytes (a multiple of 16, from a 16-byte aligned p)
-// to be brought into L2, without waiting for them.
-DEV void prefetch_l2(const void* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// GEMV_PREFETCH bounds the weight bytes a block sends to L2 before it
-// waits for the kernel ahead of it: its groups after the first, which goes
-// to registers.
-#define GEMV_PREFETCH (64 << 10)
-
 // gemv_bf16_fast: batch 1, k a multiple of 8 up to NV * KS * 256. A block
 // is 8 warps; k is cut into units of 256 elements (the last may be short),
 // unit u belonging to warp u % KS of a row's KS warps (split-K inside the
@@ -27,12 +14,11 @@ DEV void prefetch_l2(const void* p, int bytes) {
 // warp keeps its units of x in registers and walks R rows at a time with
 // 16-byte streaming loads: R consecutive rows, or with GLU a gate row and
 // its up row. The grid strides over row groups, and the loads of a block's
-// next group are issued before the current group is summed, so 2*R*NV
-// loads a lane stay in flight across the reductions. Before the kernel
-// waits for x (pdl_begin), so while the kernel ahead of it still runs, it
-// requests the first group's weights into registers and up to
-// GEMV_PREFETCH bytes of the block's next groups into L2.
-template <int NV, int KS, int R, int MODE>
+// next D-1 groups are issued before the current group is summed, so D*R*NV
+// loads a lane stay in flight across the reductions (D = 3 where one or
+// two blocks fill an SM's registers). The first D-1 groups' weights are
+// requested before the kernel waits for x (pdl_begin).
+template <int NV, int KS, int R, int MODE, int D>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
                         int m) {
   static_assert(MODE != GEMV_GLU || R == 2, "GLU pairs a gate row with its up row");
@@ -47,7 +33,8 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   // The lane's 8 elements of its warp's unit v start at off(v); with k % 8
   // == 0 they lie wholly inside k or wholly beyond it.
   auto off = [&](int v) { return (v * KS + ks) * 256 + lane * 8; };
-  uint4 wa[R][NV], wb[R][NV];
+  static_assert(D == 2 || D == 3, "two or three groups of loads");
+  uint4 w0[R][NV], w1[R][NV], w2[R][NV];  // w2 only with D == 3
   // loadw loads the rows of the group whose first output is i0 (rows past
   // the end read the last row; their sums are not stored).
   auto loadw = [&](uint4 (&wv)[R][NV], int i0) {
@@ -61,19 +48,8 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   };
   const int stride = gridDim.x * ITEMS;
   int base = blockIdx.x * ITEMS;
-  if (base < mo) loadw(wa, base + grp * IR);
-  if (threadIdx.x == 0) {
-    // A group's rows are contiguous (two runs with GLU: gate and up).
-    long run = (long)(MODE == GEMV_GLU ? GROUPS : ITEMS) * k * 2;
-    long budget = GEMV_PREFETCH;
-    for (int b = base + stride; b < mo && budget > 0; b += stride) {
-      int rows = min(MODE == GEMV_GLU ? GROUPS : ITEMS, mo - b);
-      int bytes = (int)((long)rows * k * 2);
-      prefetch_l2(w + (long)b * k, bytes);
-      if (MODE == GEMV_GLU) prefetch_l2(w + (long)(b + mo) * k, bytes);
-      budget -= MODE == GEMV_GLU ? 2 * run : run;
-    }
-  }
+  if (base < mo) loadw(w0, base + grp * IR);
+  if (D == 3 && base + stride < mo) loadw(w1, base + stride + grp * IR);
   pdl_begin();
   float xv[NV][8];
 #pragma unroll
@@ -88,10 +64,10 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
     xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
   }
-  // step sums the group at base from cur, with the next group's loads
-  // already issued into nxt.
+  // step sums the group at base from cur, after issuing the loads of the
+  // group D-1 ahead into nxt (cur's predecessor, summed already).
   auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf) {
-    if (base + stride < mo) loadw(nxt, base + stride + grp * IR);
+    if (base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
     int i0 = base + grp * IR;
     float acc[R];
 #pragma unroll
@@ -141,18 +117,22 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       }
     }
   };
+  // The buffers rotate by name, so that they stay in registers.
   for (int it = 0; base < mo; it++, base += stride) {
-    if (it & 1) step(wb, wa, base, 1);
-    else step(wa, wb, base, 0);
+    int ph = it % D;
+    if (ph == 0) step(w0, D == 3 ? w2 : w1, base, it & 1);
+    else if (ph == 1) step(w1, w0, base, it & 1);
+    else step(w2, w1, base, it & 1);
   }
 }
 
 // Entry points for the (NV, KS) pairs gemvShape in gpu/cuda picks: KS = 8
-// with NV in {2, 3, 4, 6, 8}, and NV = 2 or 1 for k under 4096.
+// with NV in {2, 3, 4, 6, 8}, and NV = 2 or 1 for k under 4096. Up to two
+// units a warp, four blocks fit on an SM (64 registers a thread).
 #define FAST1(NAME, MODE, NV, KS)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(256) NAME##_nv##NV##_ks##KS(float* out, const float* x,             \
-                                                                            const uint16_t* w, int k, int m) {      \
-    gemv_bf16_fast<NV, KS, 2, MODE>(out, x, w, k, m);                                                               \
+  extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
+      NAME##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m) {                         \
+    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2>(out, x, w, k, m);                                \
   }
 #define FAST(NV, KS) FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
 FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
