@@ -429,17 +429,13 @@ func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, 
 }
 
 // gemvSplits are the splits of the fast GEMV's kernels (gemv.cu): nv units
-// of k a warp, ks warps a row. gemvShape picks no others.
+// of k a warp, ks warps a row, in increasing nv for each ks.
 var gemvSplits = []struct{ nv, ks int }{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}, {3, 8}, {4, 8}, {6, 8}, {8, 8}}
 
-// gemvUnits are the numbers of k units a warp of the fast GEMV can hold.
-var gemvUnits = []int{1, 2, 3, 4, 6, 8}
-
 // gemvShape picks the split of k for the batch-1 bf16 GEMV (k a multiple
-// of 8, up to 16384): k is cut into ceil(k/256) units, ks warps share a
-// row (ks in {1,2,4,8}) and each takes at most nv of the units, nv the
-// fewest of gemvUnits that cover its share (registers hold them twice
-// over). As many splits as leave each warp at least two units (two
+// of 8, up to 16384): k is cut into ceil(k/256) units and ks warps share a
+// row, each taking its share of the units in a kernel of the fewest units
+// that cover it. As many warps as leave each at least two units (two
 // 16-byte loads per lane) were measured best on the H200 for the
 // OLMo-2-1B shapes (see docs/cuda.md).
 func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
@@ -452,9 +448,9 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 		if c > units || (per < 2 && units > 1) {
 			continue
 		}
-		for _, nv := range gemvUnits {
-			if nv >= per {
-				return nv, c, true
+		for _, s := range gemvSplits {
+			if s.ks == c && s.nv >= per {
+				return s.nv, c, true
 			}
 		}
 		return 0, 0, false
