@@ -83,6 +83,17 @@ func f16Bytes(v []float32) []byte {
 	return append([]byte(nil), gpu.U16Bytes(u)...)
 }
 
+// bytesAs encodes v as dt's raw bytes (f32, bf16 or f16).
+func bytesAs(dt gpu.DType, v []float32) []byte {
+	switch dt {
+	case gpu.BF16:
+		return bf16Bytes(v)
+	case gpu.F16:
+		return f16Bytes(v)
+	}
+	return gpu.F32Bytes(v)
+}
+
 // slice is a view of n elements of b from element off.
 func slice(t testing.TB, d *Device, b gpu.Buffer, off, n int) gpu.Buffer {
 	t.Helper()

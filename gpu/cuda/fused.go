@@ -161,16 +161,8 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if err := positive(op, n, k, m); err != nil {
 		return err
 	}
-	if err := checkLens(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
+	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
 		return err
-	}
-	for i, nm := range []string{"out", "gu"} {
-		if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
-			return err
-		}
-	}
-	if !b[2].dt.IsFloat() {
-		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
 	}
 	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 && !exactSkinny(n, k) {
 		return d.gemm(b[0], b[1], b[2], n, k, m, true)
@@ -183,6 +175,24 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 		return err
 	}
 	return d.matmul(b[0], s, b[2], n, k, m)
+}
+
+// checkProduct checks the lengths of a product's output, input and
+// weights (b, named names), that the first two are f32 and the weights a
+// float type.
+func checkProduct(op string, names []string, b []*Buffer, lens []int) error {
+	if err := checkLens(op, names, b, lens); err != nil {
+		return err
+	}
+	for i := range 2 {
+		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	if !b[2].dt.IsFloat() {
+		return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[2], b[2].dt)
+	}
+	return nil
 }
 
 // GatedMatVec implements gpu.GatedMatVecer. With bf16 weights and k a
@@ -202,16 +212,8 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 	if err := positive(op, k, f); err != nil {
 		return err
 	}
-	if err := checkLens(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}); err != nil {
+	if err := checkProduct(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}); err != nil {
 		return err
-	}
-	for i, nm := range []string{"out", "x"} {
-		if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
-			return err
-		}
-	}
-	if !b[2].dt.IsFloat() {
-		return fmt.Errorf("%s: w is %s, want f32, bf16 or f16", op, b[2].dt)
 	}
 	if b[2].dt == gpu.BF16 {
 		if nv, ks, ok := d.gemvShape(k, 2*f); ok {

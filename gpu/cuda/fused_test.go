@@ -170,13 +170,7 @@ func TestSiLUMatMul(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%dx%dx%d", c.dt, c.n, c.m, c.k), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m*c.n)))
 			gu, wv := randF32(r, 2*c.n*c.k, 2), randF32(r, c.m*c.k, 0.05)
-			raw := gpu.F32Bytes(wv)
-			switch c.dt {
-			case gpu.BF16:
-				raw = bf16Bytes(wv)
-			case gpu.F16:
-				raw = f16Bytes(wv)
-			}
+			raw := bytesAs(c.dt, wv)
 			out := alloc(t, d, gpu.F32, c.n*c.m)
 			if err := d.SiLUMatMul(out, f32buf(t, d, gu), weights(t, d, c.dt, raw), c.n, c.k, c.m); err != nil {
 				t.Fatal(err)
@@ -220,13 +214,7 @@ func TestGatedMatVec(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%dx%d", c.dt, c.f, c.k), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.f)))
 			x, wv := randF32(r, c.k, 1), randF32(r, 2*c.f*c.k, 0.05)
-			raw := gpu.F32Bytes(wv)
-			switch c.dt {
-			case gpu.BF16:
-				raw = bf16Bytes(wv)
-			case gpu.F16:
-				raw = f16Bytes(wv)
-			}
+			raw := bytesAs(c.dt, wv)
 			out := alloc(t, d, gpu.F32, c.f)
 			if err := d.GatedMatVec(out, f32buf(t, d, x), weights(t, d, c.dt, raw), c.k, c.f); err != nil {
 				t.Fatal(err)

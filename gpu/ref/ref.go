@@ -76,12 +76,22 @@ func (*Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
 	if err := checkF32("matmul", []string{"out", "x", "w"}, b, []int{n * m, n * k, m * k}); err != nil {
 		return err
 	}
-	o, xv := b[0].F32(), b[1].F32()
-	for i := 0; i < n; i++ {
-		for j := 0; j < m; j++ {
+	o, xf := b[0].F32(), b[1].F32()
+	// x and each row of w are widened once; every sum runs in the same
+	// order as the plain triple loop.
+	xv := make([]float64, n*k)
+	for i, v := range xf[:n*k] {
+		xv[i] = float64(v)
+	}
+	wr := make([]float64, k)
+	for j := 0; j < m; j++ {
+		for l := range wr {
+			wr[l] = b[2].Float(j*k + l)
+		}
+		for i := 0; i < n; i++ {
 			var s float64
-			for l := 0; l < k; l++ {
-				s += float64(xv[i*k+l]) * b[2].Float(j*k+l)
+			for l, w := range wr {
+				s += xv[i*k+l] * w
 			}
 			o[i*m+j] = float32(s)
 		}
