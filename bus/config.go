@@ -1,6 +1,8 @@
 package bus
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -162,6 +164,22 @@ func DefaultConfig() Config {
 			Replicas: 1,
 		},
 	}
+}
+
+// LoopbackConfig is a node named name for the processes of one host: a
+// client listener on 127.0.0.1 (any port) that asks for a fresh random
+// token, and no JetStream.
+func LoopbackConfig(name string) (Config, error) {
+	token := make([]byte, 16)
+	if _, err := rand.Read(token); err != nil {
+		return Config{}, fmt.Errorf("bus: token: %w", err)
+	}
+	c := DefaultConfig()
+	c.Name = name
+	c.Listen = "127.0.0.1:0"
+	c.ClientAuth = Auth{Token: hex.EncodeToString(token)}
+	c.JetStream.Enabled = false
+	return c, nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)

@@ -218,3 +218,28 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestLoopbackConfig: a node of its own on 127.0.0.1 that admits the
+// token it drew and nobody without it; each config draws another token.
+func TestLoopbackConfig(t *testing.T) {
+	cfg, err := LoopbackConfig("loop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := LoopbackConfig("loop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.ClientAuth.Token) != 32 || cfg.ClientAuth.Token == other.ClientAuth.Token {
+		t.Fatalf("tokens %q and %q: want two different 32-digit tokens", cfg.ClientAuth.Token, other.ClientAuth.Token)
+	}
+	n := startNode(t, cfg)
+	if _, err := nats.Connect(n.ClientURL()); err == nil {
+		t.Error("a client without the token connected")
+	}
+	nc, err := nats.Connect(n.ClientURL(), nats.Token(cfg.ClientAuth.Token))
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	nc.Close()
+}

@@ -5,8 +5,6 @@ package xgmi
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
@@ -62,15 +60,10 @@ func TestIPC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	token := make([]byte, 16)
-	if _, err := rand.Read(token); err != nil {
+	bcfg, err := bus.LoopbackConfig("xgmi-ipc-parent")
+	if err != nil {
 		t.Fatal(err)
 	}
-	bcfg := bus.DefaultConfig()
-	bcfg.Name = "xgmi-ipc-parent"
-	bcfg.Listen = "127.0.0.1:0"
-	bcfg.ClientAuth = bus.Auth{Token: hex.EncodeToString(token)}
-	bcfg.JetStream.Enabled = false
 	node, err := bus.Start(ctx, bcfg)
 	if err != nil {
 		t.Fatal(err)

@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -41,15 +39,10 @@ type ipcBenchOpts struct {
 // table to stdout. A rank that fails fails the command with its error
 // output.
 func ipcAllReduceBench(ctx context.Context, stdout, stderr io.Writer, o ipcBenchOpts) error {
-	token := make([]byte, 16)
-	if _, err := rand.Read(token); err != nil {
-		return fmt.Errorf("allreduce-bench: token: %w", err)
+	cfg, err := bus.LoopbackConfig("allreduce-bench")
+	if err != nil {
+		return fmt.Errorf("allreduce-bench: %w", err)
 	}
-	cfg := bus.DefaultConfig()
-	cfg.Name = "allreduce-bench"
-	cfg.Listen = "127.0.0.1:0"
-	cfg.ClientAuth = bus.Auth{Token: hex.EncodeToString(token)}
-	cfg.JetStream.Enabled = false
 	node, err := bus.Start(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("allreduce-bench: %w", err)
