@@ -37,7 +37,8 @@ func kernelNames() []string {
 	}
 	for _, s := range []string{"bf16", "f16"} {
 		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s, "gemm_skinny_"+s+"_exact",
-			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128")
+			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
+			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128")
 	}
 	for _, s := range gemvSplits {
 		names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", s.nv, s.ks))
@@ -706,11 +707,17 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 			append([]arg{bufArg("out", b[0], gpu.F32, a.N*qw)}, inputs(1)...)...)
 	}
 	// 16-bit caches with head dim 64 or 128 run on the tensor cores, up to
-	// 16 query heads of a KV head per block; the others on the CUDA cores,
-	// up to 8. Keys are split for about perSM blocks per SM.
+	// 16 query heads of a KV head per block, or with one query head a KV
+	// head (MHA) on the CUDA cores, streaming the keys; these combine the
+	// splits themselves. The others run on the CUDA cores, up to 8 query
+	// heads a block. Keys are split for about perSM blocks per SM.
 	kern, rows, tile, shmem, perSM := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd)), 8, 32, 0, 2
-	if b[2].dt != gpu.F32 && hd <= 128 {
-		kern, rows, tile, shmem, perSM = d.k(fmt.Sprintf("attn_decode_%s_hd%d", suffix(b[2].dt), hd)), 16, 64, 4*64*hd*2, 4
+	selfCombine := false
+	switch {
+	case b[2].dt != gpu.F32 && hd <= 128 && a.Heads == a.KVHeads:
+		kern, rows, tile, perSM, selfCombine = d.k(fmt.Sprintf("attn_mha_%s_hd%d", suffix(b[2].dt), hd)), 1, 64, 8, true
+	case b[2].dt != gpu.F32 && hd <= 128:
+		kern, rows, tile, shmem, perSM, selfCombine = d.k(fmt.Sprintf("attn_decode_%s_hd%d", suffix(b[2].dt), hd)), 16, 64, 4*64*hd*2, 4, true
 	}
 	group := a.Heads / a.KVHeads
 	ngroup := ceilDiv(group, rows)
@@ -730,9 +737,9 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	}
 	grid := dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}
 	args := append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(splits)...)
-	if shmem > 0 {
-		// The tensor-core kernel combines the splits itself, with a counter
-		// per token and block row, when there are enough counters.
+	if selfCombine {
+		// The kernel combines the splits itself, with a counter per token
+		// and block row, when there are enough counters.
 		if blocks <= maxCounters {
 			return d.launch(kern, grid, grid1(128), shmem, append(args, bufArg("out", b[0], gpu.F32, a.N*qw),
 				bufArg("cnt", d.counters, gpu.I32, blocks))...)

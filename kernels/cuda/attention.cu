@@ -19,6 +19,10 @@
 // and the last split of a (token, KV head) to finish combines the others
 // (attn_combine's work, through a counter), unless no counters are given.
 //
+// attn_mha: grid (splits, Heads, N), 128 threads: attn_decode's work when
+// each query head has its own KV head, on the CUDA cores, keys streamed
+// into registers (see the kernel).
+//
 // attn_prefill: grid (ceil(N/64), Heads), 128 threads: tensor-core
 // attention for prompts (FlashAttention-2 style) over the paged cache with
 // 16-bit K and V. A block takes 64 query tokens of one head; each warp 16 of
@@ -531,6 +535,67 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
 PREFILL(BF16, bf16, 64) PREFILL(BF16, bf16, 128)
 PREFILL(F16, f16, 64) PREFILL(F16, f16, 128)
 
+// combine_tail: the last of a (token, KV head)'s used splits to finish
+// merges the partials of its G query heads (h0..) into out, as
+// attn_combine would, and leaves the counter zero for the next launch.
+// Every block that wrote partials calls it; sm holds 2·G·used floats.
+template <int HD>
+DEV void combine_tail(float* __restrict__ out, const float* __restrict__ part_acc,
+                      const float* __restrict__ part_ml, unsigned* cnt, float* sm, AttnParams a, int t, int h0,
+                      int G, int used) {
+  const float NEG = -__int_as_float(0x7f800000);
+  int tid = threadIdx.x;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* c = cnt + (long)t * gridDim.y + blockIdx.y;
+  if (tid == 0) last = atomicAdd(c, 1u) == (unsigned)(used - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each head's split weights exp(m - M) / L, computed once into shared
+  // memory, then the weighted sum of the partial outputs with their loads
+  // in flight together.
+  float* wt = sm;              // [G][used] maxima, then weights
+  float* ls = sm + G * used;   // [G][used] sums
+  for (int i = tid; i < G * used; i += blockDim.x) {
+    long o_ = ((long)t * a.heads + h0 + i / used) * a.splits + i % used;
+    wt[i] = __ldcg(part_ml + o_ * 2);
+    ls[i] = __ldcg(part_ml + o_ * 2 + 1);
+  }
+  __syncthreads();
+  if (tid < G) {
+    float* wr = wt + tid * used;
+    float M = NEG, L = 0.f;
+    for (int sp = 0; sp < used; sp++) M = fmaxf(M, wr[sp]);
+    for (int sp = 0; sp < used; sp++) {
+      wr[sp] = wr[sp] == NEG ? 0.f : __expf(wr[sp] - M);
+      L += wr[sp] * ls[tid * used + sp];
+    }
+    float inv = L > 0.f ? 1.f / L : 0.f;
+    for (int sp = 0; sp < used; sp++) wr[sp] *= inv;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * HD; i += blockDim.x) {
+    int r = i / HD, d = i % HD;
+    const float* pa = part_acc + ((long)t * a.heads + h0 + r) * a.splits * HD + d;
+    const float* wr = wt + r * used;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < used; sp++) acc += wr[sp] * __ldcg(pa + (long)sp * HD);
+    out[((long)t * a.heads + h0 + r) * HD + d] = acc;
+  }
+  if (tid == 0) *c = 0;
+}
+
+// ld_cg16 loads 16 bytes through L2 only (cache rows another kernel of
+// the step may have just written).
+DEV uint4 ld_cg16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
 #define DKV 64  // keys per tile of attn_decode (16 per warp)
 
 template <typename T, int HD>
@@ -693,49 +758,7 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
     }
   }
   if (cnt == nullptr || used == 1) return;
-  // The last of the used splits to finish merges them all into out, as
-  // attn_combine would, and leaves its counter zero for the next launch.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  unsigned* c = cnt + (long)t * gridDim.y + blockIdx.y;
-  if (tid == 0) last = atomicAdd(c, 1u) == (unsigned)(used - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Each head's split weights exp(m - M) / L, computed once into shared
-  // memory (the K and V stages are free now), then the weighted sum of the
-  // partial outputs with their loads in flight together.
-  float* wt = reinterpret_cast<float*>(dsm);  // [G][used] maxima, then weights
-  float* ls = wt + G * used;                  // [G][used] sums
-  for (int i = tid; i < G * used; i += 128) {
-    long o_ = ((long)t * a.heads + h0 + i / used) * a.splits + i % used;
-    wt[i] = __ldcg(part_ml + o_ * 2);
-    ls[i] = __ldcg(part_ml + o_ * 2 + 1);
-  }
-  __syncthreads();
-  if (tid < G) {
-    float* wr = wt + tid * used;
-    float M = NEG, L = 0.f;
-    for (int sp = 0; sp < used; sp++) M = fmaxf(M, wr[sp]);
-    for (int sp = 0; sp < used; sp++) {
-      wr[sp] = wr[sp] == NEG ? 0.f : __expf(wr[sp] - M);
-      L += wr[sp] * ls[tid * used + sp];
-    }
-    float inv = L > 0.f ? 1.f / L : 0.f;
-    for (int sp = 0; sp < used; sp++) wr[sp] *= inv;
-  }
-  __syncthreads();
-  for (int i = tid; i < G * HD; i += 128) {
-    int r = i / HD, d = i % HD;
-    const float* pa = part_acc + ((long)t * a.heads + h0 + r) * a.splits * HD + d;
-    const float* wr = wt + r * used;
-    float acc = 0.f;
-#pragma unroll 8
-    for (int sp = 0; sp < used; sp++) acc += wr[sp] * __ldcg(pa + (long)sp * HD);
-    out[((long)t * a.heads + h0 + r) * HD + d] = acc;
-  }
-  if (tid == 0) *c = 0;
+  combine_tail<HD>(out, part_acc, part_ml, cnt, reinterpret_cast<float*>(dsm), a, t, h0, G, used);
 }
 
 // Dynamic shared memory: 2 stages of K and V, 4·DKV·HD·2 bytes. With cnt
@@ -750,3 +773,152 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   }
 DECODE(BF16, bf16, 64) DECODE(BF16, bf16, 128)
 DECODE(F16, f16, 64) DECODE(F16, f16, 128)
+
+// attn_mha: decode attention for 16-bit caches when every query head has
+// its own KV head (G = 1, where attn_decode's mma rows would be 1/16
+// used). grid (splits, Heads, N), 128 threads, static shared memory only.
+// A key row is HD/8 chunks of 16 bytes, one a thread: TPR threads take a
+// row, RP rows a pass, and U passes (64 keys) are loaded at once straight
+// into registers. Scores are reduced over a row's threads by shuffles;
+// each row's threads keep a running max, sum and their 8 output dims,
+// merged over the rows in shared memory at the end. Splits, partials, the
+// combine and the early copies are as in attn_decode.
+template <typename T, int HD>
+DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
+                  const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
+                  const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
+                  float* __restrict__ out, unsigned* cnt) {
+  constexpr int TPR = HD / 8, RP = 128 / TPR, U = DKV / RP;
+  const float NEG = -__int_as_float(0x7f800000);
+  __shared__ float ms[RP], lsum[RP];
+  __shared__ __align__(16) float accs[RP][HD];
+  __shared__ float tail[512];  // combine_tail's scratch: 2 · used ≤ 2 · 256
+  int tid = threadIdx.x, c = tid % TPR, r = tid / TPR;
+  int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+  long kw = (long)a.kv_heads * HD;
+  // Before pdl_begin, as in attn_decode: the step's inputs, and the cache
+  // rows of keys below p - 63.
+  int p = pos[t], s = seq[t];
+  bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
+  if (bad && tid == 0 && split == 0 && h == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
+  int len = bad ? 0 : p + 1;
+  int chunk = (len + a.splits - 1) / a.splits;
+  chunk = (chunk + DKV - 1) / DKV * DKV;
+  int j0 = split * chunk, j1 = min(len, j0 + chunk);
+  int used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
+  if (cnt != nullptr && split >= used) return;
+  const int* btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
+
+  uint4 kr[U], vr[U];
+  bool ok[U];
+  // load issues the 64 keys from kb: this thread's chunk of rows kb + u·RP + r.
+  auto load = [&](int kb) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int key = kb + u * RP + r;
+      long sl = -1;
+      if (key < j1) {
+        int blk = btr[key / a.block_size];
+        sl = (long)blk * a.block_size + key % a.block_size;
+        if (blk < 0 || sl >= a.cache_slots) {
+          record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
+          sl = -1;
+        }
+      }
+      ok[u] = sl >= 0;
+      long off = sl * kw + (long)h * HD + c * 8;
+      kr[u] = ok[u] ? ld_cg16(kc + off) : make_uint4(0, 0, 0, 0);
+      vr[u] = ok[u] ? ld_cg16(vc + off) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  bool pre = j1 > j0 && j0 + DKV <= p - 63;
+  if (pre) load(j0);
+  pdl_begin();
+  if (!pre && j1 > j0) load(j0);
+
+  const float sl2 = a.scale * 1.4426950408889634f;  // logits in base 2
+  float qf[8];
+  {
+    const float4* qp = reinterpret_cast<const float4*>(q + ((long)t * a.heads + h) * HD + c * 8);
+    float4 x0 = qp[0], x1 = qp[1];
+    qf[0] = x0.x * sl2; qf[1] = x0.y * sl2; qf[2] = x0.z * sl2; qf[3] = x0.w * sl2;
+    qf[4] = x1.x * sl2; qf[5] = x1.y * sl2; qf[6] = x1.z * sl2; qf[7] = x1.w * sl2;
+  }
+  float m = NEG, l = 0.f, acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) acc[e] = 0.f;
+  for (int kb = j0; kb < j1; kb += DKV) {
+    if (kb != j0) load(kb);
+    float sc[U];
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float kf[8];
+      unpack8<T>(kr[u], kf);
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) d = fmaf(qf[e], kf[e], d);
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      sc[u] = ok[u] ? d : NEG;
+      mx = fmaxf(mx, sc[u]);
+    }
+    if (mx == NEG) continue;  // no keys of this row in the pass
+    float corr = exp2f(m - mx);
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float pw = exp2f(sc[u] - mx);
+      float vf[8];
+      unpack8<T>(vr[u], vf);
+      l += pw;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[e] = fmaf(pw, vf[e], acc[e]);
+    }
+    m = mx;
+  }
+  // Merge the RP rows' results.
+  if (c == 0) {
+    ms[r] = m;
+    lsum[r] = l;
+  }
+  *reinterpret_cast<float4*>(&accs[r][c * 8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  *reinterpret_cast<float4*>(&accs[r][c * 8 + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  __syncthreads();
+  if (tid < HD) {
+    float M = NEG;
+#pragma unroll
+    for (int i = 0; i < RP; i++) M = fmaxf(M, ms[i]);
+    float A = 0.f, L = 0.f;
+#pragma unroll
+    for (int i = 0; i < RP; i++) {
+      float e = ms[i] == NEG ? 0.f : exp2f(ms[i] - M);
+      A += e * accs[i][tid];
+      L += e * lsum[i];
+    }
+    if (cnt != nullptr && used == 1) {  // the only split: the result itself
+      out[((long)t * a.heads + h) * HD + tid] = L > 0.f ? A / L : 0.f;
+    } else {
+      long o_ = ((long)t * a.heads + h) * a.splits + split;
+      part_acc[o_ * HD + tid] = A;
+      if (tid == 0) {
+        part_ml[o_ * 2] = M == NEG ? M : M * 0.6931471805599453f;  // base 2 to natural, as attn_combine reads
+        part_ml[o_ * 2 + 1] = L;
+      }
+    }
+  }
+  if (cnt == nullptr || used == 1) return;
+  combine_tail<HD>(out, part_acc, part_ml, cnt, tail, a, t, h, 1, used);
+}
+
+#define MHA(T, name, HD)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      attn_mha_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,            \
+                               const uint16_t* vc, const int* pos, const int* seq, const int* bt, AttnParams a,  \
+                               unsigned* fault, float* out, unsigned* cnt) {                                   \
+    attn_mha<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                           \
+  }
+MHA(BF16, bf16, 64) MHA(BF16, bf16, 128)
+MHA(F16, f16, 64) MHA(F16, f16, 128)
