@@ -205,3 +205,36 @@ func TestLaunchConfigLayout(t *testing.T) {
 		t.Fatalf("overlapped launch config %+v, attribute %+v", l.cfg, l.attr)
 	}
 }
+
+// TestDecodeAttentionPlan: which kernel a decode step's attention takes,
+// its grid and splits. MHA with a 16-bit cache streams keys on the CUDA
+// cores, GQA runs on the tensor cores, both combining their own splits;
+// f32 caches and head dim 256 take the split kernel and attn_combine.
+func TestDecodeAttentionPlan(t *testing.T) {
+	const sms = 132
+	olmo1B := gpu.AttnArgs{N: 1, Heads: 16, KVHeads: 16, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
+	b64 := olmo1B
+	b64.N = 64
+	gqa := gpu.AttnArgs{N: 3, Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocks: 8}
+	for _, c := range []struct {
+		name  string
+		a     gpu.AttnArgs
+		cache gpu.DType
+		want  decodeAttention
+	}{
+		// 4,096 keys at most: 64 tiles of 64; 8 blocks per SM over 16 heads is 66.
+		{"1B", olmo1B, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{64, 16, 1}, splits: 64, blocks: 16, selfCombine: true}},
+		{"1B x64", b64, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{2, 16, 64}, splits: 2, blocks: 1024, selfCombine: true}},
+		// 4 query heads a KV head share a block; 128 keys at most: 2 tiles.
+		{"gqa", gqa, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
+		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},
+	} {
+		got, err := planDecodeAttention(c.a, c.cache, sms)
+		if err != nil || got != c.want {
+			t.Errorf("%s: %+v, %v; want %+v", c.name, got, err, c.want)
+		}
+	}
+	if _, err := planDecodeAttention(gpu.AttnArgs{N: 70000, Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocks: 1}, gpu.BF16, sms); err == nil {
+		t.Error("70,000 tokens: no error")
+	}
+}

@@ -706,27 +706,11 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 0,
 			append([]arg{bufArg("out", b[0], gpu.F32, a.N*qw)}, inputs(1)...)...)
 	}
-	// 16-bit caches with head dim 64 or 128 run on the tensor cores, up to
-	// 16 query heads of a KV head per block, or with one query head a KV
-	// head (MHA) on the CUDA cores, streaming the keys; these combine the
-	// splits themselves. The others run on the CUDA cores, up to 8 query
-	// heads a block. Keys are split for about perSM blocks per SM.
-	kern, rows, tile, shmem, perSM := d.k(fmt.Sprintf("attn_split_%s_hd%d", suffix(b[2].dt), hd)), 8, 32, 0, 2
-	selfCombine := false
-	switch {
-	case b[2].dt != gpu.F32 && hd <= 128 && a.Heads == a.KVHeads:
-		kern, rows, tile, perSM, selfCombine = d.k(fmt.Sprintf("attn_mha_%s_hd%d", suffix(b[2].dt), hd)), 1, 64, 8, true
-	case b[2].dt != gpu.F32 && hd <= 128:
-		kern, rows, tile, shmem, perSM, selfCombine = d.k(fmt.Sprintf("attn_decode_%s_hd%d", suffix(b[2].dt), hd)), 16, 64, 4*64*hd*2, 4, true
+	pl, err := planDecodeAttention(a, b[2].dt, d.info.SMs)
+	if err != nil {
+		return err
 	}
-	group := a.Heads / a.KVHeads
-	ngroup := ceilDiv(group, rows)
-	if a.N > 65535 || a.KVHeads*ngroup > 65535 {
-		return fmt.Errorf("attention: %d tokens, %d kv heads: grid too large", a.N, a.KVHeads)
-	}
-	blocks := a.N * a.KVHeads * ngroup
-	splits := max(1, min(ceilDiv(perSM*d.info.SMs, blocks), ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
-	parts := a.N * a.Heads * splits
+	kern, parts := d.k(pl.kernel), a.N*a.Heads*pl.splits
 	acc, err := d.scratchBuf("attn.acc", gpu.F32, parts*hd)
 	if err != nil {
 		return err
@@ -735,23 +719,60 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	if err != nil {
 		return err
 	}
-	grid := dim3{uint32(splits), uint32(a.KVHeads * ngroup), uint32(a.N)}
-	args := append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(splits)...)
-	if selfCombine {
+	args := append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(pl.splits)...)
+	if pl.selfCombine {
 		// The kernel combines the splits itself, with a counter per token
 		// and block row, when there are enough counters.
-		if blocks <= maxCounters {
-			return d.launch(kern, grid, grid1(128), shmem, append(args, bufArg("out", b[0], gpu.F32, a.N*qw),
-				bufArg("cnt", d.counters, gpu.I32, blocks))...)
+		if pl.blocks <= maxCounters {
+			return d.launch(kern, pl.grid, grid1(128), pl.shmem, append(args, bufArg("out", b[0], gpu.F32, a.N*qw),
+				bufArg("cnt", d.counters, gpu.I32, pl.blocks))...)
 		}
 		args = append(args, devPtrArg(0), devPtrArg(0))
 	}
-	if err := d.launch(kern, grid, grid1(128), shmem, args...); err != nil {
+	if err := d.launch(kern, pl.grid, grid1(128), pl.shmem, args...); err != nil {
 		return err
 	}
 	return d.launch(d.k("attn_combine"), grid1(a.N*a.Heads), grid1(hd), 0,
 		bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2),
-		i32Arg(a.N*a.Heads), i32Arg(hd), i32Arg(splits))
+		i32Arg(a.N*a.Heads), i32Arg(hd), i32Arg(pl.splits))
+}
+
+// decodeAttention is how Attention runs a step that does not take the
+// prompt kernel.
+type decodeAttention struct {
+	kernel        string
+	grid          dim3
+	shmem, splits int
+	blocks        int  // blocks of one split: tokens × grid rows
+	selfCombine   bool // the kernel combines its splits (given counters)
+}
+
+// planDecodeAttention picks the decode attention for a cache type: 16-bit
+// caches with head dim 64 or 128 run on the tensor cores, up to 16 query
+// heads of a KV head per block, or with one query head a KV head (MHA) on
+// the CUDA cores, streaming the keys; these combine the splits themselves.
+// The others run on the CUDA cores, up to 8 query heads a block, and
+// attn_combine merges their splits. Keys are split for about perSM blocks
+// per SM on sms SMs, in tiles of tile keys.
+func planDecodeAttention(a gpu.AttnArgs, cache gpu.DType, sms int) (decodeAttention, error) {
+	hd, suf := a.HeadDim, suffix(cache)
+	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
+	rows, tile, perSM := 8, 32, 2
+	switch {
+	case cache != gpu.F32 && hd <= 128 && a.Heads == a.KVHeads:
+		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_mha_%s_hd%d", suf, hd), 1, 64, 8, true
+	case cache != gpu.F32 && hd <= 128:
+		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 4, true
+		p.shmem = 4 * 64 * hd * 2
+	}
+	ngroup := ceilDiv(a.Heads/a.KVHeads, rows)
+	if a.N > 65535 || a.KVHeads*ngroup > 65535 {
+		return p, fmt.Errorf("attention: %d tokens, %d kv heads: grid too large", a.N, a.KVHeads)
+	}
+	p.blocks = a.N * a.KVHeads * ngroup
+	p.splits = max(1, min(ceilDiv(perSM*sms, p.blocks), ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
+	p.grid = dim3{uint32(p.splits), uint32(a.KVHeads * ngroup), uint32(a.N)}
+	return p, nil
 }
 
 // usePrefillAttention: the tensor-core kernel for steps of more than 64
