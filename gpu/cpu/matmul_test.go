@@ -34,7 +34,7 @@ func TestMatMulBlocked(t *testing.T) {
 							if err := dev.Write(xb, 0, gpu.F32Bytes(x)); err != nil {
 								t.Fatal(err)
 							}
-							wb, err := dev.Weights(dt, weightBytes(dt, w))
+							wb, err := dev.Weights(dt, gputest.Encode(dt, w))
 							if err != nil {
 								t.Fatal(err)
 							}
@@ -58,20 +58,4 @@ func TestMatMulBlocked(t *testing.T) {
 			}
 		}
 	}
-}
-
-// weightBytes encodes w in dt.
-func weightBytes(dt gpu.DType, w []float32) []byte {
-	if dt == gpu.F32 {
-		return gpu.F32Bytes(w)
-	}
-	h := make([]uint16, len(w))
-	for i, v := range w {
-		if dt == gpu.BF16 {
-			h[i] = gpu.F32ToBF16(v)
-		} else {
-			h[i] = gpu.F32ToF16(v)
-		}
-	}
-	return gpu.U16Bytes(h)
 }

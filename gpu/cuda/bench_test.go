@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
 )
 
 // graphRate records body (which issues per launches) into a graph, replays
@@ -89,7 +90,7 @@ func BenchmarkGEMV(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, s := range gemvShapes {
 		m, k := s[0], s[1]
-		raw := bf16Bytes(randF32(r, m*k, 0.05))
+		raw := gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05))
 		ws := rotating(b, d, gpu.BF16, raw)
 		x := f32buf(b, d, randF32(r, k, 1))
 		out := alloc(b, d, gpu.F32, m)
@@ -147,7 +148,7 @@ func BenchmarkGEMVGrid(b *testing.B) {
 		{22016, 4096, "plain"}, {6144, 2048, "plain"}, {16384, 2048, "plain"},
 	} {
 		m, k := c.m, c.k
-		raw := bf16Bytes(randF32(r, m*k, 0.05))
+		raw := gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05))
 		ws := rotating(b, d, gpu.BF16, raw)
 		x := f32buf(b, d, randF32(r, k, 1))
 		out := alloc(b, d, gpu.F32, m)
@@ -333,8 +334,8 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 	for _, n := range []int{512, 2048} {
 		blocks := n / bs
 		kw := heads * hd
-		kc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
-		vc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		kc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, blocks*bs*kw, 1))).(*Buffer)
+		vc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, blocks*bs*kw, 1))).(*Buffer)
 		kc.readOnly, vc.readOnly = false, false
 		table := make([]int32, blocks)
 		for i := range table {
@@ -366,8 +367,8 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	for _, c := range []struct{ n, ctx int }{{1, 512}, {1, 4096}, {64, 512}} {
 		blocks := c.ctx / bs
 		kw := heads * hd
-		kc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
-		vc := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
+		kc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
+		vc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
 		kc.readOnly, vc.readOnly = false, false
 		table := make([]int32, c.n*blocks)
 		for i := range table {
@@ -399,7 +400,7 @@ func BenchmarkGEMM(b *testing.B) {
 	for _, s := range [][3]int{{512, 2048, 8192}, {512, 8192, 2048}, {2048, 2048, 2048}, {2048, 2048, 8192},
 		{2048, 8192, 2048}, {64, 2048, 2048}, {64, 2048, 8192}, {64, 8192, 2048}, {64, 2048, 100352}, {32, 2048, 16384}, {16, 2048, 16384}} {
 		n, k, m := s[0], s[1], s[2]
-		ws := rotating(b, d, gpu.BF16, bf16Bytes(randF32(r, m*k, 0.05)))
+		ws := rotating(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05)))
 		x := f32buf(b, d, randF32(r, n*k, 1))
 		out := alloc(b, d, gpu.F32, n*m)
 		b.Run(fmt.Sprintf("%dx%dx%d", n, k, m), func(b *testing.B) {
@@ -430,9 +431,9 @@ func BenchmarkDecodeStepOLMo2(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(6, 6))
 	const layers, dim, heads, hd, ffn, vocab, bs, ctx = 16, 2048, 16, 128, 8192, 100352, 16, 512
-	sq, up, down, head := bf16Bytes(randF32(r, dim*dim, 0.02)), bf16Bytes(randF32(r, ffn*dim, 0.02)),
-		bf16Bytes(randF32(r, dim*ffn, 0.02)), bf16Bytes(randF32(r, vocab*dim, 0.02))
-	normW := weights(b, d, gpu.BF16, bf16Bytes(randF32(r, dim, 1)))
+	sq, up, down, head := gputest.Encode(gpu.BF16, randF32(r, dim*dim, 0.02)), gputest.Encode(gpu.BF16, randF32(r, ffn*dim, 0.02)),
+		gputest.Encode(gpu.BF16, randF32(r, dim*ffn, 0.02)), gputest.Encode(gpu.BF16, randF32(r, vocab*dim, 0.02))
+	normW := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, dim, 1)))
 	type layer struct{ q, k, v, o, g, u, dn, kc, vc gpu.Buffer }
 	ls := make([]layer, layers)
 	blocks := ctx / bs

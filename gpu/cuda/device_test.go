@@ -67,33 +67,6 @@ func randF32(r *rand.Rand, n int, scale float64) []float32 {
 	return v
 }
 
-func bf16Bytes(v []float32) []byte {
-	u := make([]uint16, len(v))
-	for i, x := range v {
-		u[i] = gpu.F32ToBF16(x)
-	}
-	return append([]byte(nil), gpu.U16Bytes(u)...)
-}
-
-func f16Bytes(v []float32) []byte {
-	u := make([]uint16, len(v))
-	for i, x := range v {
-		u[i] = gpu.F32ToF16(x)
-	}
-	return append([]byte(nil), gpu.U16Bytes(u)...)
-}
-
-// bytesAs encodes v as dt's raw bytes (f32, bf16 or f16).
-func bytesAs(dt gpu.DType, v []float32) []byte {
-	switch dt {
-	case gpu.BF16:
-		return bf16Bytes(v)
-	case gpu.F16:
-		return f16Bytes(v)
-	}
-	return gpu.F32Bytes(v)
-}
-
 // slice is a view of n elements of b from element off.
 func slice(t testing.TB, d *Device, b gpu.Buffer, off, n int) gpu.Buffer {
 	t.Helper()
@@ -160,7 +133,7 @@ func TestGEMVShapes(t *testing.T) {
 		{4096, 11008}, {4096, 5504}, {300, 264}, {40, 8}} {
 		m, k := s[0], s[1]
 		wv := randF32(r, m*k, 0.05)
-		raw := bf16Bytes(wv)
+		raw := gputest.Encode(gpu.BF16, wv)
 		w := weights(t, d, gpu.BF16, raw)
 		xv := randF32(r, k, 1)
 		x := f32buf(t, d, xv)
@@ -203,10 +176,10 @@ func TestSkinnyExact(t *testing.T) {
 		{gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
 	} {
 		wv, xv := randF32(r, c.m*c.k, 0.05), randF32(r, c.n*c.k, 1)
-		raw := bf16Bytes(wv)
+		raw := gputest.Encode(gpu.BF16, wv)
 		dec := gpu.BF16ToF32
 		if c.dt == gpu.F16 {
-			raw, dec = f16Bytes(wv), gpu.F16ToF32
+			raw, dec = gputest.Encode(gpu.F16, wv), gpu.F16ToF32
 		}
 		out := alloc(t, d, gpu.F32, c.n*c.m)
 		if err := d.MatMul(out, f32buf(t, d, xv), weights(t, d, c.dt, raw), c.n, c.k, c.m); err != nil {
@@ -319,8 +292,8 @@ func TestFusedNorms(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	n, dim := 3, 2048
 	xv, rv, wv := randF32(r, n*dim, 1), randF32(r, n*dim, 1), randF32(r, dim, 1)
-	w := weights(t, d, gpu.BF16, bf16Bytes(wv))
-	wr := weights(t, rf, gpu.BF16, bf16Bytes(wv))
+	w := weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, wv))
+	wr := weights(t, rf, gpu.BF16, gputest.Encode(gpu.BF16, wv))
 	hostBuf := func(v []float32) gpu.Buffer {
 		b := alloc(t, rf, gpu.F32, len(v))
 		_ = rf.Write(b, 0, gpu.F32Bytes(v))
@@ -369,9 +342,9 @@ type step struct {
 
 func newStep(t *testing.T, d *Device, r *rand.Rand) *step {
 	s := &step{dim: 256, heads: 2, hd: 128, vocab: 1000, blocks: 8, bs: 16}
-	s.emb = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.vocab*s.dim, 1)))
-	s.wq = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.dim*s.dim, 0.05)))
-	s.wo = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.vocab*s.dim, 0.05)))
+	s.emb = weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, s.vocab*s.dim, 1)))
+	s.wq = weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, s.dim*s.dim, 0.05)))
+	s.wo = weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, s.vocab*s.dim, 0.05)))
 	s.normW = weights(t, d, gpu.F32, gpu.F32Bytes(randF32(r, s.dim, 1)))
 	s.invFreq = f32buf(t, d, gputest.InvFreq(s.hd, 10000))
 	s.kc = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
@@ -385,8 +358,8 @@ func newStep(t *testing.T, d *Device, r *rand.Rand) *step {
 	}
 	s.logits = alloc(t, d, gpu.F32, s.vocab)
 	s.next = alloc(t, d, gpu.I32, 1)
-	s.wgu = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, 2*s.dim*s.dim, 0.05)))
-	s.wd = weights(t, d, gpu.BF16, bf16Bytes(randF32(r, s.dim*s.dim, 0.05)))
+	s.wgu = weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, 2*s.dim*s.dim, 0.05)))
+	s.wd = weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, s.dim*s.dim, 0.05)))
 	s.kc2 = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
 	s.vc2 = alloc(t, d, gpu.BF16, s.blocks*s.bs*s.dim)
 	for _, p := range []*gpu.Buffer{&s.qr, &s.att2, &s.o2} {
@@ -529,8 +502,8 @@ func TestGEMMWarpgroup(t *testing.T) {
 	for _, s := range [][3]int{{65, 128, 300}, {300, 640, 520}, {2048, 2048, 256}, {130, 64, 1}} {
 		n, k, m := s[0], s[1], s[2]
 		xv, wv := randF32(r, n*k, 1), randF32(r, m*k, 0.05)
-		x := weights(t, d, gpu.BF16, bf16Bytes(xv)).(*Buffer)
-		w := weights(t, d, gpu.BF16, bf16Bytes(wv)).(*Buffer)
+		x := weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, xv)).(*Buffer)
+		w := weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, wv)).(*Buffer)
 		out := alloc(t, d, gpu.F32, n*m).(*Buffer)
 		if err := d.enter("test"); err != nil {
 			t.Fatal(err)

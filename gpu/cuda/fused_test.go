@@ -53,7 +53,7 @@ func TestPrepareQKV(t *testing.T) {
 					if norm == gpu.QKNormHead {
 						wq, wk = hd, hd
 					}
-					qn, kn := bf16Bytes(randF32(r, wq, 1)), bf16Bytes(randF32(r, wk, 1))
+					qn, kn := gputest.Encode(gpu.BF16, randF32(r, wq, 1)), gputest.Encode(gpu.BF16, randF32(r, wk, 1))
 					inv := gputest.InvFreq(hd, 10000)
 					a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
 
@@ -170,7 +170,7 @@ func TestSiLUMatMul(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%dx%dx%d", c.dt, c.n, c.m, c.k), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m*c.n)))
 			gu, wv := randF32(r, 2*c.n*c.k, 2), randF32(r, c.m*c.k, 0.05)
-			raw := bytesAs(c.dt, wv)
+			raw := gputest.Encode(c.dt, wv)
 			out := alloc(t, d, gpu.F32, c.n*c.m)
 			if err := d.SiLUMatMul(out, f32buf(t, d, gu), weights(t, d, c.dt, raw), c.n, c.k, c.m); err != nil {
 				t.Fatal(err)
@@ -214,7 +214,7 @@ func TestGatedMatVec(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%dx%d", c.dt, c.f, c.k), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.f)))
 			x, wv := randF32(r, c.k, 1), randF32(r, 2*c.f*c.k, 0.05)
-			raw := bytesAs(c.dt, wv)
+			raw := gputest.Encode(c.dt, wv)
 			out := alloc(t, d, gpu.F32, c.f)
 			if err := d.GatedMatVec(out, f32buf(t, d, x), weights(t, d, c.dt, raw), c.k, c.f); err != nil {
 				t.Fatal(err)

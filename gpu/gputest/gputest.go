@@ -70,8 +70,8 @@ func (h *harness) randF32(n int, scale float64) []float32 {
 	return v
 }
 
-// encode converts float32 values to raw bytes of dt (rounding for 16-bit types).
-func encode(dt gpu.DType, v []float32) []byte {
+// Encode converts float32 values to raw bytes of dt (rounding for 16-bit types).
+func Encode(dt gpu.DType, v []float32) []byte {
 	switch dt {
 	case gpu.BF16, gpu.F16:
 		u := make([]uint16, len(v))
@@ -89,7 +89,7 @@ func encode(dt gpu.DType, v []float32) []byte {
 
 func (h *harness) weights(dt gpu.DType, v []float32) pair {
 	h.t.Helper()
-	raw := encode(dt, v)
+	raw := Encode(dt, v)
 	d, err := h.dev.Weights(dt, raw)
 	if err != nil {
 		h.t.Fatalf("weights: %v", err)
