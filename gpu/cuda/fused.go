@@ -216,12 +216,10 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 		return err
 	}
 	if b[2].dt == gpu.BF16 {
-		if nv, ks, ok := d.gemvShape(k, 2*f); ok {
-			if kern := d.k(fmt.Sprintf("gemv_glu_bf16_nv%d_ks%d", nv, ks)); kern != nil {
-				return d.launch(kern, grid1(d.gemvGrid(ks, 2*f, kern.occ)), grid1(256), 0,
-					bufArg("out", b[0], gpu.F32, f), bufArg("x", b[1], gpu.F32, k), bufArg("w", b[2], gpu.BF16, 2*f*k),
-					i32Arg(k), i32Arg(2*f))
-			}
+		if kern, grid := d.fastGEMV("glu_bf16", k, 2*f); kern != nil {
+			return d.launch(kern, grid, grid1(256), 0,
+				bufArg("out", b[0], gpu.F32, f), bufArg("x", b[1], gpu.F32, k), bufArg("w", b[2], gpu.BF16, 2*f*k),
+				i32Arg(k), i32Arg(2*f))
 		}
 	}
 	gu, err := d.scratchBuf("glu", gpu.F32, 2*f)

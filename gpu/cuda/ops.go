@@ -198,9 +198,8 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	}
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 && n == 1 {
-		if nv, ks, ok := d.gemvShape(k, m); ok {
-			kern := d.k(fmt.Sprintf("gemv_bf16_nv%d_ks%d", nv, ks))
-			return d.launch(kern, grid1(d.gemvGrid(ks, m, kern.occ)), grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+		if kern, grid := d.fastGEMV("bf16", k, m); kern != nil {
+			return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
 		}
 	}
 	suf := suffix(w.dt)
@@ -457,6 +456,21 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 		return 0, 0, false
 	}
 	return 0, 0, false
+}
+
+// fastGEMV is the batch-1 bf16 GEMV of a kind ("bf16", or "glu_bf16" for
+// GatedMatVec) for k and m rows of w, with its grid; nil when no kernel
+// takes k.
+func (d *Device) fastGEMV(kind string, k, m int) (*kernel, dim3) {
+	nv, ks, ok := d.gemvShape(k, m)
+	if !ok {
+		return nil, dim3{}
+	}
+	kern := d.k(fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, nv, ks))
+	if kern == nil {
+		return nil, dim3{}
+	}
+	return kern, grid1(d.gemvGrid(ks, m, kern.occ))
 }
 
 // gemvGrid is the fast GEMV's grid: every group of m's rows its own
