@@ -58,6 +58,11 @@ const (
 	QKNormRow
 	// QKNormHead normalises each head of q (k) (Qwen 3).
 	QKNormHead
+	// QKNormSums is QKNormRow for a tensor-parallel rank's slice of the
+	// projections: the sums of squares of each token's whole q and k rows
+	// come in QKVArgs.Sums, summed over the ranks, and qNorm and kNorm are
+	// the rank's slices of the weights.
+	QKNormSums
 )
 
 // QKVArgs shapes a QKVPreparer step.
@@ -69,6 +74,11 @@ type QKVArgs struct {
 	// of v, as when they are views of one packed q|k|v product; 0 means
 	// each is dense ([N, width]).
 	Stride int
+	// With QKNormSums: Sums ([2N] f32) holds the sums of squares of the
+	// tokens' whole q rows, then of their whole k rows, which are QWidth
+	// and KWidth wide.
+	Sums           Buffer
+	QWidth, KWidth int
 }
 
 // QKVPreparer fuses what lies between the q/k/v projections and attention:

@@ -139,9 +139,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 	m.rn, _ = dev.(gpu.ResidualNormer)
 	m.sm, _ = dev.(gpu.SiLUMatMuler)
 	m.gmv, _ = dev.(gpu.GatedMatVecer)
-	if m.sn == nil { // OLMo 2's sharded QK-norm keeps its own operations
-		m.qp, _ = dev.(gpu.QKVPreparer)
-	}
+	m.qp, _ = dev.(gpu.QKVPreparer)
 	if err := m.load(ckpt); err != nil {
 		m.Close()
 		return nil, err
@@ -916,8 +914,9 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		case n == 1 && ly.qkv != nil && s.qkv1 != nil:
 			e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
 			q, k, v = s.q1, s.k1, s.v1
-		case n <= s.packedRows && ly.qkv != nil && s.qkv1 != nil && m.qp != nil:
-			// Only the fused preparation reads strided rows.
+		case n <= s.packedRows && ly.qkv != nil && s.qkv1 != nil && m.qp != nil && m.sn == nil:
+			// Only the fused preparation reads strided rows (and the
+			// sums of squares of a sharded QK-norm need dense ones).
 			e.do(d.MatMul(s.qkv1, in, ly.qkv, n, c.Hidden, qw+2*kw))
 			q, k, v, stride = s.q1, s.k1, s.v1, qw+2*kw
 		default:
@@ -927,10 +926,14 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		}
 		if m.qp != nil && n <= qkvFuseTokens {
 			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps, Stride: stride}
-			switch c.Arch {
-			case OLMo2:
+			switch {
+			case c.Arch == OLMo2 && m.sn != nil: // each rank holds a slice of the rows the norm spans
+				e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
+				e.do(m.reduce(s.ss, 2*n))
+				pa.Norm, pa.Sums, pa.QWidth, pa.KWidth = gpu.QKNormSums, s.ss, m.full.Heads*c.HeadDim, m.full.KVHeads*c.HeadDim
+			case c.Arch == OLMo2:
 				pa.Norm = gpu.QKNormRow
-			case Qwen3, Qwen3MoE:
+			case c.Arch == Qwen3 || c.Arch == Qwen3MoE:
 				pa.Norm = gpu.QKNormHead
 			}
 			e.do(m.qp.PrepareQKV(s.qr, q, k, v, ly.qNorm, ly.kNorm, s.idx.pos, m.invFreq, cache.k[i], cache.v[i], s.idx.slots, pa))

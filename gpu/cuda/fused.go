@@ -42,13 +42,17 @@ func overlaps(a, b *Buffer) bool {
 
 // qkvParams mirrors struct QKVParams in kernels/cuda/fused.cu.
 func qkvParams(a gpu.QKVArgs, capSlots, ldq, ldk int) []byte {
-	raw := make([]byte, 36)
+	raw := make([]byte, 44)
 	for i, v := range []int{a.N, a.Heads, a.KVHeads, a.HeadDim, int(a.Norm), capSlots} {
 		binary.LittleEndian.PutUint32(raw[4*i:], uint32(int32(v)))
 	}
 	binary.LittleEndian.PutUint32(raw[24:], math.Float32bits(a.Eps))
 	binary.LittleEndian.PutUint32(raw[28:], uint32(int32(ldq)))
 	binary.LittleEndian.PutUint32(raw[32:], uint32(int32(ldk)))
+	if a.Norm == gpu.QKNormSums {
+		binary.LittleEndian.PutUint32(raw[36:], math.Float32bits(1/float32(a.QWidth)))
+		binary.LittleEndian.PutUint32(raw[40:], math.Float32bits(1/float32(a.KWidth)))
+	}
 	return raw
 }
 
@@ -67,7 +71,7 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	if a.HeadDim%2 != 0 {
 		return fmt.Errorf("%s: odd head dim %d", op, a.HeadDim)
 	}
-	if a.Norm < gpu.QKNormNone || a.Norm > gpu.QKNormHead {
+	if a.Norm < gpu.QKNormNone || a.Norm > gpu.QKNormSums {
 		return fmt.Errorf("%s: unknown norm %d", op, a.Norm)
 	}
 	names := []string{"qOut", "q", "k", "v", "pos", "invFreq", "kc", "vc", "slots"}
@@ -112,6 +116,23 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	if b[6].dt != b[7].dt || !b[6].dt.IsFloat() {
 		return fmt.Errorf("%s: kc is %s, vc is %s", op, b[6].dt, b[7].dt)
 	}
+	sums := devPtrArg(0)
+	if a.Norm == gpu.QKNormSums {
+		if a.QWidth < qw || a.KWidth < kw {
+			return fmt.Errorf("%s: whole rows of %d and %d are narrower than the slices' %d and %d", op, a.QWidth, a.KWidth, qw, kw)
+		}
+		sb, err := d.bufs2(op, []string{"sums"}, a.Sums)
+		if err != nil {
+			return err
+		}
+		if err := checkLens(op, []string{"sums"}, sb, []int{2 * n}); err != nil {
+			return err
+		}
+		if err := wantDT(op, "sums", sb[0], gpu.F32); err != nil {
+			return err
+		}
+		sums = bufArg("sums", sb[0], gpu.F32, 2*n)
+	}
 	wdt := gpu.F32
 	normArgs := []arg{devPtrArg(0), devPtrArg(0)}
 	if a.Norm != gpu.QKNormNone {
@@ -137,7 +158,7 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("q", b[1], gpu.F32, lq), bufArg("k", b[2], gpu.F32, lk),
 		bufArg("v", b[3], gpu.F32, lk), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
 		bufArg("invFreq", b[5], gpu.F32, half), bufArg("kc", b[6], b[6].dt, capSlots*kw),
-		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n),
+		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n), sums,
 		rawArg(qkvParams(a, capSlots, ldq, ldk)), devPtrArg(d.faultDev),
 	}
 	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(128), 0, args...)

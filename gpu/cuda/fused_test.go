@@ -36,14 +36,15 @@ func readCache(t *testing.T, d gpu.Device, b gpu.Buffer) []float32 {
 
 // TestPrepareQKV checks the fused QK-norm + RoPE + KV store against the
 // float64 reference's RMSNorm, RoPE and StoreKV, for each norm and for f32
-// and bf16 caches.
+// and bf16 caches. QKNormSums is checked as a rank's half of rows twice as
+// wide, normalised whole by the reference.
 func TestPrepareQKV(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
 	const n, heads, kvheads, hd, slots = 3, 4, 2, 64, 16
 	qw, kw := heads*hd, kvheads*hd
 	pos, slot := []int32{5, 700, 3000}, []int32{7, 0, 12}
-	for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead} {
+	for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead, gpu.QKNormSums} {
 		for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
 			for _, packed := range []bool{false, true} {
 				t.Run(fmt.Sprintf("norm%d/%s/packed=%v", norm, cdt, packed), func(t *testing.T) {
@@ -56,6 +57,16 @@ func TestPrepareQKV(t *testing.T) {
 					qn, kn := gputest.Encode(gpu.BF16, randF32(r, wq, 1)), gputest.Encode(gpu.BF16, randF32(r, wk, 1))
 					inv := gputest.InvFreq(hd, 10000)
 					a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
+					// QKNormSums: the other rank's halves of the rows and weights.
+					oq, ok, oqn, okn := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, qw, 1), randF32(r, kw, 1)
+					if norm == gpu.QKNormSums {
+						sums := make([]float32, 2*n)
+						for i := range n {
+							sums[i] = float32(sumSq(qv[i*qw:(i+1)*qw]) + sumSq(oq[i*qw:(i+1)*qw]))
+							sums[n+i] = float32(sumSq(kv[i*kw:(i+1)*kw]) + sumSq(ok[i*kw:(i+1)*kw]))
+						}
+						a.Sums, a.QWidth, a.KWidth = f32buf(t, d, sums), 2*qw, 2*kw
+					}
 
 					// Device: q, k and v dense, or as rows of one q|k|v buffer.
 					q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
@@ -101,6 +112,9 @@ func TestPrepareQKV(t *testing.T) {
 					case gpu.QKNormHead:
 						_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*heads, hd, 1e-6)
 						_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*kvheads, hd, 1e-6)
+					case gpu.QKNormSums:
+						rq = hb(wholeRowsNormed(t, rf, qv, oq, qn, oqn, n, qw))
+						rk = hb(wholeRowsNormed(t, rf, kv, ok, kn, okn, n, kw))
 					}
 					for _, err := range []error{
 						rf.RoPE(rq, rp, hb(inv), n, heads, hd),
@@ -145,6 +159,46 @@ func TestPrepareQKV(t *testing.T) {
 	if err := d.Sync(context.Background()); err == nil {
 		t.Error("slot outside the cache: no error from Sync")
 	}
+	// Sums of squares too short, or rows narrower than the slices, are refused.
+	qn, kn := alloc(t, d, gpu.BF16, qw), alloc(t, d, gpu.BF16, kw)
+	for _, bad := range []gpu.QKVArgs{
+		{N: 1, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: gpu.QKNormSums, Sums: alloc(t, d, gpu.F32, 1), QWidth: 2 * qw, KWidth: 2 * kw},
+		{N: 1, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: gpu.QKNormSums, Sums: alloc(t, d, gpu.F32, 2), QWidth: qw - 1, KWidth: kw},
+	} {
+		if err := d.PrepareQKV(alloc(t, d, gpu.F32, qw), q, kv, kv, qn, kn, p, inv, kc, kc, i32buf(t, d, []int32{0}), bad); err == nil {
+			t.Errorf("sums %v, widths %d and %d: no error", bad.Sums, bad.QWidth, bad.KWidth)
+		}
+	}
+}
+
+func sumSq(v []float32) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += float64(x) * float64(x)
+	}
+	return s
+}
+
+// wholeRowsNormed normalises rows [mine | other] ([n, 2w]) with weights
+// [w16 | other weights] on the reference and returns the first half of
+// each row.
+func wholeRowsNormed(t *testing.T, rf *ref.Device, mine, other []float32, w16 []byte, ow []float32, n, w int) []float32 {
+	t.Helper()
+	rows := make([]float32, 2*n*w)
+	for i := range n {
+		copy(rows[2*i*w:], mine[i*w:(i+1)*w])
+		copy(rows[(2*i+1)*w:], other[i*w:(i+1)*w])
+	}
+	ws := append(append([]byte{}, w16...), gputest.Encode(gpu.BF16, ow)...)
+	b := f32buf(t, rf, rows)
+	if err := rf.RMSNorm(b, b, weights(t, rf, gpu.BF16, ws), n, 2*w, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	all, out := readF32(t, rf, b), make([]float32, n*w)
+	for i := range n {
+		copy(out[i*w:], all[2*i*w:(2*i+1)*w])
+	}
+	return out
 }
 
 // TestSiLUMatMul checks the down projection with SiLU folded in against the

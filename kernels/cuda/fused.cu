@@ -5,16 +5,22 @@
 // QKVParams mirrors qkvParams in gpu/cuda/fused.go.
 // ldq and ldk are the row strides of q and of k and v (the rows of a
 // packed q|k|v product, or the projections' own widths).
+// With norm 3, inv_qw and inv_kw are 1 / the widths of the whole q and k
+// projections whose sums of squares sums holds.
 struct QKVParams {
   int n, heads, kvheads, hd, norm, cap;
   float eps;
   int ldq, ldk;
+  float inv_qw, inv_kw;
 };
 
 // qkv_prep: for each token t and head h of q (heads) then k (kvheads):
 // optional RMSNorm (norm 1: over the token's whole q or k projection, OLMo 2;
-// norm 2: over each head, Qwen 3), rotate-half RoPE at pos[t], then q goes to
-// qout and k, with v, to cache slot slots[t]. One block per (token, head).
+// norm 2: over each head, Qwen 3; norm 3: as 1 for a tensor-parallel rank's
+// slice of the projection, with the sums of squares of the whole rows in
+// sums, q's then k's, all-reduced by the ranks), rotate-half RoPE at pos[t],
+// then q goes to qout and k, with v, to cache slot slots[t]. One block per
+// (token, head).
 // Blocks read the whole projection for norm 1, so q is written to qout, not
 // in place, and k only to the cache.
 template <typename W, typename C>
@@ -22,7 +28,7 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
                   const float* __restrict__ v, const typename Elem<W>::raw* __restrict__ qn,
                   const typename Elem<W>::raw* __restrict__ kn, const int* __restrict__ pos,
                   const float* __restrict__ inv_freq, typename Elem<C>::raw* kc, typename Elem<C>::raw* vc,
-                  const int* __restrict__ slots, QKVParams pa, unsigned* fault) {
+                  const int* __restrict__ slots, const float* __restrict__ sums, QKVParams pa, unsigned* fault) {
   pdl_begin();
   const int n = pa.n, heads = pa.heads, kvheads = pa.kvheads, hd = pa.hd, norm = pa.norm, cap = pa.cap;
   const float eps = pa.eps;
@@ -46,7 +52,10 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
   }
   float inv = 1.f;
   long woff = 0;
-  if (norm != 0) {
+  if (norm == 3) {
+    inv = rsqrtf(sums[isk ? n + t : t] * (isk ? pa.inv_kw : pa.inv_qw) + eps);
+    woff = (long)h * hd;
+  } else if (norm != 0) {
     int width = norm == 1 ? nh * hd : hd;
     const float* s = norm == 1 ? row : x;
     float ss = 0.f;
@@ -92,12 +101,12 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
   }
 }
 
-#define QKV_PREP(W, wn, C, cn)                                                                                      \
-  extern "C" __global__ void qkv_prep_##wn##_##cn(                                                                  \
-      float* qout, const float* q, const float* k, const float* v, const Elem<W>::raw* qn, const Elem<W>::raw* kn,  \
-      const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, QKVParams a,      \
-      unsigned* fault) {                                                                                            \
-    qkv_prep<W, C>(qout, q, k, v, qn, kn, pos, inv_freq, kc, vc, slots, a, fault);                                 \
+#define QKV_PREP(W, wn, C, cn)                                                                                       \
+  extern "C" __global__ void qkv_prep_##wn##_##cn(                                                                   \
+      float* qout, const float* q, const float* k, const float* v, const Elem<W>::raw* qn, const Elem<W>::raw* kn,   \
+      const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, const float* sums, \
+      QKVParams a, unsigned* fault) {                                                                                \
+    qkv_prep<W, C>(qout, q, k, v, qn, kn, pos, inv_freq, kc, vc, slots, sums, a, fault);                             \
   }
 #define QKV_PREP_W(C, cn) QKV_PREP(float, f32, C, cn) QKV_PREP(BF16, bf16, C, cn) QKV_PREP(F16, f16, C, cn)
 QKV_PREP_W(float, f32)
