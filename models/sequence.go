@@ -106,8 +106,10 @@ func (s *Sequence) FeedArgmax(ctx context.Context, ids []int32) (int32, error) {
 // previous choice. On a device with gpu.Argmaxer and gpu.LateReader a
 // step's token goes from its argmax to the next step's embedding on the
 // device, and step t+1 is issued before step t's choice is read back, so
-// the device does not wait for the host between steps. It does not stop
-// at end-of-sequence tokens.
+// the device does not wait for the host between steps. The ranks of a
+// tensor-parallel model each feed their own choice, and their choices are
+// checked to agree as they are read. It does not stop at end-of-sequence
+// tokens.
 func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int32)) error {
 	if n <= 0 {
 		return nil
@@ -115,32 +117,56 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 	if s.pos+n > s.Cap() {
 		return fmt.Errorf("greedy: %d tokens after %d exceed the context of %d", n, s.pos, s.Cap())
 	}
-	_, argmaxer := s.m.dev.(gpu.Argmaxer)
-	lr, late := s.m.dev.(gpu.LateReader)
-	if !argmaxer || !late || s.m.group != nil || !s.m.first() || !s.m.last() {
-		next := first
-		for range n {
-			var err error
-			if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
-				return err
-			}
-			emit(next)
+	ranks := []*Model{s.m}
+	if s.m.group != nil {
+		ranks = s.m.group
+	}
+	readers := make([]gpu.LateReader, len(ranks))
+	for i, rk := range ranks {
+		_, argmaxer := rk.dev.(gpu.Argmaxer)
+		lr, late := rk.dev.(gpu.LateReader)
+		if !argmaxer || !late || !s.m.first() || !s.m.last() {
+			return s.greedyEach(ctx, first, n, emit)
 		}
-		return nil
+		readers[i] = lr
 	}
 	b := &Batch{Tokens: []int32{first}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{s.table}, Logits: []int32{0}}
-	var (
-		got  [2][1]int32
-		wait [2]func() error
-	)
-	// drain waits for a pending read, if any, so none outlives the call.
-	drain := func(i int) error {
-		if wait[i] == nil {
-			return nil
+	issue := func(from tokenSource) error {
+		if s.m.group == nil {
+			return s.m.issueArgmax(s.cache, b, from)
 		}
-		err := wait[i]()
-		wait[i] = nil
-		return err
+		return s.m.each(s.cache, func(rk *Model, c *Cache) error { return rk.issueArgmax(c, b, from) })
+	}
+	// Two steps' reads are pending at most: got[i][r] is rank r's choice.
+	var (
+		got  [2][]int32
+		wait [2][]func() error
+	)
+	for i := range got {
+		got[i], wait[i] = make([]int32, len(ranks)), make([]func() error, len(ranks))
+	}
+	// drain waits for step i%2's reads, if any, so none outlives the call,
+	// and checks that the ranks agree.
+	drain := func(i int) error {
+		var first error
+		for r, w := range wait[i] {
+			if w == nil {
+				continue
+			}
+			if err := w(); err != nil && first == nil {
+				first = err
+			}
+			wait[i][r] = nil
+		}
+		if first != nil {
+			return first
+		}
+		for r := 1; r < len(ranks); r++ {
+			if got[i][r] != got[i][0] {
+				return fmt.Errorf("rank %d chose token %d and rank 0 %d: the ranks diverged", r, got[i][r], got[i][0])
+			}
+		}
+		return nil
 	}
 	defer func() { _, _ = drain(0), drain(1) }()
 	for t := range n {
@@ -154,13 +180,15 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 			b.Tokens[0], from = 0, fromPrevious
 		}
 		b.Pos[0] = int32(s.pos)
-		if err := s.m.issueArgmax(s.cache, b, from); err != nil {
+		if err := issue(from); err != nil {
 			return fmt.Errorf("greedy: %w", err)
 		}
 		s.pos++
-		var err error
-		if wait[t%2], err = lr.ReadLater(gpu.I32Bytes(got[t%2][:]), s.m.s.next, 0); err != nil {
-			return fmt.Errorf("greedy: %w", err)
+		for r, rk := range ranks {
+			var err error
+			if wait[t%2][r], err = readers[r].ReadLater(gpu.I32Bytes(got[t%2][r:r+1]), rk.s.next, 0); err != nil {
+				return fmt.Errorf("greedy: %w", err)
+			}
 		}
 		if t > 0 {
 			if err := drain((t - 1) % 2); err != nil {
@@ -173,6 +201,19 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 		return fmt.Errorf("greedy: %w", err)
 	}
 	emit(got[(n-1)%2][0])
+	return nil
+}
+
+// greedyEach is Greedy through FeedArgmax, a host round trip a token.
+func (s *Sequence) greedyEach(ctx context.Context, first int32, n int, emit func(int32)) error {
+	next := first
+	for range n {
+		var err error
+		if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
+			return err
+		}
+		emit(next)
+	}
 	return nil
 }
 

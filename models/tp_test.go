@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -156,6 +157,23 @@ func compareSplit(t *testing.T, whole, split *models.Model, prompt []int32, step
 			if next, err = s.FeedArgmax(ctx, []int32{next}); err != nil {
 				t.Fatalf("model %d: %v", k, err)
 			}
+		}
+		// Sequence.Greedy (steps chained on the devices where they can be)
+		// chooses the same tokens.
+		g, err := m.NewSequence(len(prompt) + steps + 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if _, err := g.Feed(ctx, prompt, false); err != nil {
+			t.Fatalf("model %d: %v", k, err)
+		}
+		var chained []int32
+		if err := g.Greedy(ctx, greedy[k][0], steps-1, func(id int32) { chained = append(chained, id) }); err != nil {
+			t.Fatalf("model %d: Greedy: %v", k, err)
+		}
+		if !slices.Equal(chained, greedy[k][1:]) {
+			t.Errorf("model %d: Greedy chose %v, FeedArgmax %v", k, chained, greedy[k][1:])
 		}
 	}
 	var num, den float64
