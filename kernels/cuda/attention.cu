@@ -811,30 +811,37 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
 
   uint4 kr[U], vr[U];
   bool ok[U];
-  // load issues the 64 keys from kb: this thread's chunk of rows kb + u·RP + r.
-  auto load = [&](int kb) {
+  int sl[U];  // the cache slots of the keys fetch loads next (-1: none)
+  // lookup finds in the block table the slots of the 64 keys from kb: this
+  // thread's rows kb + u·RP + r. The loop looks up the next tile's while
+  // it works on one, so a tile's loads never wait for its lookups.
+  auto lookup = [&](int kb) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int key = kb + u * RP + r;
-      long sl = -1;
+      sl[u] = -1;
       if (key < j1) {
         int blk = btr[key / a.block_size];
-        sl = (long)blk * a.block_size + key % a.block_size;
-        if (blk < 0 || sl >= a.cache_slots) {
-          record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
-          sl = -1;
-        }
+        long v = (long)blk * a.block_size + key % a.block_size;
+        if (blk < 0 || v >= a.cache_slots) record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
+        else sl[u] = (int)v;
       }
-      ok[u] = sl >= 0;
-      long off = sl * kw + (long)h * HD + c * 8;
+    }
+  };
+  auto fetch = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      ok[u] = sl[u] >= 0;
+      long off = (long)sl[u] * kw + (long)h * HD + c * 8;
       kr[u] = ok[u] ? ld_cg16(kc + off) : make_uint4(0, 0, 0, 0);
       vr[u] = ok[u] ? ld_cg16(vc + off) : make_uint4(0, 0, 0, 0);
     }
   };
   bool pre = j1 > j0 && j0 + DKV <= p - 63;
-  if (pre) load(j0);
+  if (j1 > j0) lookup(j0);
+  if (pre) fetch();
   pdl_begin();
-  if (!pre && j1 > j0) load(j0);
+  if (!pre && j1 > j0) fetch();
 
   const float sl2 = a.scale * 1.4426950408889634f;  // logits in base 2
   float qf[8];
@@ -848,7 +855,8 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
 #pragma unroll
   for (int e = 0; e < 8; e++) acc[e] = 0.f;
   for (int kb = j0; kb < j1; kb += DKV) {
-    if (kb != j0) load(kb);
+    if (kb != j0) fetch();
+    if (kb + DKV < j1) lookup(kb + DKV);
     float sc[U];
     float mx = m;
 #pragma unroll
