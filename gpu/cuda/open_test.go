@@ -222,9 +222,10 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		cache gpu.DType
 		want  decodeAttention
 	}{
-		// 4,096 keys at most: 64 tiles of 64; 8 blocks per SM over 16 heads is 66.
-		{"1B", olmo1B, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{64, 16, 1}, splits: 64, blocks: 16, selfCombine: true}},
-		{"1B x64", b64, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{2, 16, 64}, splits: 2, blocks: 1024, selfCombine: true}},
+		// 4 blocks per SM over 16 heads is 33 splits (of at most 64 tiles of
+		// 64 keys); over 64 tokens' 16 heads, one.
+		{"1B", olmo1B, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{33, 16, 1}, splits: 33, blocks: 16, selfCombine: true}},
+		{"1B x64", b64, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{1, 16, 64}, splits: 1, blocks: 1024, selfCombine: true}},
 		// 4 query heads a KV head share a block; 128 keys at most: 2 tiles.
 		{"gqa", gqa, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
 		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},

@@ -767,14 +767,17 @@ type decodeAttention struct {
 // the CUDA cores, streaming the keys; these combine the splits themselves.
 // The others run on the CUDA cores, up to 8 query heads a block, and
 // attn_combine merges their splits. Keys are split for about perSM blocks
-// per SM on sms SMs, in tiles of tile keys.
+// per SM on sms SMs, in tiles of tile keys. The MHA kernel's perSM of 4
+// was measured best on an H200 (OLMo-2-1B shapes, docs/cuda.md): against
+// 8, 64 sequences of 512 tokens take one split instead of two (3.16 to
+// 3.00 ms a step), and one sequence of 3,000 half as many.
 func planDecodeAttention(a gpu.AttnArgs, cache gpu.DType, sms int) (decodeAttention, error) {
 	hd, suf := a.HeadDim, suffix(cache)
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
 	rows, tile, perSM := 8, 32, 2
 	switch {
 	case cache != gpu.F32 && hd <= 128 && a.Heads == a.KVHeads:
-		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_mha_%s_hd%d", suf, hd), 1, 64, 8, true
+		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_mha_%s_hd%d", suf, hd), 1, 64, 4, true
 	case cache != gpu.F32 && hd <= 128:
 		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 4, true
 		p.shmem = 4 * 64 * hd * 2
