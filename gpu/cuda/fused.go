@@ -161,7 +161,10 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n), sums,
 		rawArg(qkvParams(a, capSlots, ldq, ldk)), devPtrArg(d.faultDev),
 	}
-	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(128), 0, args...)
+	// 256 threads sum a block's row of squares sooner than 128: a decode
+	// step 1.1% faster on the OLMo-2-7B shape, 1.4% on 1B (H200); 512
+	// are slower again.
+	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(256), 0, args...)
 }
 
 // SiLUMatMul implements gpu.SiLUMatMuler. More than 8 rows with 16-bit
