@@ -117,6 +117,9 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 	if s.pos+n > s.Cap() {
 		return fmt.Errorf("greedy: %d tokens after %d exceed the context of %d", n, s.pos, s.Cap())
 	}
+	if !s.m.first() || !s.m.last() {
+		return s.greedyEach(ctx, first, n, emit)
+	}
 	ranks := []*Model{s.m}
 	if s.m.group != nil {
 		ranks = s.m.group
@@ -125,7 +128,7 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 	for i, rk := range ranks {
 		_, argmaxer := rk.dev.(gpu.Argmaxer)
 		lr, late := rk.dev.(gpu.LateReader)
-		if !argmaxer || !late || !s.m.first() || !s.m.last() {
+		if !argmaxer || !late {
 			return s.greedyEach(ctx, first, n, emit)
 		}
 		readers[i] = lr
@@ -148,18 +151,18 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 	// drain waits for step i%2's reads, if any, so none outlives the call,
 	// and checks that the ranks agree.
 	drain := func(i int) error {
-		var first error
+		var werr error
 		for r, w := range wait[i] {
 			if w == nil {
 				continue
 			}
-			if err := w(); err != nil && first == nil {
-				first = err
+			if err := w(); err != nil && werr == nil {
+				werr = err
 			}
 			wait[i][r] = nil
 		}
-		if first != nil {
-			return first
+		if werr != nil {
+			return werr
 		}
 		for r := 1; r < len(ranks); r++ {
 			if got[i][r] != got[i][0] {
