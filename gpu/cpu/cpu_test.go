@@ -83,20 +83,6 @@ func randU16(rng *rand.Rand, n int, dt gpu.DType) []uint16 {
 	return v
 }
 
-// relErr is ‖got−want‖₂/‖want‖₂.
-func relErr(got, want []float32) float64 {
-	var num, den float64
-	for i := range want {
-		e := float64(got[i]) - float64(want[i])
-		num += e * e
-		den += float64(want[i]) * float64(want[i])
-	}
-	if den == 0 {
-		return math.Sqrt(num)
-	}
-	return math.Sqrt(num / den)
-}
-
 func absF32(v []float32) []float32 {
 	a := make([]float32, len(v))
 	for i, x := range v {
@@ -314,7 +300,7 @@ func TestKernelsAgree(t *testing.T) {
 			m = max(m, v)
 		}
 		sg, sw := fast.expShift(got, m), genericKernels.expShift(want, m)
-		if e := relErr(got, want); e > tol || math.Abs(float64(sg-sw)) > tol*float64(sw) {
+		if e := gputest.RelL2(got, want); e > tol || math.Abs(float64(sg-sw)) > tol*float64(sw) {
 			t.Errorf("expShift n=%d: error %.3g, sum %v, want %v", n, e, sg, sw)
 		}
 		if g, w := fast.max(x), genericKernels.max(x); g != w {
@@ -323,12 +309,12 @@ func TestKernelsAgree(t *testing.T) {
 		u := randF32(rng, n)
 		fast.siluMul(got, x, u)
 		genericKernels.siluMul(want, x, u)
-		if e := relErr(got, want); e > tol {
+		if e := gputest.RelL2(got, want); e > tol {
 			t.Errorf("siluMul n=%d: error %.3g", n, e)
 		}
 		fast.add(got, x, u)
 		genericKernels.add(want, x, u)
-		if e := relErr(got, want); e > tol {
+		if e := gputest.RelL2(got, want); e > tol {
 			t.Errorf("add n=%d: error %.3g", n, e)
 		}
 		c, sn, hg, hw := randF32(rng, n), randF32(rng, n), randF32(rng, n), make([]float32, n)
@@ -337,7 +323,7 @@ func TestKernelsAgree(t *testing.T) {
 		copy(want, x)
 		fast.rotate(got, hg, c, sn)
 		genericKernels.rotate(want, hw, c, sn)
-		if e := relErr(append(got, hg...), append(want, hw...)); e > tol {
+		if e := gputest.RelL2(append(got, hg...), append(want, hw...)); e > tol {
 			t.Errorf("rotate n=%d: error %.3g", n, e)
 		}
 		if g, w := fast.sumSq(x), genericKernels.sumSq(x); math.Abs(float64(g-w)) > tol*float64(w) {
@@ -345,7 +331,7 @@ func TestKernelsAgree(t *testing.T) {
 		}
 		fast.scaleMul(got, x, u, 0.3)
 		genericKernels.scaleMul(want, x, u, 0.3)
-		if e := relErr(got, want); e > tol {
+		if e := gputest.RelL2(got, want); e > tol {
 			t.Errorf("scaleMul n=%d: error %.3g", n, e)
 		}
 		v := randF32(rng, n)

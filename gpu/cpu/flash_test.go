@@ -62,7 +62,7 @@ func TestFlashKernelsAgree(t *testing.T) {
 				what      string
 				got, want []float32
 			}{{"probabilities", gs, ws}, {"maxima", gm, wm}, {"sums", gl, wl}, {"factors", gf, wf}} {
-				if e := relErr(c.got, c.want); e > tol {
+				if e := gputest.RelL2(c.got, c.want); e > tol {
 					t.Errorf("flash softmax nk=%d first=%v: %s error %.3g", nk, first, c.what, e)
 				}
 			}
