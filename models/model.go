@@ -924,12 +924,16 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			e.do(d.MatMul(k, in, ly.k, n, c.Hidden, kw))
 			e.do(d.MatMul(v, in, ly.v, n, c.Hidden, kw))
 		}
+		if c.Arch == OLMo2 && m.sn != nil {
+			// Each rank holds a slice of the rows OLMo 2's QK-norm spans:
+			// the sums of their squares over every rank.
+			e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
+			e.do(m.reduce(s.ss, 2*n))
+		}
 		if m.qp != nil && n <= qkvFuseTokens {
 			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps, Stride: stride}
 			switch {
-			case c.Arch == OLMo2 && m.sn != nil: // each rank holds a slice of the rows the norm spans
-				e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
-				e.do(m.reduce(s.ss, 2*n))
+			case c.Arch == OLMo2 && m.sn != nil:
 				pa.Norm, pa.Sums, pa.QWidth, pa.KWidth = gpu.QKNormSums, s.ss, m.full.Heads*c.HeadDim, m.full.KVHeads*c.HeadDim
 			case c.Arch == OLMo2:
 				pa.Norm = gpu.QKNormRow
@@ -940,9 +944,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			q = s.qr
 		} else {
 			switch {
-			case c.Arch == OLMo2 && m.sn != nil: // QK-norm across the whole projection, held in slices
-				e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
-				e.do(m.reduce(s.ss, 2*n))
+			case c.Arch == OLMo2 && m.sn != nil:
 				e.do(m.sn.RMSNormShard(q, s.ss, 0, ly.qNorm, n, qw, m.full.Heads*c.HeadDim, eps))
 				e.do(m.sn.RMSNormShard(k, s.ss, n, ly.kNorm, n, kw, m.full.KVHeads*c.HeadDim, eps))
 			case c.Arch == OLMo2: // QK-norm across the whole projection
