@@ -707,8 +707,9 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 			rawArg(attnParams(a, slots, splits, btRows)), devPtrArg(d.faultDev)}
 	}
 	if usePrefillAttention(a, b[2].dt) {
+		// Two stages each of 64 keys and 64 values (kernels/cuda/attention.cu).
 		return d.launch(d.k(fmt.Sprintf("attn_prefill_%s_hd%d", suffix(b[2].dt), hd)),
-			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 0,
+			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 4*64*hd*2,
 			append([]arg{bufArg("out", b[0], gpu.F32, a.N*qw)}, inputs(1)...)...)
 	}
 	pl, err := planDecodeAttention(a, b[2].dt, d.info.SMs)

@@ -351,23 +351,33 @@ DEV void pv_tile(float (&o)[HD / 8][4], const uint32_t (&pf)[KT][4], const uint1
     }
 }
 
-#define PQ 64   // query rows per block
 #define PKV 64  // keys per tile
 
+// attn_prefill: 4 warps, 16 query rows each. K and V tiles are
+// double-buffered in dynamic shared memory (2 stages of K, then 2 of V:
+// 4·PKV·HD·2 bytes), tile j+1 is requested as tile j's scores start, and
+// the cache slots of tile j+2 are looked up then (a key a thread, into
+// shared memory), so the copies run under the math and one barrier a tile
+// suffices. Warps whose rows all lie past a tile's keys skip its mask.
 template <typename T, int HD>
 DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, const uint16_t* __restrict__ kc,
                       const uint16_t* __restrict__ vc, const int* __restrict__ pos, const int* __restrict__ seq,
                       const int* __restrict__ bt, AttnParams a, unsigned* fault) {
   pdl_begin();
+  constexpr int PQ = 64, NT = 128;  // query rows and threads a block
   constexpr int CH = HD / 8;      // 16-byte chunks per row
   constexpr int KS = HD / 16;     // k-steps over the head dimension
   constexpr int DT = HD / 8;      // 8-wide output tiles per row
+  constexpr int TILE = PKV * HD;  // elements of one K or V tile
+  static_assert(PQ * HD <= 2 * TILE, "Q is staged in the K stages");
   const float NEG = -__int_as_float(0x7f800000);
-  __shared__ __align__(16) uint16_t Ks[PKV * HD];
-  __shared__ __align__(16) uint16_t Vs[PKV * HD];
+  extern __shared__ __align__(16) uint16_t dsm[];  // K[2][TILE], V[2][TILE]
+  uint16_t* Ks = dsm;
+  uint16_t* Vs = dsm + 2 * TILE;
   __shared__ int pos_s[PQ], seq_s[PQ];
   __shared__ int pass_seq, pass_max;
   __shared__ unsigned char done_s[PQ];
+  __shared__ long slot_s[2][PKV];  // where the next two tiles' keys start (locate)
 
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int g = lane >> 2, q4 = lane & 3;
@@ -391,8 +401,8 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
     seq_s[tid] = s;
     done_s[tid] = s < 0;
   }
-  // Q rows, rounded to 16 bits, staged through Ks into registers.
-  for (int i = tid; i < PQ * CH; i += 128) {
+  // Q rows, rounded to 16 bits, staged through the K stages into registers.
+  for (int i = tid; i < PQ * CH; i += NT) {
     int r = i / CH, c = i % CH, t = t0 + r;
     uint4 u = make_uint4(0, 0, 0, 0);
     if (t < a.n) {
@@ -418,7 +428,7 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
   const float sl2 = a.scale * 1.4426950408889634f;  // softmax in base 2
 
   for (;;) {
-    __syncthreads();  // Ks free (Q read), done_s settled
+    __syncthreads();  // the stages free (Q read, the last pass done), done_s settled
     if (tid == 0) {
       int s = -1, mx = -1;
       for (int r = 0; r < PQ; r++)
@@ -444,71 +454,81 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
     }
     int ntiles = maxp / PKV + 1;
     const int* btr = bt + (long)s * a.max_blocks;
-    // Each thread copies chunks tid + 128*i: rows tid/CH + (128/CH)*i.
-    constexpr int RPI = 128 / CH, NI = PKV / RPI;
-    long slot[NI];
-    auto slots = [&](int kb) {
-#pragma unroll
-      for (int i = 0; i < NI; i++) {
-        int key = kb + tid / CH + RPI * i;
-        slot[i] = -1;
+    // Each thread copies chunks tid + NT*i of a tile: rows tid/CH + (NT/CH)*i.
+    constexpr int RPI = NT / CH, NI = PKV / RPI;
+    static_assert(PKV % RPI == 0 && PKV <= NT, "whole rows a pass, a thread a key");
+    // locate puts where tile j's keys start in the caches (the head's
+    // slice of each key's slot) in slot_s[j & 1], a key a thread (-1 past
+    // the pass's last key or at a bad block).
+    auto locate = [&](int j) {
+      if (tid < PKV) {
+        int key = j * PKV + tid;
+        long sl = -1;
         if (key <= maxp) {
           int blk = btr[key / a.block_size];
-          long sl = (long)blk * a.block_size + key % a.block_size;
-          if (blk < 0 || sl >= a.cache_slots) record_fault(fault, FAULT_ATTN_BLOCK, t0, blk);
-          else slot[i] = sl;
+          sl = (long)blk * a.block_size + key % a.block_size;
+          if (blk < 0 || sl >= a.cache_slots) {
+            record_fault(fault, FAULT_ATTN_BLOCK, t0, blk);
+            sl = -1;
+          }
         }
+        slot_s[j & 1][tid] = sl < 0 ? -1 : sl * kw + (long)kh * HD;
       }
     };
-    auto issue = [&](uint16_t* dst, const uint16_t* cache) {
-      int c = tid % CH;
+    // issue requests tile j's keys and values into stage j & 1.
+    auto issue = [&](int j) {
+      int c = tid % CH, st = j & 1;
 #pragma unroll
       for (int i = 0; i < NI; i++) {
         int r = tid / CH + RPI * i;
-        bool ok = slot[i] >= 0;
-        cp_async16(dst + swz<CH>(r, c), ok ? cache + slot[i] * kw + (long)kh * HD + c * 8 : cache, ok);
+        long off = slot_s[st][r];
+        bool ok = off >= 0;
+        off = ok ? off + c * 8 : 0;
+        cp_async16(Ks + st * TILE + swz<CH>(r, c), kc + off, ok);
+        cp_async16(Vs + st * TILE + swz<CH>(r, c), vc + off, ok);
       }
+      cp_async_commit();
     };
-    slots(0);
-    issue(Ks, kc);
-    cp_async_commit();
-    issue(Vs, vc);
-    cp_async_commit();
+    locate(0);
+    __syncthreads();
+    issue(0);
+    if (ntiles > 1) locate(1);
     for (int j = 0; j < ntiles; j++) {
-      int kb = j * PKV;
-      cp_async_wait<1>();
-      __syncthreads();  // K tile j in
+      int kb = j * PKV, st = j & 1;
+      cp_async_wait<0>();
+      // Tile j is in and tile j+1 located; every warp is done with stage
+      // st ^ 1, and issue(j) with slot_s[st].
+      __syncthreads();
+      if (j + 1 < ntiles) issue(j + 1);
+      if (j + 2 < ntiles) locate(j + 2);
       float sc[PKV / 8][4];
 #pragma unroll
       for (int n = 0; n < PKV / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) sc[n][e] = 0.f;
-      qk_tile<T, HD, PKV / 16>(sc, qf, Ks, 0, lane);
-      __syncthreads();  // every warp is done with Ks
-      if (j + 1 < ntiles) {
-        slots(kb + PKV);
-        issue(Ks, kc);
+      qk_tile<T, HD, PKV / 16>(sc, qf, Ks + st * TILE, 0, lane);
+      // Base-2 logits, masked where a warp's rows end inside the tile or
+      // belong to another pass; online softmax; P as the next A operand.
+      bool whole = act[0] && act[1] && kb + PKV - 1 <= min(prow[0], prow[1]);
+      if (__all_sync(0xffffffffu, whole)) {
+#pragma unroll
+        for (int n = 0; n < PKV / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) sc[n][e] *= sl2;
+      } else {
+#pragma unroll
+        for (int n = 0; n < PKV / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            int i = e >> 1, key = kb + n * 8 + q4 * 2 + (e & 1);
+            sc[n][e] = (act[i] && key <= prow[i]) ? sc[n][e] * sl2 : NEG;
+          }
       }
-      cp_async_commit();
-      // Mask (base-2 logits), online softmax, P as the next A operand.
-#pragma unroll
-      for (int n = 0; n < PKV / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int i = e >> 1, key = kb + n * 8 + q4 * 2 + (e & 1);
-          sc[n][e] = (act[i] && key <= prow[i]) ? sc[n][e] * sl2 : NEG;
-        }
       online_softmax<PKV / 8, DT>(sc, mrow, lrow, o);
       uint32_t pf[PKV / 16][4];
       pack_p<T, PKV / 16>(sc, pf);
-      cp_async_wait<1>();
-      __syncthreads();  // V tile j in
-      pv_tile<T, HD, PKV / 16>(o, pf, Vs, 0, lane);
-      __syncthreads();  // every warp is done with Vs
-      if (j + 1 < ntiles) issue(Vs, vc);
-      cp_async_commit();
+      pv_tile<T, HD, PKV / 16>(o, pf, Vs + st * TILE, 0, lane);
     }
-    cp_async_wait<0>();
   }
   // The row sums are spread over the quad of lanes sharing a row.
 #pragma unroll
@@ -526,8 +546,11 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
   }
 }
 
+// Three blocks an SM: ptxas keeps the head dim 128 kernels to 168
+// registers (16 bytes of stack), 1.1x faster than two blocks with 224-236
+// (docs/cuda.md).
 #define PREFILL(T, name, HD)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(128)                                                              \
+  extern "C" __global__ void __launch_bounds__(128, 3)                                                           \
       attn_prefill_##name##_hd##HD(float* out, const float* q, const uint16_t* kc, const uint16_t* vc,           \
                                    const int* pos, const int* seq, const int* bt, AttnParams a, unsigned* fault) { \
     attn_prefill<T, HD>(out, q, kc, vc, pos, seq, bt, a, fault);                                                 \
