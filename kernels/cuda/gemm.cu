@@ -16,9 +16,8 @@
 // (tokens) are the N side, staged once per 256 of k in shared memory for
 // the block's four warps: rounded to 16 bits by round_x, or (_exact) in
 // f32, split into its rounding and the remainder, each through an mma. The
-// mma's k slots
-// take the k of a thread's own 16-byte loads in a permuted order, the same
-// for both operands, so no shuffling is needed.
+// mma's k slots take the k of a thread's own 16-byte loads in a permuted
+// order, the same for both operands, so no shuffling is needed.
 //
 // gemm_bf16 / gemm_f16 are the older register-staged kernels, kept for k
 // not a multiple of 8 (rows of w not 16-byte aligned); gemm_f32 is a plain
@@ -389,106 +388,6 @@ DEV uint32_t word(const uint4& lo, const uint4& hi, int i) {
   }
 }
 
-// out (+ blockIdx.y*n*m when k is split) [n,m] = x16[n,k] · w[m,k]ᵀ over k in
-// [blockIdx.y*kchunk, +kchunk); n <= 64, k % 64 == 0, kchunk % 64 == 0.
-template <typename T>
-DEV void gemm_skinny16(float* __restrict__ out, const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, int n,
-                     int k, int m, int kchunk) {
-  __shared__ __align__(16) uint16_t xs[64 * SK_XK];
-  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-  int row0 = blockIdx.x * SK_ROWS + warp * 32;
-  int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
-  int ntn = (n + 7) >> 3;
-  out += (long)blockIdx.y * n * m;
-  float acc[2][8][4];
-#pragma unroll
-  for (int r = 0; r < 2; r++)
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
-  // Rows of this thread: row0 + rs*16 + g + hh*8.
-  const uint16_t* wr[2][2];
-  bool wok[2][2];
-#pragma unroll
-  for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      int r = row0 + rs * 16 + g + hh * 8;
-      wok[rs][hh] = r < m;
-      wr[rs][hh] = w + (long)(wok[rs][hh] ? r : 0) * k + q * 16;
-    }
-  auto loadw = [&](uint4 (&v)[2][2][2], int kk) {
-#pragma unroll
-    for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        if (wok[rs][hh] && kk < kend) {
-          v[rs][hh][0] = ld_stream(wr[rs][hh] + kk);
-          v[rs][hh][1] = ld_stream(wr[rs][hh] + kk + 8);
-        } else {
-          v[rs][hh][0] = v[rs][hh][1] = make_uint4(0, 0, 0, 0);
-        }
-      }
-  };
-  uint4 cur[2][2][2], nxt[2][2][2];
-  loadw(cur, kbeg);  // the weights, before waiting for x
-  pdl_begin();
-  for (int xk = kbeg; xk < kend; xk += SK_XK) {
-    int xlen = min(SK_XK, kend - xk);
-    __syncthreads();  // the last stage of x is consumed
-    for (int i = tid; i < 64 * (SK_XK / 8); i += 128) {
-      int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
-      bool ok = r < n && c * 8 < xlen;
-      cp_async16(xs + r * SK_XK + ((c ^ (r & 7)) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int kk = 0; kk < xlen; kk += 64) {
-      loadw(nxt, xk + kk + 64);
-      // x: token rows t*8+g, the 16 k of this thread at kk + q*16, one
-      // token tile at a time (registers bound the blocks per SM).
-#pragma unroll
-      for (int t = 0; t < 8; t++) {
-        if (t >= ntn) continue;
-        int r = t * 8 + g, c = (kk >> 3) + q * 2;
-        uint4 x0 = *reinterpret_cast<const uint4*>(xs + r * SK_XK + ((c ^ g) << 3));
-        uint4 x1 = *reinterpret_cast<const uint4*>(xs + r * SK_XK + (((c + 1) ^ g) << 3));
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-          uint32_t b[2] = {word(x0, x1, 2 * s), word(x0, x1, 2 * s + 1)};
-#pragma unroll
-          for (int rs = 0; rs < 2; rs++) {
-            uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
-                             word(cur[rs][0][0], cur[rs][0][1], 2 * s + 1), word(cur[rs][1][0], cur[rs][1][1], 2 * s + 1)};
-            mma16816<T>(acc[rs][t], a, b);
-          }
-        }
-      }
-#pragma unroll
-      for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          cur[rs][hh][0] = nxt[rs][hh][0];
-          cur[rs][hh][1] = nxt[rs][hh][1];
-        }
-    }
-  }
-  // acc[rs][t]: rows row0+rs*16+g (+8), tokens t*8 + 2q (+1).
-#pragma unroll
-  for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-    for (int t = 0; t < 8; t++) {
-      if (t >= ntn) continue;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int r = row0 + rs * 16 + g + (e >> 1) * 8, tok = t * 8 + q * 2 + (e & 1);
-        if (r < m && tok < n) out[(long)tok * m + r] = acc[rs][t][e];
-      }
-    }
-}
-
 // split2 rounds a and b to T (hi, packed as pack2 does) and their
 // remainders a - hi, b - hi to T (lo): hi + lo carries about twice T's
 // mantissa, so x·w over both halves is within f32 rounding of the f32 x.
@@ -507,20 +406,23 @@ template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
 // four k offsets 16 floats apart) over all 32 banks.
 DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)); }
 
-// gemm_skinny_exact is gemm_skinny16 for f32 x: x is staged in shared
-// memory (dynamic, 64 * SK_XK floats) and split into T's rounding and its
-// remainder as the mma's B operands are formed, two mmas each, so the
-// product is as exact as f32 x·w. It reads twice the bytes of x, which
+// gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
+// [blockIdx.y*kchunk, +kchunk); n <= 64, k % 64 == 0, kchunk % 64 == 0.
+// x is 16-bit (X = uint16_t, rounded by round_x), staged 256 of k at a
+// time in 32 KiB of static shared memory; or (EXACT, X = float) f32, staged
+// in 64 KiB of dynamic shared memory and split into T's rounding and its
+// remainder as the mma's B operands are formed, two mmas each, so that the
+// product is as exact as f32 x·w: it reads twice the bytes of x, which
 // matters less the fewer its rows.
-template <typename T>
-DEV void gemm_skinny_exact(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
-                     int k, int m, int kchunk) {
-  extern __shared__ __align__(16) float xs[];
+template <typename T, bool EXACT, typename X>
+DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
+                     int m, int kchunk) {
+  __shared__ __align__(16) uint16_t xs16[EXACT ? 8 : 64 * SK_XK];
+  extern __shared__ __align__(16) float xs32[];
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   int row0 = blockIdx.x * SK_ROWS + warp * 32;
   int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
   int ntn = (n + 7) >> 3;
-  out += (long)blockIdx.y * n * m;
   float acc[2][8][4];
 #pragma unroll
   for (int r = 0; r < 2; r++)
@@ -552,41 +454,65 @@ DEV void gemm_skinny_exact(float* __restrict__ out, const float* __restrict__ x,
         }
       }
   };
+  // mma16 adds x's B fragment b times the A fragment of this thread's rows
+  // from its weights' words 2s and 2s+1.
+  auto mma16 = [&](float (&c)[2][8][4], const uint4 (&cur)[2][2][2], int t, int s, const uint32_t (&b)[2]) {
+#pragma unroll
+    for (int rs = 0; rs < 2; rs++) {
+      uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
+                       word(cur[rs][0][0], cur[rs][0][1], 2 * s + 1), word(cur[rs][1][0], cur[rs][1][1], 2 * s + 1)};
+      mma16816<T>(c[rs][t], a, b);
+    }
+  };
   uint4 cur[2][2][2], nxt[2][2][2];
   loadw(cur, kbeg);  // the weights, before waiting for x
   pdl_begin();
   for (int xk = kbeg; xk < kend; xk += SK_XK) {
     int xlen = min(SK_XK, kend - xk);
     __syncthreads();  // the last stage of x is consumed
-    for (int i = tid; i < 64 * (SK_XK / 4); i += 128) {
-      int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
-      bool ok = r < n && c * 4 < xlen;
-      cp_async16(xs + r * SK_XK + (skinny_chunk(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
+    if constexpr (EXACT) {
+      for (int i = tid; i < 64 * (SK_XK / 4); i += 128) {
+        int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
+        bool ok = r < n && c * 4 < xlen;
+        cp_async16(xs32 + r * SK_XK + (skinny_chunk(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
+      }
+    } else {
+      for (int i = tid; i < 64 * (SK_XK / 8); i += 128) {
+        int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
+        bool ok = r < n && c * 8 < xlen;
+        cp_async16(xs16 + r * SK_XK + ((c ^ (r & 7)) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
+      }
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     for (int kk = 0; kk < xlen; kk += 64) {
       loadw(nxt, xk + kk + 64);
-      // x: token rows t*8+g, the 16 k of this thread at kk + q*16 (four
-      // chunks), one token tile at a time (registers bound the blocks per SM).
+      // x: token rows t*8+g, the 16 k of this thread at kk + q*16, one
+      // token tile at a time (registers bound the blocks per SM).
 #pragma unroll
       for (int t = 0; t < 8; t++) {
         if (t >= ntn) continue;
-        const float* xrow = xs + (t * 8 + g) * SK_XK;
-        int c0 = (kk >> 2) + q * 4;
+        if constexpr (EXACT) {
+          const float* xrow = xs32 + (t * 8 + g) * SK_XK;
+          int c0 = (kk >> 2) + q * 4;
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
-          float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk(c0 + s, g) << 2));
-          uint32_t bh[2], bl[2];
-          split2<T>(v.x, v.y, bh[0], bl[0]);
-          split2<T>(v.z, v.w, bh[1], bl[1]);
+          for (int s = 0; s < 4; s++) {
+            float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk(c0 + s, g) << 2));
+            uint32_t bh[2], bl[2];
+            split2<T>(v.x, v.y, bh[0], bl[0]);
+            split2<T>(v.z, v.w, bh[1], bl[1]);
+            mma16(acc, cur, t, s, bh);
+            mma16(acc, cur, t, s, bl);
+          }
+        } else {
+          int r = t * 8 + g, c = (kk >> 3) + q * 2;
+          uint4 x0 = *reinterpret_cast<const uint4*>(xs16 + r * SK_XK + ((c ^ g) << 3));
+          uint4 x1 = *reinterpret_cast<const uint4*>(xs16 + r * SK_XK + (((c + 1) ^ g) << 3));
 #pragma unroll
-          for (int rs = 0; rs < 2; rs++) {
-            uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
-                             word(cur[rs][0][0], cur[rs][0][1], 2 * s + 1), word(cur[rs][1][0], cur[rs][1][1], 2 * s + 1)};
-            mma16816<T>(acc[rs][t], a, bh);
-            mma16816<T>(acc[rs][t], a, bl);
+          for (int s = 0; s < 4; s++) {
+            uint32_t b[2] = {word(x0, x1, 2 * s), word(x0, x1, 2 * s + 1)};
+            mma16(acc, cur, t, s, b);
           }
         }
       }
@@ -600,6 +526,7 @@ DEV void gemm_skinny_exact(float* __restrict__ out, const float* __restrict__ x,
     }
   }
   // acc[rs][t]: rows row0+rs*16+g (+8), tokens t*8 + 2q (+1).
+  out += (long)blockIdx.y * n * m;
 #pragma unroll
   for (int rs = 0; rs < 2; rs++)
 #pragma unroll
@@ -615,17 +542,17 @@ DEV void gemm_skinny_exact(float* __restrict__ out, const float* __restrict__ x,
 
 extern "C" __global__ void __launch_bounds__(128) gemm_skinny_bf16(float* out, const uint16_t* x, const uint16_t* w,
                                                                    int n, int k, int m, int kchunk) {
-  gemm_skinny16<BF16>(out, x, w, n, k, m, kchunk);
+  gemm_skinny<BF16, false>(out, x, w, n, k, m, kchunk);
 }
 extern "C" __global__ void __launch_bounds__(128) gemm_skinny_f16(float* out, const uint16_t* x, const uint16_t* w,
                                                                   int n, int k, int m, int kchunk) {
-  gemm_skinny16<F16>(out, x, w, n, k, m, kchunk);
+  gemm_skinny<F16, false>(out, x, w, n, k, m, kchunk);
 }
 extern "C" __global__ void __launch_bounds__(128) gemm_skinny_bf16_exact(float* out, const float* x, const uint16_t* w,
                                                                          int n, int k, int m, int kchunk) {
-  gemm_skinny_exact<BF16>(out, x, w, n, k, m, kchunk);
+  gemm_skinny<BF16, true>(out, x, w, n, k, m, kchunk);
 }
 extern "C" __global__ void __launch_bounds__(128) gemm_skinny_f16_exact(float* out, const float* x, const uint16_t* w,
                                                                         int n, int k, int m, int kchunk) {
-  gemm_skinny_exact<F16>(out, x, w, n, k, m, kchunk);
+  gemm_skinny<F16, true>(out, x, w, n, k, m, kchunk);
 }
