@@ -40,6 +40,10 @@ const (
 // step issues one step's operations, replaying (and first recording) a
 // graph where the device and the shape allow.
 func (m *Model) step(cache *Cache, n, r int, argmax bool, from tokenSource) error {
+	m.s.chosen = 0
+	if argmax {
+		m.s.chosen = r
+	}
 	record := func() error { return m.ops(cache, n, r, argmax, from) }
 	gr, ok := m.dev.(gpu.Grapher)
 	if !ok || m.opts.Eager || m.graphErr != nil || n > graphMaxTokens {

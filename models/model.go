@@ -84,6 +84,7 @@ type scratch struct {
 	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
 	packedRows                    int
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
+	chosen                        int        // rows of next the last step chose (0: it chose none)
 	// A vocabulary-parallel LM head writes this rank's columns of each row
 	// into logitsPart ([rows, Vocab/ranks]), and an all-gather per row
 	// assembles the row (views rowPart[i] -> rowFull[i]).
@@ -661,6 +662,53 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 		return err
 	}
 	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+}
+
+// Chains reports whether IssueArgmax can queue greedy steps back to back
+// on m's device: a whole model (not a pipeline stage or a tensor-parallel
+// rank) on a device that chooses tokens itself (gpu.Argmaxer) and reads
+// them back without waiting for later work (gpu.LateReader).
+func (m *Model) Chains() bool {
+	_, argmaxer := m.dev.(gpu.Argmaxer)
+	_, late := m.dev.(gpu.LateReader)
+	return argmaxer && late && m.first() && m.last() && m.group == nil && m.opts.Shard == nil
+}
+
+// IssueArgmax queues a greedy step of b, as ForwardArgmax runs it, without
+// waiting for it: wait blocks until the step's choices are in ids and
+// returns the first error of the work before them. With previous, the
+// step embeds for each token the choice of the same row of the step
+// queued before it, on the device (b.Tokens are placeholders); b must then
+// have one token per logits row, in order, and that step as many rows.
+// Two steps' reads may be pending at most; ids must not be used before
+// wait returns. It needs Chains.
+func (m *Model) IssueArgmax(ctx context.Context, cache *Cache, b *Batch, previous bool, ids []int32) (wait func() error, err error) {
+	if !m.Chains() {
+		return nil, fmt.Errorf("forward: this model and device cannot queue greedy steps")
+	}
+	r := len(b.Logits)
+	if r == 0 || len(ids) < r {
+		return nil, fmt.Errorf("forward: %d ids for %d logits rows", len(ids), r)
+	}
+	from := fromIndex
+	if previous {
+		if len(b.Pos) != r || m.s.chosen != r {
+			return nil, fmt.Errorf("forward: a step fed by the one before needs one token per logits row and the same rows (%d tokens, %d rows, %d chosen before)", len(b.Pos), r, m.s.chosen)
+		}
+		for i, row := range b.Logits {
+			if int(row) != i {
+				return nil, fmt.Errorf("forward: a step fed by the one before needs logits row %d to be token %d, not %d", i, i, row)
+			}
+		}
+		from = fromPrevious
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := m.issueArgmax(cache, b, from); err != nil {
+		return nil, err
+	}
+	return m.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 }
 
 // issueArgmax issues a step whose device-side argmax of each logits row

@@ -419,7 +419,11 @@ func testPipelineMicroBatches(t *testing.T, local bool) {
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	r := startReplicaWith(t, b, 3, Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 8}, tp, local, func(p *Pipeline) { p.MicroBatches = 0 })
+	r := startReplicaWith(t, b, 3, Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 8}, tp, local, func(p *Pipeline, _ *Shard) {
+		if p != nil {
+			p.MicroBatches = 0
+		}
+	})
 	const streams = 8
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)

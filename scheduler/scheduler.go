@@ -366,6 +366,13 @@ plan:
 				} else if err != nil {
 					return err
 				}
+				if decoding && q.done+2 <= s.cfg.Context {
+					// Room for the next position too, where a free block
+					// allows: an engine may queue that step ahead (ahead.go).
+					if err := s.kv.Grow(q.req.ID, q.done+2); err != nil && !errors.Is(err, ErrNoBlocks) {
+						return err
+					}
+				}
 				si := int32(len(b.Tables))
 				b.Tables = append(b.Tables, s.kv.Table(q.req.ID))
 				for j := 0; j < n; j++ {

@@ -53,10 +53,13 @@ func startReplicaTraced(t testing.TB, stages int, cfg Config, tp trace.TracerPro
 	return startReplicaWith(t, b, stages, cfg, tp, local)
 }
 
+// replicaOpt sets up a replica's pipeline (p) or each of its shards (s)
+// before they run; the other is nil.
+type replicaOpt func(p *Pipeline, s *Shard)
+
 // startReplicaWith serves bundle b, which it closes at the end of the test.
-// With local, the pipeline reaches its stages through Pipeline.Local; opts
-// set up the pipeline before it runs.
-func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider, local bool, opts ...func(*Pipeline)) *replica {
+// With local, the pipeline reaches its stages through Pipeline.Local.
+func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp trace.TracerProvider, local bool, opts ...replicaOpt) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := bus.Start(ctx, bus.DefaultConfig())
@@ -101,6 +104,9 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 		}
 		sh := NewShard(fmt.Sprint(i), i, m, cache, plane, tp)
 		sh.Device = devRef
+		for _, o := range opts {
+			o(nil, sh)
+		}
 		r.shards = append(r.shards, sh)
 		ref, err := actors.Spawn(ctx, sys, sh.Props())
 		if err != nil {
@@ -126,7 +132,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	cfg.Vocab, cfg.Context, cfg.EOS = b.Config.Vocab, b.Config.MaxPositions, b.Config.EOS
 	pipe := NewPipeline(nc, subjects, plane, b.Config.Vocab)
 	for _, o := range opts {
-		o(pipe)
+		o(pipe, nil)
 	}
 	for i, ref := range r.refs {
 		if !local {
@@ -197,9 +203,39 @@ func TestPipelineLocal(t *testing.T) { testPipeline(t, viaLocal, submitBus) }
 // the scheduler in the process.
 func TestPipelineLocalSubmit(t *testing.T) { testPipeline(t, viaLocal, submitLocal) }
 
-func testPipeline(t *testing.T, local, submit bool) {
+// TestSingleStageQueuesAhead serves the demo model as one stage, whose
+// shard queues each greedy decode step's successor before it reads the
+// step's choices (ahead.go): concurrent requests, which join and leave the
+// batch at different steps, still get the reference's tokens, and most
+// decode steps were answered by a step queued ahead.
+func TestSingleStageQueuesAhead(t *testing.T) {
+	ahead := func(_ *Pipeline, s *Shard) {
+		if s != nil {
+			s.QueueAhead = true
+		}
+	}
+	for _, local := range []bool{viaBus, viaLocal} {
+		r := testPipelineStages(t, 1, local, submitBus, ahead)
+		sh := r.shards[0]
+		sh.mu.Lock()
+		used, dropped, pending := sh.aheadUsed, sh.aheadDropped, sh.ahead != nil
+		sh.mu.Unlock()
+		t.Logf("local %v: %d steps answered ahead, %d queued for nothing, one pending: %v", local, used, dropped, pending)
+		if used == 0 || used < dropped {
+			t.Errorf("local %v: %d steps answered by a step queued ahead, %d dropped", local, used, dropped)
+		}
+	}
+}
+
+func testPipeline(t *testing.T, local, submit bool) { testPipelineStages(t, 2, local, submit) }
+
+func testPipelineStages(t *testing.T, stages int, local, submit bool, opts ...replicaOpt) *replica {
 	samples := demoSamples(t)
-	r := startReplica(t, 2, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16}, local)
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startReplicaWith(t, b, stages, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 16}, nil, local, opts...)
 	r.submitVia(submit)
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*len(samples))
@@ -233,6 +269,7 @@ func testPipeline(t *testing.T, local, submit bool) {
 		st, err := r.client.Stats(context.Background())
 		return err == nil && st.KV.Used == 0 && st.Running == 0 && st.Tokens > 0
 	})
+	return r
 }
 
 // TestPipelineLocalFallsBackToBus: once a local stage's actor has stopped,

@@ -44,9 +44,17 @@ type Shard struct {
 	// Rank and Ranks place a tensor-parallel rank in its group (Ranks > 1):
 	// its spans carry shard.rank and its INFO says "rank r of n".
 	Rank, Ranks int
+	// QueueAhead, for a device that runs a step while the host waits for
+	// another (a GPU), has greedy decode steps queue their successor
+	// before their choices are read (ahead.go). Set before the shard runs.
+	QueueAhead bool
 
-	mu   sync.Mutex  // one step at a time
-	outs [][]float32 // published outputs, by ForwardMsg.Micro
+	mu    sync.Mutex  // one step at a time
+	outs  [][]float32 // published outputs, by ForwardMsg.Micro
+	ahead *aheadStep  // the greedy step queued past the last asked for (ahead.go)
+	// Greedy steps answered by a step queued ahead, and those queued for
+	// nothing (the next step asked for was another).
+	aheadUsed, aheadDropped int
 }
 
 // NewShard wraps a loaded model stage and its cache.
@@ -102,7 +110,14 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	}
 	if m.Argmax && s.model.IsLast() {
 		ids := make([]int32, len(m.Logits))
-		if err := s.onDevice(ctx, func() error { return s.model.ForwardArgmax(ctx, s.cache, b, ids) }); err != nil {
+		err := s.onDevice(ctx, func() error {
+			if s.QueueAhead && s.model.Chains() && m.Micro == 0 && len(m.Logits) > 0 {
+				return s.greedyChained(ctx, b, ids)
+			}
+			s.dropAhead()
+			return s.model.ForwardArgmax(ctx, s.cache, b, ids)
+		})
+		if err != nil {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 		}
 		return ForwardReply{IDs: ids}, nil
@@ -122,7 +137,11 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		s.outs[m.Micro] = make([]float32, n)
 	}
 	out := s.outs[m.Micro][:n]
-	if err := s.onDevice(ctx, func() error { return s.model.Forward(ctx, s.cache, b, out) }); err != nil {
+	err := s.onDevice(ctx, func() error {
+		s.dropAhead()
+		return s.model.Forward(ctx, s.cache, b, out)
+	})
+	if err != nil {
 		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 	}
 	name := outputName(s.ID, m.Micro)
@@ -396,6 +415,13 @@ func (s *Shard) describe() string {
 }
 
 type shardActor struct{ s *Shard }
+
+// Stop implements actors.Stopper: a greedy step queued ahead is waited for.
+func (a shardActor) Stop(context.Context) {
+	a.s.mu.Lock()
+	defer a.s.mu.Unlock()
+	a.s.dropAhead()
+}
 
 func (a shardActor) Receive(_ context.Context, c ShardCall) error {
 	// A panic fails the call in flight, then goes on to the supervisor,

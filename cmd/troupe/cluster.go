@@ -150,6 +150,7 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 	}
 	sh := scheduler.NewShard(id, args.Index, m, cache, n.plane, n.tp.TracerProvider())
 	sh.Device = n.device
+	sh.QueueAhead = n.cfg.Device == "cuda"
 	if n.stream != nil {
 		sh.Remote = n.stream
 	}

@@ -1,0 +1,126 @@
+package scheduler
+
+import (
+	"context"
+	"slices"
+
+	"github.com/troupe/troupe/models"
+)
+
+// A layer-shard holding a whole model on a GPU (Shard.QueueAhead, and a
+// model that chains greedy steps: models.Model.Chains) issues a greedy
+// step and, before it waits for the step's choices, queues the step that
+// would follow: the same sequences,
+// one position on, each fed on the device the token just chosen for it.
+// When the scheduler's next step is that one (steady decoding: no sequence
+// joined, left or changed its blocks), its choices are already on their
+// way and the device has not waited for the host between the two steps;
+// the step after it is queued in turn. Otherwise the queued step is
+// dropped: the only cache rows it wrote lie one position past what its
+// sequences hold, and whatever the scheduler runs next on those positions
+// overwrites them, after it on the device.
+
+// aheadStep is a greedy step queued before it was asked for.
+type aheadStep struct {
+	pos, seq []int32
+	tables   [][]int32 // each row's blocks up to its position
+	fed      []int32   // the tokens it embeds: the choices of the step before
+	ids      []int32   // its choices, once wait returns
+	wait     func() error
+}
+
+// greedyChained runs the greedy step b into ids, queueing the next one.
+// It runs on the shard's device, under s.mu.
+func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32) error {
+	var wait func() error
+	if a := s.ahead; a != nil && a.is(b) {
+		s.ahead = nil
+		s.aheadUsed++
+		wait = func() error {
+			err := a.wait()
+			copy(ids, a.ids)
+			return err
+		}
+	} else {
+		s.dropAhead()
+		w, err := s.model.IssueArgmax(ctx, s.cache, b, false, ids)
+		if err != nil {
+			return err
+		}
+		wait = w
+	}
+	s.queueAhead(ctx, b)
+	if err := wait(); err != nil {
+		s.dropAhead()
+		return err
+	}
+	if s.ahead != nil {
+		s.ahead.fed = append(s.ahead.fed[:0], ids[:len(b.Logits)]...)
+	}
+	return nil
+}
+
+// queueAhead queues the step after b when b is a decode step (one token of
+// each of its sequences, each token's logits row its own) whose sequences'
+// blocks hold the next position.
+func (s *Shard) queueAhead(ctx context.Context, b *models.Batch) {
+	n, bs := len(b.Pos), s.cache.BlockSize
+	if n == 0 || len(b.Logits) != n || len(b.Seq) != n {
+		return
+	}
+	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n)}
+	for i := range n {
+		if b.Logits[i] != int32(i) || b.Seq[i] < 0 || int(b.Seq[i]) >= len(b.Tables) || a.tables[b.Seq[i]] != nil {
+			return
+		}
+		p := int(b.Pos[i]) + 1
+		t := b.Tables[b.Seq[i]]
+		if p/bs >= len(t) || t[p/bs] < 0 || int(t[p/bs]) >= s.cache.NumBlocks {
+			return
+		}
+		a.pos[i] = int32(p)
+		a.tables[b.Seq[i]] = slices.Clone(t[:p/bs+1])
+	}
+	next := &models.Batch{Tokens: make([]int32, n), Pos: a.pos, Seq: a.seq, Tables: a.tables, Logits: b.Logits}
+	for i := range a.tables {
+		if a.tables[i] == nil {
+			a.tables[i] = []int32{} // a row no token reads
+		}
+	}
+	wait, err := s.model.IssueArgmax(ctx, s.cache, next, true, a.ids)
+	if err != nil {
+		// Nothing is queued, or a step whose choices nobody reads: the
+		// next step is issued as asked.
+		return
+	}
+	a.wait = wait
+	s.ahead = a
+}
+
+// is reports whether b is the step a computes: the same rows at the same
+// positions, fed the tokens it was fed, over the same blocks.
+func (a *aheadStep) is(b *models.Batch) bool {
+	n := len(a.pos)
+	if len(b.Pos) != n || len(b.Tokens) != n || len(b.Seq) != n || len(b.Logits) != n || len(b.Tables) != len(a.tables) || len(a.fed) != n {
+		return false
+	}
+	for i := range n {
+		if b.Pos[i] != a.pos[i] || b.Seq[i] != a.seq[i] || b.Tokens[i] != a.fed[i] || b.Logits[i] != int32(i) {
+			return false
+		}
+		t, u := b.Tables[b.Seq[i]], a.tables[a.seq[i]]
+		if len(t) < len(u) || !slices.Equal(t[:len(u)], u) {
+			return false
+		}
+	}
+	return true
+}
+
+// dropAhead waits for the queued step's read, if any, and forgets it.
+func (s *Shard) dropAhead() {
+	if a := s.ahead; a != nil {
+		s.ahead = nil
+		s.aheadDropped++
+		_ = a.wait() // a device error stays for the next step to report
+	}
+}
