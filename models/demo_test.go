@@ -54,7 +54,25 @@ func demoReference(t testing.TB) []demoSample {
 // own top-2 gap is below greedyTolerance.
 func TestDemoGreedy(t *testing.T) {
 	samples := demoReference(t)
-	b := openDemo(t)
+	onFastLanes(t, openDemo(t), func(t *testing.T, ln lane, m *models.Model) {
+		for i, s := range samples {
+			got := greedy(t, m, s.PromptIDs, len(s.GreedyIDs))
+			for j := range s.GreedyIDs {
+				if got.ids[j] != s.GreedyIDs[j] {
+					if got.margins[j] < ln.greedyMargin() {
+						t.Logf("sample %d step %d: tie (margin %.2g)", i, j, got.margins[j])
+						break
+					}
+					t.Fatalf("sample %d (%q) step %d: token %d, want %d (margin %.3g)", i, s.Prompt, j, got.ids[j], s.GreedyIDs[j], got.margins[j])
+				}
+			}
+		}
+	})
+}
+
+// onFastLanes runs f as a subtest on every lane but the slow reference
+// one, with the model of bundle b loaded on the lane's device.
+func onFastLanes(t *testing.T, b *models.Bundle, f func(t *testing.T, ln lane, m *models.Model)) {
 	for _, ln := range lanes() {
 		if ln.slow {
 			continue
@@ -67,18 +85,7 @@ func TestDemoGreedy(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			for i, s := range samples {
-				got := greedy(t, m, s.PromptIDs, len(s.GreedyIDs))
-				for j := range s.GreedyIDs {
-					if got.ids[j] != s.GreedyIDs[j] {
-						if got.margins[j] < ln.greedyMargin() {
-							t.Logf("sample %d step %d: tie (margin %.2g)", i, j, got.margins[j])
-							break
-						}
-						t.Fatalf("sample %d (%q) step %d: token %d, want %d (margin %.3g)", i, s.Prompt, j, got.ids[j], s.GreedyIDs[j], got.margins[j])
-					}
-				}
-			}
+			f(t, ln, m)
 		})
 	}
 }

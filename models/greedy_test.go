@@ -149,92 +149,80 @@ func TestIssueArgmaxChains(t *testing.T) {
 	ctx := context.Background()
 	prompts := [][]int32{{5, 9, 200, 31, 7}, {11, 4, 90}}
 	const bs, gen = 16, 12
-	for _, ln := range lanes() {
-		if ln.slow {
-			continue
+	onFastLanes(t, b, func(t *testing.T, ln lane, m *models.Model) {
+		if !m.Chains() {
+			t.Fatalf("lane %s: the whole model does not chain", ln.name)
 		}
-		t.Run(ln.name, func(t *testing.T) {
-			dev := ln.open(t)
-			defer dev.Close()
-			m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{CacheDType: ln.cache})
+		run := func(chained bool) [][]int32 {
+			cache, err := m.NewCache(4, bs)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer m.Close()
-			if !m.Chains() {
-				t.Fatalf("lane %s: the whole model does not chain", ln.name)
+			defer cache.Close()
+			tables := [][]int32{{0, 1}, {2, 3}}
+			pb := &models.Batch{Tables: tables}
+			for s, p := range prompts {
+				for i, tok := range p {
+					pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
+				}
+				pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
 			}
-			run := func(chained bool) [][]int32 {
-				cache, err := m.NewCache(4, bs)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer cache.Close()
-				tables := [][]int32{{0, 1}, {2, 3}}
-				pb := &models.Batch{Tables: tables}
-				for s, p := range prompts {
-					for i, tok := range p {
-						pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
-					}
-					pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
-				}
-				ids := make([]int32, 2)
-				if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
-					t.Fatal(err)
-				}
-				out := [][]int32{{ids[0]}, {ids[1]}}
-				db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
-					Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
-				if !chained {
-					for range gen {
-						if err := m.ForwardArgmax(ctx, cache, db, ids); err != nil {
-							t.Fatal(err)
-						}
-						out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
-						copy(db.Tokens, ids)
-						db.Pos[0]++
-						db.Pos[1]++
-					}
-					return out
-				}
-				var (
-					got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
-					wait [2]func() error
-				)
-				take := func(i int) {
-					if err := wait[i](); err != nil {
+			ids := make([]int32, 2)
+			if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
+				t.Fatal(err)
+			}
+			out := [][]int32{{ids[0]}, {ids[1]}}
+			db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
+				Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
+			if !chained {
+				for range gen {
+					if err := m.ForwardArgmax(ctx, cache, db, ids); err != nil {
 						t.Fatal(err)
 					}
-					out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
-				}
-				for s := range gen {
-					if wait[s%2], err = m.IssueArgmax(ctx, cache, db, s > 0, got[s%2]); err != nil {
-						t.Fatal(err)
-					}
+					out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
+					copy(db.Tokens, ids)
 					db.Pos[0]++
 					db.Pos[1]++
-					if s > 0 {
-						take((s - 1) % 2)
-					}
-				}
-				take((gen - 1) % 2)
-				// Refused: rows out of order, and more rows than the step before chose.
-				if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, true, ids); err == nil {
-					t.Error("a step fed by the one before with its logits rows swapped was queued")
-				}
-				three := make([]int32, 3)
-				if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, true, three); err == nil {
-					t.Error("a step fed by one of two rows with three rows was queued")
 				}
 				return out
 			}
-			want, got := run(false), run(true)
-			for s := range want {
-				if !slices.Equal(got[s], want[s]) {
-					t.Fatalf("sequence %d: queued steps chose %v, the ForwardArgmax loop %v", s, got[s], want[s])
+			var (
+				got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
+				wait [2]func() error
+			)
+			take := func(i int) {
+				if err := wait[i](); err != nil {
+					t.Fatal(err)
+				}
+				out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
+			}
+			for s := range gen {
+				if wait[s%2], err = m.IssueArgmax(ctx, cache, db, s > 0, got[s%2]); err != nil {
+					t.Fatal(err)
+				}
+				db.Pos[0]++
+				db.Pos[1]++
+				if s > 0 {
+					take((s - 1) % 2)
 				}
 			}
-			t.Logf("%d tokens of two sequences equal", len(got[0])+len(got[1]))
-		})
-	}
+			take((gen - 1) % 2)
+			// Refused: rows out of order, and more rows than the step before chose.
+			if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, true, ids); err == nil {
+				t.Error("a step fed by the one before with its logits rows swapped was queued")
+			}
+			three := make([]int32, 3)
+			if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, true, three); err == nil {
+				t.Error("a step fed by one of two rows with three rows was queued")
+			}
+			return out
+		}
+		want, got := run(false), run(true)
+		for s := range want {
+			if !slices.Equal(got[s], want[s]) {
+				t.Fatalf("sequence %d: queued steps chose %v, the ForwardArgmax loop %v", s, got[s], want[s])
+			}
+		}
+		t.Logf("%d tokens of two sequences equal", len(got[0])+len(got[1]))
+	})
 }
