@@ -32,3 +32,11 @@ type Argmaxer interface {
 type LateReader interface {
 	ReadLater(dst []byte, b Buffer, off int) (wait func() error, err error)
 }
+
+// Sampler is a device that draws tokens from logits itself: out[r] (I32)
+// is the token drawn from row r of logits (n rows of width) as rows[r]
+// says (SampleRow, SampleHost), for rows a device takes
+// (SampleRow.OnDevice).
+type Sampler interface {
+	Sample(out, logits Buffer, n, width int, rows []SampleRow) error
+}

@@ -664,6 +664,62 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 }
 
+// ForwardSample runs one step of the last stage like Forward and writes
+// into ids the token drawn from each row named by b.Logits as rows says
+// (gpu.SampleRow, one per row). On a device that draws tokens itself
+// (gpu.Sampler) the draws run there and only the ids are read back, when
+// the device takes every row (gpu.SampleRow.OnDevice); otherwise the
+// logits are read and drawn from on the host (gpu.SampleHost): the same
+// tokens either way, up to the order of float64 sums.
+func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32) error {
+	if !m.last() {
+		return fmt.Errorf("forward: sampling needs the last stage (layers [%d, %d) of %d)", m.opts.FirstLayer, m.opts.LastLayer, m.Config.Layers)
+	}
+	r, V := len(b.Logits), m.Config.Vocab
+	if len(rows) != r || len(ids) < r {
+		return fmt.Errorf("forward: %d draws and %d ids for %d logits rows", len(rows), len(ids), r)
+	}
+	for i, row := range rows {
+		if err := row.Validate(); err != nil {
+			return fmt.Errorf("forward: row %d: %w", i, err)
+		}
+	}
+	sm, onDevice := m.dev.(gpu.Sampler)
+	for _, row := range rows {
+		onDevice = onDevice && row.OnDevice(V)
+	}
+	if !onDevice || m.group != nil || r == 0 {
+		if cap(m.s.hostLogits) < r*V {
+			m.s.hostLogits = make([]float32, r*V)
+		}
+		logits := m.s.hostLogits[:r*V]
+		if err := m.Forward(ctx, cache, b, logits); err != nil {
+			return err
+		}
+		var sc gpu.SampleScratch
+		for i, row := range rows {
+			ids[i] = gpu.SampleHost(logits[i*V:(i+1)*V], row, &sc)
+		}
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := m.ensureLogits(r); err != nil {
+		return err
+	}
+	if err := m.upload(cache, b); err != nil {
+		return err
+	}
+	if err := m.step(cache, len(b.Pos), r, false, fromIndex); err != nil {
+		return err
+	}
+	if err := sm.Sample(m.s.next, m.s.logits, r, V, rows); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+}
+
 // Chains reports whether IssueArgmax can queue greedy steps back to back
 // on m's device: a whole model (not a pipeline stage or a tensor-parallel
 // rank) on a device that chooses tokens itself (gpu.Argmaxer) and reads

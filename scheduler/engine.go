@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 
+	"github.com/troupe/troupe/gpu"
+
 	"github.com/troupe/troupe/models"
 )
 
@@ -22,4 +24,10 @@ func (e *ModelEngine) Forward(ctx context.Context, b *models.Batch, logits []flo
 // argmax only the chosen ids come back, not the logits.
 func (e *ModelEngine) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
 	return e.Model.ForwardArgmax(ctx, e.Cache, b, ids)
+}
+
+// ForwardSample implements SampleEngine: on a device that draws tokens
+// itself only the drawn ids come back.
+func (e *ModelEngine) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+	return e.Model.ForwardSample(ctx, e.Cache, b, rows, ids)
 }

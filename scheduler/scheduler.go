@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/generate"
 	"go.opentelemetry.io/otel/trace"
@@ -26,6 +27,16 @@ type Engine interface {
 type ArgmaxEngine interface {
 	Engine
 	ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error
+}
+
+// SampleEngine is an Engine that can also draw each row's token itself, as
+// rows says (one gpu.SampleRow a row of b.Logits), instead of returning the
+// logits. A step whose sampled sequences a device can all draw for
+// (generate.State.OnDevice) uses it: on a GPU the logits then never leave
+// the device.
+type SampleEngine interface {
+	Engine
+	ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error
 }
 
 // Blocks allocates the KV cache's blocks; *KV implements it.
@@ -133,10 +144,11 @@ type Scheduler struct {
 	admitted uint64
 	batch    models.Batch
 	logits   []float32
-	ids      []int32 // the chosen tokens of a greedy step (ArgmaxEngine)
-	in       []*seq  // the step's sequences, in table order
-	chunks   []int   // tokens of each
-	sampled  []*seq  // the step's sequences that get a token
+	ids      []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
+	rows     []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
+	in       []*seq          // the step's sequences, in table order
+	chunks   []int           // tokens of each
+	sampled  []*seq          // the step's sequences that get a token
 	span     stepSpan
 }
 
@@ -398,13 +410,26 @@ plan:
 		greedy = greedy && q.gen.Greedy()
 	}
 	greedy = greedy && len(sampled) > 0
+	se, drawn := s.engine.(SampleEngine)
+	for _, q := range sampled {
+		drawn = drawn && !greedy && q.gen.OnDevice(s.cfg.Vocab)
+	}
+	drawn = drawn && len(sampled) > 0
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
 	var err error
-	if greedy {
+	switch {
+	case greedy:
 		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 		err = ae.ForwardArgmax(span.ctx, b, s.ids)
-	} else {
+	case drawn:
+		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
+		s.rows = s.rows[:0]
+		for _, q := range sampled {
+			s.rows = append(s.rows, q.gen.Row())
+		}
+		err = se.ForwardSample(span.ctx, b, s.rows, s.ids)
+	default:
 		if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
 			s.logits = make([]float32, need)
 		}
@@ -427,7 +452,7 @@ plan:
 	for i, q := range sampled {
 		t0 := time.Now()
 		var st generate.Step
-		if greedy {
+		if greedy || drawn {
 			st = q.gen.Accept(s.ids[i], 0)
 		} else {
 			st = q.gen.Next(s.logits[i*s.cfg.Vocab : (i+1)*s.cfg.Vocab])

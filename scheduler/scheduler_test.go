@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/sample"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 )
@@ -248,6 +250,66 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	if negative == 0 {
 		t.Error("logprobs request: every log-probability is 0: not computed from the logits")
 	}
+}
+
+// sampleCounter counts the steps in which an engine drew the tokens.
+type sampleCounter struct {
+	*ModelEngine
+	steps atomic.Int64
+}
+
+func (c *sampleCounter) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+	c.steps.Add(1)
+	return c.ModelEngine.ForwardSample(ctx, b, rows, ids)
+}
+
+// TestSampledStepsDrawOnTheEngine runs the same seeded, sampled requests
+// (temperature alone; top-k with top-p and min-p; mixed in one batch with
+// a greedy one) with the engine drawing the tokens (SampleEngine) and with
+// the scheduler drawing from the logits: the same tokens, since both take
+// the same numbers from each request's generator. A request with a
+// repetition penalty keeps the steps it is in on the logits.
+func TestSampledStepsDrawOnTheEngine(t *testing.T) {
+	samples := demoSamples(t)
+	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
+	seed := func(v int64) *int64 { return &v }
+	params := []generate.Params{
+		{MaxTokens: 12, IgnoreEOS: true, Params: sample.Params{Temperature: 0.9, Seed: seed(1)}},
+		{MaxTokens: 12, IgnoreEOS: true, Params: sample.Params{Temperature: 1.2, TopK: 40, TopP: 0.9, MinP: 0.02, Seed: seed(2)}},
+		{MaxTokens: 12, IgnoreEOS: true, Params: sample.Params{Temperature: 0.7, TopK: 5, Seed: seed(3)}},
+		greedy(12),
+		{MaxTokens: 3, IgnoreEOS: true, Params: sample.Params{Temperature: 0.8, RepetitionPenalty: 1.3, Seed: seed(4)}},
+	}
+	run := func(wrap func(*ModelEngine) Engine) [][]int32 {
+		h := startWith(t, 256, cfg, wrap)
+		var cs []*collect
+		for i, p := range params {
+			col := newCollect()
+			cs = append(cs, col)
+			if err := h.s.Submit(&Request{ID: fmt.Sprint(i), Prompt: samples[i%len(samples)].PromptIDs, Params: p, Detok: nop{}, Sink: col.sink}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out [][]int32
+		for _, col := range cs {
+			out = append(out, ids(t, col.wait(t)))
+		}
+		return out
+	}
+	counter := &sampleCounter{}
+	onEngine := run(func(e *ModelEngine) Engine { counter.ModelEngine = e; return counter })
+	onHost := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
+	for i := range params {
+		if len(onEngine[i]) != params[i].MaxTokens || fmt.Sprint(onHost[i]) != fmt.Sprint(onEngine[i]) {
+			t.Errorf("request %d: engine's draws %v, host's %v", i, onEngine[i], onHost[i])
+		}
+	}
+	// The penalised request's three steps stay on the logits, and the
+	// first token of each request comes from its prompt's step.
+	if counter.steps.Load() < 5 {
+		t.Errorf("%d steps drew their tokens on the engine", counter.steps.Load())
+	}
+	t.Logf("%d steps drawn on the engine; request 1: %v", counter.steps.Load(), onEngine[1])
 }
 
 // TestPreemption runs more than the cache holds: sequences are preempted,

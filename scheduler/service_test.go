@@ -227,6 +227,56 @@ func TestSingleStageQueuesAhead(t *testing.T) {
 	}
 }
 
+// TestPipelineDraws: seeded, sampled requests served by one stage (whose
+// shard draws the tokens, ForwardMsg.Sample), by two stages (the last
+// draws) and by two stages cut into micro-batches (the pipeline draws from
+// the logits) get the same tokens.
+func TestPipelineDraws(t *testing.T) {
+	s := demoSamples(t)[1]
+	msgs := []SubmitMsg{
+		{ID: "a", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 0.9, HasSeed: true, Seed: 7},
+		{ID: "b", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 1.1, TopK: 30, TopP: 0.9, MinP: 0.01, HasSeed: true, Seed: 8},
+	}
+	run := func(stages int, micro bool) [][]int32 {
+		var opts []replicaOpt
+		if !micro {
+			opts = append(opts, func(p *Pipeline, _ *Shard) {
+				if p != nil {
+					p.MicroBatches = 1
+				}
+			})
+		}
+		b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := startReplicaWith(t, b, stages, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, viaLocal, opts...)
+		out := make([][]int32, len(msgs))
+		var wg sync.WaitGroup
+		for i, m := range msgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := r.client.Generate(context.Background(), m, func(f FrameMsg) error {
+					out[i] = append(out[i], f.ID)
+					return nil
+				})
+				if err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	one, two, micro := run(1, false), run(2, false), run(2, true)
+	for i := range msgs {
+		if len(one[i]) != 10 || fmt.Sprint(one[i]) != fmt.Sprint(two[i]) || fmt.Sprint(one[i]) != fmt.Sprint(micro[i]) {
+			t.Errorf("request %s: one stage %v, two %v, two in micro-batches %v", msgs[i].ID, one[i], two[i], micro[i])
+		}
+	}
+}
+
 func testPipeline(t *testing.T, local, submit bool) { testPipelineStages(t, 2, local, submit) }
 
 func testPipelineStages(t *testing.T, stages int, local, submit bool, opts ...replicaOpt) *replica {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	ttrace "github.com/troupe/troupe/trace"
 	"github.com/troupe/troupe/xgmi"
@@ -107,6 +108,20 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 			return ForwardReply{}, bus.Errorf(code, "shard %s: %w", s.ID, err)
 		}
 		b.Hidden = in
+	}
+	if len(m.Sample) > 0 && s.model.IsLast() {
+		if m.Argmax {
+			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: a step both argmax and sampled", s.ID)
+		}
+		ids := make([]int32, len(m.Logits))
+		err := s.onDevice(ctx, func() error {
+			s.dropAhead()
+			return s.model.ForwardSample(ctx, s.cache, b, m.Sample, ids)
+		})
+		if err != nil {
+			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+		}
+		return ForwardReply{IDs: ids}, nil
 	}
 	if m.Argmax && s.model.IsLast() {
 		ids := make([]int32, len(m.Logits))
@@ -237,7 +252,7 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if parts := p.split(b); parts != nil {
 		return p.forwardMicro(ctx, b, parts, logits)
 	}
-	out, err := p.stagesForward(ctx, b, false)
+	out, err := p.stagesForward(ctx, b, false, nil)
 	if err != nil || len(b.Logits) == 0 {
 		return err
 	}
@@ -260,7 +275,7 @@ func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 		models.ArgmaxRows(ids, p.scratch, p.vocab)
 		return nil
 	}
-	out, err := p.stagesForward(ctx, b, true)
+	out, err := p.stagesForward(ctx, b, true, nil)
 	if err != nil {
 		return err
 	}
@@ -271,9 +286,40 @@ func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 	return nil
 }
 
+// ForwardSample implements SampleEngine: the last stage draws each row's
+// token instead of returning the logits. A step cut into micro-batches
+// takes the logits and draws here, as the devices do (gpu.SampleHost).
+func (p *Pipeline) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+	if len(ids) < len(b.Logits) || len(rows) != len(b.Logits) {
+		return fmt.Errorf("pipeline: %d ids and %d draws for %d logits rows", len(ids), len(rows), len(b.Logits))
+	}
+	p.step++
+	if parts := p.split(b); parts != nil {
+		p.scratch = slices.Grow(p.scratch[:0], len(b.Logits)*p.vocab)[:len(b.Logits)*p.vocab]
+		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
+			return err
+		}
+		var sc gpu.SampleScratch
+		for i, row := range rows {
+			ids[i] = gpu.SampleHost(p.scratch[i*p.vocab:(i+1)*p.vocab], row, &sc)
+		}
+		return nil
+	}
+	out, err := p.stagesForward(ctx, b, false, rows)
+	if err != nil {
+		return err
+	}
+	if len(out.IDs) != len(b.Logits) {
+		return fmt.Errorf("pipeline: the last stage drew %d tokens for %d rows", len(out.IDs), len(b.Logits))
+	}
+	copy(ids, out.IDs)
+	return nil
+}
+
 // stagesForward sends the step's plan through the stages in turn and
-// returns the last one's reply; with argmax the last stage chooses tokens.
-func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool) (ForwardReply, error) {
+// returns the last one's reply; with argmax the last stage chooses tokens,
+// with rows it draws them.
+func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) (ForwardReply, error) {
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
 	var r ForwardReply
 	copied := false
@@ -290,11 +336,17 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 			// A local stage shares the plan's memory, which the scheduler
 			// reuses next step: it gets a copy that only it holds.
 			p.plan.copyOf(b)
+			p.plan.rows = append(p.plan.rows[:0], rows...)
+			rows = p.plan.rows
 			msg.Tokens, msg.Pos, msg.Seq, msg.Tables, msg.Logits = p.plan.tokens, p.plan.pos, p.plan.seq, p.plan.tables, p.plan.logits
 			if i > 0 {
 				msg.Tokens = nil
 			}
 			copied = true
+		}
+		msg.Sample = nil
+		if i == len(p.stages)-1 {
+			msg.Sample = rows
 		}
 		sctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
 		var err error
@@ -343,6 +395,7 @@ type plan struct {
 	tokens, pos, seq, logits []int32
 	tables                   [][]int32
 	flat                     []int32 // the tables' entries
+	rows                     []gpu.SampleRow
 }
 
 func (p *plan) copyOf(b *models.Batch) {

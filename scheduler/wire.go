@@ -1,6 +1,9 @@
 package scheduler
 
-import "github.com/troupe/troupe/bus"
+import (
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu"
+)
 
 // Messages of the scheduler's subjects (docs/subjects.md).
 
@@ -97,6 +100,9 @@ type ForwardMsg struct {
 	// Argmax asks the last stage for each logits row's most likely token
 	// (ForwardReply.IDs) instead of the logits.
 	Argmax bool `msgpack:"argmax,omitempty"`
+	// Sample asks the last stage for a token drawn from each logits row as
+	// its entry says (ForwardReply.IDs) instead of the logits.
+	Sample []gpu.SampleRow `msgpack:"sample,omitempty"`
 }
 
 // Schema implements bus.Message.
@@ -105,8 +111,8 @@ func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forw
 // ForwardReply names a shard's output: activations, or logits from the last stage.
 type ForwardReply struct {
 	Output bus.TensorRef `msgpack:"output"`
-	// IDs are the chosen tokens of an Argmax step's last stage, one per
-	// logits row; Output is then empty.
+	// IDs are the chosen tokens of an Argmax or Sample step's last stage,
+	// one per logits row; Output is then empty.
 	IDs []int32 `msgpack:"ids,omitempty"`
 }
 

@@ -304,3 +304,38 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 	})
 	return nil
 }
+
+var _ gpu.Sampler = (*Device)(nil)
+
+// Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row.
+func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
+	const op = "sample"
+	b, err := d.args(op, out, logits)
+	if err != nil {
+		return err
+	}
+	if err := checkDims(op, n, width); err != nil {
+		return err
+	}
+	if len(rows) != n || (width == 0 && n > 0) {
+		return fmt.Errorf("%s: %d rows of %d logits, %d draws", op, n, width, len(rows))
+	}
+	o, err := i32(op, "out", b[0], n)
+	if err != nil {
+		return err
+	}
+	l, err := f32(op, "logits", b[1], n*width)
+	if err != nil {
+		return err
+	}
+	row := make([]float32, width)
+	var s gpu.SampleScratch
+	for r, sr := range rows {
+		if err := sr.Validate(); err != nil {
+			return fmt.Errorf("%s: row %d: %w", op, r, err)
+		}
+		copy(row, l[r*width:(r+1)*width])
+		o[r] = gpu.SampleHost(row, sr, &s)
+	}
+	return nil
+}

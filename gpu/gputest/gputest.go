@@ -44,6 +44,7 @@ func Run(t *testing.T, dev gpu.Device, o Options) {
 	t.Run("RoPE", h.rope)
 	t.Run("Attention", h.attention)
 	t.Run("MoE", h.moe)
+	t.Run("Sample", h.sample)
 	t.Run("Errors", h.errors)
 }
 

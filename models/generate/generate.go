@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/sample"
 )
 
@@ -103,6 +104,17 @@ func (s *State) Greedy() bool {
 	rp := s.p.RepetitionPenalty
 	return s.sampler.Greedy() && (rp == 0 || rp == 1) && !s.p.Logprobs && s.p.TopLogprobs == 0
 }
+
+// OnDevice reports whether a device may draw the next token from rows of
+// width logits (gpu.Sampler, then Accept): no log-probabilities to report
+// and a draw the device makes (sample.Sampler.OnDevice).
+func (s *State) OnDevice(width int) bool {
+	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.sampler.OnDevice(width)
+}
+
+// Row is the next token's draw for a device, taking the uniform number
+// Next would take.
+func (s *State) Row() gpu.SampleRow { return s.sampler.Row() }
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {

@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
+
+	"github.com/troupe/troupe/gpu"
 )
 
 // Params choose how tokens are drawn. The zero value is greedy.
@@ -44,10 +45,9 @@ func (p Params) Validate() error {
 
 // Sampler draws tokens for one sequence.
 type Sampler struct {
-	p    Params
-	rng  *rand.Rand
-	idx  []int
-	prob []float64
+	p       Params
+	rng     *rand.Rand
+	scratch gpu.SampleScratch
 }
 
 // New returns a sampler for p.
@@ -66,7 +66,7 @@ func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 
 // Sample picks a token from logits, penalising tokens in seen. It modifies
 // logits when a repetition penalty is set; LogProb gives the chosen token's
-// log-probability under them.
+// log-probability under them. The draw is gpu.SampleHost's.
 func (s *Sampler) Sample(logits []float32, seen []int32) int32 {
 	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 {
 		for _, id := range seen {
@@ -79,98 +79,30 @@ func (s *Sampler) Sample(logits []float32, seen []int32) int32 {
 			}
 		}
 	}
-	if s.Greedy() {
-		return int32(Argmax(logits))
-	}
-	n := len(logits)
-	if s.p.TopK == 0 && (s.p.TopP == 0 || s.p.TopP >= 1) && s.p.MinP == 0 {
-		return s.plain(logits)
-	}
-	// Candidates sorted by logit, descending.
-	if cap(s.idx) < n {
-		s.idx = make([]int, n)
-		s.prob = make([]float64, n)
-	}
-	idx := s.idx[:n]
-	for i := range idx {
-		idx[i] = i
-	}
-	k := n
-	if s.p.TopK > 0 && s.p.TopK < n {
-		k = s.p.TopK
-	}
-	sort.Slice(idx, func(a, b int) bool {
-		if logits[idx[a]] != logits[idx[b]] {
-			return logits[idx[a]] > logits[idx[b]]
-		}
-		return idx[a] < idx[b]
-	})
-	idx = idx[:k]
-	prob := s.prob[:k]
-	t := float64(s.p.Temperature)
-	top := float64(logits[idx[0]]) / t
-	var sum float64
-	for i, j := range idx {
-		prob[i] = math.Exp(float64(logits[j])/t - top)
-		sum += prob[i]
-	}
-	for i := range prob {
-		prob[i] /= sum
-	}
-	if mp := float64(s.p.MinP); mp > 0 {
-		cut := mp * prob[0]
-		for k > 1 && prob[k-1] < cut {
-			k--
-		}
-	}
-	if tp := float64(s.p.TopP); tp > 0 && tp < 1 {
-		var acc float64
-		for i := 0; i < k; i++ {
-			acc += prob[i]
-			if acc >= tp {
-				k = i + 1
-				break
-			}
-		}
-	}
-	var total float64
-	for _, p := range prob[:k] {
-		total += p
-	}
-	r := s.rng.Float64() * total
-	pick := k - 1
-	for i, p := range prob[:k] {
-		r -= p
-		if r < 0 {
-			pick = i
-			break
-		}
-	}
-	return int32(idx[pick])
+	return gpu.SampleHost(logits, s.Row(), &s.scratch)
 }
 
-// plain draws from softmax(logits / temperature) without filtering, in
-// one pass and no sort.
-func (s *Sampler) plain(logits []float32) int32 {
-	if cap(s.prob) < len(logits) {
-		s.prob = make([]float64, len(logits))
+// OnDevice reports whether a device can draw this sampler's tokens from
+// rows of width logits (gpu.Sampler): no repetition penalty, which needs
+// the sequence's tokens, and filters a device takes (gpu.SampleRow.OnDevice).
+func (s *Sampler) OnDevice(width int) bool {
+	rp := s.p.RepetitionPenalty
+	return (rp == 0 || rp == 1) && s.row().OnDevice(width)
+}
+
+// Row returns the draw of the next token as a device makes it, taking its
+// uniform number from the sampler's generator (none for greedy): the same
+// number Sample would take, so that either way the same token comes.
+func (s *Sampler) Row() gpu.SampleRow {
+	r := s.row()
+	if !s.Greedy() {
+		r.U = s.rng.Float64()
 	}
-	prob := s.prob[:len(logits)]
-	t := float64(s.p.Temperature)
-	top := float64(logits[Argmax(logits)]) / t
-	var total float64
-	for i, l := range logits {
-		prob[i] = math.Exp(float64(l)/t - top)
-		total += prob[i]
-	}
-	r := s.rng.Float64() * total
-	for i, p := range prob {
-		r -= p
-		if r < 0 {
-			return int32(i)
-		}
-	}
-	return int32(Argmax(logits))
+	return r
+}
+
+func (s *Sampler) row() gpu.SampleRow {
+	return gpu.SampleRow{Temperature: s.p.Temperature, TopP: s.p.TopP, MinP: s.p.MinP, TopK: int32(min(s.p.TopK, math.MaxInt32))}
 }
 
 // Argmax returns the index of the largest value, the lowest on ties.
