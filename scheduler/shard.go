@@ -263,6 +263,22 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 // most likely token instead of its logits. A step cut into micro-batches
 // takes the logits and chooses here.
 func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	return p.forwardIDs(ctx, b, nil, ids)
+}
+
+// ForwardSample implements SampleEngine: the last stage draws each row's
+// token instead of returning the logits. A step cut into micro-batches
+// takes the logits and draws here, as the devices do (gpu.SampleHost).
+func (p *Pipeline) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+	if len(rows) != len(b.Logits) {
+		return fmt.Errorf("pipeline: %d draws for %d logits rows", len(rows), len(b.Logits))
+	}
+	return p.forwardIDs(ctx, b, rows, ids)
+}
+
+// forwardIDs runs a step whose last stage returns a token a row: drawn as
+// rows says, or with rows nil the most likely.
+func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
 	if len(ids) < len(b.Logits) {
 		return fmt.Errorf("pipeline: %d ids for %d logits rows", len(ids), len(b.Logits))
 	}
@@ -272,32 +288,9 @@ func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
-		models.ArgmaxRows(ids, p.scratch, p.vocab)
-		return nil
-	}
-	out, err := p.stagesForward(ctx, b, true, nil)
-	if err != nil {
-		return err
-	}
-	if len(out.IDs) != len(b.Logits) {
-		return fmt.Errorf("pipeline: the last stage chose %d tokens for %d rows", len(out.IDs), len(b.Logits))
-	}
-	copy(ids, out.IDs)
-	return nil
-}
-
-// ForwardSample implements SampleEngine: the last stage draws each row's
-// token instead of returning the logits. A step cut into micro-batches
-// takes the logits and draws here, as the devices do (gpu.SampleHost).
-func (p *Pipeline) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
-	if len(ids) < len(b.Logits) || len(rows) != len(b.Logits) {
-		return fmt.Errorf("pipeline: %d ids and %d draws for %d logits rows", len(ids), len(rows), len(b.Logits))
-	}
-	p.step++
-	if parts := p.split(b); parts != nil {
-		p.scratch = slices.Grow(p.scratch[:0], len(b.Logits)*p.vocab)[:len(b.Logits)*p.vocab]
-		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
-			return err
+		if rows == nil {
+			models.ArgmaxRows(ids, p.scratch, p.vocab)
+			return nil
 		}
 		var sc gpu.SampleScratch
 		for i, row := range rows {
@@ -305,12 +298,12 @@ func (p *Pipeline) ForwardSample(ctx context.Context, b *models.Batch, rows []gp
 		}
 		return nil
 	}
-	out, err := p.stagesForward(ctx, b, false, rows)
+	out, err := p.stagesForward(ctx, b, rows == nil, rows)
 	if err != nil {
 		return err
 	}
 	if len(out.IDs) != len(b.Logits) {
-		return fmt.Errorf("pipeline: the last stage drew %d tokens for %d rows", len(out.IDs), len(b.Logits))
+		return fmt.Errorf("pipeline: the last stage returned %d tokens for %d rows", len(out.IDs), len(b.Logits))
 	}
 	copy(ids, out.IDs)
 	return nil

@@ -271,22 +271,7 @@ func (d *Device) StoreKV(kc, vc, k, v, slots gpu.Buffer, n, width int) error {
 // Argmax implements gpu.Argmaxer; NaNs are never chosen unless a row holds
 // nothing else.
 func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
-	const op = "argmax"
-	b, err := d.args(op, out, logits)
-	if err != nil {
-		return err
-	}
-	if err := checkDims(op, n, width); err != nil {
-		return err
-	}
-	if width == 0 && n > 0 {
-		return fmt.Errorf("%s: zero width", op)
-	}
-	o, err := i32(op, "out", b[0], n)
-	if err != nil {
-		return err
-	}
-	l, err := f32(op, "logits", b[1], n*width)
+	o, l, err := d.rowsArgs("argmax", out, logits, n, width)
 	if err != nil {
 		return err
 	}
@@ -310,21 +295,10 @@ var _ gpu.Sampler = (*Device)(nil)
 // Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row.
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
-	b, err := d.args(op, out, logits)
-	if err != nil {
-		return err
+	if len(rows) != n {
+		return fmt.Errorf("%s: %d draws for %d rows", op, len(rows), n)
 	}
-	if err := checkDims(op, n, width); err != nil {
-		return err
-	}
-	if len(rows) != n || (width == 0 && n > 0) {
-		return fmt.Errorf("%s: %d rows of %d logits, %d draws", op, n, width, len(rows))
-	}
-	o, err := i32(op, "out", b[0], n)
-	if err != nil {
-		return err
-	}
-	l, err := f32(op, "logits", b[1], n*width)
+	o, l, err := d.rowsArgs(op, out, logits, n, width)
 	if err != nil {
 		return err
 	}
@@ -338,4 +312,28 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 		o[r] = gpu.SampleHost(row, sr, &s)
 	}
 	return nil
+}
+
+// rowsArgs checks the arguments of an operation choosing a token from each
+// of n rows of width logits and returns out's and logits' elements.
+func (d *Device) rowsArgs(op string, out, logits gpu.Buffer, n, width int) ([]int32, []float32, error) {
+	b, err := d.args(op, out, logits)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkDims(op, n, width); err != nil {
+		return nil, nil, err
+	}
+	if width == 0 && n > 0 {
+		return nil, nil, fmt.Errorf("%s: zero width", op)
+	}
+	o, err := i32(op, "out", b[0], n)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := f32(op, "logits", b[1], n*width)
+	if err != nil {
+		return nil, nil, err
+	}
+	return o, l, nil
 }
