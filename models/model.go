@@ -570,6 +570,10 @@ type Batch struct {
 	// Hidden, for a stage after the first, replaces Tokens with the
 	// previous stage's output activations [len(Pos), Hidden].
 	Hidden []float32
+	// Continues says the caller means to run next the step that follows
+	// this one for every sequence, one token on (none reaches its end,
+	// none joins): an engine may prepare it. A hint only.
+	Continues bool
 }
 
 // Forward runs one step. For the last stage it writes the logits of the

@@ -60,12 +60,13 @@ func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32)
 	return nil
 }
 
-// queueAhead queues the step after b when b is a decode step (one token of
-// each of its sequences, each token's logits row its own) whose sequences'
-// blocks hold the next position.
+// queueAhead queues the step after b when the scheduler means to run it
+// (models.Batch.Continues) and b is a decode step (one token of each of
+// its sequences, each token's logits row its own) whose sequences' blocks
+// hold the next position.
 func (s *Shard) queueAhead(ctx context.Context, b *models.Batch) {
 	n, bs := len(b.Pos), s.cache.BlockSize
-	if n == 0 || len(b.Logits) != n || len(b.Seq) != n {
+	if !b.Continues || n == 0 || len(b.Logits) != n || len(b.Seq) != n {
 		return
 	}
 	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n)}

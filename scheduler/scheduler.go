@@ -405,6 +405,14 @@ plan:
 	if len(in) == 0 {
 		return nil
 	}
+	// The same sequences decode next unless one reaches its token limit
+	// or a waiting request may join them.
+	b.Continues = len(s.waiting) == 0
+	for _, q := range sampled {
+		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context {
+			b.Continues = false
+		}
+	}
 	ae, greedy := s.engine.(ArgmaxEngine)
 	for _, q := range sampled {
 		greedy = greedy && q.gen.Greedy()

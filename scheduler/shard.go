@@ -96,7 +96,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.model.Config
-	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits}
+	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues}
 	if !s.model.IsFirst() {
 		in, err := readRef(ctx, s.plane, s.Remote, m.Input)
 		if err != nil {
@@ -313,7 +313,7 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 // returns the last one's reply; with argmax the last stage chooses tokens,
 // with rows it draws them.
 func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) (ForwardReply, error) {
-	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits}
+	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits, Continues: b.Continues}
 	var r ForwardReply
 	copied := false
 	for i, subj := range p.stages {

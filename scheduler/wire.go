@@ -103,6 +103,9 @@ type ForwardMsg struct {
 	// Sample asks the last stage for a token drawn from each logits row as
 	// its entry says (ForwardReply.IDs) instead of the logits.
 	Sample []gpu.SampleRow `msgpack:"sample,omitempty"`
+	// Continues says the scheduler means to run next the step after this
+	// one for the same sequences (models.Batch.Continues).
+	Continues bool `msgpack:"continues,omitempty"`
 }
 
 // Schema implements bus.Message.
