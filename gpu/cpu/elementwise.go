@@ -292,7 +292,8 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 
 var _ gpu.Sampler = (*Device)(nil)
 
-// Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row.
+// Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row,
+// the rows spread over the pool's threads.
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
 	if len(rows) != n {
@@ -302,15 +303,26 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 	if err != nil {
 		return err
 	}
-	row := make([]float32, width)
-	var s gpu.SampleScratch
 	for r, sr := range rows {
 		if err := sr.Validate(); err != nil {
 			return fmt.Errorf("%s: row %d: %w", op, r, err)
 		}
-		copy(row, l[r*width:(r+1)*width])
-		o[r] = gpu.SampleHost(row, sr, &s)
 	}
+	type scratch struct {
+		row []float32
+		s   gpu.SampleScratch
+	}
+	per := make([]scratch, d.pool.threads)
+	d.pool.For(n, 1, func(tid, lo, hi int) {
+		sc := &per[tid]
+		if sc.row == nil {
+			sc.row = make([]float32, width)
+		}
+		for r := lo; r < hi; r++ {
+			copy(sc.row, l[r*width:(r+1)*width])
+			o[r] = gpu.SampleHost(sc.row, rows[r], &sc.s)
+		}
+	})
 	return nil
 }
 
