@@ -1,0 +1,110 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/xgmi"
+)
+
+// TestShardQueuesAhead drives a shard that queues greedy steps ahead with
+// hand-made plans, beside a shard that does not, on the demo model: every
+// reply equals the plain shard's; a plan that is the queued step is
+// answered by it; a plan fed another token, one whose blocks lack the next
+// position, one that says it does not continue, and a logits step each
+// leave nothing queued, or drop what was.
+func TestShardQueuesAhead(t *testing.T) {
+	ctx := context.Background()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	plane := xgmi.NewHost("n")
+	shard := func(ahead bool) *Shard {
+		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, MaxSeqs: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache, err := m.NewCache(16, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cache.Close(); m.Close() })
+		s := NewShard(fmt.Sprint(ahead), 0, m, cache, plane, nil)
+		s.QueueAhead = ahead
+		return s
+	}
+	queued, plain := shard(true), shard(false)
+	tables := [][]int32{{0, 1}, {2, 3}}
+	step := func(what string, m ForwardMsg) []int32 {
+		t.Helper()
+		got, err := queued.Forward(ctx, m)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		want, err := plain.Forward(ctx, m)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !slices.Equal(got.IDs, want.IDs) {
+			t.Fatalf("%s: the queueing shard chose %v, the plain one %v", what, got.IDs, want.IDs)
+		}
+		return got.IDs
+	}
+	expect := func(what string, used, dropped int, pending bool) {
+		t.Helper()
+		if queued.aheadUsed != used || queued.aheadDropped != dropped || (queued.ahead != nil) != pending {
+			t.Fatalf("%s: %d answered ahead, %d dropped, pending %v; want %d, %d, %v", what,
+				queued.aheadUsed, queued.aheadDropped, queued.ahead != nil, used, dropped, pending)
+		}
+	}
+	prompt := ForwardMsg{Tokens: []int32{5, 9, 200, 31, 7, 11, 4}, Pos: []int32{0, 1, 2, 3, 4, 0, 1}, Seq: []int32{0, 0, 0, 0, 0, 1, 1},
+		Tables: tables, Logits: []int32{4, 6}, Argmax: true, Continues: true}
+	ids := step("prompt", prompt)
+	expect("a prompt step", 0, 0, false)
+	dec := ForwardMsg{Tokens: ids, Pos: []int32{5, 2}, Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}, Argmax: true, Continues: true}
+	next := func() {
+		dec.Tokens = slices.Clone(ids)
+		dec.Pos = []int32{dec.Pos[0] + 1, dec.Pos[1] + 1}
+	}
+	ids = step("decode 1", dec)
+	expect("a decode step", 0, 0, true)
+	for i := 2; i <= 4; i++ {
+		next()
+		ids = step(fmt.Sprint("decode ", i), dec)
+	}
+	expect("steady decoding", 3, 0, true)
+	next()
+	dec.Tokens[1] = ids[1] + 1 // not the token chosen
+	ids = step("another token", dec)
+	expect("another token", 3, 1, true)
+	next()
+	dec.Continues = false
+	ids = step("an ending step", dec)
+	expect("an ending step", 4, 1, false)
+	// Sequence 1 at position 31 fills its two blocks: no room for 32.
+	dec.Continues = true
+	dec.Tokens, dec.Pos = slices.Clone(ids), []int32{dec.Pos[0] + 1, 31}
+	step("a full table", dec)
+	expect("a full table", 4, 1, false)
+	dec.Pos = []int32{dec.Pos[0] + 1, 20}
+	step("a jump", dec)
+	expect("a jump", 4, 1, true)
+	logits := dec
+	logits.Argmax, logits.Pos = false, []int32{dec.Pos[0] + 1, 21}
+	if _, err := queued.Forward(ctx, logits); err != nil {
+		t.Fatal(err)
+	}
+	expect("a logits step", 4, 2, false)
+}
