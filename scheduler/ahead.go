@@ -29,35 +29,41 @@ type aheadStep struct {
 	wait     func() error
 }
 
-// greedyChained runs the greedy step b into ids, queueing the next one.
-// It runs on the shard's device, under s.mu.
-func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32) error {
+// greedyChained runs the greedy step b into ids, queueing the next one,
+// and says how b was met (trace.AttrShardAhead). It runs on the shard's
+// device, under s.mu.
+func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32) (string, error) {
 	var wait func() error
+	how := "issued"
 	if a := s.ahead; a != nil && a.is(b) {
 		s.ahead = nil
 		s.aheadUsed++
+		how = "answered"
 		wait = func() error {
 			err := a.wait()
 			copy(ids, a.ids)
 			return err
 		}
 	} else {
+		if s.ahead != nil {
+			how = "dropped"
+		}
 		s.dropAhead()
 		w, err := s.model.IssueArgmax(ctx, s.cache, b, false, ids)
 		if err != nil {
-			return err
+			return how, err
 		}
 		wait = w
 	}
 	s.queueAhead(ctx, b)
 	if err := wait(); err != nil {
 		s.dropAhead()
-		return err
+		return how, err
 	}
 	if s.ahead != nil {
 		s.ahead.fed = append(s.ahead.fed[:0], ids[:len(b.Logits)]...)
 	}
-	return nil
+	return how, nil
 }
 
 // queueAhead queues the step after b when the scheduler means to run it

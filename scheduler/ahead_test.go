@@ -9,7 +9,11 @@ import (
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
+	ttrace "github.com/troupe/troupe/trace"
 	"github.com/troupe/troupe/xgmi"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestShardQueuesAhead drives a shard that queues greedy steps ahead with
@@ -31,6 +35,9 @@ func TestShardQueuesAhead(t *testing.T) {
 	}
 	defer dev.Close()
 	plane := xgmi.NewHost("n")
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(ctx)
 	shard := func(ahead bool) *Shard {
 		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, MaxSeqs: 4})
 		if err != nil {
@@ -41,7 +48,11 @@ func TestShardQueuesAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cache.Close(); m.Close() })
-		s := NewShard(fmt.Sprint(ahead), 0, m, cache, plane, nil)
+		var p trace.TracerProvider
+		if ahead {
+			p = tp
+		}
+		s := NewShard(fmt.Sprint(ahead), 0, m, cache, plane, p)
 		s.QueueAhead = ahead
 		return s
 	}
@@ -107,4 +118,17 @@ func TestShardQueuesAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("a logits step", 4, 2, false)
+	// Each greedy step's span says how it was met.
+	var how []string
+	for _, sp := range rec.Ended() {
+		for _, a := range sp.Attributes() {
+			if a.Key == ttrace.AttrShardAhead {
+				how = append(how, a.Value.AsString())
+			}
+		}
+	}
+	want := []string{"issued", "issued", "answered", "answered", "answered", "dropped", "answered", "issued", "issued"}
+	if !slices.Equal(how, want) {
+		t.Errorf("shard.ahead of the steps: %v, want %v", how, want)
+	}
 }

@@ -127,7 +127,11 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		ids := make([]int32, len(m.Logits))
 		err := s.onDevice(ctx, func() error {
 			if s.QueueAhead && s.model.Chains() && m.Micro == 0 && len(m.Logits) > 0 {
-				return s.greedyChained(ctx, b, ids)
+				how, err := s.greedyChained(ctx, b, ids)
+				if span.IsRecording() {
+					span.SetAttributes(ttrace.AttrShardAhead.String(how))
+				}
+				return err
 			}
 			s.dropAhead()
 			return s.model.ForwardArgmax(ctx, s.cache, b, ids)

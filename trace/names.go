@@ -40,4 +40,8 @@ const (
 	AttrShardRank = attribute.Key("shard.rank")
 	// AttrPromptTokens is the number of prompt tokens a prefill chunk covers.
 	AttrPromptTokens = attribute.Key("prefill.tokens")
+	// AttrShardAhead says how a shard that queues greedy steps ahead met a
+	// step: "answered" (the step was queued already), "issued" (it was
+	// not), "dropped" (another step was queued, and dropped for it).
+	AttrShardAhead = attribute.Key("shard.ahead")
 )
