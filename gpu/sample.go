@@ -100,13 +100,94 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 		}
 		return int32(best)
 	}
-	// Candidates sorted by logit, descending, ties to the lower index:
-	// the k first of that order, kept in a heap whose root is the last.
 	k := n
 	if r.TopK > 0 && int(r.TopK) < n {
 		k = int(r.TopK)
 	}
-	first := func(a, b int) bool { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b) }
+	if k < n {
+		// The k most likely, normalised among themselves.
+		idx := s.first(logits, k)
+		prob := s.prob[:k]
+		top := float64(logits[idx[0]]) / t
+		var sum float64
+		for i, j := range idx {
+			prob[i] = math.Exp(float64(logits[j])/t - top)
+			sum += prob[i]
+		}
+		for i := range prob {
+			prob[i] /= sum
+		}
+		k, _ = r.cut(prob, true)
+		return int32(idx[r.draw(prob[:k])])
+	}
+	// Every token a candidate (top-p or min-p alone): normalised over the
+	// row in index order. The filters settle within the head of the
+	// sorted order unless they keep most of the row, so the head is sorted
+	// first, twice as long each time it does not settle them.
+	top := float64(logits[best]) / t
+	var sum float64
+	for _, l := range logits {
+		sum += math.Exp(float64(l)/t - top)
+	}
+	for m := min(n, 1024); ; m = min(n, 2*m) {
+		idx := s.first(logits, m)
+		prob := s.prob[:m]
+		for i, j := range idx {
+			prob[i] = math.Exp(float64(logits[j])/t-top) / sum
+		}
+		if k, ok := r.cut(prob, m == n); ok {
+			return int32(idx[r.draw(prob[:k])])
+		}
+	}
+}
+
+// cut applies min-p and then top-p to prob, the candidates' probabilities
+// in sorted order (the head of that order unless complete), and returns
+// how many of them stay; ok is false when the head does not tell.
+func (r SampleRow) cut(prob []float64, complete bool) (k int, ok bool) {
+	k = len(prob)
+	known := complete
+	if mp := float64(r.MinP); mp > 0 {
+		c := mp * prob[0]
+		for k > 1 && prob[k-1] < c {
+			k--
+		}
+		known = known || k < len(prob)
+	}
+	if tp := float64(r.TopP); tp > 0 && tp < 1 {
+		var acc float64
+		for i := 0; i < k; i++ {
+			acc += prob[i]
+			if acc >= tp {
+				return i + 1, true
+			}
+		}
+	}
+	return k, known
+}
+
+// draw walks prob, the kept candidates' probabilities, with r.U and
+// returns the index it stops at.
+func (r SampleRow) draw(prob []float64) int {
+	var total float64
+	for _, p := range prob {
+		total += p
+	}
+	u := r.U * total
+	for i, p := range prob {
+		u -= p
+		if u < 0 {
+			return i
+		}
+	}
+	return len(prob) - 1
+}
+
+// first returns the indexes of the k largest logits in sorted order
+// (descending, ties to the lower index), selected through a heap whose
+// root is the last of them.
+func (s *SampleScratch) first(logits []float32, k int) []int {
+	before := func(a, b int) bool { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b) }
 	idx := s.idx[:k]
 	down := func(i int) {
 		for {
@@ -114,10 +195,10 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 			if c >= k {
 				return
 			}
-			if c+1 < k && first(idx[c], idx[c+1]) {
+			if c+1 < k && before(idx[c], idx[c+1]) {
 				c++
 			}
-			if !first(idx[i], idx[c]) {
+			if !before(idx[i], idx[c]) {
 				return
 			}
 			idx[i], idx[c] = idx[c], idx[i]
@@ -130,51 +211,12 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 	for i := k/2 - 1; i >= 0; i-- {
 		down(i)
 	}
-	for j := k; j < n; j++ {
-		if first(j, idx[0]) {
+	for j := k; j < len(logits); j++ {
+		if before(j, idx[0]) {
 			idx[0] = j
 			down(0)
 		}
 	}
-	sort.Slice(idx, func(a, b int) bool { return first(idx[a], idx[b]) })
-	prob := s.prob[:k]
-	top := float64(logits[idx[0]]) / t
-	var sum float64
-	for i, j := range idx {
-		prob[i] = math.Exp(float64(logits[j])/t - top)
-		sum += prob[i]
-	}
-	for i := range prob {
-		prob[i] /= sum
-	}
-	if mp := float64(r.MinP); mp > 0 {
-		cut := mp * prob[0]
-		for k > 1 && prob[k-1] < cut {
-			k--
-		}
-	}
-	if tp := float64(r.TopP); tp > 0 && tp < 1 {
-		var acc float64
-		for i := 0; i < k; i++ {
-			acc += prob[i]
-			if acc >= tp {
-				k = i + 1
-				break
-			}
-		}
-	}
-	var total float64
-	for _, p := range prob[:k] {
-		total += p
-	}
-	u := r.U * total
-	pick := k - 1
-	for i, p := range prob[:k] {
-		u -= p
-		if u < 0 {
-			pick = i
-			break
-		}
-	}
-	return int32(idx[pick])
+	sort.Slice(idx, func(a, b int) bool { return before(idx[a], idx[b]) })
+	return idx
 }

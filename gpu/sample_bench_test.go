@@ -6,7 +6,7 @@ import (
 )
 
 // BenchmarkSampleHost: one draw from a row of OLMo 2's 100,352 logits,
-// unfiltered and with top-k 50 and top-p 0.9.
+// unfiltered, with top-k 50 and top-p 0.9, and with top-p 0.9 alone.
 func BenchmarkSampleHost(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	logits := make([]float32, 100352)
@@ -16,7 +16,11 @@ func BenchmarkSampleHost(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		row  SampleRow
-	}{{"plain", SampleRow{Temperature: 0.8, U: 0.4}}, {"topk50", SampleRow{Temperature: 0.8, TopK: 50, TopP: 0.9, U: 0.4}}} {
+	}{
+		{"plain", SampleRow{Temperature: 0.8, U: 0.4}},
+		{"topk50", SampleRow{Temperature: 0.8, TopK: 50, TopP: 0.9, U: 0.4}},
+		{"topp0.9", SampleRow{Temperature: 0.8, TopP: 0.9, U: 0.4}},
+	} {
 		b.Run(c.name, func(b *testing.B) {
 			var s SampleScratch
 			row := make([]float32, len(logits))

@@ -10,11 +10,13 @@ import (
 // TestSampleHostFilters checks SampleHost's filtered draws against a plain
 // implementation of the definition (a full sort of the row, then top-k,
 // min-p and top-p over the sorted probabilities) on rows with many ties,
-// a NaN and -Inf, for every k from 1 to 40 and several draws each; and
+// a NaN and -Inf, for k from 1 to 40 and for top-p and min-p over the
+// whole row (where SampleHost sorts only as much of the row as settles
+// them, up to all of it for a top-p of 0.999), several draws each; and
 // that greedy and unfiltered draws keep to their definitions.
 func TestSampleHostFilters(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	const n = 200
+	const n = 3000
 	logits := make([]float32, n)
 	var s SampleScratch
 	for trial := range 40 {
@@ -23,8 +25,14 @@ func TestSampleHostFilters(t *testing.T) {
 		}
 		logits[5], logits[9] = float32(math.NaN()), float32(math.Inf(-1))
 		k := trial + 1
-		for d := range 5 {
-			r := SampleRow{Temperature: 0.5 + float32(d)/4, TopK: int32(k), TopP: []float32{0, 0.5, 0.9, 1, 0.3}[d], MinP: []float32{0, 0.1, 0, 0.3, 0}[d], U: rng.Float64()}
+		if trial%4 == 3 {
+			k = 0 // top-p and min-p over the whole row
+		}
+		for d := range 7 {
+			r := SampleRow{Temperature: 0.5 + float32(d)/4, TopK: int32(k), TopP: []float32{0, 0.5, 0.9, 1, 0.3, 0.999, 0}[d], MinP: []float32{0, 0.1, 0, 0.3, 0, 0, 0.001}[d], U: rng.Float64()}
+			if r.Plain() {
+				continue
+			}
 			got := SampleHost(append([]float32(nil), logits...), r, &s)
 			if want := sampleByDefinition(logits, r); got != want {
 				t.Fatalf("k %d, %+v: drew %d, by the definition %d", k, r, got, want)
@@ -50,7 +58,10 @@ func sampleByDefinition(in []float32, r SampleRow) int32 {
 		}
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return l[idx[a]] > l[idx[b]] })
-	k := min(int(r.TopK), len(l))
+	k := len(l)
+	if r.TopK > 0 {
+		k = min(int(r.TopK), k)
+	}
 	t := float64(r.Temperature)
 	p := make([]float64, k)
 	var sum float64
