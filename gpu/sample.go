@@ -55,9 +55,47 @@ func (r SampleRow) Validate() error {
 }
 
 // SampleScratch is SampleHost's working memory, reused between draws.
+// Parallel, when set, runs f(0) … f(n-1) at once and returns when all are
+// done: SampleHost then takes the exponentials of an unfiltered or
+// whole-row draw a piece each (samplePiece), with the same result.
 type SampleScratch struct {
-	idx  []int
-	prob []float64
+	Parallel func(n int, f func(i int))
+	idx      []int
+	prob     []float64
+	sums     []float64
+}
+
+// samplePiece is the logits an unfiltered or whole-row draw sums at a
+// time: the row's sum is its pieces' sums added in order, each taken in
+// order, however the pieces are spread over threads.
+const samplePiece = 8192
+
+// expSums sets prob[i] = exp(logits[i]/t - top) for the row and returns
+// prob and each piece's sum.
+func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []float64) {
+	n := len(logits)
+	pieces := (n + samplePiece - 1) / samplePiece
+	prob = s.prob[:n]
+	if cap(s.sums) < pieces {
+		s.sums = make([]float64, pieces)
+	}
+	sums = s.sums[:pieces]
+	piece := func(c int) {
+		var a float64
+		for i := c * samplePiece; i < min(n, (c+1)*samplePiece); i++ {
+			prob[i] = math.Exp(float64(logits[i])/t - top)
+			a += prob[i]
+		}
+		sums[c] = a
+	}
+	if s.Parallel != nil && pieces > 1 {
+		s.Parallel(pieces, piece)
+	} else {
+		for c := range pieces {
+			piece(c)
+		}
+	}
+	return prob, sums
 }
 
 // SampleHost draws a token from logits as r says, in float64: the
@@ -84,18 +122,23 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 		s.idx, s.prob = make([]int, n), make([]float64, n)
 	}
 	if r.Plain() {
-		prob := s.prob[:n]
-		top := float64(logits[best]) / t
+		prob, sums := s.expSums(logits, t, float64(logits[best])/t)
 		var total float64
-		for i, l := range logits {
-			prob[i] = math.Exp(float64(l)/t - top)
-			total += prob[i]
+		for _, a := range sums {
+			total += a
 		}
+		// Whole pieces first, then the tokens of the piece u ends in.
 		u := r.U * total
-		for i, p := range prob {
-			u -= p
-			if u < 0 {
-				return int32(i)
+		for c, a := range sums {
+			if u >= a {
+				u -= a
+				continue
+			}
+			for i := c * samplePiece; i < min(n, (c+1)*samplePiece); i++ {
+				u -= prob[i]
+				if u < 0 {
+					return int32(i)
+				}
 			}
 		}
 		return int32(best)
@@ -125,9 +168,10 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 	// sorted order unless they keep most of the row, so the head is sorted
 	// first, twice as long each time it does not settle them.
 	top := float64(logits[best]) / t
+	_, sums := s.expSums(logits, t, top)
 	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l)/t - top)
+	for _, a := range sums {
+		sum += a
 	}
 	for m := min(n, 1024); ; m = min(n, 2*m) {
 		idx := s.first(logits, m)

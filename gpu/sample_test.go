@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"sync"
 	"testing"
 )
 
@@ -95,4 +96,37 @@ func sampleByDefinition(in []float32, r SampleRow) int32 {
 		}
 	}
 	return int32(idx[k-1])
+}
+
+// TestSampleHostParallel: unfiltered and whole-row top-p draws take the
+// same tokens with their pieces spread over goroutines as one by one.
+func TestSampleHostParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	logits := make([]float32, 100352)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 3)
+	}
+	var one, many SampleScratch
+	many.Parallel = func(n int, f func(i int)) {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f(i)
+			}()
+		}
+		wg.Wait()
+	}
+	for d := range 40 {
+		r := SampleRow{Temperature: 0.6 + float32(d%4)/5, U: rng.Float64()}
+		if d%2 == 1 {
+			r.TopP = 0.9
+		}
+		a := SampleHost(append([]float32(nil), logits...), r, &one)
+		b := SampleHost(append([]float32(nil), logits...), r, &many)
+		if a != b {
+			t.Fatalf("%+v: %d one piece after another, %d in parallel", r, a, b)
+		}
+	}
 }

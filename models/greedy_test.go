@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 )
@@ -225,4 +226,49 @@ func TestIssueArgmaxChains(t *testing.T) {
 		}
 		t.Logf("%d tokens of two sequences equal", len(got[0])+len(got[1]))
 	})
+}
+
+// TestForwardSampleOnHost: on a device that does not draw tokens itself,
+// ForwardSample reads the logits and draws on the host, its pieces on
+// several goroutines: the tokens of Forward and gpu.SampleHost.
+func TestForwardSampleOnHost(t *testing.T) {
+	b := openDemo(t)
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	plain := struct{ gpu.Device }{dev} // no gpu.Sampler, nor anything else optional
+	m, err := models.Load(b.Config, b.Checkpoint, plain, models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cache, err := m.NewCache(4, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	ctx := context.Background()
+	batch := &models.Batch{Tokens: []int32{5, 9, 200, 11, 4}, Pos: []int32{0, 1, 2, 0, 1}, Seq: []int32{0, 0, 0, 1, 1},
+		Tables: [][]int32{{0, 1}, {2, 3}}, Logits: []int32{2, 4}}
+	rows := []gpu.SampleRow{{Temperature: 0.9, U: 0.37}, {Temperature: 1.1, TopP: 0.8, U: 0.71}}
+	ids := make([]int32, 2)
+	if err := m.ForwardSample(ctx, cache, batch, rows, ids); err != nil {
+		t.Fatal(err)
+	}
+	V := b.Config.Vocab
+	logits := make([]float32, 2*V)
+	if err := m.Forward(ctx, cache, batch, logits); err != nil {
+		t.Fatal(err)
+	}
+	var sc gpu.SampleScratch
+	for i, row := range rows {
+		if want := gpu.SampleHost(logits[i*V:(i+1)*V], row, &sc); ids[i] != want {
+			t.Errorf("row %d: ForwardSample drew %d, Forward and SampleHost %d", i, ids[i], want)
+		}
+	}
+	if err := m.ForwardSample(ctx, cache, batch, rows[:1], ids); err == nil {
+		t.Error("one draw for two rows was taken")
+	}
 }

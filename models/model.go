@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/safetensors"
@@ -700,7 +703,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 		if err := m.Forward(ctx, cache, b, logits); err != nil {
 			return err
 		}
-		var sc gpu.SampleScratch
+		sc := gpu.SampleScratch{Parallel: parallel}
 		for i, row := range rows {
 			ids[i] = gpu.SampleHost(logits[i*V:(i+1)*V], row, &sc)
 		}
@@ -1160,4 +1163,21 @@ func (c *Config) Describe() string {
 		fmt.Fprintf(&b, ", %d experts top-%d", c.Experts, c.ExpertsPerToken)
 	}
 	return b.String()
+}
+
+// parallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and returns
+// when all are done.
+func parallel(n int, f func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
