@@ -665,7 +665,7 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.issueArgmax(cache, b, fromIndex); err != nil || r == 0 {
+	if err := m.issue(cache, b, true, fromIndex); err != nil || r == 0 {
 		return err
 	}
 	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
@@ -712,13 +712,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.ensureLogits(r); err != nil {
-		return err
-	}
-	if err := m.upload(cache, b); err != nil {
-		return err
-	}
-	if err := m.step(cache, len(b.Pos), r, false, fromIndex); err != nil {
+	if err := m.issue(cache, b, false, fromIndex); err != nil {
 		return err
 	}
 	if err := sm.Sample(m.s.next, m.s.logits, r, V, rows); err != nil {
@@ -768,24 +762,24 @@ func (m *Model) IssueArgmax(ctx context.Context, cache *Cache, b *Batch, previou
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := m.issueArgmax(cache, b, from); err != nil {
+	if err := m.issue(cache, b, true, from); err != nil {
 		return nil, err
 	}
 	return m.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 }
 
-// issueArgmax issues a step whose device-side argmax of each logits row
-// lands in s.next, without waiting for it. With fromPrevious the step's
-// embedding reads its token ids from s.next, the previous step's choice,
-// instead of the uploaded ones.
-func (m *Model) issueArgmax(cache *Cache, b *Batch, from tokenSource) error {
+// issue issues a step of the last stage into its logits (with argmax,
+// their device-side argmax into s.next) without waiting for it. With
+// fromPrevious the step's embedding reads its token ids from s.next, the
+// previous step's choice, instead of the uploaded ones.
+func (m *Model) issue(cache *Cache, b *Batch, argmax bool, from tokenSource) error {
 	if err := m.ensureLogits(len(b.Logits)); err != nil {
 		return err
 	}
 	if err := m.upload(cache, b); err != nil {
 		return err
 	}
-	return m.step(cache, len(b.Pos), len(b.Logits), true, from)
+	return m.step(cache, len(b.Pos), len(b.Logits), argmax, from)
 }
 
 // ArgmaxRows sets ids[i] to the greedy choice of row i of logits (rows of
@@ -1171,13 +1165,11 @@ func parallel(n int, f func(i int)) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(n, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
 				f(i)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }

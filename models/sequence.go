@@ -136,9 +136,9 @@ func (s *Sequence) Greedy(ctx context.Context, first int32, n int, emit func(int
 	b := &Batch{Tokens: []int32{first}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{s.table}, Logits: []int32{0}}
 	issue := func(from tokenSource) error {
 		if s.m.group == nil {
-			return s.m.issueArgmax(s.cache, b, from)
+			return s.m.issue(s.cache, b, true, from)
 		}
-		return s.m.each(s.cache, func(rk *Model, c *Cache) error { return rk.issueArgmax(c, b, from) })
+		return s.m.each(s.cache, func(rk *Model, c *Cache) error { return rk.issue(c, b, true, from) })
 	}
 	// Two steps' reads are pending at most: got[i][r] is rank r's choice.
 	var (
