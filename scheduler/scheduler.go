@@ -31,9 +31,9 @@ type ArgmaxEngine interface {
 
 // SampleEngine is an Engine that can also draw each row's token itself, as
 // rows says (one gpu.SampleRow a row of b.Logits), instead of returning the
-// logits. A step whose sampled sequences a device can all draw for
-// (generate.State.OnDevice) uses it: on a GPU the logits then never leave
-// the device.
+// logits. A step whose sampled sequences all allow it
+// (generate.State.Drawable) uses it: the logits then stay where they are
+// computed, and on a device that draws tokens itself they never leave it.
 type SampleEngine interface {
 	Engine
 	ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error
@@ -405,24 +405,21 @@ plan:
 	if len(in) == 0 {
 		return nil
 	}
-	// The same sequences decode next unless one reaches its token limit
-	// or a waiting request may join them.
+	// The engine chooses (greedy) or draws the tokens when every sampled
+	// sequence allows it. The same sequences decode next unless one
+	// reaches its token limit or a waiting request may join them.
+	ae, greedy := s.engine.(ArgmaxEngine)
+	se, drawn := s.engine.(SampleEngine)
 	b.Continues = len(s.waiting) == 0
 	for _, q := range sampled {
+		greedy = greedy && q.gen.Greedy()
+		drawn = drawn && q.gen.Drawable()
 		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context {
 			b.Continues = false
 		}
 	}
-	ae, greedy := s.engine.(ArgmaxEngine)
-	for _, q := range sampled {
-		greedy = greedy && q.gen.Greedy()
-	}
 	greedy = greedy && len(sampled) > 0
-	se, drawn := s.engine.(SampleEngine)
-	for _, q := range sampled {
-		drawn = drawn && !greedy && q.gen.OnDevice(s.cfg.Vocab)
-	}
-	drawn = drawn && len(sampled) > 0
+	drawn = drawn && !greedy && len(sampled) > 0
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
 	var err error

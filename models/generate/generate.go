@@ -105,15 +105,15 @@ func (s *State) Greedy() bool {
 	return s.sampler.Greedy() && (rp == 0 || rp == 1) && !s.p.Logprobs && s.p.TopLogprobs == 0
 }
 
-// OnDevice reports whether a device may draw the next token from rows of
-// width logits (gpu.Sampler, then Accept): no log-probabilities to report
-// and a draw the device makes (sample.Sampler.OnDevice).
-func (s *State) OnDevice(width int) bool {
-	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.sampler.OnDevice(width)
+// Drawable reports whether the next token may be drawn where the logits
+// are (gpu.SampleRow, then Accept): no log-probabilities to report and a
+// draw from the logits alone (sample.Sampler.Drawable).
+func (s *State) Drawable() bool {
+	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.sampler.Drawable()
 }
 
-// Row is the next token's draw for a device, taking the uniform number
-// Next would take.
+// Row is the next token's draw, to be made where the logits are, taking
+// the uniform number Next would take.
 func (s *State) Row() gpu.SampleRow { return s.sampler.Row() }
 
 // Next samples a token from logits (which it may modify) and returns it.

@@ -82,12 +82,12 @@ func (s *Sampler) Sample(logits []float32, seen []int32) int32 {
 	return gpu.SampleHost(logits, s.Row(), &s.scratch)
 }
 
-// OnDevice reports whether a device can draw this sampler's tokens from
-// rows of width logits (gpu.Sampler): no repetition penalty, which needs
-// the sequence's tokens, and filters a device takes (gpu.SampleRow.OnDevice).
-func (s *Sampler) OnDevice(width int) bool {
+// Drawable reports whether the next token can be drawn from its row of
+// logits alone (gpu.SampleHost, or a device's gpu.Sampler, with Row): no
+// repetition penalty, which needs the sequence's tokens.
+func (s *Sampler) Drawable() bool {
 	rp := s.p.RepetitionPenalty
-	return (rp == 0 || rp == 1) && s.row().OnDevice(width)
+	return rp == 0 || rp == 1
 }
 
 // Row returns the draw of the next token as a device makes it, taking its
