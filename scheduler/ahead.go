@@ -10,15 +10,15 @@ import (
 // A layer-shard holding a whole model on a GPU (Shard.QueueAhead, and a
 // model that chains greedy steps: models.Model.Chains) issues a greedy
 // step and, before it waits for the step's choices, queues the step that
-// would follow: the same sequences,
-// one position on, each fed on the device the token just chosen for it.
-// When the scheduler's next step is that one (steady decoding: no sequence
-// joined, left or changed its blocks), its choices are already on their
-// way and the device has not waited for the host between the two steps;
-// the step after it is queued in turn. Otherwise the queued step is
-// dropped: the only cache rows it wrote lie one position past what its
-// sequences hold, and whatever the scheduler runs next on those positions
-// overwrites them, after it on the device.
+// would follow, when the plan says the same sequences decode next
+// (models.Batch.Continues): the same sequences one position on, each fed
+// on the device the token just chosen for it. When the scheduler's next
+// step is that one (no sequence stopped or changed its blocks), its
+// choices are already on their way and the device has not waited for the
+// host between the two steps; the step after it is queued in turn.
+// Otherwise the queued step is dropped: the only cache rows it wrote lie
+// one position past what its sequences hold, and whatever the scheduler
+// runs next on those positions overwrites them, after it on the device.
 
 // aheadStep is a greedy step queued before it was asked for.
 type aheadStep struct {

@@ -109,24 +109,13 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		}
 		b.Hidden = in
 	}
-	if len(m.Sample) > 0 && s.model.IsLast() {
-		if m.Argmax {
+	if (m.Argmax || len(m.Sample) > 0) && s.model.IsLast() {
+		if m.Argmax && len(m.Sample) > 0 {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: a step both argmax and sampled", s.ID)
 		}
 		ids := make([]int32, len(m.Logits))
 		err := s.onDevice(ctx, func() error {
-			s.dropAhead()
-			return s.model.ForwardSample(ctx, s.cache, b, m.Sample, ids)
-		})
-		if err != nil {
-			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
-		}
-		return ForwardReply{IDs: ids}, nil
-	}
-	if m.Argmax && s.model.IsLast() {
-		ids := make([]int32, len(m.Logits))
-		err := s.onDevice(ctx, func() error {
-			if s.QueueAhead && s.model.Chains() && m.Micro == 0 && len(m.Logits) > 0 {
+			if m.Argmax && s.QueueAhead && s.model.Chains() && m.Micro == 0 && len(m.Logits) > 0 {
 				how, err := s.greedyChained(ctx, b, ids)
 				if span.IsRecording() {
 					span.SetAttributes(ttrace.AttrShardAhead.String(how))
@@ -134,7 +123,10 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 				return err
 			}
 			s.dropAhead()
-			return s.model.ForwardArgmax(ctx, s.cache, b, ids)
+			if m.Argmax {
+				return s.model.ForwardArgmax(ctx, s.cache, b, ids)
+			}
+			return s.model.ForwardSample(ctx, s.cache, b, m.Sample, ids)
 		})
 		if err != nil {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
