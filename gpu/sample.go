@@ -21,8 +21,10 @@ type SampleRow struct {
 	U                       float64
 }
 
-// MaxSampleTopK is the most tokens a device-side draw filters to
-// (SampleRow.TopK): a filtered draw sorts its candidates in a block's
+// MaxSampleTopK is the most tokens a device-side draw keeps as
+// candidates: top-k filters up to it, and top-p or min-p over the whole
+// row settle within the row's MaxSampleTopK most likely tokens or are
+// left to the host (Sampler). The candidates are sorted in a block's
 // shared memory.
 const MaxSampleTopK = 1024
 
@@ -31,14 +33,17 @@ func (r SampleRow) Plain() bool {
 	return r.TopK == 0 && (r.TopP == 0 || r.TopP >= 1) && r.MinP == 0
 }
 
-// OnDevice reports whether a gpu.Sampler draws r from rows of width
-// logits: greedy and unfiltered draws always; filtered ones when TopK
-// keeps at most MaxSampleTopK tokens.
+// OnDevice reports whether a gpu.Sampler takes r for rows of width
+// logits: every draw but a top-k that keeps more than MaxSampleTopK
+// tokens and fewer than the whole row.
 func (r SampleRow) OnDevice(width int) bool {
-	if r.Temperature == 0 || r.Plain() {
-		return true
-	}
-	return r.TopK > 0 && min(int(r.TopK), width) <= MaxSampleTopK
+	return r.Temperature == 0 || r.Plain() || !(int(r.TopK) > MaxSampleTopK && int(r.TopK) < width)
+}
+
+// Whole reports whether r filters over the whole row (top-p or min-p
+// without a top-k below width), which a device may leave to the host.
+func (r SampleRow) Whole(width int) bool {
+	return r.Temperature != 0 && !r.Plain() && (r.TopK == 0 || int(r.TopK) >= width)
 }
 
 // Validate checks r's ranges.

@@ -676,8 +676,9 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 // (gpu.SampleRow, one per row). On a device that draws tokens itself
 // (gpu.Sampler) the draws run there and only the ids are read back, when
 // the device takes every row (gpu.SampleRow.OnDevice); otherwise the
-// logits are read and drawn from on the host (gpu.SampleHost): the same
-// tokens either way, up to the order of float64 sums.
+// logits are read and drawn from on the host (gpu.SampleHost), as is each
+// row the device leaves to the host: the same tokens either way, up to
+// the order of float64 sums.
 func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32) error {
 	if !m.last() {
 		return fmt.Errorf("forward: sampling needs the last stage (layers [%d, %d) of %d)", m.opts.FirstLayer, m.opts.LastLayer, m.Config.Layers)
@@ -718,7 +719,28 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := sm.Sample(m.s.next, m.s.logits, r, V, rows); err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
-	return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+	if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
+		return err
+	}
+	var sc *gpu.SampleScratch
+	for i, id := range ids[:r] {
+		if id >= 0 {
+			continue
+		}
+		// Left to the host: a whole-row filter that keeps many tokens.
+		if sc == nil {
+			sc = &gpu.SampleScratch{Parallel: parallel}
+			if cap(m.s.hostLogits) < V {
+				m.s.hostLogits = make([]float32, V)
+			}
+		}
+		row := m.s.hostLogits[:V]
+		if err := m.dev.Read(gpu.F32Bytes(row), m.s.logits, i*V); err != nil {
+			return err
+		}
+		ids[i] = gpu.SampleHost(row, rows[i], sc)
+	}
+	return nil
 }
 
 // Chains reports whether IssueArgmax can queue greedy steps back to back

@@ -533,3 +533,32 @@ func BenchmarkDecodeStepOLMo2(b *testing.B) {
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 	})
 }
+
+// BenchmarkSample: device-side draws from rows of 100,352 logits (one row
+// and a decode batch of 64): greedy, unfiltered, top-k 50 and top-p 0.9
+// over the whole row.
+func BenchmarkSample(b *testing.B) {
+	d := open(b)
+	r := rand.New(rand.NewPCG(6, 6))
+	const width = 100352
+	for _, n := range []int{1, 64} {
+		logits := f32buf(b, d, randF32(r, n*width, 3))
+		out := alloc(b, d, gpu.I32, n)
+		for _, k := range []struct {
+			name string
+			row  gpu.SampleRow
+		}{{"greedy", gpu.SampleRow{}}, {"plain", gpu.SampleRow{Temperature: 0.8}}, {"topk50", gpu.SampleRow{Temperature: 0.8, TopK: 50}},
+			{"topp0.9", gpu.SampleRow{Temperature: 0.8, TopP: 0.9}}} {
+			rows := make([]gpu.SampleRow, n)
+			for i := range rows {
+				rows[i] = k.row
+				rows[i].U = r.Float64()
+			}
+			b.Run(fmt.Sprintf("n%d/%s", n, k.name), func(b *testing.B) {
+				graphRate(b, d, 8, 0, func() error { return repeat(8, func() error { return d.Sample(out, logits, n, width, rows) }) })
+			})
+		}
+		d.Free(logits)
+		d.Free(out)
+	}
+}

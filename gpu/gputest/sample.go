@@ -2,6 +2,7 @@ package gputest
 
 import (
 	"math"
+	"sort"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -9,10 +10,12 @@ import (
 
 // sample checks gpu.Sampler against gpu.SampleHost (float64): greedy,
 // unfiltered and filtered draws (top-k up to gpu.MaxSampleTopK, with top-p
-// and min-p among the kept tokens) over rows with ties, a NaN and -Inf
-// among the logits. The device sums in another order than the host, so
-// where moving u by 1e-9 changes the host's choice either neighbour is
-// accepted.
+// and min-p among the kept tokens; top-p and min-p over whole rows, some
+// peaked so that a few tokens settle them) over rows with ties, a NaN and
+// -Inf among the logits. A device may leave a whole-row draw to the host
+// (-1) only where its filters keep more than gpu.MaxSampleTopK tokens.
+// The device sums in another order than the host, so where moving u by
+// 1e-9 changes the host's choice either neighbour is accepted.
 func (h *harness) sample(t *testing.T) {
 	s, ok := h.dev.(gpu.Sampler)
 	if !ok {
@@ -22,14 +25,25 @@ func (h *harness) sample(t *testing.T) {
 	if h.o.Large {
 		widths = append(widths, 100352)
 	}
-	kinds := []gpu.SampleRow{
-		{}, {Temperature: 1}, {Temperature: 0.7}, {Temperature: 1.3, TopK: 50}, {Temperature: 1, TopK: 1024, TopP: 0.9},
-		{Temperature: 0.8, TopK: 200, MinP: 0.05, TopP: 0.95}, {Temperature: 1, TopK: 1}, {Temperature: 2, TopK: 7},
-		{Temperature: 1, TopK: 3000}, // all of a narrow row, sorted
+	type kind struct {
+		gpu.SampleRow
+		peaked bool // 40 tokens 12 above the rest
+	}
+	kinds := []kind{
+		{}, {SampleRow: gpu.SampleRow{Temperature: 1}}, {SampleRow: gpu.SampleRow{Temperature: 0.7}},
+		{SampleRow: gpu.SampleRow{Temperature: 1.3, TopK: 50}}, {SampleRow: gpu.SampleRow{Temperature: 1, TopK: 1024, TopP: 0.9}},
+		{SampleRow: gpu.SampleRow{Temperature: 0.8, TopK: 200, MinP: 0.05, TopP: 0.95}},
+		{SampleRow: gpu.SampleRow{Temperature: 1, TopK: 1}}, {SampleRow: gpu.SampleRow{Temperature: 2, TopK: 7}},
+		{SampleRow: gpu.SampleRow{Temperature: 1, TopK: 3000}}, // all of a narrow row, sorted
+		{SampleRow: gpu.SampleRow{Temperature: 1, TopP: 0.9}, peaked: true},
+		{SampleRow: gpu.SampleRow{Temperature: 0.9, MinP: 0.02}, peaked: true},
+		{SampleRow: gpu.SampleRow{Temperature: 1, TopP: 0.9}}, // most of the row
+		{SampleRow: gpu.SampleRow{Temperature: 1.1, TopK: 2_000_000, TopP: 0.5}},
 	}
 	for _, width := range widths {
 		var rows []gpu.SampleRow
-		for i := range 48 {
+		var peaked []bool
+		for i := range 52 {
 			r := kinds[i%len(kinds)]
 			if !r.OnDevice(width) {
 				continue
@@ -40,7 +54,7 @@ func (h *harness) sample(t *testing.T) {
 					r.U = 0.999999999
 				}
 			}
-			rows = append(rows, r)
+			rows, peaked = append(rows, r.SampleRow), append(peaked, r.peaked)
 		}
 		n := len(rows)
 		v := h.randF32(n*width, 3)
@@ -49,6 +63,11 @@ func (h *harness) sample(t *testing.T) {
 			row[7], row[width/2] = row[3], row[3] // ties
 			row[11] = float32(math.NaN())
 			row[13] = float32(math.Inf(-1))
+			if peaked[r] {
+				for j := range 40 {
+					row[(j*7919+17)%width] += 12
+				}
+			}
 		}
 		logits, out := h.f32(v), h.alloc(gpu.I32, n)
 		if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
@@ -63,7 +82,15 @@ func (h *harness) sample(t *testing.T) {
 			l := append([]float32(nil), v[r*width:(r+1)*width]...)
 			return gpu.SampleHost(l, row, &sc)
 		}
+		left := 0
 		for r, row := range rows {
+			if got[r] == -1 {
+				if !row.Whole(width) || settles(v[r*width:(r+1)*width], row) {
+					t.Errorf("width %d row %d %+v: left to the host, though %d tokens settle it", width, r, row, gpu.MaxSampleTopK)
+				}
+				left++
+				continue
+			}
 			want := host(r, row)
 			if got[r] == want {
 				continue
@@ -74,6 +101,7 @@ func (h *harness) sample(t *testing.T) {
 				t.Errorf("width %d row %d %+v: drew %d, the host %d", width, r, row, got[r], want)
 			}
 		}
+		t.Logf("width %d: %d rows, %d left to the host", width, n, left)
 		// Refused: a draw outside [0, 1), and rows that do not match n.
 		bad := append([]gpu.SampleRow(nil), rows...)
 		bad[0].U = 1
@@ -85,4 +113,44 @@ func (h *harness) sample(t *testing.T) {
 		}
 		h.free(logits, out)
 	}
+}
+
+// settles reports whether the filters of a whole-row draw r keep at most
+// the row's gpu.MaxSampleTopK most likely tokens: the first of those whose
+// probability (normalised over the row) falls below min-p, or whose
+// cumulative probability reaches top-p, lies among them.
+func settles(logits []float32, r gpu.SampleRow) bool {
+	n := len(logits)
+	l := make([]float64, n)
+	idx := make([]int, n)
+	for i, x := range logits {
+		l[i], idx[i] = float64(x), i
+		if x != x {
+			l[i] = math.Inf(-1)
+		}
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return l[idx[a]] > l[idx[b]] })
+	t := float64(r.Temperature)
+	top := l[idx[0]] / t
+	var sum float64
+	for _, x := range l {
+		sum += math.Exp(x/t - top)
+	}
+	m := min(n, gpu.MaxSampleTopK)
+	if m == n {
+		return true
+	}
+	p0 := 1 / sum
+	var acc float64
+	for _, j := range idx[:m] {
+		p := math.Exp(l[j]/t-top) / sum
+		if r.MinP > 0 && p < float64(r.MinP)*p0 {
+			return true
+		}
+		acc += p
+		if r.TopP > 0 && r.TopP < 1 && acc >= float64(r.TopP) {
+			return true
+		}
+	}
+	return false
 }

@@ -611,6 +611,25 @@ DEV void combine_tail(float* __restrict__ out, const float* __restrict__ part_ac
   if (tid == 0) *c = 0;
 }
 
+// store_split stores dim d of head h's result over one split of the keys
+// (A the weighted sum, M the base-2 max, L the sum of weights): the
+// result itself when it is the only split, else the partial and, from
+// d = 0, its max (in natural log, as attn_combine reads it) and sum.
+template <int HD>
+DEV void store_split(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, AttnParams a,
+                     int t, int h, int split, int d, float A, float M, float L, bool only) {
+  if (only) {
+    out[((long)t * a.heads + h) * HD + d] = L > 0.f ? A / L : 0.f;
+    return;
+  }
+  long o_ = ((long)t * a.heads + h) * a.splits + split;
+  part_acc[o_ * HD + d] = A;
+  if (d == 0) {
+    part_ml[o_ * 2] = M == -__int_as_float(0x7f800000) ? M : M * 0.6931471805599453f;
+    part_ml[o_ * 2 + 1] = L;
+  }
+}
+
 // ld_cg16 loads 16 bytes through L2 only (cache rows another kernel of
 // the step may have just written).
 DEV uint4 ld_cg16(const void* p) {
@@ -769,16 +788,7 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
       acc += c * os[(w * 16 + r) * HD + d];
       L += c * ml_s[w][r][1];
     }
-    if (cnt != nullptr && used == 1) {  // the only split: the result itself
-      out[((long)t * a.heads + h0 + r) * HD + d] = L > 0.f ? acc / L : 0.f;
-      continue;
-    }
-    long o_ = ((long)t * a.heads + h0 + r) * a.splits + split;
-    part_acc[o_ * HD + d] = acc;
-    if (d == 0) {
-      part_ml[o_ * 2] = M == NEG ? M : M * 0.6931471805599453f;  // base 2 to natural, as attn_combine reads
-      part_ml[o_ * 2 + 1] = L;
-    }
+    store_split<HD>(out, part_acc, part_ml, a, t, h0 + r, split, d, acc, M, L, cnt != nullptr && used == 1);
   }
   if (cnt == nullptr || used == 1) return;
   combine_tail<HD>(out, part_acc, part_ml, cnt, reinterpret_cast<float*>(dsm), a, t, h0, G, used);
@@ -929,16 +939,7 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
       A += e * accs[i][tid];
       L += e * lsum[i];
     }
-    if (cnt != nullptr && used == 1) {  // the only split: the result itself
-      out[((long)t * a.heads + h) * HD + tid] = L > 0.f ? A / L : 0.f;
-    } else {
-      long o_ = ((long)t * a.heads + h) * a.splits + split;
-      part_acc[o_ * HD + tid] = A;
-      if (tid == 0) {
-        part_ml[o_ * 2] = M == NEG ? M : M * 0.6931471805599453f;  // base 2 to natural, as attn_combine reads
-        part_ml[o_ * 2 + 1] = L;
-      }
-    }
+    store_split<HD>(out, part_acc, part_ml, a, t, h, split, tid, A, M, L, cnt != nullptr && used == 1);
   }
   if (cnt == nullptr || used == 1) return;
   combine_tail<HD>(out, part_acc, part_ml, cnt, tail, a, t, h, 1, used);
