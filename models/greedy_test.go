@@ -3,6 +3,7 @@ package models_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,91 +141,114 @@ func TestGreedyStops(t *testing.T) {
 	}
 }
 
-// TestIssueArgmaxChains: greedy steps of a batch of two sequences queued
-// back to back with IssueArgmax, each fed the previous step's choices on
-// the device and read one step late, choose what a loop of ForwardArgmax
-// chooses, on every lane that chains; a step fed by the one before must
-// have one token per logits row, in order, and as many rows.
-func TestIssueArgmaxChains(t *testing.T) {
+// TestIssueStepChains: steps of a batch of two sequences queued back to
+// back with IssueStep, each fed the previous step's choices on the device
+// and read one step late, choose what a loop of ForwardArgmax chooses
+// (greedy) or draw what a loop of ForwardSample draws with the same rows,
+// on every lane that chains; a step fed by the one before must have one
+// token per logits row, in order, and as many rows; a draw the device may
+// leave to the host (a whole-row filter) is not queued.
+func TestIssueStepChains(t *testing.T) {
 	b := openDemo(t)
 	ctx := context.Background()
 	prompts := [][]int32{{5, 9, 200, 31, 7}, {11, 4, 90}}
 	const bs, gen = 16, 12
+	// draws gives step s's rows: nil for greedy steps.
+	drawn := func(s int) []gpu.SampleRow {
+		return []gpu.SampleRow{{Temperature: 0.9, TopK: 40, TopP: 0.95, U: math.Mod(0.37*float64(s)+0.11, 1)},
+			{Temperature: 1.2, U: math.Mod(0.61*float64(s)+0.29, 1)}}
+	}
 	onFastLanes(t, b, func(t *testing.T, ln lane, m *models.Model) {
-		if !m.Chains() {
+		if !m.Chains() || !m.ChainsDraws(drawn(0)) {
 			t.Fatalf("lane %s: the whole model does not chain", ln.name)
 		}
-		run := func(chained bool) [][]int32 {
-			cache, err := m.NewCache(4, bs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cache.Close()
-			tables := [][]int32{{0, 1}, {2, 3}}
-			pb := &models.Batch{Tables: tables}
-			for s, p := range prompts {
-				for i, tok := range p {
-					pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
+		if m.ChainsDraws([]gpu.SampleRow{{Temperature: 1, TopP: 0.9}}) {
+			t.Errorf("lane %s: a whole-row top-p draw would be queued", ln.name)
+		}
+		for _, draws := range []func(int) []gpu.SampleRow{func(int) []gpu.SampleRow { return nil }, drawn} {
+			run := func(chained bool) [][]int32 {
+				cache, err := m.NewCache(4, bs)
+				if err != nil {
+					t.Fatal(err)
 				}
-				pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
-			}
-			ids := make([]int32, 2)
-			if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
-				t.Fatal(err)
-			}
-			out := [][]int32{{ids[0]}, {ids[1]}}
-			db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
-				Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
-			if !chained {
-				for range gen {
-					if err := m.ForwardArgmax(ctx, cache, db, ids); err != nil {
+				defer cache.Close()
+				tables := [][]int32{{0, 1}, {2, 3}}
+				pb := &models.Batch{Tables: tables}
+				for s, p := range prompts {
+					for i, tok := range p {
+						pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
+					}
+					pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
+				}
+				ids := make([]int32, 2)
+				if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
+					t.Fatal(err)
+				}
+				out := [][]int32{{ids[0]}, {ids[1]}}
+				db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
+					Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
+				if !chained {
+					for s := range gen {
+						var err error
+						if rows := draws(s); rows == nil {
+							err = m.ForwardArgmax(ctx, cache, db, ids)
+						} else {
+							err = m.ForwardSample(ctx, cache, db, rows, ids)
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
+						copy(db.Tokens, ids)
+						db.Pos[0]++
+						db.Pos[1]++
+					}
+					return out
+				}
+				var (
+					got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
+					wait [2]func() error
+				)
+				take := func(i int) {
+					if err := wait[i](); err != nil {
 						t.Fatal(err)
 					}
-					out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
-					copy(db.Tokens, ids)
+					out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
+				}
+				for s := range gen {
+					if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2]); err != nil {
+						t.Fatal(err)
+					}
 					db.Pos[0]++
 					db.Pos[1]++
+					if s > 0 {
+						take((s - 1) % 2)
+					}
+				}
+				take((gen - 1) % 2)
+				// Refused: rows out of order, more rows than the step before
+				// chose, and a whole-row draw.
+				if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids); err == nil {
+					t.Error("a step fed by the one before with its logits rows swapped was queued")
+				}
+				three := make([]int32, 3)
+				if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three); err == nil {
+					t.Error("a step fed by one of two rows with three rows was queued")
+				}
+				whole := []gpu.SampleRow{{Temperature: 1, MinP: 0.1}, {}}
+				if _, err := m.IssueStep(ctx, cache, db, whole, true, ids); err == nil {
+					t.Error("a whole-row min-p draw was queued")
 				}
 				return out
 			}
-			var (
-				got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
-				wait [2]func() error
-			)
-			take := func(i int) {
-				if err := wait[i](); err != nil {
-					t.Fatal(err)
-				}
-				out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
-			}
-			for s := range gen {
-				if wait[s%2], err = m.IssueArgmax(ctx, cache, db, s > 0, got[s%2]); err != nil {
-					t.Fatal(err)
-				}
-				db.Pos[0]++
-				db.Pos[1]++
-				if s > 0 {
-					take((s - 1) % 2)
+			want, got := run(false), run(true)
+			for s := range want {
+				if !slices.Equal(got[s], want[s]) {
+					t.Fatalf("sequence %d (drawn %v): queued steps chose %v, the loop %v", s, draws(0) != nil, got[s], want[s])
 				}
 			}
-			take((gen - 1) % 2)
-			// Refused: rows out of order, and more rows than the step before chose.
-			if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, true, ids); err == nil {
-				t.Error("a step fed by the one before with its logits rows swapped was queued")
-			}
-			three := make([]int32, 3)
-			if _, err := m.IssueArgmax(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, true, three); err == nil {
-				t.Error("a step fed by one of two rows with three rows was queued")
-			}
-			return out
+			t.Logf("drawn %v: %d tokens of two sequences equal", draws(0) != nil, len(got[0])+len(got[1]))
 		}
-		want, got := run(false), run(true)
-		for s := range want {
-			if !slices.Equal(got[s], want[s]) {
-				t.Fatalf("sequence %d: queued steps chose %v, the ForwardArgmax loop %v", s, got[s], want[s])
-			}
-		}
-		t.Logf("%d tokens of two sequences equal", len(got[0])+len(got[1]))
 	})
 }
 

@@ -577,6 +577,10 @@ type Batch struct {
 	// this one for every sequence, one token on (none reaches its end,
 	// none joins): an engine may prepare it. A hint only.
 	Continues bool
+	// NextDraws, for a drawn step that Continues, are the draws of the
+	// step that follows (one a logits row, gpu.SampleRow with its uniform
+	// number), so that an engine may queue it. A hint only.
+	NextDraws []gpu.SampleRow
 }
 
 // Forward runs one step. For the last stage it writes the logits of the
@@ -743,7 +747,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	return nil
 }
 
-// Chains reports whether IssueArgmax can queue greedy steps back to back
+// Chains reports whether IssueStep can queue greedy steps back to back
 // on m's device: a whole model (not a pipeline stage or a tensor-parallel
 // rank) on a device that chooses tokens itself (gpu.Argmaxer) and reads
 // them back without waiting for later work (gpu.LateReader).
@@ -753,21 +757,40 @@ func (m *Model) Chains() bool {
 	return argmaxer && late && m.first() && m.last() && m.group == nil && m.opts.Shard == nil
 }
 
-// IssueArgmax queues a greedy step of b, as ForwardArgmax runs it, without
-// waiting for it: wait blocks until the step's choices are in ids and
-// returns the first error of the work before them. With previous, the
-// step embeds for each token the choice of the same row of the step
-// queued before it, on the device (b.Tokens are placeholders); b must then
-// have one token per logits row, in order, and that step as many rows.
-// Two steps' reads may be pending at most; ids must not be used before
-// wait returns. It needs Chains.
-func (m *Model) IssueArgmax(ctx context.Context, cache *Cache, b *Batch, previous bool, ids []int32) (wait func() error, err error) {
-	if !m.Chains() {
-		return nil, fmt.Errorf("forward: this model and device cannot queue greedy steps")
+// ChainsDraws reports whether IssueStep can queue steps drawn as rows say:
+// Chains, on a device that draws tokens itself (gpu.Sampler) and settles
+// every row (none filters over the whole row, which it may leave to the
+// host: gpu.SampleRow.Whole).
+func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
+	if _, ok := m.dev.(gpu.Sampler); !ok || !m.Chains() {
+		return false
+	}
+	V := m.Config.Vocab
+	for _, r := range rows {
+		if r.Validate() != nil || !r.OnDevice(V) || r.Whole(V) {
+			return false
+		}
+	}
+	return true
+}
+
+// IssueStep queues a step of b that chooses its tokens on the device
+// without waiting for it: greedy (rows nil) as ForwardArgmax chooses, or
+// drawn as rows say (one a logits row) as ForwardSample draws. wait
+// blocks until the step's choices are in ids and returns the first error
+// of the work before them. With previous, the step embeds for each token
+// the choice of the same row of the step queued before it, on the device
+// (b.Tokens are placeholders); b must then have one token per logits row,
+// in order, and that step as many rows. Two steps' reads may be pending at
+// most; ids must not be used before wait returns. It needs Chains (and
+// ChainsDraws for drawn steps).
+func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, previous bool, ids []int32) (wait func() error, err error) {
+	if !m.Chains() || (rows != nil && !m.ChainsDraws(rows)) {
+		return nil, fmt.Errorf("forward: this model and device cannot queue these steps")
 	}
 	r := len(b.Logits)
-	if r == 0 || len(ids) < r {
-		return nil, fmt.Errorf("forward: %d ids for %d logits rows", len(ids), r)
+	if r == 0 || len(ids) < r || (rows != nil && len(rows) != r) {
+		return nil, fmt.Errorf("forward: %d ids and %d draws for %d logits rows", len(ids), len(rows), r)
 	}
 	from := fromIndex
 	if previous {
@@ -784,8 +807,14 @@ func (m *Model) IssueArgmax(ctx context.Context, cache *Cache, b *Batch, previou
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := m.issue(cache, b, true, from); err != nil {
+	if err := m.issue(cache, b, rows == nil, from); err != nil {
 		return nil, err
+	}
+	if rows != nil {
+		if err := m.dev.(gpu.Sampler).Sample(m.s.next, m.s.logits, r, m.Config.Vocab, rows); err != nil {
+			return nil, fmt.Errorf("forward: %w", err)
+		}
+		m.s.chosen = r
 	}
 	return m.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 }

@@ -4,15 +4,17 @@ import (
 	"context"
 	"slices"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 )
 
 // A layer-shard holding a whole model on a GPU (Shard.QueueAhead, and a
-// model that chains greedy steps: models.Model.Chains) issues a greedy
-// step and, before it waits for the step's choices, queues the step that
-// would follow, when the plan says the same sequences decode next
-// (models.Batch.Continues): the same sequences one position on, each fed
-// on the device the token just chosen for it. When the scheduler's next
+// model that chains steps: models.Model.Chains, ChainsDraws) issues a
+// greedy or drawn step and, before it waits for the step's choices,
+// queues the step that would follow, when the plan says the same
+// sequences decode next (models.Batch.Continues; a drawn step's plan also
+// carries the next step's draws, NextDraws): the same sequences one
+// position on, each fed on the device the token just chosen for it. When the scheduler's next
 // step is that one (no sequence stopped or changed its blocks), its
 // choices are already on their way and the device has not waited for the
 // host between the two steps; the step after it is queued in turn.
@@ -20,22 +22,23 @@ import (
 // one position past what its sequences hold, and whatever the scheduler
 // runs next on those positions overwrites them, after it on the device.
 
-// aheadStep is a greedy step queued before it was asked for.
+// aheadStep is a step queued before it was asked for.
 type aheadStep struct {
 	pos, seq []int32
-	tables   [][]int32 // each row's blocks up to its position
-	fed      []int32   // the tokens it embeds: the choices of the step before
-	ids      []int32   // its choices, once wait returns
+	tables   [][]int32       // each row's blocks up to its position
+	rows     []gpu.SampleRow // its draws; nil for a greedy step
+	fed      []int32         // the tokens it embeds: the choices of the step before
+	ids      []int32         // its choices, once wait returns
 	wait     func() error
 }
 
-// greedyChained runs the greedy step b into ids, queueing the next one,
-// and says how b was met (trace.AttrShardAhead). It runs on the shard's
-// device, under s.mu.
-func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32) (string, error) {
+// chained runs step b into ids, greedy (rows nil) or drawn as rows say,
+// queueing the next one, and says how b was met (trace.AttrShardAhead).
+// It runs on the shard's device, under s.mu.
+func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
 	var wait func() error
 	how := "issued"
-	if a := s.ahead; a != nil && a.is(b) {
+	if a := s.ahead; a != nil && a.is(b, rows) {
 		s.ahead = nil
 		s.aheadUsed++
 		how = "answered"
@@ -49,13 +52,13 @@ func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32)
 			how = "dropped"
 		}
 		s.dropAhead()
-		w, err := s.model.IssueArgmax(ctx, s.cache, b, false, ids)
+		w, err := s.model.IssueStep(ctx, s.cache, b, rows, false, ids)
 		if err != nil {
 			return how, err
 		}
 		wait = w
 	}
-	s.queueAhead(ctx, b)
+	s.queueAhead(ctx, b, rows != nil)
 	if err := wait(); err != nil {
 		s.dropAhead()
 		return how, err
@@ -67,15 +70,18 @@ func (s *Shard) greedyChained(ctx context.Context, b *models.Batch, ids []int32)
 }
 
 // queueAhead queues the step after b when the scheduler means to run it
-// (models.Batch.Continues) and b is a decode step (one token of each of
-// its sequences, each token's logits row its own) whose sequences' blocks
-// hold the next position.
-func (s *Shard) queueAhead(ctx context.Context, b *models.Batch) {
+// (models.Batch.Continues, with the next draws after a drawn step) and b
+// is a decode step (one token of each of its sequences, each token's
+// logits row its own) whose sequences' blocks hold the next position.
+func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 	n, bs := len(b.Pos), s.cache.BlockSize
-	if !b.Continues || n == 0 || len(b.Logits) != n || len(b.Seq) != n {
+	if !b.Continues || n == 0 || len(b.Logits) != n || len(b.Seq) != n || (drawn && len(b.NextDraws) != n) {
 		return
 	}
 	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n)}
+	if drawn {
+		a.rows = slices.Clone(b.NextDraws)
+	}
 	for i := range n {
 		if b.Logits[i] != int32(i) || b.Seq[i] < 0 || int(b.Seq[i]) >= len(b.Tables) || a.tables[b.Seq[i]] != nil {
 			return
@@ -94,7 +100,7 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch) {
 			a.tables[i] = []int32{} // a row no token reads
 		}
 	}
-	wait, err := s.model.IssueArgmax(ctx, s.cache, next, true, a.ids)
+	wait, err := s.model.IssueStep(ctx, s.cache, next, a.rows, true, a.ids)
 	if err != nil {
 		// Nothing is queued, or a step whose choices nobody reads: the
 		// next step is issued as asked.
@@ -104,11 +110,15 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch) {
 	s.ahead = a
 }
 
-// is reports whether b is the step a computes: the same rows at the same
-// positions, fed the tokens it was fed, over the same blocks.
-func (a *aheadStep) is(b *models.Batch) bool {
+// is reports whether b, drawn as rows say (nil: greedy), is the step a
+// computes: the same rows at the same positions, fed the tokens it was
+// fed, over the same blocks, with the same draws.
+func (a *aheadStep) is(b *models.Batch, rows []gpu.SampleRow) bool {
 	n := len(a.pos)
 	if len(b.Pos) != n || len(b.Tokens) != n || len(b.Seq) != n || len(b.Logits) != n || len(b.Tables) != len(a.tables) || len(a.fed) != n {
+		return false
+	}
+	if (rows == nil) != (a.rows == nil) || !slices.Equal(rows, a.rows) {
 		return false
 	}
 	for i := range n {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
@@ -16,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// TestShardQueuesAhead drives a shard that queues greedy steps ahead with
+// TestShardQueuesAhead drives a shard that queues greedy and drawn steps ahead with
 // hand-made plans, beside a shard that does not, on the demo model: every
 // reply equals the plain shard's; a plan that is the queued step is
 // answered by it; a plan fed another token, one whose blocks lack the next
@@ -114,11 +115,39 @@ func TestShardQueuesAhead(t *testing.T) {
 	expect("a jump", 4, 1, true)
 	logits := dec
 	logits.Argmax, logits.Pos = false, []int32{dec.Pos[0] + 1, 21}
-	if _, err := queued.Forward(ctx, logits); err != nil {
-		t.Fatal(err)
+	for _, sh := range []*Shard{queued, plain} {
+		if _, err := sh.Forward(ctx, logits); err != nil {
+			t.Fatal(err)
+		}
 	}
 	expect("a logits step", 4, 2, false)
-	// Each greedy step's span says how it was met.
+	// Drawn steps are queued with the next draws their plan carries; a plan
+	// whose draws are not the queued step's drops it; one without next
+	// draws queues nothing.
+	draws := func(u float64) []gpu.SampleRow {
+		return []gpu.SampleRow{{Temperature: 0.9, TopK: 20, U: u}, {Temperature: 1.1, U: 1 - u}}
+	}
+	dr := ForwardMsg{Tokens: []int32{1, 2}, Pos: []int32{logits.Pos[0] + 1, 22}, Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1},
+		Sample: draws(0.3), NextSample: draws(0.6), Continues: true}
+	drawNext := func(u, next float64) {
+		dr.Tokens, dr.Pos = slices.Clone(ids), []int32{dr.Pos[0] + 1, dr.Pos[1] + 1}
+		dr.Sample, dr.NextSample = draws(u), nil
+		if next >= 0 {
+			dr.NextSample = draws(next)
+		}
+	}
+	ids = step("drawn 1", dr)
+	expect("a drawn step", 4, 2, true)
+	drawNext(0.6, 0.8)
+	ids = step("drawn 2", dr)
+	expect("steady drawing", 5, 2, true)
+	drawNext(0.1, 0.2)
+	ids = step("another draw", dr)
+	expect("another draw", 5, 3, true)
+	drawNext(0.2, -1)
+	step("no next draws", dr)
+	expect("no next draws", 6, 3, false)
+	// Each greedy or drawn step's span says how it was met.
 	var how []string
 	for _, sp := range rec.Ended() {
 		for _, a := range sp.Attributes() {
@@ -127,7 +156,8 @@ func TestShardQueuesAhead(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"issued", "issued", "answered", "answered", "answered", "dropped", "answered", "issued", "issued"}
+	want := []string{"issued", "issued", "answered", "answered", "answered", "dropped", "answered", "issued", "issued",
+		"issued", "answered", "dropped", "answered"}
 	if !slices.Equal(how, want) {
 		t.Errorf("shard.ahead of the steps: %v, want %v", how, want)
 	}

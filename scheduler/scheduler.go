@@ -146,6 +146,7 @@ type Scheduler struct {
 	logits   []float32
 	ids      []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
 	rows     []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
+	next     []gpu.SampleRow // the draws of the step after it, when it Continues
 	in       []*seq          // the step's sequences, in table order
 	chunks   []int           // tokens of each
 	sampled  []*seq          // the step's sequences that get a token
@@ -410,7 +411,7 @@ plan:
 	// reaches its token limit or a waiting request may join them.
 	ae, greedy := s.engine.(ArgmaxEngine)
 	se, drawn := s.engine.(SampleEngine)
-	b.Continues = len(s.waiting) == 0
+	b.Continues, b.NextDraws = len(s.waiting) == 0, nil
 	for _, q := range sampled {
 		greedy = greedy && q.gen.Greedy()
 		drawn = drawn && q.gen.Drawable()
@@ -429,9 +430,16 @@ plan:
 		err = ae.ForwardArgmax(span.ctx, b, s.ids)
 	case drawn:
 		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
-		s.rows = s.rows[:0]
+		s.rows, s.next = s.rows[:0], s.next[:0]
 		for _, q := range sampled {
 			s.rows = append(s.rows, q.gen.Row())
+		}
+		if b.Continues {
+			// The next step's draws, taken now so that an engine may queue it.
+			for _, q := range sampled {
+				s.next = append(s.next, q.gen.NextRow())
+			}
+			b.NextDraws = s.next
 		}
 		err = se.ForwardSample(span.ctx, b, s.rows, s.ids)
 	default:

@@ -229,17 +229,27 @@ func TestSingleStageQueuesAhead(t *testing.T) {
 }
 
 // TestPipelineDraws: seeded, sampled requests served by one stage (whose
-// shard draws the tokens, ForwardMsg.Sample), by two stages (the last
-// draws) and by two stages cut into micro-batches (the pipeline draws from
-// the logits) get the same tokens.
+// shard draws the tokens, ForwardMsg.Sample), by one stage whose shard
+// queues each drawn step's successor with the next draws the plan carries
+// (ForwardMsg.NextSample), by two stages (the last draws) and by two
+// stages cut into micro-batches (the pipeline draws from the logits) get
+// the same tokens.
 func TestPipelineDraws(t *testing.T) {
 	s := demoSamples(t)[1]
 	msgs := []SubmitMsg{
 		{ID: "a", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 0.9, HasSeed: true, Seed: 7},
 		{ID: "b", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 1.1, TopK: 30, TopP: 0.9, MinP: 0.01, HasSeed: true, Seed: 8},
 	}
-	run := func(stages int, micro bool) [][]int32 {
+	var used, dropped int
+	run := func(stages int, micro, queue bool) [][]int32 {
 		var opts []replicaOpt
+		if queue {
+			opts = append(opts, func(_ *Pipeline, s *Shard) {
+				if s != nil {
+					s.QueueAhead = true
+				}
+			})
+		}
 		if !micro {
 			opts = append(opts, func(p *Pipeline, _ *Shard) {
 				if p != nil {
@@ -268,13 +278,23 @@ func TestPipelineDraws(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+		if queue {
+			sh := r.shards[0]
+			sh.mu.Lock()
+			used, dropped = sh.aheadUsed, sh.aheadDropped
+			sh.mu.Unlock()
+		}
 		return out
 	}
-	one, two, micro := run(1, false), run(2, false), run(2, true)
+	one, ahead, two, micro := run(1, false, false), run(1, false, true), run(2, false, false), run(2, true, false)
 	for i := range msgs {
-		if len(one[i]) != 10 || fmt.Sprint(one[i]) != fmt.Sprint(two[i]) || fmt.Sprint(one[i]) != fmt.Sprint(micro[i]) {
-			t.Errorf("request %s: one stage %v, two %v, two in micro-batches %v", msgs[i].ID, one[i], two[i], micro[i])
+		if len(one[i]) != 10 || fmt.Sprint(one[i]) != fmt.Sprint(ahead[i]) || fmt.Sprint(one[i]) != fmt.Sprint(two[i]) || fmt.Sprint(one[i]) != fmt.Sprint(micro[i]) {
+			t.Errorf("request %s: one stage %v, one queueing ahead %v, two %v, two in micro-batches %v", msgs[i].ID, one[i], ahead[i], two[i], micro[i])
 		}
+	}
+	t.Logf("queued ahead: %d drawn steps answered, %d dropped", used, dropped)
+	if used == 0 || used < dropped {
+		t.Errorf("%d drawn steps answered by a step queued ahead, %d dropped", used, dropped)
 	}
 }
 

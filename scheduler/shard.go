@@ -96,7 +96,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.model.Config
-	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues}
+	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues, NextDraws: m.NextSample}
 	if !s.model.IsFirst() {
 		in, err := readRef(ctx, s.plane, s.Remote, m.Input)
 		if err != nil {
@@ -115,8 +115,8 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		}
 		ids := make([]int32, len(m.Logits))
 		err := s.onDevice(ctx, func() error {
-			if m.Argmax && s.QueueAhead && s.model.Chains() && m.Micro == 0 && len(m.Logits) > 0 {
-				how, err := s.greedyChained(ctx, b, ids)
+			if s.QueueAhead && m.Micro == 0 && len(m.Logits) > 0 && (m.Argmax && s.model.Chains() || len(m.Sample) > 0 && s.model.ChainsDraws(m.Sample)) {
+				how, err := s.chained(ctx, b, m.Sample, ids)
 				if span.IsRecording() {
 					span.SetAttributes(ttrace.AttrShardAhead.String(how))
 				}
@@ -310,6 +310,7 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 // with rows it draws them.
 func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) (ForwardReply, error) {
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits, Continues: b.Continues}
+	next := b.NextDraws
 	var r ForwardReply
 	copied := false
 	for i, subj := range p.stages {
@@ -326,16 +327,20 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 			// reuses next step: it gets a copy that only it holds.
 			p.plan.copyOf(b)
 			p.plan.rows = append(p.plan.rows[:0], rows...)
-			rows = p.plan.rows
+			p.plan.next = append(p.plan.next[:0], next...)
+			rows, next = p.plan.rows, p.plan.next
 			msg.Tokens, msg.Pos, msg.Seq, msg.Tables, msg.Logits = p.plan.tokens, p.plan.pos, p.plan.seq, p.plan.tables, p.plan.logits
 			if i > 0 {
 				msg.Tokens = nil
 			}
 			copied = true
 		}
-		msg.Sample = nil
+		msg.Sample, msg.NextSample = nil, nil
 		if i == len(p.stages)-1 {
 			msg.Sample = rows
+			if len(rows) > 0 && len(next) == len(rows) {
+				msg.NextSample = next
+			}
 		}
 		sctx, cancel := context.WithTimeout(ctx, p.StepTimeout)
 		var err error
@@ -384,7 +389,7 @@ type plan struct {
 	tokens, pos, seq, logits []int32
 	tables                   [][]int32
 	flat                     []int32 // the tables' entries
-	rows                     []gpu.SampleRow
+	rows, next               []gpu.SampleRow
 }
 
 func (p *plan) copyOf(b *models.Batch) {

@@ -106,6 +106,9 @@ type ForwardMsg struct {
 	// Continues says the scheduler means to run next the step after this
 	// one for the same sequences (models.Batch.Continues).
 	Continues bool `msgpack:"continues,omitempty"`
+	// NextSample, for a Sample step that Continues, are the draws of the
+	// step after it (models.Batch.NextDraws).
+	NextSample []gpu.SampleRow `msgpack:"next_sample,omitempty"`
 }
 
 // Schema implements bus.Message.

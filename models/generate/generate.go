@@ -116,6 +116,10 @@ func (s *State) Drawable() bool {
 // the uniform number Next would take.
 func (s *State) Row() gpu.SampleRow { return s.sampler.Row() }
 
+// NextRow is the draw Row makes next, without making it
+// (sample.Sampler.NextRow): after a step's Row, the next step's.
+func (s *State) NextRow() gpu.SampleRow { return s.sampler.NextRow() }
+
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
 	id := s.sampler.Sample(logits, s.seen)

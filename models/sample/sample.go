@@ -48,6 +48,10 @@ type Sampler struct {
 	p       Params
 	rng     *rand.Rand
 	scratch gpu.SampleScratch
+	// next is the uniform number of the next draw when NextRow took it
+	// from rng ahead of that draw.
+	next    float64
+	hasNext bool
 }
 
 // New returns a sampler for p.
@@ -96,9 +100,34 @@ func (s *Sampler) Drawable() bool {
 func (s *Sampler) Row() gpu.SampleRow {
 	r := s.row()
 	if !s.Greedy() {
-		r.U = s.rng.Float64()
+		r.U = s.u()
 	}
 	return r
+}
+
+// NextRow returns the draw Row (or Sample) makes next, without making it:
+// its uniform number is taken from the generator now and kept for that
+// draw, so the sequence of numbers, and so of tokens, does not change.
+// Called after a step's Row, it lets a device queue the step after it
+// before the step is read.
+func (s *Sampler) NextRow() gpu.SampleRow {
+	r := s.row()
+	if !s.Greedy() {
+		if !s.hasNext {
+			s.next, s.hasNext = s.rng.Float64(), true
+		}
+		r.U = s.next
+	}
+	return r
+}
+
+// u takes the next draw's uniform number.
+func (s *Sampler) u() float64 {
+	if s.hasNext {
+		s.hasNext = false
+		return s.next
+	}
+	return s.rng.Float64()
 }
 
 func (s *Sampler) row() gpu.SampleRow {

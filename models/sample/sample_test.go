@@ -109,3 +109,38 @@ func TestPlainMatchesDistribution(t *testing.T) {
 		}
 	}
 }
+
+// TestNextRowKeepsTheSequence: looking at the next draw (NextRow), once or
+// twice, between draws taken by Row and by Sample leaves the uniform
+// numbers, and so the tokens, those of a sampler that never looks ahead.
+func TestNextRowKeepsTheSequence(t *testing.T) {
+	p := Params{Temperature: 0.8, TopK: 3, Seed: seed(11)}
+	plain, ahead := New(p), New(p)
+	logits := []float32{0.1, 0.5, 0.2, 0.9, 0.3}
+	for i := range 40 {
+		var next float64
+		if i%3 != 2 {
+			next = ahead.NextRow().U
+			if i%2 == 0 && ahead.NextRow().U != next {
+				t.Fatalf("draw %d: NextRow changed when asked twice", i)
+			}
+		}
+		if i%4 == 1 {
+			x, y := plain.Sample(append([]float32(nil), logits...), nil), ahead.Sample(append([]float32(nil), logits...), nil)
+			if x != y {
+				t.Fatalf("draw %d: Sample drew %d after NextRow, %d without", i, y, x)
+			}
+			continue
+		}
+		want, got := plain.Row(), ahead.Row()
+		if got != want {
+			t.Fatalf("draw %d: Row %+v after NextRow, %+v without", i, got, want)
+		}
+		if i%3 != 2 && got.U != next {
+			t.Fatalf("draw %d: Row took %v, NextRow said %v", i, got.U, next)
+		}
+	}
+	if g := New(Params{}).NextRow(); g.U != 0 || g.Temperature != 0 {
+		t.Errorf("a greedy sampler's next row %+v", g)
+	}
+}
