@@ -1,8 +1,10 @@
 package gpu
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -68,6 +70,9 @@ type SampleScratch struct {
 	idx      []int
 	prob     []float64
 	sums     []float64
+	mass     []float64 // a whole-row draw's sums by bucket (sampleBuckets)
+	head     []int32   // and each bucket's first token (or -1)
+	next     []int32   // and each token's next in its bucket (or -1)
 }
 
 // samplePiece is the logits an unfiltered or whole-row draw sums at a
@@ -104,8 +109,11 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 }
 
 // SampleHost draws a token from logits as r says, in float64: the
-// definition the devices' Sample follows. It may rewrite NaN logits as
-// -Inf.
+// definition the devices' Sample follows. Top-p and min-p over the whole
+// row add up probabilities a bucket of logits at a time where they can
+// (whole), so they draw the tokens that summing them one by one in sorted
+// order would, up to the order of float64 sums. It may rewrite NaN logits
+// as -Inf.
 func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 	n := len(logits)
 	for i, l := range logits {
@@ -165,54 +173,206 @@ func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 		for i := range prob {
 			prob[i] /= sum
 		}
-		k, _ = r.cut(prob, true)
+		k = r.cut(prob)
 		return int32(idx[r.draw(prob[:k])])
 	}
-	// Every token a candidate (top-p or min-p alone): normalised over the
-	// row in index order. The filters settle within the head of the
-	// sorted order unless they keep most of the row, so the head is sorted
-	// first, twice as long each time it does not settle them.
+	// Every token a candidate (top-p or min-p alone).
 	top := float64(logits[best]) / t
-	_, sums := s.expSums(logits, t, top)
+	if math.IsInf(top, 0) {
+		// No finite largest logit/t (every logit -Inf, or +Inf among
+		// them): every probability is NaN, so no filter cuts and the walk
+		// ends on the last token of the sorted row.
+		last := 0
+		for i, l := range logits {
+			if l <= logits[last] {
+				last = i
+			}
+		}
+		return int32(last)
+	}
+	prob, sums := s.expSums(logits, t, top)
 	var sum float64
 	for _, a := range sums {
 		sum += a
 	}
-	for m := min(n, 1024); ; m = min(n, 2*m) {
-		idx := s.first(logits, m)
-		prob := s.prob[:m]
-		for i, j := range idx {
-			prob[i] = math.Exp(float64(logits[j])/t-top) / sum
-		}
-		if k, ok := r.cut(prob, m == n); ok {
-			return int32(idx[r.draw(prob[:k])])
-		}
-	}
+	return s.whole(logits, r, float64(logits[best]), t, prob, sum)
 }
 
-// cut applies min-p and then top-p to prob, the candidates' probabilities
-// in sorted order (the head of that order unless complete), and returns
-// how many of them stay; ok is false when the head does not tell.
-func (r SampleRow) cut(prob []float64, complete bool) (k int, ok bool) {
-	k = len(prob)
-	known := complete
+// sampleBuckets is how many ranges of logits a whole-row draw counts the
+// row's probability in, each 1/sampleBuckets of sampleDepth wide in
+// logit/temperature (log-probability) from the largest logit down; the
+// last also takes every token below. A flat row at a usual temperature
+// spreads over hundreds of them, tens to hundreds of tokens each, while
+// their sums stay in the cache.
+const sampleBuckets = 4096
+
+// sampleDepth is the logit/temperature below the largest that the
+// buckets span: past it a token is less than e^-32 as likely as the most
+// likely, so even a row of a million tokens holds less than 2e-8 of its
+// probability there, and top-p (a float32 below 1) and the draw all but
+// never walk into it, though they may.
+const sampleDepth = 32
+
+// whole draws from logits with min-p and then top-p over the whole row:
+// prob holds each token's exp(logit/t - top), sum their sum, hi the
+// largest logit. Sorting the candidates would cost most of a draw where
+// the filters keep most of the row (a flat one), so whole sums their
+// probabilities by bucket of logits (each bucket a range of the sorted
+// order, ties within one) and walks the buckets from the largest logits
+// down as cut and draw walk the sorted candidates: a bucket that the
+// running sum passes whole is added as its sum, and only one in which it
+// reaches top-p or the draw is sorted and walked token by token. The sums
+// so differ from the sorted order's in rounding alone, and a draw costs a
+// pass over the row and the sort of a bucket or two, however much of it
+// the filters keep; only a row flatter than a bucket (every logit within
+// 1/128 of the temperature of the largest) comes to a sort of the row.
+func (s *SampleScratch) whole(logits []float32, r SampleRow, hi, t float64, prob []float64, sum float64) int32 {
+	// Min-p keeps the tokens at least c likely (c is 0 without it):
+	// probability rises with the logit, so they are the sorted order's
+	// first, as cut drops the last ones below c.
+	var c float64
+	if r.MinP > 0 {
+		c = float64(r.MinP) * (1 / sum)
+	}
+	mass, head, next := s.bucket(logits, prob, sum, c, hi, sampleBuckets/(sampleDepth*t))
+	last := sampleBuckets - 1 // the candidates' last bucket
+	for head[last] < 0 {
+		last--
+	}
+	got := -1 // the bucket items holds
+	var items []int
+	sorted := func(b int) []int {
+		if b != got {
+			items = s.idx[:0]
+			for i := head[b]; i >= 0; i = next[i] {
+				items = append(items, int(i))
+			}
+			slices.Reverse(items) // into index order: a run of ties is sorted
+			slices.SortFunc(items, func(i, j int) int {
+				if d := cmp.Compare(logits[j], logits[i]); d != 0 {
+					return d
+				}
+				return i - j
+			})
+			got = b
+		}
+		return items
+	}
+	// Top-p keeps the buckets before end whole and the first keep
+	// tokens of bucket end.
+	end, keep := last+1, 0
+	if tp := float64(r.TopP); tp > 0 && tp < 1 {
+		var acc float64
+	cut:
+		for b := range end {
+			if acc+mass[b] < tp {
+				acc += mass[b]
+				continue
+			}
+			for j, i := range sorted(b) {
+				if acc += prob[i]; acc >= tp {
+					end, keep = b, j+1
+					break cut
+				}
+			}
+		}
+	}
+	// The draw, over the buckets kept whole and then the tokens of the
+	// cut one.
+	var total float64
+	for _, m := range mass[:end] {
+		total += m
+	}
+	if keep > 0 {
+		for _, i := range sorted(end)[:keep] {
+			total += prob[i]
+		}
+	}
+	u := r.U * total
+	for b, m := range mass[:end] {
+		if u >= m {
+			u -= m
+			continue
+		}
+		for _, i := range sorted(b) {
+			if u -= prob[i]; u < 0 {
+				return int32(i)
+			}
+		}
+	}
+	if keep > 0 {
+		kept := sorted(end)[:keep]
+		for _, i := range kept {
+			if u -= prob[i]; u < 0 {
+				return int32(i)
+			}
+		}
+		return int32(kept[keep-1])
+	}
+	kept := sorted(last)
+	return int32(kept[len(kept)-1])
+}
+
+// bucket normalises prob by sum and sums the candidates' probabilities
+// (those at least c) by bucket into mass, listing each bucket's tokens
+// from head through next (-1 ends a list); the other tokens go to bucket
+// sampleBuckets, out of the walk. A token's bucket, (hi - logit)·scale
+// up to the last, falls as its logit rises (each step is monotone), so a
+// bucket's tokens all come before a later one's in the sorted order, and
+// ties share one.
+func (s *SampleScratch) bucket(logits []float32, prob []float64, sum, c, hi, scale float64) (mass []float64, head, next []int32) {
+	n := len(logits)
+	if cap(s.next) < n {
+		s.next = make([]int32, n)
+	}
+	if s.mass == nil {
+		s.mass, s.head = make([]float64, sampleBuckets+1), make([]int32, sampleBuckets+1)
+	}
+	mass, head, next = s.mass, s.head, s.next[:n]
+	clear(mass)
+	for b := range head {
+		head[b] = -1
+	}
+	prob = prob[:n]
+	for i, l := range logits {
+		p := prob[i] / sum
+		prob[i] = p
+		f := (hi - float64(l)) * scale
+		b := int(f)
+		if !(f < sampleBuckets-1) {
+			b = sampleBuckets - 1
+		}
+		// Out of min-p (p < c: p-c negative, its sign bit set), the
+		// token goes to bucket sampleBuckets, without a branch that
+		// half of a flat row's tokens would mispredict.
+		out := int(math.Float64bits(p-c) >> 63)
+		b += out * (sampleBuckets - b)
+		mass[b] += p
+		next[i], head[b] = head[b], int32(i)
+	}
+	return mass, head, next
+}
+
+// cut applies min-p and then top-p to prob, the candidates'
+// probabilities in sorted order, and returns how many of them stay.
+func (r SampleRow) cut(prob []float64) int {
+	k := len(prob)
 	if mp := float64(r.MinP); mp > 0 {
 		c := mp * prob[0]
 		for k > 1 && prob[k-1] < c {
 			k--
 		}
-		known = known || k < len(prob)
 	}
 	if tp := float64(r.TopP); tp > 0 && tp < 1 {
 		var acc float64
 		for i := 0; i < k; i++ {
 			acc += prob[i]
 			if acc >= tp {
-				return i + 1, true
+				return i + 1
 			}
 		}
 	}
-	return k, known
+	return k
 }
 
 // draw walks prob, the kept candidates' probabilities, with r.U and

@@ -3,6 +3,7 @@ package gpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -12,9 +13,10 @@ import (
 // implementation of the definition (a full sort of the row, then top-k,
 // min-p and top-p over the sorted probabilities) on rows with many ties,
 // a NaN and -Inf, for k from 1 to 40 and for top-p and min-p over the
-// whole row (where SampleHost sorts only as much of the row as settles
-// them, up to all of it for a top-p of 0.999), several draws each; and
-// that greedy and unfiltered draws keep to their definitions.
+// whole row (where SampleHost sums a bucket of logits at a time, here a
+// run of ties each, up to all of the row for a top-p of 0.999), several
+// draws each; and that greedy and unfiltered draws keep to their
+// definitions.
 func TestSampleHostFilters(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const n = 3000
@@ -50,8 +52,16 @@ func TestSampleHostFilters(t *testing.T) {
 }
 
 func sampleByDefinition(in []float32, r SampleRow) int32 {
-	l := make([]float64, len(in))
-	idx := make([]int, len(in))
+	l, idx := sortByDefinition(in)
+	tok, _, _ := drawByDefinition(l, idx, r)
+	return tok
+}
+
+// sortByDefinition returns in as float64 (NaN as -Inf) and its indexes in
+// sorted order: descending, ties to the lower index.
+func sortByDefinition(in []float32) (l []float64, idx []int) {
+	l = make([]float64, len(in))
+	idx = make([]int, len(in))
 	for i, v := range in {
 		l[i], idx[i] = float64(v), i
 		if v != v {
@@ -59,6 +69,14 @@ func sampleByDefinition(in []float32, r SampleRow) int32 {
 		}
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return l[idx[a]] > l[idx[b]] })
+	return l, idx
+}
+
+// drawByDefinition draws from the row l sorted as idx says: top-k, min-p
+// and top-p over the sorted probabilities, then the walk with r.U. It
+// returns the token, the kept tokens' probabilities and the point u of
+// the walk (r.U times their sum).
+func drawByDefinition(l []float64, idx []int, r SampleRow) (tok int32, kept []float64, u float64) {
 	k := len(l)
 	if r.TopK > 0 {
 		k = min(int(r.TopK), k)
@@ -89,13 +107,110 @@ func sampleByDefinition(in []float32, r SampleRow) int32 {
 	for _, v := range p[:k] {
 		total += v
 	}
-	u := r.U * total
+	u = r.U * total
+	w := u
 	for i, v := range p[:k] {
-		if u -= v; u < 0 {
-			return int32(idx[i])
+		if w -= v; w < 0 {
+			return int32(idx[i]), p[:k], u
 		}
 	}
-	return int32(idx[k-1])
+	return int32(idx[k-1]), p[:k], u
+}
+
+// TestSampleHostWhole checks top-p and min-p over whole rows of 100,352
+// tokens that keep much of the row (where SampleHost sums a bucket of
+// logits at a time) against the definition, a full sort of the row: a
+// flat row (uniform in [-3, 3]), one of 48 values (runs of ties two
+// thousand long) and a wide one (normal, standard deviation 12, so that
+// many tokens lie past the buckets' depth, some kept by a min-p of
+// 1e-20), each with NaN, -Inf and a tie for the largest logit among them,
+// at two temperatures, eight filters and draws from 0 to the largest
+// below 1. A draw may take another token than the definition only where
+// the walk's point lies within 1e-12 of that token's stretch of it (a
+// draw of 1-1e-16 among tokens 1e-20 likely), and only one in twenty
+// may. Rows without a finite largest logit (all -Inf or NaN, or +Inf
+// among them) take the definition's token too.
+func TestSampleHostWhole(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const n = 100352
+	rows := []struct {
+		name string
+		draw func() float32
+	}{
+		{"flat", func() float32 { return float32(rng.Float64()*6 - 3) }},
+		{"ties", func() float32 { return float32(rng.IntN(48))/8 - 3 }},
+		{"wide", func() float32 { return float32(rng.NormFloat64() * 12) }},
+	}
+	filters := []SampleRow{{TopP: 0.9}, {TopP: 0.5}, {TopP: 0.99}, {TopP: math.Nextafter32(1, 0)},
+		{MinP: 0.05}, {MinP: 0.3}, {MinP: 0.02, TopP: 0.95}, {MinP: 1e-20}}
+	var s SampleScratch
+	draws, near := 0, 0 // near: draws of another token within rounding
+	for _, row := range rows {
+		logits := make([]float32, n)
+		for i := range logits {
+			logits[i] = row.draw()
+		}
+		for i := 100; i < n; i += 997 {
+			logits[i] = float32(math.Inf(-1))
+		}
+		logits[5] = float32(math.NaN())
+		logits[n-3] = slices.Max(logits[6:]) // a tie for the largest
+		l, idx := sortByDefinition(logits)
+		most := 0 // the most tokens a draw kept
+		for _, temp := range []float32{0.6, 1.7} {
+			for _, f := range filters {
+				for _, u := range []float64{0, rng.Float64(), 0.999999999, math.Nextafter(1, 0)} {
+					r := f
+					r.Temperature, r.U = temp, u
+					got := SampleHost(slices.Clone(logits), r, &s)
+					want, kept, at := drawByDefinition(l, idx, r)
+					draws++
+					most = max(most, len(kept))
+					if got == want {
+						continue
+					}
+					// Another kept token only where the walk's point lies
+					// within 1e-12 of its stretch of the sorted walk.
+					pos := slices.Index(idx[:len(kept)], int(got))
+					var before float64
+					for _, p := range kept[:max(pos, 0)] {
+						before += p
+					}
+					if pos < 0 || at < before-1e-12 || at > before+kept[pos]+1e-12 {
+						t.Fatalf("%s row, %+v: drew %d, by the definition %d (of %d kept)", row.name, r, got, want, len(kept))
+					}
+					near++
+					t.Logf("%s row, %+v: drew %d, by the definition %d, within %.1g of the walk's point", row.name, r, got, want, max(before-at, at-before-kept[pos]))
+				}
+			}
+		}
+		if most < n/4 {
+			t.Errorf("%s row: the filters kept at most %d tokens, not most of the row", row.name, most)
+		}
+	}
+	if near > draws/20 {
+		t.Errorf("%d draws of %d came within rounding of the definition's token but not to it", near, draws)
+	}
+	inf := float32(math.Inf(1))
+	dead := make([]float32, 1000) // every logit -Inf or NaN
+	for i := range dead {
+		dead[i] = -inf
+	}
+	dead[3] = float32(math.NaN())
+	hot := make([]float32, 1000) // +Inf among finite logits
+	for i := range hot {
+		hot[i] = float32(rng.NormFloat64())
+	}
+	hot[3], hot[9], hot[600] = float32(math.NaN()), -inf, inf
+	for _, logits := range [][]float32{dead, hot} {
+		for _, f := range filters {
+			r := f
+			r.Temperature, r.U = 1, 0.5
+			if got, want := SampleHost(slices.Clone(logits), r, &s), sampleByDefinition(logits, r); got != want {
+				t.Errorf("logits %v…, %+v: drew %d, by the definition %d", logits[:4], r, got, want)
+			}
+		}
+	}
 }
 
 // TestSampleHostParallel: unfiltered and whole-row top-p draws take the
