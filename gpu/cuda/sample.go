@@ -12,14 +12,19 @@ var _ gpu.Sampler = (*Device)(nil)
 
 // sampleRows and sampleRowBytes are SAMPLE_ROWS and sizeof(SampleRow) in
 // kernels/cuda/sample.cu: the draws of a launch travel by value.
+// sampleShmem is its SAMPLE_SMEM, the dynamic shared memory of a block: an
+// exponential table, a histogram and 8,192 candidates (88 KiB, within what
+// every GPU from sm_80 on lends a block).
 const (
 	sampleRows     = 64
 	sampleRowBytes = 24
+	sampleShmem    = 8192 + 4096*4 + 8192*8
 )
 
-// Sample implements gpu.Sampler: sample_rows, one block of 1024 threads a
-// row, up to 64 rows a launch. A whole-row filter that keeps more than
-// gpu.MaxSampleTopK tokens is left to the caller (-1).
+// Sample implements gpu.Sampler: sample_rows, one block of 1024 threads
+// (and sampleShmem bytes of shared memory) a row, up to 64 rows a launch.
+// A whole-row filter that keeps more than gpu.MaxSampleTopK tokens is left
+// to the caller (-1).
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
 	if err := d.enter(op); err != nil {
@@ -56,7 +61,7 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 			binary.LittleEndian.PutUint32(p[12:], uint32(sr.TopK))
 			binary.LittleEndian.PutUint64(p[16:], math.Float64bits(sr.U))
 		}
-		err := d.launch(kern, grid1(cnt), grid1(1024), 0,
+		err := d.launch(kern, grid1(cnt), grid1(1024), sampleShmem,
 			arg{kind: argBuf, name: "out", buf: b[0], dt: gpu.I32, off: lo, n: cnt},
 			arg{kind: argBuf, name: "logits", buf: b[1], dt: gpu.F32, off: lo * width, n: cnt * width},
 			i32Arg(width), rawArg(raw))

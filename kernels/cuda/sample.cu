@@ -1,24 +1,82 @@
 // Token draws from rows of logits on the device, as gpu.SampleHost
-// (gpu/sample.go) defines them: one block of ST threads a row, each thread
-// a contiguous chunk of the row.
+// (gpu/sample.go) defines them. One block of ST threads draws a row. Every
+// pass over the row is coalesced: warp w owns the w-th of 32 contiguous
+// segments of the row (whole groups of 32 logits) and reads it 32
+// consecutive logits at a time, lane by lane, with 8 or 16 loads in flight
+// a thread. NaN logits count as -Inf.
 //
-// Greedy rows take the first largest logit. Unfiltered draws sum
-// exp(l/T - max/T) in float64 over each chunk, scan the chunks' sums in
-// index order and let the chunk holding u·total walk to the token.
+// Greedy rows take the first largest logit: one pass.
+//
+// Unfiltered draws need the row's largest logit before its exponentials;
+// one pass finds both. Each warp sums exp(l/T - ref) in float64 against a
+// reference ref of its own, the largest logit it has seen over T, which it
+// raises (rescaling its sums) only when a logit passes it by more than
+// 300/T, so that no term overflows. The segments' sums, brought to
+// exp(l/T - max/T), are scanned in index order to find the segment where
+// u·total falls; that segment is cut into 32 pieces of whole 32-logit
+// groups whose sums are scanned again, and one warp walks its piece with
+// inclusive warp scans to the first logit whose cumulative sum passes
+// u·total. Where the host's walk would end without a token (a NaN sum, or
+// u·total rounded up to the total) the draw takes the first largest logit,
+// as the host does.
+//
+// The passes' exponentials use exp_fast (a 64-entry table of 2^(j/64) and
+// a degree-5 polynomial: within a few ulp of exp) of l/T - ref formed as
+// EXACT_ABOVE says: as the host forms it where |ref| is large, else with
+// l·(1/T), within 1e-12 of the host's for every term that counts; a logit
+// equal to the reference's gives exactly 0 either way. The draws of host
+// and device may part only where u lies within about 1e-12 of a token's
+// edge, which gputest's tolerance (1e-9) covers.
+//
 // Filtered draws keep k candidates: top-k's k (at most 1024), or, for
 // top-p and min-p over the whole row, its 1024 most likely tokens, the
 // head of the sorted order. They find the k-th largest logit by a radix
-// select over order-preserving keys (four passes of 8-bit digits), gather
-// the k candidates (ties to the lower index) into shared memory, sort them
-// by a bitonic network, and run the host's float64 loop over them in one
-// thread. A whole-row draw whose filters the head does not settle (it
-// would keep more than 1024 tokens) writes -1: the caller draws that row
-// on the host. NaN logits count as -Inf.
+// select over order-preserving keys (okey): the first pass over the row
+// counts the keys' top 12 bits in shared memory (a thread adds runs of
+// equal bins at once, so rows of equal or masked logits cost few atomics),
+// and, for a whole-row filter, sums the row's exponentials as unfiltered
+// draws do. A second pass compacts every logit whose key reaches the lower
+// edge of the bin holding the k-th largest into shared memory (key and
+// index, SAMPLE_CAP of them at most); the remaining 20 bits are selected
+// there. Ties at the k-th largest key keep the lowest indexes: among more
+// tied candidates than needed, a radix select over the indexes finds the
+// last index kept. Should the bin hold more candidates than SAMPLE_CAP, the
+// row is counted again on the next 10 bits (twice at most); should 32 bits
+// still leave too many (a mass of equal logits), the k are gathered from
+// the row itself, the ties ranked in index order. The k candidates are
+// sorted (value descending, index ascending) by a bitonic network over the
+// next power of two from max(k, 32): one per thread, partners within a warp
+// exchanged by shuffles and the others through shared memory. The host's
+// float64 loop then runs across the block, thread i holding the i-th
+// candidate: its probability as the host forms it (exp of l/T - max/T over
+// the candidates' sum, or the row's), min-p's cut a block maximum, top-p's
+// cumulative sums a block scan whose first crossing a block minimum finds
+// (should a sum lie within 1e-12 of top_p before the first clear crossing,
+// one thread adds them one by one in sorted order instead, as the host
+// does for top-k), and the draw's walk a
+// block minimum over the same sums. A whole-row draw whose filters the
+// head does not settle (it would keep more than 1024 tokens) writes -1:
+// the caller draws that row on the host.
 #include "common.cuh"
 
-#define ST 1024          // threads a row
-#define SAMPLE_ROWS 64   // rows a launch (the rows travel by value)
-#define SAMPLE_TOPK 1024 // gpu.MaxSampleTopK
+#define ST 1024             // threads a row
+#define SAMPLE_ROWS 64      // rows a launch (the rows travel by value)
+#define SAMPLE_TOPK 1024    // gpu.MaxSampleTopK
+#define SAMPLE_CAP 8192     // candidates compacted into shared memory
+#define SAMPLE_BINS 4096    // bins of the first histogram (12 bits)
+// Dynamic shared memory (gpu/cuda/sample.go passes SAMPLE_SMEM): the
+// exponential table (16 copies of 64 doubles, 8 KiB), the histogram, whose
+// 16 KiB the sort's two buffers of ST keys reuse, and the candidates' keys
+// and indexes (2 × 32 KiB).
+#define SAMPLE_TAB_OFF 0
+#define SAMPLE_HIST_OFF 8192
+#define SAMPLE_CKEY_OFF (SAMPLE_HIST_OFF + SAMPLE_BINS * 4)
+#define SAMPLE_CIDX_OFF (SAMPLE_CKEY_OFF + SAMPLE_CAP * 4)
+#define SAMPLE_SMEM (SAMPLE_CIDX_OFF + SAMPLE_CAP * 4)
+#define LOADS 16          // loads in flight a thread in the light passes
+#define SUM_LOADS 8       // and in those that sum exponentials
+#define ALL_LANES 0xffffffffu
+#define NO_INDEX 0x7fffffff
 
 // SampleRow is gpu.SampleRow as the host packs it.
 struct SampleRow {
@@ -30,255 +88,722 @@ struct SampleRows {
   SampleRow r[SAMPLE_ROWS];
 };
 
-DEV float clean(float f) { return f != f ? -__int_as_float(0x7f800000) : f; }
+// SampleShared is a block's small shared state: per-warp partials, the
+// scans' scratch and broadcasts.
+struct SampleShared {
+  double d[32], d2[32], bd;
+  float f[32];
+  int i[32];
+  unsigned u[32], u2[32], sel[3], count;
+};
 
-// okey orders floats (NaN as -Inf) as unsigned integers.
+// exp2_64[j] is 2^(j/64), correctly rounded.
+__constant__ double exp2_64[64] = {
+    0x1.0000000000000p+0, 0x1.02c9a3e778061p+0, 0x1.059b0d3158574p+0, 0x1.0874518759bc8p+0,
+    0x1.0b5586cf9890fp+0, 0x1.0e3ec32d3d1a2p+0, 0x1.11301d0125b51p+0, 0x1.1429aaea92de0p+0,
+    0x1.172b83c7d517bp+0, 0x1.1a35beb6fcb75p+0, 0x1.1d4873168b9aap+0, 0x1.2063b88628cd6p+0,
+    0x1.2387a6e756238p+0, 0x1.26b4565e27cddp+0, 0x1.29e9df51fdee1p+0, 0x1.2d285a6e4030bp+0,
+    0x1.306fe0a31b715p+0, 0x1.33c08b26416ffp+0, 0x1.371a7373aa9cbp+0, 0x1.3a7db34e59ff7p+0,
+    0x1.3dea64c123422p+0, 0x1.4160a21f72e2ap+0, 0x1.44e086061892dp+0, 0x1.486a2b5c13cd0p+0,
+    0x1.4bfdad5362a27p+0, 0x1.4f9b2769d2ca7p+0, 0x1.5342b569d4f82p+0, 0x1.56f4736b527dap+0,
+    0x1.5ab07dd485429p+0, 0x1.5e76f15ad2148p+0, 0x1.6247eb03a5585p+0, 0x1.6623882552225p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.6dfb23c651a2fp+0, 0x1.71f75e8ec5f74p+0, 0x1.75feb564267c9p+0,
+    0x1.7a11473eb0187p+0, 0x1.7e2f336cf4e62p+0, 0x1.82589994cce13p+0, 0x1.868d99b4492edp+0,
+    0x1.8ace5422aa0dbp+0, 0x1.8f1ae99157736p+0, 0x1.93737b0cdc5e5p+0, 0x1.97d829fde4e50p+0,
+    0x1.9c49182a3f090p+0, 0x1.a0c667b5de565p+0, 0x1.a5503b23e255dp+0, 0x1.a9e6b5579fdbfp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b33a2b84f15fbp+0, 0x1.b7f76f2fb5e47p+0, 0x1.bcc1e904bc1d2p+0,
+    0x1.c199bdd85529cp+0, 0x1.c67f12e57d14bp+0, 0x1.cb720dcef9069p+0, 0x1.d072d4a07897cp+0,
+    0x1.d5818dcfba487p+0, 0x1.da9e603db3285p+0, 0x1.dfc97337b9b5fp+0, 0x1.e502ee78b3ff6p+0,
+    0x1.ea4afa2a490dap+0, 0x1.efa1bee615a27p+0, 0x1.f50765b6e4540p+0, 0x1.fa7c1819e90d8p+0,
+};
+
+DEV float neg_inf() { return -__int_as_float(0x7f800000); }
+
+// clean reads NaN as -Inf.
+DEV float clean(float f) { return f != f ? neg_inf() : f; }
+
+// finite reports whether f is neither infinite nor NaN.
+DEV bool finite(float f) { return fabsf(f) <= 3.40282347e38f; }
+
+// okey orders floats as unsigned integers: NaN as -Inf, -0 as +0 (equal
+// logits, equal keys).
 DEV unsigned okey(float f) {
   unsigned b = __float_as_uint(clean(f));
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  if (b == 0x80000000u) b = 0u;
+  return b ^ ((unsigned)((int)b >> 31) | 0x80000000u);
 }
 
-// block_sum adds v over the block; every thread gets the sum.
-DEV unsigned block_sum(unsigned v, unsigned* sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // sh is free
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0u;
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// kval is the float whose key is k.
+DEV float kval(unsigned k) { return __uint_as_float((k & 0x80000000u) ? k ^ 0x80000000u : ~k); }
+
+// Shuffles of 64-bit values, as two 32-bit ones.
+DEV double shfl_d(double v, int src) {
+  int lo = __shfl_sync(ALL_LANES, __double2loint(v), src), hi = __shfl_sync(ALL_LANES, __double2hiint(v), src);
+  return __hiloint2double(hi, lo);
+}
+DEV double shfl_xor_d(double v, int m) {
+  int lo = __shfl_xor_sync(ALL_LANES, __double2loint(v), m), hi = __shfl_xor_sync(ALL_LANES, __double2hiint(v), m);
+  return __hiloint2double(hi, lo);
+}
+DEV double shfl_up_d(double v, int d) {
+  int lo = __shfl_up_sync(ALL_LANES, (unsigned)__double2loint(v), d);
+  int hi = __shfl_up_sync(ALL_LANES, (unsigned)__double2hiint(v), d);
+  return __hiloint2double(hi, lo);
+}
+DEV unsigned long long shfl_xor_u64(unsigned long long v, int m) {
+  unsigned lo = (unsigned)__shfl_xor_sync(ALL_LANES, (int)(unsigned)v, m);
+  unsigned hi = (unsigned)__shfl_xor_sync(ALL_LANES, (int)(unsigned)(v >> 32), m);
+  return ((unsigned long long)hi << 32) | lo;
+}
+
+// Warp reductions and inclusive scans (every lane gets its result).
+DEV double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += shfl_xor_d(v, o);
   return v;
 }
-
-// block_scan returns the sum of v over the threads before this one (in
-// thread order) and sets total to the sum over all.
-template <typename T>
-DEV T block_scan(T v, T* sh, T& total) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  T x = v;
+DEV int warp_max_i(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(ALL_LANES, v, o));
+  return v;
+}
+DEV int warp_min_i(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(ALL_LANES, v, o));
+  return v;
+}
+DEV unsigned warp_incl_u(unsigned x) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    T y = __shfl_up_sync(0xffffffffu, x, o);
+    unsigned y = __shfl_up_sync(ALL_LANES, x, o);
     if (lane >= o) x += y;
   }
-  T before = __shfl_up_sync(0xffffffffu, x, 1);
-  if (lane == 0) before = T(0);
-  __syncthreads();  // sh is free
-  if (lane == 31) sh[w] = x;
-  __syncthreads();
-  if (w == 0) {
-    T s = lane < nw ? sh[lane] : T(0);
-    for (int o = 1; o < 32; o <<= 1) {
-      T y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
-    if (lane < nw) sh[lane] = s;
+  return x;
+}
+DEV double warp_incl_d(double x) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    double y = shfl_up_d(x, o);
+    if (lane >= o) x += y;
   }
-  __syncthreads();
-  total = sh[nw - 1];
-  return (w ? sh[w - 1] : T(0)) + before;
+  return x;
 }
 
-// before: candidate a comes before b (larger logit, then lower index).
-DEV bool before(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
+// last_lane is the highest lane whose bit is set in m (m not 0).
+DEV int last_lane(unsigned m) { return 31 - __clz(m); }
 
-// kth_key returns the k-th largest of the row's keys (okey), 1 ≤ k ≤
-// width: a digit of 8 bits a pass from the top, each pass counting the
-// keys that share the digits found so far (one shared-memory add per
-// warp and digit).
-DEV unsigned kth_key(const float* __restrict__ l, int width, unsigned k, unsigned* hist, unsigned* sel) {
-  int tid = threadIdx.x, lane = tid & 31;
-  unsigned prefix = 0u, mask = 0u;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < 256; i += ST) hist[i] = 0u;
-    __syncthreads();
-    for (int base = 0; base < width; base += ST) {
-      int i = base + tid;
-      unsigned key = i < width ? okey(l[i]) : 0u;
-      bool in = i < width && (key & mask) == prefix;
-      unsigned bin = in ? (key >> shift) & 255u : 256u;
-      unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
-    }
-    __syncthreads();
-    // The digit: the largest d whose count of keys with this digit or a
-    // larger one reaches k; lane L of warp 0 takes digits 255-8L down.
-    if (tid < 32) {
-      unsigned c[8], s = 0u;
+// Block-wide operations: every thread calls them and gets the result. Each
+// starts with a barrier, so that its shared scratch is free.
+
+// block_excl_u returns the sum of v over the threads before this one and
+// sets total to the sum over all.
+DEV unsigned block_excl_u(unsigned v, SampleShared& ss, unsigned& total) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  unsigned x = warp_incl_u(v);
+  __syncthreads();
+  if (lane == 31) ss.u[w] = x;
+  __syncthreads();
+  unsigned t = warp_incl_u(ss.u[lane]);
+  total = (unsigned)__shfl_sync(ALL_LANES, (int)t, 31);
+  unsigned before = (unsigned)__shfl_sync(ALL_LANES, (int)t, max(w - 1, 0));
+  return (w ? before : 0u) + x - v;
+}
+
+// block_incl_d returns the sum of v over the threads up to this one, in
+// thread order.
+DEV double block_incl_d(double v, SampleShared& ss) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  double x = warp_incl_d(v);
+  __syncthreads();
+  if (lane == 31) ss.d2[w] = x;
+  __syncthreads();
+  double t = warp_incl_d(ss.d2[lane]);
+  double before = shfl_d(t, max(w - 1, 0));
+  return w ? before + x : x;
+}
+
+// block_reduce combines v over the block with the warp-level reduction
+// warp (warp_sum_d, warp_max_i, warp_min_i), through the 32 entries sh of
+// the shared scratch; every thread gets the result.
+template <typename T, typename W>
+DEV T block_reduce(T v, T* sh, W warp) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  v = warp(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  return warp(sh[lane]);
+}
+DEV double block_sum_d(double v, SampleShared& ss) { return block_reduce(v, ss.d2, warp_sum_d); }
+DEV int block_max_i(int v, SampleShared& ss) { return block_reduce(v, ss.i, warp_max_i); }
+DEV int block_min_i(int v, SampleShared& ss) { return block_reduce(v, ss.i, warp_min_i); }
+
+// argmax_merge keeps the first largest of (bv, bi) and (ov, oi).
+DEV void argmax_merge(float& bv, int& bi, float ov, int oi) {
+  if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+}
+
+// block_argmax returns the first largest logit's index over the threads'
+// (bv, bi), each a thread's first largest (bi NO_INDEX where it has none).
+DEV int block_argmax(float bv, int bi, SampleShared& ss) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
-      for (int j = 0; j < 8; j++) s += c[j] = hist[255 - (lane * 8 + j)];
-      unsigned x = s;
-      for (int o = 1; o < 32; o <<= 1) {
-        unsigned y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-      }
-      unsigned acc = x - s;
+  for (int o = 16; o; o >>= 1)
+    argmax_merge(bv, bi, __shfl_xor_sync(ALL_LANES, bv, o), __shfl_xor_sync(ALL_LANES, bi, o));
+  __syncthreads();
+  if (lane == 0) ss.f[w] = bv, ss.i[w] = bi;
+  __syncthreads();
+  bv = ss.f[lane], bi = ss.i[lane];
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        if (acc < k && acc + c[j] >= k) sel[0] = 255 - (lane * 8 + j), sel[1] = acc;
-        acc += c[j];
-      }
-    }
-    __syncthreads();
-    prefix |= sel[0] << shift;
-    mask |= 255u << shift;
-    k -= sel[1];
+  for (int o = 16; o; o >>= 1)
+    argmax_merge(bv, bi, __shfl_xor_sync(ALL_LANES, bv, o), __shfl_xor_sync(ALL_LANES, bi, o));
+  return bi == NO_INDEX ? 0 : bi;
+}
+
+// load_group loads this lane's N logits of the group of 32·N from g
+// (logit g + lane + 32u, fill past b), the loads in flight together.
+template <int N>
+DEV void load_group(const float* __restrict__ l, int g, int b, float (&v)[N], float fill) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < N; u++) {
+    int i = g + lane + 32 * u;
+    v[u] = i < b ? l[i] : fill;
   }
-  return prefix;
+}
+
+// greedy_pass sets (bv, bi) to this lane's first largest logit of its
+// warp's segment [a, b) (bi NO_INDEX if the lane has none).
+DEV void greedy_pass(const float* __restrict__ l, int a, int b, float& bv, int& bi) {
+  const int lane = threadIdx.x & 31;
+  bv = neg_inf(), bi = NO_INDEX;
+  for (int g = a; g < b; g += 32 * LOADS) {
+    float v[LOADS];
+    load_group(l, g, b, v, 0.f);
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) {
+      int i = g + lane + 32 * u;
+      float c = clean(v[u]);
+      if (i < b && (c > bv || bi == NO_INDEX)) bv = c, bi = i;
+    }
+  }
+}
+
+// exp_slow is exp(x) for exp_fast's rare arguments, out of line so that
+// the passes' loops stay small.
+__device__ __noinline__ double exp_slow(double x) { return x < -746.0 ? 0.0 : exp(x); }
+
+// exp_fast returns e^x: x = (64n + j)·ln2/64 + r with |r| ≤ ln2/128, e^x =
+// 2^n · 2^(j/64) · (1 + expm1(r)), expm1 by a degree-5 polynomial (its
+// error under 4e-17), within a few ulp of exp for |x| < 704 and exp's
+// below that. tab is this lane's copy of 2^(j/64) (entry j at tab[16j]):
+// the 16 lanes of a half-warp read 16 different banks.
+DEV double exp_fast(double x, const double* tab) {
+  const double shifter = 0x1.8p52;  // adding it rounds to an integer
+  double kd = fma(x, 0x1.71547652b82fep+6, shifter);  // x·64/ln2
+  int n = __double2loint(kd);
+  kd -= shifter;
+  double r = fma(kd, -0x1.62e42fefa39efp-7, x);  // x - kd·ln2/64
+  double q = fma(fma(fma(r, 1.0 / 120, 1.0 / 24), r, 1.0 / 6), r, 0.5);
+  double em1 = fma(q, r * r, r);
+  double tj = tab[(n & 63) << 4];
+  double e = fma(tj, em1, tj);
+  e = __hiloint2double((int)((unsigned)__double2hiint(e) + ((unsigned)(n >> 6) << 20)), __double2loint(e));
+  if (!(fabs(x) < 704.0)) e = exp_slow(x);
+  return e;
+}
+
+// quot is v/T rounded as a division rounds it: v·(1/T) (rt, itself a
+// rounded quotient) corrected once (Markstein), which gives the rounded
+// quotient for every finite float v and T > 0; ±Inf stays ±Inf.
+DEV double quot(double v, double t, double rt) {
+  double q = __dmul_rn(v, rt), c = fma(fma(-q, t, v), rt, q);
+  return c == c ? c : q;
+}
+
+// The device forms l/T - ref as the host does, quot(l) - ref with ref a
+// rounded quotient too, only where |ref| > EXACT_ABOVE; below, it takes
+// l·(1/T) - ref', ref' the reference's rounded product, which differs from
+// the host's by at most about 2^-52·|l/T|: below 1e-12 for every term that
+// counts (within 1000 of ref). Both give exactly 0 for l equal to the
+// reference's logit.
+#define EXACT_ABOVE 4096.0
+
+// ExpSum is a lane's share of a warp's sum of exp(l/T - ref): refq, the
+// warp's reference (the largest logit it had seen when it last raised it,
+// top, as quot(top); -Inf before any) and reff, top·(1/T); thr, the logit
+// above which the warp raises them.
+struct ExpSum {
+  double s, refq, reff;
+  float thr;
+};
+
+// row_pass reads the warp's segment [a, b) of the row l once (SUM_LOADS
+// loads in flight with SUM, else LOADS): m becomes the larger of m and this lane's largest
+// logit. With SUM, es sums exp(l/T - ref) (rt is 1/T) and the warp raises
+// its reference as ExpSum says. With HIST, every logit whose key
+// matches prefix under mask adds one to hist at its digit (key >> lo) &
+// dmask; a lane adds a run of equal digits at once.
+template <bool SUM, bool HIST>
+DEV void row_pass(const float* __restrict__ l, int a, int b, double rt, float t, const double* tab, float& m,
+                  ExpSum& es, unsigned* hist, unsigned mask, unsigned prefix, int lo, unsigned dmask) {
+  constexpr int U = SUM ? SUM_LOADS : LOADS;
+  const int lane = threadIdx.x & 31;
+  unsigned run_d = 0u, run_n = 0u;
+  for (int g = a; g < b; g += 32 * U) {
+    float v[U];
+    load_group(l, g, b, v, neg_inf());
+    float bm = neg_inf();
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = clean(v[u]), bm = fmaxf(bm, v[u]);
+    m = fmaxf(m, bm);
+    if (SUM) {
+      if (__any_sync(ALL_LANES, bm > es.thr)) {
+        float top = warp_max(m);
+        double refq = (double)top / (double)t;
+        es.s *= exp(es.refq - refq);
+        es.refq = refq;
+        es.reff = __dmul_rn((double)top, rt);
+        es.thr = top + 300.f * t;
+      }
+      if (fabs(es.refq) <= EXACT_ABOVE) {
+#pragma unroll
+        for (int u = 0; u < U; u++) es.s += exp_fast(__dmul_rn((double)v[u], rt) - es.reff, tab);
+      } else if (es.refq > (double)neg_inf()) {
+#pragma unroll
+        for (int u = 0; u < U; u++) es.s += exp_fast(quot((double)v[u], (double)t, rt) - es.refq, tab);
+      }
+    }
+    if (HIST) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        unsigned key = okey(v[u]);
+        if (g + lane + 32 * u < b && (key & mask) == prefix) {
+          unsigned d = (key >> lo) & dmask;
+          if (run_n && d != run_d) atomicAdd(&hist[run_d], run_n), run_n = 0u;
+          run_d = d, run_n++;
+        }
+      }
+    }
+  }
+  if (HIST && run_n) atomicAdd(&hist[run_d], run_n);
+}
+
+// compact_pass copies every logit of the warp's segment [a, b) whose key
+// is at least lo into the candidates (key, index), in no particular order,
+// counting them in count. A batch of groups without one costs a vote.
+DEV void compact_pass(const float* __restrict__ l, int a, int b, unsigned lo, unsigned* ckey, unsigned* cidx,
+                      unsigned* count) {
+  const int lane = threadIdx.x & 31;
+  const unsigned below = (1u << lane) - 1u;
+  for (int g = a; g < b; g += 32 * LOADS) {
+    float v[LOADS];
+    load_group(l, g, b, v, neg_inf());
+    float bm = neg_inf();
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) bm = fmaxf(bm, v[u]);  // NaN's key is -Inf's, the least
+    if (!__any_sync(ALL_LANES, okey(bm) >= lo)) continue;
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) {
+      int i = g + lane + 32 * u;
+      unsigned key = okey(v[u]);
+      bool take = i < b && key >= lo;
+      unsigned bal = __ballot_sync(ALL_LANES, take);
+      if (bal) {
+        int lead = __ffs(bal) - 1;
+        unsigned base = 0u;
+        if (lane == lead) base = atomicAdd(count, (unsigned)__popc(bal));
+        base = (unsigned)__shfl_sync(ALL_LANES, (int)base, lead);
+        unsigned at = base + __popc(bal & below);
+        if (take && at < SAMPLE_CAP) ckey[at] = key, cidx[at] = (unsigned)i;
+      }
+    }
+  }
+}
+
+// compose makes a candidate's sort key: larger logits first, then lower
+// indexes. 0 is below every candidate.
+DEV unsigned long long compose(unsigned key, unsigned idx) { return ((unsigned long long)key << 32) | (unsigned)~idx; }
+
+// gather_ordered writes into out[0, k) every logit of the row above the
+// key K (ngt of them, in no particular order) and the first need of those
+// equal to K in index order (ties to the lower index), for rows with more
+// ties at K than the candidates hold: one pass counts each segment's ties,
+// a second ranks them.
+DEV void gather_ordered(const float* __restrict__ l, int a, int b, unsigned K, unsigned ngt, unsigned need,
+                        unsigned long long* out, SampleShared& ss) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const unsigned below = (1u << lane) - 1u;
+  unsigned ties = 0u;
+  for (int g = a; g < b; g += 32 * LOADS) {
+    float v[LOADS];
+    load_group(l, g, b, v, 0.f);
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) ties += __popc(__ballot_sync(ALL_LANES, g + lane + 32 * u < b && okey(v[u]) == K));
+  }
+  __syncthreads();  // ss.u2 and ss.count are free
+  if (lane == 0) ss.u2[w] = ties;
+  if (threadIdx.x == 0) ss.count = 0u;
+  __syncthreads();
+  // The ties in the segments before this warp's.
+  unsigned rank = (unsigned)__shfl_sync(ALL_LANES, (int)warp_incl_u(ss.u2[lane]), max(w - 1, 0));
+  if (w == 0) rank = 0u;
+  for (int g = a; g < b; g += 32 * LOADS) {
+    float v[LOADS];
+    load_group(l, g, b, v, 0.f);
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) {
+      int i = g + lane + 32 * u;
+      unsigned key = okey(v[u]);
+      bool gt = i < b && key > K, eq = i < b && key == K;
+      unsigned bal = __ballot_sync(ALL_LANES, gt);
+      if (bal) {
+        int lead = __ffs(bal) - 1;
+        unsigned base = 0u;
+        if (lane == lead) base = atomicAdd(&ss.count, (unsigned)__popc(bal));
+        base = (unsigned)__shfl_sync(ALL_LANES, (int)base, lead);
+        unsigned at = base + __popc(bal & below);
+        if (gt && at < ngt) out[at] = compose(key, (unsigned)i);
+      }
+      unsigned tb = __ballot_sync(ALL_LANES, eq);
+      unsigned r = rank + __popc(tb & below);
+      if (eq && r < need) out[ngt + r] = compose(key, (unsigned)i);
+      rank += __popc(tb);
+    }
+  }
+}
+
+// Select tracks a radix select of the r-th largest of some keys, digit by
+// digit from the top: the bits under mask are found (prefix), those below
+// shift are not; above counts the keys above the bucket that prefix
+// defines, at the keys within it, and r is the rank still wanted there.
+struct Select {
+  unsigned mask, prefix, above, r, at;
+  int shift;
+};
+
+// select_step moves s one digit down: hist (1 << bits bins, at most 4096)
+// counts the digit below s.shift of the keys in s's bucket; the digit
+// taken is the largest whose count with the larger digits' reaches s.r.
+// Every thread calls it; it ends after a barrier.
+DEV void select_step(Select& s, int bits, const unsigned* hist, SampleShared& ss) {
+  const int nb = 1 << bits, per = nb > ST ? nb / ST : 1, tid = threadIdx.x;
+  unsigned c[4], sum = 0u;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    int from_top = tid * per + j;
+    c[j] = j < per && from_top < nb ? hist[nb - 1 - from_top] : 0u;
+    sum += c[j];
+  }
+  unsigned total, before = block_excl_u(sum, ss, total);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if (before < s.r && before + c[j] >= s.r) {  // one (thread, j) of all
+      ss.sel[0] = nb - 1 - (tid * per + j);
+      ss.sel[1] = before;
+      ss.sel[2] = c[j];
+    }
+    before += c[j];
+  }
+  __syncthreads();
+  s.shift -= bits;
+  s.mask |= (unsigned)(nb - 1) << s.shift;
+  s.prefix |= ss.sel[0] << s.shift;
+  s.above += ss.sel[1];
+  s.r -= ss.sel[1];
+  s.at = ss.sel[2];
+}
+
+// cand_hist clears hist (1 << bits bins) and counts in it the digit below
+// s.shift of the keys key(i) of the n candidates for which in(i) holds and
+// that lie in s's bucket. Ends after a barrier.
+template <typename Key, typename In>
+DEV void cand_hist(const Select& s, int bits, int n, unsigned* hist, Key key, In in) {
+  const int nb = 1 << bits;
+  for (int i = threadIdx.x; i < nb; i += ST) hist[i] = 0u;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += ST) {
+    unsigned k = key(i);
+    if (in(i) && (k & s.mask) == s.prefix) atomicAdd(&hist[(k >> (s.shift - bits)) & (unsigned)(nb - 1)], 1u);
+  }
+  __syncthreads();
+}
+
+// bitonic_desc sorts the P keys x of threads 0 … P-1 (P a power of two,
+// 32 to ST) into descending order and returns this thread's. Partners in
+// the same warp swap by shuffles; the others through buf (2 × ST keys, the
+// two used in turn, so one barrier a stage), whose first half may hold the
+// keys on entry.
+DEV unsigned long long bitonic_desc(unsigned long long x, int P, unsigned long long* buf) {
+  const int tid = threadIdx.x;
+  const bool in = tid < P;  // whole warps
+  int half = 1;
+  for (int size = 2; size <= P; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      unsigned long long y;
+      if (stride >= 32) {
+        if (in) buf[half * ST + tid] = x;
+        __syncthreads();
+        y = in ? buf[half * ST + (tid ^ stride)] : 0ull;
+        half ^= 1;
+      } else {
+        y = shfl_xor_u64(x, stride);
+      }
+      // The lower of a pair keeps the larger key in a descending block.
+      bool keep_max = ((tid & stride) == 0) == ((tid & size) == 0);
+      if (in) x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
+    }
+  return x;
 }
 
 extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ out, const float* __restrict__ logits,
                                                              int width, SampleRows rows) {
-  __shared__ unsigned shu[32];
-  __shared__ double shd[32];
-  __shared__ float bv_s[32];
-  __shared__ int bi_s[32];
-  __shared__ unsigned hist[256], sel[2];
-  __shared__ float cv[SAMPLE_TOPK];
-  __shared__ int ci[SAMPLE_TOPK];
-  __shared__ double pr[SAMPLE_TOPK];
-  __shared__ int pick_s;
-  __shared__ unsigned fill;
-  pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ SampleShared ss;
+  double* tab = (double*)(smem + SAMPLE_TAB_OFF);
+  unsigned* hist = (unsigned*)(smem + SAMPLE_HIST_OFF);
+  unsigned long long* buf = (unsigned long long*)(smem + SAMPLE_HIST_OFF);
+  unsigned* ckey = (unsigned*)(smem + SAMPLE_CKEY_OFF);
+  unsigned* cidx = (unsigned*)(smem + SAMPLE_CIDX_OFF);
   const SampleRow p = rows.r[blockIdx.x];
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const float* l = logits + (long)blockIdx.x * width;
-  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  int chunk = (width + ST - 1) / ST, c0 = min(width, tid * chunk), c1 = min(width, c0 + chunk);
-
-  // The first largest logit (each thread's first among its equals, then
-  // the lowest index).
-  float bv = -__int_as_float(0x7f800000);
-  int bi = 0x7fffffff;
-  for (int i = tid; i < width; i += ST) {
-    float v = clean(l[i]);
-    if (v > bv || bi == 0x7fffffff) bv = v, bi = i;
-  }
-  for (int o = 16; o; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-  }
-  if (lane == 0) bv_s[w] = bv, bi_s[w] = bi;
+  // Warp w's segment: whole groups of 32 logits.
+  const int seg = (width + ST - 1) / ST * 32;
+  const int a = min(width, w * seg), b = min(width, a + seg);
+  tab[tid] = exp2_64[tid >> 4];  // 16 copies of the table, interleaved
+  const double* tabl = tab + (lane & 15);
+  pdl_begin();
   __syncthreads();
-  bv = bv_s[0], bi = bi_s[0];
-  for (int i = 1; i < ST / 32; i++)
-    if (bv_s[i] > bv || (bv_s[i] == bv && bi_s[i] < bi)) bv = bv_s[i], bi = bi_s[i];
-  if (bi == 0x7fffffff) bi = 0;
+
   if (p.temperature == 0.f) {
-    if (tid == 0) out[blockIdx.x] = bi;
+    float bv;
+    int bi;
+    greedy_pass(l, a, b, bv, bi);
+    int best = block_argmax(bv, bi, ss);
+    if (tid == 0) out[blockIdx.x] = best;
     return;
   }
-  const double t = (double)p.temperature, top = (double)bv / t;
+  const float t = p.temperature;
+  const double rt = 1.0 / (double)t;
   const bool plain = p.top_k == 0 && (p.top_p == 0.f || p.top_p >= 1.f) && p.min_p == 0.f;
   const bool whole = p.top_k == 0 || p.top_k >= width;  // top-p or min-p over the whole row
+  float m = neg_inf();
+  ExpSum es = {0.0, (double)neg_inf(), (double)neg_inf(), neg_inf()};
 
-  // The row's sum of exp(l/T - max/T), in chunk order for the walk.
-  double s = 0.0, total = 0.0, excl = 0.0;
-  if (plain || whole) {
-    for (int i = c0; i < c1; i++) s += exp((double)clean(l[i]) / t - top);
-    excl = block_scan(s, shd, total);
-  }
   if (plain) {
-    double r = p.u * total;
-    if (tid == 0) pick_s = 0x7fffffff;
+    // The largest logit and each segment's sum, in one pass.
+    row_pass<true, false>(l, a, b, rt, t, tabl, m, es, nullptr, 0u, 0u, 0, 0u);
+    float wm = warp_max(m);
+    double ws = warp_sum_d(es.s);
+    if (lane == 0) ss.f[w] = wm, ss.d[w] = ws, ss.d2[w] = es.refq;
     __syncthreads();
-    if (c0 < c1 && r >= excl && r < excl + s) {
-      double rr = r - excl;
-      for (int i = c0; i < c1; i++) {
-        rr -= exp((double)clean(l[i]) / t - top);
-        if (rr < 0.0) {
-          atomicMin(&pick_s, i);
-          break;
+    const float mx = warp_max(ss.f[lane]);
+    const double top = (double)mx / (double)t, topf = __dmul_rn((double)mx, rt);
+    const bool exact = !(fabs(top) <= EXACT_ABOVE);
+    // term is exp(l/T - max/T), formed as row_pass forms its terms.
+    auto term = [&](float v) {
+      return exp_fast(exact ? quot((double)v, (double)t, rt) - top : __dmul_rn((double)v, rt) - topf, tabl);
+    };
+    // Every warp finds the segment where u·total falls (the first whose
+    // inclusive sum passes it) and what remains of u·total there.
+    double sv = ss.d[lane] * exp(ss.d2[lane] - top);
+    double inc = warp_incl_d(sv);
+    double r = p.u * shfl_d(inc, 31);
+    unsigned hit = __ballot_sync(ALL_LANES, r < inc);
+    if (!finite(mx) || !hit) {
+      // The host's walk ends without a token (its sum NaN: the largest
+      // logit infinite or every logit -Inf; or u·total rounded up to the
+      // total): it takes the first largest.
+      float bv;
+      int bi;
+      greedy_pass(l, a, b, bv, bi);
+      int best = block_argmax(bv, bi, ss);
+      if (tid == 0) out[blockIdx.x] = best;
+      return;
+    }
+    int s = __ffs(hit) - 1;
+    double rr = s ? r - shfl_d(inc, max(s - 1, 0)) : r;
+    // The segment in 32 pieces, a warp each: their sums, scanned again
+    // (the last piece with mass should rounding leave rr past them).
+    const int sa = s * seg, sb = min(width, sa + seg);
+    const int per = ((sb - sa + 31) / 32 + 31) / 32 * 32;  // logits a piece
+    const int pa = min(sb, sa + w * per), pb = min(sb, pa + per);
+    double ps = 0.0;
+    for (int g = pa; g < pb; g += 32 * 4) {
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int i = g + lane + 32 * u;
+        v[u] = i < pb ? clean(l[i]) : neg_inf();
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) ps += term(v[u]);
+    }
+    ps = warp_sum_d(ps);
+    __syncthreads();  // ss.d is read
+    if (lane == 0) ss.d[w] = ps;
+    __syncthreads();
+    double pv = ss.d[lane];
+    double inc2 = warp_incl_d(pv);
+    hit = __ballot_sync(ALL_LANES, rr < inc2);
+    unsigned pos = __ballot_sync(ALL_LANES, pv > 0.0);
+    int s2 = hit ? __ffs(hit) - 1 : pos ? last_lane(pos) : 0;
+    double rr2 = s2 ? rr - shfl_d(inc2, max(s2 - 1, 0)) : rr;
+    if (w != s2) return;
+    // This warp's piece: the first logit whose cumulative sum passes rr2
+    // (the last with mass should rounding leave rr2 past them all).
+    double acc = 0.0;
+    int pick = -1, last = -1;
+    for (int g = pa; g < pb && pick < 0; g += 32 * 4) {
+      double e[4], c[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int i = g + lane + 32 * u;
+        e[u] = i < pb ? term(clean(l[i])) : 0.0;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) c[u] = warp_incl_d(e[u]);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        if (pick < 0) {
+          bool valid = g + lane + 32 * u < pb;
+          unsigned x = __ballot_sync(ALL_LANES, valid && acc + c[u] > rr2);
+          unsigned y = __ballot_sync(ALL_LANES, e[u] > 0.0);
+          if (x) pick = g + 32 * u + __ffs(x) - 1;
+          if (y) last = g + 32 * u + last_lane(y);
+          acc += shfl_d(c[u], 31);
         }
       }
     }
-    __syncthreads();
-    if (tid == 0) out[blockIdx.x] = pick_s == 0x7fffffff ? bi : pick_s;
+    if (lane == 0) out[blockIdx.x] = pick >= 0 ? pick : last >= 0 ? last : pa;
     return;
   }
 
   // The k candidates: every key above the k-th largest, K, and as many of
   // those equal to it as fit, the lowest indexes first.
-  unsigned k = (unsigned)min(whole ? SAMPLE_TOPK : p.top_k, width);
-  unsigned K = kth_key(l, width, k, hist, sel);
-  unsigned gt = 0, ties = 0;
-  for (int i = c0; i < c1; i++) {
-    unsigned key = okey(l[i]);
-    gt += key > K;
-    ties += key == K;
-  }
-  unsigned ngt = block_sum(gt, shu), tot;
-  unsigned rank = block_scan(ties, shu, tot);  // ties before this chunk
-  unsigned need = k - ngt;
-  if (tid == 0) fill = 0;
-  for (int i = tid; i < SAMPLE_TOPK; i += ST) cv[i] = -__int_as_float(0x7f800000), ci[i] = 0x7fffffff;
+  const int k = whole ? min(SAMPLE_TOPK, width) : min(p.top_k, SAMPLE_TOPK);
+  for (int i = tid; i < SAMPLE_BINS; i += ST) hist[i] = 0u;
   __syncthreads();
-  for (int i = c0; i < c1; i++) {
-    unsigned key = okey(l[i]);
-    if (key > K) {
-      unsigned at = atomicAdd(&fill, 1u);
-      cv[at] = clean(l[i]), ci[at] = i;
-    } else if (key == K) {
-      if (rank < need) cv[ngt + rank] = clean(l[i]), ci[ngt + rank] = i;
-      rank++;
+  if (whole)
+    row_pass<true, true>(l, a, b, rt, t, tabl, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
+  else
+    row_pass<false, true>(l, a, b, rt, t, tabl, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
+  {
+    float wm = warp_max(m);
+    double ws = warp_sum_d(es.s);
+    if (lane == 0) ss.f[w] = wm, ss.d[w] = ws, ss.d2[w] = es.refq;
+  }
+  __syncthreads();
+  const float mx = warp_max(ss.f[lane]);
+  const double top = (double)mx / (double)t;
+  double total = 0.0;  // the row's sum (whole), or the candidates' (top-k)
+  if (whole) total = finite(mx) ? warp_sum_d(ss.d[lane] * exp(ss.d2[lane] - top)) : top - top;  // NaN, as the host's
+  Select sel = {0u, 0u, 0u, (unsigned)k, 0u, 32};
+  select_step(sel, 12, hist, ss);
+  while (sel.above + sel.at > SAMPLE_CAP && sel.shift > 0) {
+    // Too many candidates: the next 10 bits, over the row.
+    const int bits = min(10, sel.shift);
+    for (int i = tid; i < (1 << bits); i += ST) hist[i] = 0u;
+    __syncthreads();
+    row_pass<false, true>(l, a, b, rt, t, tabl, m, es, hist, sel.mask, sel.prefix, sel.shift - bits,
+                          (1u << bits) - 1u);
+    __syncthreads();
+    select_step(sel, bits, hist, ss);
+  }
+  if (sel.above + sel.at <= SAMPLE_CAP) {
+    const int n = (int)(sel.above + sel.at);
+    if (tid == 0) ss.count = 0u;
+    __syncthreads();
+    compact_pass(l, a, b, sel.prefix, ckey, cidx, &ss.count);
+    __syncthreads();
+    while (sel.shift > 0) {
+      const int bits = min(10, sel.shift);
+      cand_hist(sel, bits, n, hist, [&](int i) { return ckey[i]; }, [](int) { return true; });
+      select_step(sel, bits, hist, ss);
     }
+    const unsigned K = sel.prefix;
+    unsigned cut = 0xffffffffu;  // the last index kept among the ties
+    if (sel.at > sel.r) {
+      // The r lowest indexes among the ties: the r-th largest of ~index.
+      Select ts = {0u, 0u, 0u, sel.r, 0u, 32};
+      while (ts.shift > 0) {
+        const int bits = ts.shift == 32 ? 12 : 10;
+        cand_hist(ts, bits, n, hist, [&](int i) { return ~cidx[i]; }, [&](int i) { return ckey[i] == K; });
+        select_step(ts, bits, hist, ss);
+      }
+      cut = ~ts.prefix;
+    }
+    if (tid == 0) ss.count = 0u;
+    __syncthreads();  // hist is free for buf
+    for (int i = tid; i < n; i += ST) {
+      unsigned key = ckey[i], idx = cidx[i];
+      if (key > K || (key == K && idx <= cut)) {
+        unsigned at = atomicAdd(&ss.count, 1u);
+        if (at < SAMPLE_TOPK) buf[at] = compose(key, idx);
+      }
+    }
+  } else {
+    gather_ordered(l, a, b, sel.prefix, sel.above, sel.r, buf, ss);
   }
+  int P = 32;
+  while (P < k) P <<= 1;
+  for (int i = k + tid; i < P; i += ST) buf[i] = 0ull;
   __syncthreads();
-  for (int size = 2; size <= SAMPLE_TOPK; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < SAMPLE_TOPK; i += ST) {
-        int j = i ^ stride;
-        if (j > i) {
-          bool sw = (i & size) == 0 ? before(cv[j], ci[j], cv[i], ci[i]) : before(cv[i], ci[i], cv[j], ci[j]);
-          if (sw) {
-            float v = cv[i];
-            int x = ci[i];
-            cv[i] = cv[j], ci[i] = ci[j], cv[j] = v, ci[j] = x;
-          }
-        }
+  unsigned long long x = bitonic_desc(tid < P ? buf[tid] : 0ull, P, buf);
+
+  // The host's loop over the sorted candidates, thread i holding the i-th.
+  const bool in = tid < k;
+  const int idx = (int)~(unsigned)x;
+  const double e = in ? exp((double)kval((unsigned)(x >> 32)) / (double)t - top) : 0.0;
+  if (!whole) total = block_sum_d(e, ss);  // normalised among the candidates
+  const double pr = e / total;
+  int kk = k;
+  bool known = !whole || k == width;
+  if (p.min_p > 0.f) {
+    // Drop the tail less likely than min_p times the first (which every
+    // thread computes as thread 0 does).
+    const double cut = (double)p.min_p * (exp((double)mx / (double)t - top) / total);
+    kk = 1 + block_max_i(in && !(pr < cut) ? tid : 0, ss);
+    known = known || kk < k;
+  }
+  // Cumulative sums of the kept, for top-p's cut and the draw.
+  const double c = block_incl_d(tid < kk ? pr : 0.0, ss);
+  if (p.top_p > 0.f && p.top_p < 1.f) {
+    // The first cumulative sum to reach top_p. The host adds one by one
+    // (top-k) or by buckets of logits (whole rows), these sums in a tree:
+    // where one lies within 1e-12 of top_p before the first clear crossing,
+    // thread 0 adds one by one, so that ties summing to top_p cut where the
+    // host's do.
+    const double tp = (double)p.top_p;
+    int f = block_min_i(tid < kk && c >= tp - 1e-12 ? tid : NO_INDEX, ss);
+    const int clear = block_min_i(tid < kk && c >= tp + 1e-12 ? tid : NO_INDEX, ss);
+    if (f != clear) {
+      double* pv = (double*)buf;  // free since the sort
+      if (tid < kk) pv[tid] = pr;
+      __syncthreads();
+      if (tid == 0) {
+        double acc = 0.0;
+        int i = 0;
+        for (; i < kk; i++)
+          if ((acc += pv[i]) >= tp) break;
+        ss.i[0] = i < kk ? i : NO_INDEX;
       }
       __syncthreads();
+      f = ss.i[0];
     }
-  for (int i = tid; i < (int)k; i += ST) pr[i] = exp((double)cv[i] / t - top);
-  __syncthreads();
-  if (tid != 0) return;
-  // Normalised among the candidates (top-k), or over the row.
-  if (!whole) {
-    total = 0.0;
-    for (int i = 0; i < (int)k; i++) total += pr[i];
-  }
-  for (int i = 0; i < (int)k; i++) pr[i] /= total;
-  int kk = k;
-  bool known = !whole || (int)k == width;
-  if (p.min_p > 0.f) {
-    double cut = (double)p.min_p * pr[0];
-    while (kk > 1 && pr[kk - 1] < cut) kk--;
-    known = known || kk < (int)k;
-  }
-  if (p.top_p > 0.f && p.top_p < 1.f) {
-    double acc = 0.0;
-    for (int i = 0; i < kk; i++) {
-      acc += pr[i];
-      if (acc >= (double)p.top_p) {
-        kk = i + 1;
-        known = true;
-        break;
-      }
-    }
+    if (f != NO_INDEX) kk = f + 1, known = true;
   }
   if (!known) {
-    out[blockIdx.x] = -1;
+    if (tid == 0) out[blockIdx.x] = -1;
     return;
   }
-  double sum = 0.0;
-  for (int i = 0; i < kk; i++) sum += pr[i];
-  double r = p.u * sum;
-  int pick = kk - 1;
-  for (int i = 0; i < kk; i++) {
-    r -= pr[i];
-    if (r < 0.0) {
-      pick = i;
-      break;
-    }
-  }
-  out[blockIdx.x] = ci[pick];
+  if (tid == kk - 1) ss.bd = c;
+  __syncthreads();
+  const double r = p.u * ss.bd;
+  int pick = block_min_i(tid < kk && c > r ? tid : NO_INDEX, ss);
+  if (pick == NO_INDEX) pick = kk - 1;
+  if (tid == pick) out[blockIdx.x] = idx;
 }
