@@ -12,7 +12,6 @@ import (
 	"github.com/troupe/troupe/gpu/cuda"
 	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/models"
-	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/safetensors"
 )
 
@@ -216,7 +215,7 @@ func margin(logits []float32, best int) float64 {
 // token in one step, and compares every row's logits.
 func TestCUDALongPrompt(t *testing.T) {
 	ctx := context.Background()
-	dir := "demo/" + demo.Name
+	bundle := openDemo(t)
 	i := slices.IndexFunc(extraLanes, func(ln lane) bool { return ln.name == "cpu" })
 	if i < 0 {
 		t.Fatal("no CPU lane to compare with")
@@ -226,7 +225,15 @@ func TestCUDALongPrompt(t *testing.T) {
 	gpuDev := openCUDA(t)
 	defer gpuDev.Close()
 	opts := models.Options{MaxTokens: 512, CacheDType: gpu.BF16}
-	mc, mg := loadModel(t, dir, cpuDev, opts), loadModel(t, dir, gpuDev, opts)
+	load := func(dev gpu.Device) *models.Model {
+		m, err := models.Load(bundle.Config, bundle.Checkpoint, dev, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	mc, mg := load(cpuDev), load(gpuDev)
 	vocab := mg.Config.Vocab
 	prompt := func(n, seed int) []int32 {
 		p := make([]int32, n)
