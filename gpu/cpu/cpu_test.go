@@ -434,3 +434,50 @@ func TestClose(t *testing.T) {
 		t.Errorf("sync: %v", err)
 	}
 }
+
+// TestSampleFewRows: with fewer rows than threads, Sample spreads each
+// row's exponentials over the threads in pieces; the tokens are
+// gpu.SampleHost's on one thread, for unfiltered, top-k and whole-row
+// draws over rows of 100,352 logits.
+func TestSampleFewRows(t *testing.T) {
+	d := open(t, fastKernels(), 3)
+	const width = 100352
+	r := rand.New(rand.NewPCG(8, 9))
+	v := make([]float32, 2*width)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * 2)
+	}
+	logits, err := d.Alloc(gpu.F32, len(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(logits)
+	if err := d.Write(logits, 0, gpu.F32Bytes(v)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.Alloc(gpu.I32, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(out)
+	for _, row := range []gpu.SampleRow{{Temperature: 1}, {Temperature: 0.7, TopK: 40}, {Temperature: 1, TopP: 0.9}, {Temperature: 1.2, MinP: 0.05}} {
+		for i := range 5 {
+			rows := []gpu.SampleRow{row, row}
+			rows[0].U, rows[1].U = r.Float64(), float64(i)/5
+			if err := d.Sample(out, logits, 2, width, rows); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]int32, 2)
+			if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
+				t.Fatal(err)
+			}
+			var sc gpu.SampleScratch
+			for k := range 2 {
+				want := gpu.SampleHost(append([]float32(nil), v[k*width:(k+1)*width]...), rows[k], &sc)
+				if got[k] != want {
+					t.Fatalf("%+v row %d: drew %d with the row spread over threads, %d on one", rows[k], k, got[k], want)
+				}
+			}
+		}
+	}
+}

@@ -293,7 +293,9 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 var _ gpu.Sampler = (*Device)(nil)
 
 // Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row,
-// the rows spread over the pool's threads.
+// the rows spread over the pool's threads, or, with fewer rows than
+// threads, each row's exponentials spread over them in pieces (the same
+// tokens either way).
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
 	if len(rows) != n {
@@ -313,6 +315,22 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 		s   gpu.SampleScratch
 	}
 	per := make([]scratch, d.pool.threads)
+	if n < d.pool.threads {
+		sc := &per[0]
+		sc.row = make([]float32, width)
+		sc.s.Parallel = func(pieces int, f func(i int)) {
+			d.pool.For(pieces, 1, func(_, lo, hi int) {
+				for i := lo; i < hi; i++ {
+					f(i)
+				}
+			})
+		}
+		for r := range n {
+			copy(sc.row, l[r*width:(r+1)*width])
+			o[r] = gpu.SampleHost(sc.row, rows[r], &sc.s)
+		}
+		return nil
+	}
 	d.pool.For(n, 1, func(tid, lo, hi int) {
 		sc := &per[tid]
 		if sc.row == nil {
