@@ -46,14 +46,15 @@ type Shard struct {
 	// its spans carry shard.rank and its INFO says "rank r of n".
 	Rank, Ranks int
 	// QueueAhead, for a device that runs a step while the host waits for
-	// another (a GPU), has greedy decode steps queue their successor
-	// before their choices are read (ahead.go). Set before the shard runs.
+	// another (a GPU), has greedy and drawn decode steps queue their
+	// successor before their choices are read (ahead.go). Set before the
+	// shard runs.
 	QueueAhead bool
 
 	mu    sync.Mutex  // one step at a time
 	outs  [][]float32 // published outputs, by ForwardMsg.Micro
-	ahead *aheadStep  // the greedy step queued past the last asked for (ahead.go)
-	// Greedy steps answered by a step queued ahead, and those queued for
+	ahead *aheadStep  // the step queued past the last asked for (ahead.go)
+	// Steps answered by a step queued ahead, and those queued for
 	// nothing (the next step asked for was another).
 	aheadUsed, aheadDropped int
 }
