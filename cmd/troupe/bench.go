@@ -8,7 +8,9 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/sample"
 )
 
 // benchResult is what bench prints.
@@ -23,6 +25,17 @@ type benchResult struct {
 	DecodeSecs    float64 `json:"decode_seconds"`
 	DecodeTokS    float64 `json:"decode_tokens_per_second"`
 	DecodeMSPerTk float64 `json:"decode_ms_per_token"`
+	// Sampling describes the draws when they are not greedy.
+	Sampling *benchSampling `json:"sampling,omitempty"`
+}
+
+// benchSampling is bench's drawing flags.
+type benchSampling struct {
+	Temperature float32 `json:"temperature"`
+	TopK        int     `json:"top_k,omitempty"`
+	TopP        float32 `json:"top_p,omitempty"`
+	MinP        float32 `json:"min_p,omitempty"`
+	Seed        int64   `json:"seed"`
 }
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -34,11 +47,21 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	runs := fs.Int("runs", 3, "repetitions; the best is reported")
 	batch := fs.Int("batch", 1, "sequences decoded together (each with its own prompt); rates count every sequence's tokens")
 	asJSON := fs.Bool("json", false, "print JSON only")
+	var sp sample.Params
+	temp := fs.Float64("temperature", 0, "draw tokens at this temperature (0: greedy)")
+	fs.IntVar(&sp.TopK, "top-k", 0, "with --temperature, keep the k most likely tokens (0: all)")
+	topP := fs.Float64("top-p", 0, "with --temperature, keep the most likely tokens up to this cumulative probability (0: all)")
+	minP := fs.Float64("min-p", 0, "with --temperature, drop tokens less likely than this times the most likely (0: none)")
+	seed := fs.Int64("seed", 1, "with --temperature, the first sequence's seed (sequence s takes seed+s)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *prompt < 1 || *gen < 1 || *runs < 1 || *batch < 1 {
 		return fmt.Errorf("bench: --prompt, --gen, --runs and --batch must be positive")
+	}
+	sp.Temperature, sp.TopP, sp.MinP = float32(*temp), float32(*topP), float32(*minP)
+	if err := sp.Validate(); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	if *batch > maxBenchBatch {
 		return fmt.Errorf("bench: --batch %d exceeds %d sequences", *batch, maxBenchBatch)
@@ -64,16 +87,27 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
+	if sp.Temperature > 0 {
+		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: *seed}
+	}
 	if n := l.model.Ranks(); n > 1 {
 		r.Device = fmt.Sprintf("%s, tensor parallel over %d GPUs", r.Device, n)
 	}
 	for run := 0; run < *runs; run++ {
 		var pre, dec time.Duration
 		var err error
-		if *batch == 1 {
+		var draws []*sample.Sampler
+		if sp.Temperature > 0 {
+			for s := range *batch {
+				p := sp
+				p.Seed = new(*seed + int64(s))
+				draws = append(draws, sample.New(p))
+			}
+		}
+		if *batch == 1 && draws == nil {
 			pre, dec, err = benchOnce(ctx, l, prompts[0], *gen)
 		} else {
-			pre, dec, err = benchBatch(ctx, l, prompts, *gen)
+			pre, dec, err = benchBatch(ctx, l, prompts, *gen, draws)
 		}
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
@@ -98,8 +132,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(r)
 	}
-	fmt.Fprintf(stdout, "%s on %s\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token)\n",
-		r.Model, r.Device, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk)
+	how := "greedy"
+	if d := r.Sampling; d != nil {
+		how = fmt.Sprintf("drawn at temperature %g", d.Temperature)
+	}
+	fmt.Fprintf(stdout, "%s on %s\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token, %s)\n",
+		r.Model, r.Device, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk, how)
 	return nil
 }
 
@@ -137,8 +175,10 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, d
 
 // benchBatch prefills each prompt in turn into one shared paged cache, then
 // decodes gen tokens of every sequence together, one step per token, after
-// one untimed step.
-func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int) (prefill, decode time.Duration, err error) {
+// one untimed step: greedily (draws nil), or drawn by each sequence's
+// sampler, each step queued before the previous one's tokens are read
+// where the device chains drawn steps (models.Model.IssueStep).
+func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler) (prefill, decode time.Duration, err error) {
 	m := l.model
 	const blockSize = 16
 	B, P := len(prompts), len(prompts[0])
@@ -177,6 +217,27 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int) (pre
 	for s := range B {
 		step.Seq[s], step.Logits[s] = int32(s), int32(s)
 	}
+	rows := func() []gpu.SampleRow {
+		if draws == nil {
+			return nil
+		}
+		r := make([]gpu.SampleRow, B)
+		for s, d := range draws {
+			r[s] = d.Row()
+		}
+		return r
+	}
+	if draws != nil {
+		peek := make([]gpu.SampleRow, B)
+		for s, d := range draws {
+			peek[s] = d.NextRow() // the first step's draws, not taken
+			step.Pos[s] = int32(P)
+		}
+		if m.ChainsDraws(peek) {
+			decode, err = benchChained(ctx, m, cache, step, gen, rows)
+			return prefill, decode, err
+		}
+	}
 	for t := 0; t <= gen; t++ {
 		if t == 1 {
 			start = time.Now()
@@ -184,9 +245,47 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int) (pre
 		for s := range B {
 			step.Pos[s] = int32(P + t)
 		}
-		if err := m.ForwardArgmax(ctx, cache, step, next); err != nil {
+		if draws == nil {
+			err = m.ForwardArgmax(ctx, cache, step, next)
+		} else {
+			err = m.ForwardSample(ctx, cache, step, rows(), next)
+		}
+		if err != nil {
 			return 0, 0, err
 		}
 	}
 	return prefill, time.Since(start), nil
+}
+
+// benchChained decodes gen+1 drawn steps of step (its tokens the first
+// step's, its positions those before it), each queued with rows' draws
+// before the step before it is read, and times the last gen.
+func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, step *models.Batch, gen int, rows func() []gpu.SampleRow) (time.Duration, error) {
+	B := len(step.Tokens)
+	var (
+		got   = [2][]int32{make([]int32, B), make([]int32, B)}
+		wait  [2]func() error
+		start time.Time
+	)
+	for t := 0; t <= gen; t++ {
+		if t == 1 {
+			start = time.Now()
+		}
+		var err error
+		if wait[t%2], err = m.IssueStep(ctx, cache, step, rows(), t > 0, got[t%2]); err != nil {
+			return 0, err
+		}
+		for s := range B {
+			step.Pos[s]++
+		}
+		if t > 0 {
+			if err := wait[(t-1)%2](); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if err := wait[gen%2](); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
 }
