@@ -58,19 +58,24 @@ func TestCUDATensorParallel(t *testing.T) {
 	reducers := []models.Reducer{comm.Rank(0), comm.Rank(1)}
 	gdevs := []gpu.Device{devs[0], devs[1]}
 
-	dirs := map[string]string{"demo": filepath.Join("demo", "docs-olmo2-17m")}
+	// The demo model as embedded (as the other demo tests load it), the
+	// fixtures from their directories.
+	opens := map[string]func(t *testing.T) *models.Bundle{"demo": func(t *testing.T) *models.Bundle { return openDemo(t) }}
 	for _, f := range []string{"olmo2", "llama-gqa", "qwen3"} {
 		if p := sharedDir(filepath.Join("fixtures", f)); p != "" {
-			dirs[f] = p
+			opens[f] = func(t *testing.T) *models.Bundle {
+				b, err := models.OpenDir(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				return b
+			}
 		}
 	}
-	for name, dir := range dirs {
+	for name, open := range opens {
 		t.Run(name, func(t *testing.T) {
-			b, err := models.OpenDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
+			b := open(t)
 			o := models.Options{MaxTokens: 64, CacheDType: gpu.BF16}
 			whole, err := models.Load(b.Config, b.Checkpoint, devs[0], o)
 			if err != nil {
