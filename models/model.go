@@ -708,10 +708,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 		if err := m.Forward(ctx, cache, b, logits); err != nil {
 			return err
 		}
-		sc := gpu.SampleScratch{Parallel: parallel}
-		for i, row := range rows {
-			ids[i] = gpu.SampleHost(logits[i*V:(i+1)*V], row, &sc)
-		}
+		SampleRows(ids, logits, V, rows)
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -726,23 +723,19 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
 		return err
 	}
-	var sc *gpu.SampleScratch
 	for i, id := range ids[:r] {
 		if id >= 0 {
 			continue
 		}
 		// Left to the host: a whole-row filter that keeps many tokens.
-		if sc == nil {
-			sc = &gpu.SampleScratch{Parallel: parallel}
-			if cap(m.s.hostLogits) < V {
-				m.s.hostLogits = make([]float32, V)
-			}
+		if cap(m.s.hostLogits) < V {
+			m.s.hostLogits = make([]float32, V)
 		}
 		row := m.s.hostLogits[:V]
 		if err := m.dev.Read(gpu.F32Bytes(row), m.s.logits, i*V); err != nil {
 			return err
 		}
-		ids[i] = gpu.SampleHost(row, rows[i], sc)
+		SampleRows(ids[i:i+1], row, V, rows[i:i+1])
 	}
 	return nil
 }
@@ -831,6 +824,16 @@ func (m *Model) issue(cache *Cache, b *Batch, argmax bool, from tokenSource) err
 		return err
 	}
 	return m.step(cache, len(b.Pos), len(b.Logits), argmax, from)
+}
+
+// SampleRows sets ids[i] to the token drawn from row i of logits (rows of
+// vocab values, which it may rewrite) as rows[i] says, as ForwardSample
+// draws: gpu.SampleHost, each row's exponentials spread over goroutines.
+func SampleRows(ids []int32, logits []float32, vocab int, rows []gpu.SampleRow) {
+	sc := gpu.SampleScratch{Parallel: parallel}
+	for i, row := range rows {
+		ids[i] = gpu.SampleHost(logits[i*vocab:(i+1)*vocab], row, &sc)
+	}
 }
 
 // ArgmaxRows sets ids[i] to the greedy choice of row i of logits (rows of

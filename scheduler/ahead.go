@@ -118,7 +118,7 @@ func (a *aheadStep) is(b *models.Batch, rows []gpu.SampleRow) bool {
 	if len(b.Pos) != n || len(b.Tokens) != n || len(b.Seq) != n || len(b.Logits) != n || len(b.Tables) != len(a.tables) || len(a.fed) != n {
 		return false
 	}
-	if (rows == nil) != (a.rows == nil) || !slices.Equal(rows, a.rows) {
+	if !slices.Equal(rows, a.rows) { // a greedy step's are nil, a drawn one's n long
 		return false
 	}
 	for i := range n {

@@ -287,11 +287,8 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		}
 		if rows == nil {
 			models.ArgmaxRows(ids, p.scratch, p.vocab)
-			return nil
-		}
-		var sc gpu.SampleScratch
-		for i, row := range rows {
-			ids[i] = gpu.SampleHost(p.scratch[i*p.vocab:(i+1)*p.vocab], row, &sc)
+		} else {
+			models.SampleRows(ids, p.scratch, p.vocab, rows)
 		}
 		return nil
 	}

@@ -314,11 +314,16 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 		row []float32
 		s   gpu.SampleScratch
 	}
+	draw := func(sc *scratch, r int) {
+		if sc.row == nil {
+			sc.row = make([]float32, width)
+		}
+		copy(sc.row, l[r*width:(r+1)*width])
+		o[r] = gpu.SampleHost(sc.row, rows[r], &sc.s)
+	}
 	per := make([]scratch, d.pool.threads)
 	if n < d.pool.threads {
-		sc := &per[0]
-		sc.row = make([]float32, width)
-		sc.s.Parallel = func(pieces int, f func(i int)) {
+		per[0].s.Parallel = func(pieces int, f func(i int)) {
 			d.pool.For(pieces, 1, func(_, lo, hi int) {
 				for i := lo; i < hi; i++ {
 					f(i)
@@ -326,19 +331,13 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 			})
 		}
 		for r := range n {
-			copy(sc.row, l[r*width:(r+1)*width])
-			o[r] = gpu.SampleHost(sc.row, rows[r], &sc.s)
+			draw(&per[0], r)
 		}
 		return nil
 	}
 	d.pool.For(n, 1, func(tid, lo, hi int) {
-		sc := &per[tid]
-		if sc.row == nil {
-			sc.row = make([]float32, width)
-		}
 		for r := lo; r < hi; r++ {
-			copy(sc.row, l[r*width:(r+1)*width])
-			o[r] = gpu.SampleHost(sc.row, rows[r], &sc.s)
+			draw(&per[tid], r)
 		}
 	})
 	return nil
