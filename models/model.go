@@ -67,7 +67,8 @@ type Model struct {
 	// which rank 0's Forward drives together.
 	full      Config
 	sn        gpu.ShardNormer
-	headSplit bool // the LM head holds this rank's rows of the vocabulary
+	nr        NormReducer // nil when the communicator does not fuse norms with its all-reduces
+	headSplit bool        // the LM head holds this rank's rows of the vocabulary
 	group     []*Model
 	hostSlice [][]byte // column slices cut from the checkpoint, kept while loaded
 
@@ -134,6 +135,9 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 		_, slicer := dev.(gpu.Slicer)
 		S := o.Shard.Size
 		m.headSplit = S > 1 && slicer && cfg.Vocab%S == 0 && (cfg.Vocab/S)%4 == 0
+		if S > 1 {
+			m.nr, _ = o.Shard.Comm.(NormReducer)
+		}
 		if cfg.Arch == OLMo2 {
 			if m.sn, _ = dev.(gpu.ShardNormer); m.sn == nil {
 				return nil, fmt.Errorf("load: tensor parallelism of %s needs a device that normalises sharded projections (gpu.ShardNormer)", cfg.Arch)
@@ -1060,7 +1064,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		in := s.x
 		if c.Arch != OLMo2 {
 			if pending {
-				e.do(m.rn.AddRMSNorm(s.h, s.x, s.o, ly.attnNorm, n, c.Hidden, eps))
+				e.do(m.reduceAddRMSNorm(s.h, s.x, s.o, ly.attnNorm, n, eps))
 				pending = false
 			} else {
 				e.do(d.RMSNorm(s.h, s.x, ly.attnNorm, n, c.Hidden, eps))
@@ -1086,8 +1090,12 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		if c.Arch == OLMo2 && m.sn != nil {
 			// Each rank holds a slice of the rows OLMo 2's QK-norm spans:
 			// the sums of their squares over every rank.
-			e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
-			e.do(m.reduce(s.ss, 2*n))
+			if m.nr != nil {
+				e.do(m.nr.SumSquares2(s.ss, q, k, n, qw, kw))
+			} else {
+				e.do(m.sn.SumSquares2(s.ss, q, k, n, qw, kw))
+				e.do(m.reduce(s.ss, 2*n))
+			}
 		}
 		if m.qp != nil && n <= qkvFuseTokens {
 			pa := gpu.QKVArgs{N: n, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Eps: eps, Stride: stride}
@@ -1119,14 +1127,13 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		}
 		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
-		e.do(m.reduce(s.o, n*c.Hidden))
 		switch {
 		case c.Arch == OLMo2 && m.rn != nil:
-			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
+			e.do(m.reduceRMSNormAdd(s.x, s.o, ly.postAttnNorm, n, eps))
 			e.do(m.mlp(ly, s.x, s.o, n))
-			e.do(m.reduce(s.o, n*c.Hidden))
-			e.do(m.rn.RMSNormAdd(s.x, s.o, ly.postFFNorm, n, c.Hidden, eps))
+			e.do(m.reduceRMSNormAdd(s.x, s.o, ly.postFFNorm, n, eps))
 		case c.Arch == OLMo2:
+			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.o, s.o, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(m.mlp(ly, s.x, s.o, n))
@@ -1134,11 +1141,13 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			e.do(d.RMSNorm(s.o, s.o, ly.postFFNorm, n, c.Hidden, eps))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		case m.rn != nil:
-			e.do(m.rn.AddRMSNorm(s.h, s.x, s.o, ly.postAttnNorm, n, c.Hidden, eps))
+			// The MLP's output is summed over the ranks and added with
+			// the next layer's input norm.
+			e.do(m.reduceAddRMSNorm(s.h, s.x, s.o, ly.postAttnNorm, n, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
-			e.do(m.reduce(s.o, n*c.Hidden))
 			pending = true
 		default:
+			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.h, s.x, ly.postAttnNorm, n, c.Hidden, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
@@ -1150,6 +1159,9 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		}
 	}
 	if pending {
+		if err := m.reduce(s.o, n*c.Hidden); err != nil {
+			return fmt.Errorf("forward: residual: %w", err)
+		}
 		if err := d.Add(s.x, s.x, s.o, n*c.Hidden); err != nil {
 			return fmt.Errorf("forward: residual: %w", err)
 		}

@@ -33,6 +33,21 @@ type Reducer interface {
 	AllGather(dst, src gpu.Buffer) error
 }
 
+// NormReducer is a Reducer that fuses an all-reduce with the work after
+// it (xgmi's device communicator): one kernel where there were two. The
+// sums are the Reducer's; o is summed in place.
+type NormReducer interface {
+	Reducer
+	// AllReduceRMSNormAdd sums n rows of dim values of o over the ranks
+	// and adds their norm to the residual: r += rmsnorm(o) · w.
+	AllReduceRMSNormAdd(r, o, w gpu.Buffer, n, dim int, eps float32) error
+	// AllReduceAddRMSNorm sums o over the ranks into the residual and
+	// normalises it: r += o; out = rmsnorm(r) · w.
+	AllReduceAddRMSNorm(out, r, o, w gpu.Buffer, n, dim int, eps float32) error
+	// SumSquares2 is gpu.ShardNormer's SumSquares2 summed over the ranks.
+	SumSquares2(out, a, b gpu.Buffer, n, wa, wb int) error
+}
+
 // Shard is a model's place in a tensor-parallel group.
 type Shard struct {
 	Rank, Size int
@@ -146,6 +161,30 @@ func (m *Model) reduce(b gpu.Buffer, n int) error {
 		return nil
 	}
 	return m.opts.Shard.Comm.AllReduceN(b, b, n)
+}
+
+// reduceRMSNormAdd sums n rows of o over the group and adds their norm to
+// the residual r (post-norm).
+func (m *Model) reduceRMSNormAdd(r, o, w gpu.Buffer, n int, eps float32) error {
+	if m.nr != nil {
+		return m.nr.AllReduceRMSNormAdd(r, o, w, n, m.Config.Hidden, eps)
+	}
+	if err := m.reduce(o, n*m.Config.Hidden); err != nil {
+		return err
+	}
+	return m.rn.RMSNormAdd(r, o, w, n, m.Config.Hidden, eps)
+}
+
+// reduceAddRMSNorm sums n rows of o over the group into the residual r and
+// normalises it into out (pre-norm).
+func (m *Model) reduceAddRMSNorm(out, r, o, w gpu.Buffer, n int, eps float32) error {
+	if m.nr != nil {
+		return m.nr.AllReduceAddRMSNorm(out, r, o, w, n, m.Config.Hidden, eps)
+	}
+	if err := m.reduce(o, n*m.Config.Hidden); err != nil {
+		return err
+	}
+	return m.rn.AddRMSNorm(out, r, o, w, n, m.Config.Hidden, eps)
 }
 
 // LoadTP loads cfg split over the devices of a tensor-parallel group: rank

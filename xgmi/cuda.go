@@ -236,3 +236,84 @@ func (r *DeviceRank) Broadcast(buf gpu.Buffer, root int) error {
 	}
 	return nil
 }
+
+// AllReduceRMSNormAdd queues the all-reduce of n rows of dim f32 values of
+// o, in place, and adds their norm to the residual res: res += rmsnorm(o)
+// · w (a post-norm block's residual after a row-parallel product). Where
+// AllReduce would run in one shot, one kernel does both; otherwise it
+// queues AllReduceN and the device's RMSNormAdd. The fused kernel's values
+// travel beside their epoch (low-latency lines, twice the bytes), so the
+// ranks read each other's without a barrier.
+func (r *DeviceRank) AllReduceRMSNormAdd(res, o, w gpu.Buffer, n, dim int, eps float32) error {
+	if r.fused(n, dim) {
+		if err := r.comm.fab.g.AllReduceNorm(r.id, cuda.PostNorm, o, o, res, nil, w, n, dim, eps); err != nil {
+			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
+		}
+		return nil
+	}
+	d, err := r.device()
+	if err != nil {
+		return err
+	}
+	if err := r.AllReduceN(o, o, n*dim); err != nil {
+		return err
+	}
+	return d.RMSNormAdd(res, o, w, n, dim, eps)
+}
+
+// AllReduceAddRMSNorm queues the all-reduce of n rows of dim f32 values of
+// o, in place, adds them to the residual res and normalises it into out:
+// res += o; out = rmsnorm(res) · w (a pre-norm block's). It fuses as
+// AllReduceRMSNormAdd does.
+func (r *DeviceRank) AllReduceAddRMSNorm(out, res, o, w gpu.Buffer, n, dim int, eps float32) error {
+	if r.fused(n, dim) {
+		if err := r.comm.fab.g.AllReduceNorm(r.id, cuda.PreNorm, o, o, res, out, w, n, dim, eps); err != nil {
+			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
+		}
+		return nil
+	}
+	d, err := r.device()
+	if err != nil {
+		return err
+	}
+	if err := r.AllReduceN(o, o, n*dim); err != nil {
+		return err
+	}
+	return d.AddRMSNorm(out, res, o, w, n, dim, eps)
+}
+
+// SumSquares2 queues gpu.ShardNormer's SumSquares2 of the rank's slices a
+// and b summed over the ranks: out[i] is the sum of the squares of row i of
+// every rank's a (width wa), out[n+i] of b (width wb). One kernel does
+// both where AllReduce would run in one shot.
+func (r *DeviceRank) SumSquares2(out, a, b gpu.Buffer, n, wa, wb int) error {
+	if r.comm.cfg.choose(2*n*4) == OneShot && 4*n <= r.comm.fab.g.LowLatencyValues() {
+		if err := r.comm.fab.g.SumSquares2AllReduce(r.id, out, a, b, n, wa, wb); err != nil {
+			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
+		}
+		return nil
+	}
+	d, err := r.device()
+	if err != nil {
+		return err
+	}
+	if err := d.SumSquares2(out, a, b, n, wa, wb); err != nil {
+		return err
+	}
+	return r.AllReduceN(out, out, 2*n)
+}
+
+// fused reports whether n rows of dim f32 values take the fused kernels:
+// where AllReduce would run in one shot and the rows fit a low-latency
+// collective.
+func (r *DeviceRank) fused(n, dim int) bool {
+	return dim%2 == 0 && r.comm.cfg.choose(n*dim*4) == OneShot && n*dim <= r.comm.fab.g.LowLatencyValues()
+}
+
+// device is the rank's GPU, where the fused operations' fallbacks run.
+func (r *DeviceRank) device() (*cuda.Device, error) {
+	if d := r.comm.fab.Device(r.id); d != nil {
+		return d, nil
+	}
+	return nil, fmt.Errorf("xgmi: rank %d lives in another process: it issues its own collectives", r.id)
+}

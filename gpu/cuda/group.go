@@ -78,7 +78,9 @@ const (
 	coMaxRanks  = 8
 	coMaxBlocks = 256
 	coThreads   = 512
-	coPadBytes  = 32 << 10
+	coFlagBytes = 32 << 10  // a pad's flags
+	coLLBytes   = 256 << 10 // a pad's low-latency lines per epoch parity and sender
+	coPadBytes  = coFlagBytes + 2*coMaxRanks*coLLBytes
 	coArgsBytes = 8*coMaxRanks*2 + 8 + 4 + 4 + 8
 )
 
@@ -332,6 +334,117 @@ func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 		}
 	}
 	return nil
+}
+
+// Residual norms fused with AllReduceNorm.
+const (
+	// PreNorm: r += sum; out = rmsnorm(r) · w.
+	PreNorm = 1
+	// PostNorm: r += rmsnorm(sum) · w.
+	PostNorm = 2
+)
+
+// LowLatencyValues is the most f32 values a low-latency collective
+// (AllReduceNorm, SumSquares2AllReduce: twice the sums) carries per rank.
+// Its values travel beside their epoch, so a peer reads them without a
+// barrier: the latency of small messages, at twice their bytes.
+func (g *Group) LowLatencyValues() int { return coLLBytes / 8 }
+
+// AllReduceNorm queues on rank r's stream the low-latency all-reduce of n
+// rows of dim f32 values of src into dst (they may be the same buffer)
+// fused with the residual norm after it (mode PreNorm or PostNorm; out is
+// unused by PostNorm). w holds dim weights of any float type. The sum is
+// AllReduce's, bit for bit. dim is even and n·dim at most
+// LowLatencyValues.
+func (g *Group) AllReduceNorm(r, mode int, dst, src, res, out, w gpu.Buffer, n, dim int, eps float32) error {
+	const op = "cuda: all-reduce norm"
+	gr, err := g.rank(op, r)
+	if err != nil {
+		return err
+	}
+	d := gr.dev
+	if err := d.enter("all-reduce norm"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := positive(op, n, dim); err != nil {
+		return err
+	}
+	if dim%2 != 0 {
+		return fmt.Errorf("%s: rows of %d values, want an even number", op, dim)
+	}
+	if n*dim > g.LowLatencyValues() {
+		return fmt.Errorf("%s: %d × %d values exceed the %d of a low-latency collective", op, n, dim, g.LowLatencyValues())
+	}
+	if mode != PreNorm && mode != PostNorm {
+		return fmt.Errorf("%s: unknown mode %d", op, mode)
+	}
+	names, bufs := []string{"dst", "src", "r", "w"}, []gpu.Buffer{dst, src, res, w}
+	if mode == PreNorm {
+		names, bufs = append(names, "out"), append(bufs, out)
+	}
+	b, err := d.bufs2(op, names, bufs...)
+	if err != nil {
+		return err
+	}
+	for i, nm := range names {
+		want := n * dim
+		if nm == "w" {
+			want = dim
+		} else if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
+			return err
+		}
+		if err := gpu.CheckLen(op, nm, b[i], want); err != nil {
+			return err
+		}
+	}
+	prefix := map[int]string{PreNorm: "allreduce_add_rmsnorm", PostNorm: "allreduce_rmsnorm_add"}[mode]
+	k, err := d.typed(op, "w", prefix, b[3].dt)
+	if err != nil {
+		return err
+	}
+	rows := bufArg("r", b[2], gpu.F32, n*dim)
+	args := []arg{rawArg(gr.args), bufArg("dst", b[0], gpu.F32, n*dim), bufArg("src", b[1], gpu.F32, n*dim), rows}
+	if mode == PreNorm {
+		args = append(args, bufArg("out", b[4], gpu.F32, n*dim))
+	}
+	args = append(args, bufArg("w", b[3], b[3].dt, dim), i32Arg(n), i32Arg(dim), f32Arg(eps), devPtrArg(d.faultDev))
+	return d.launch(k, grid1(min(n, g.blocks)), dim3{coThreads, 1, 1}, 0, args...)
+}
+
+// SumSquares2AllReduce queues on rank r's stream gpu.ShardNormer's
+// SumSquares2 and the low-latency all-reduce of its 2n sums in one kernel:
+// out[i] is the sum over the ranks of the squares of their row i of a
+// (width wa), out[n+i] of b's (width wb). 4n is at most LowLatencyValues.
+func (g *Group) SumSquares2AllReduce(r int, out, a, b gpu.Buffer, n, wa, wb int) error {
+	const op = "cuda: sum squares all-reduce"
+	gr, err := g.rank(op, r)
+	if err != nil {
+		return err
+	}
+	d := gr.dev
+	if err := d.enter("sum squares all-reduce"); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := positive(op, n, wa, wb); err != nil {
+		return err
+	}
+	if 4*n > g.LowLatencyValues() {
+		return fmt.Errorf("%s: %d sums exceed the %d values of a low-latency collective", op, 2*n, g.LowLatencyValues()/2)
+	}
+	bs, err := d.bufs2(op, []string{"out", "a", "b"}, out, a, b)
+	if err != nil {
+		return err
+	}
+	for i, nm := range []string{"out", "a", "b"} {
+		if err := wantDT(op, nm, bs[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	return d.launch(d.k("sumsq2_allreduce_f32"), grid1(min(2*n, g.blocks)), dim3{coThreads, 1, 1}, 0,
+		rawArg(gr.args), bufArg("out", bs[0], gpu.F32, 2*n), bufArg("a", bs[1], gpu.F32, n*wa), bufArg("b", bs[2], gpu.F32, n*wb),
+		i32Arg(n), i32Arg(wa), i32Arg(wb), devPtrArg(d.faultDev))
 }
 
 // AllGather queues on rank r's stream the concatenation, in rank order, of

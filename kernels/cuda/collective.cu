@@ -368,6 +368,160 @@ extern "C" __global__ void __launch_bounds__(CO_THREADS)
   finish(a, e);
 }
 
+// Low-latency (LL) exchange, for the small messages of decoding: values
+// travel in 16-byte lines {x0, e, x1, e} stored with one instruction, the
+// epoch beside each value, so a reader polls the data itself: no fence, no
+// flag, no barrier. The lines live in the pads, after the flags: per epoch
+// parity and sender, CO_LL_BYTES (CO_LL_BYTES / 8 values), apart from the
+// windows, whose raw data could pass for an epoch. A half is free again
+// when a rank starts epoch e: its previous call waited for every peer's
+// data of epoch e-1, which each peer sent after finishing its epoch e-2.
+#define CO_LL_OFFSET (32 << 10)
+#define CO_LL_BYTES (256 << 10)
+
+DEV uint4* ll_lines(const CommArgs& a, int q, unsigned e, int from) {
+  return (uint4*)((char*)a.sig[q] + CO_LL_OFFSET +
+                  (unsigned long long)((e & 1u) * CO_MAX_RANKS + from) * CO_LL_BYTES);
+}
+
+DEV void ll_store(uint4* p, float x0, float x1, unsigned e) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(__float_as_uint(x0)), "r"(e),
+               "r"(__float_as_uint(x1)), "r"(e)
+               : "memory");
+}
+
+// ll_load waits for line p of epoch e and returns its two values. On
+// timeout it records a fault and returns what it read.
+DEV float2 ll_load(const uint4* p, unsigned e, const CommArgs& a, unsigned* fault, int who) {
+  uint4 v;
+  unsigned long long t0 = 0;
+  for (;;) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    if (v.y == e && v.w == e) break;
+    if (t0 == 0) {
+      t0 = globaltimer();
+    } else if ((long long)(globaltimer() - t0) > a.timeout_ns) {
+      record_fault(fault, FAULT_COLLECTIVE_TIMEOUT, a.rank, who);
+      break;
+    }
+  }
+  return make_float2(__uint_as_float(v.x), __uint_as_float(v.z));
+}
+
+// All-reduce fused with the residual norm after it (tensor parallelism's
+// row-parallel products), over LL lines: n rows of dim f32 values (dim
+// even, n * dim at most CO_LL_BYTES / 8), rows strided over the grid. Each
+// block sends its rows to every peer, sums them in rank order into dst as
+// the peers' lines arrive (src's own rows read in place; dst may be src),
+// and then
+//   MODE 1: r += sum; out = rmsnorm(r) * w   (pre-norm residual)
+//   MODE 2: r += rmsnorm(sum) * w            (post-norm residual)
+template <typename W, int MODE>
+DEV void allreduce_norm(CommArgs a, float* dst, const float* src, float* r, float* out,
+                        const typename Elem<W>::raw* w, int n, int dim, float eps, unsigned* fault) {
+  __shared__ float scratch[32];
+  pdl_begin();
+  unsigned e = begin(a);
+  const int lines = dim / 2;
+  for (int row = blockIdx.x; row < n; row += gridDim.x) {
+    const float2* s = (const float2*)(src + (long long)row * dim);
+    for (int l = threadIdx.x; l < lines; l += blockDim.x) {
+      float2 v = s[l];
+      for (int q = 0; q < a.nranks; q++)
+        if (q != a.rank) ll_store(ll_lines(a, q, e, a.rank) + (long long)row * lines + l, v.x, v.y, e);
+    }
+  }
+  for (int row = blockIdx.x; row < n; row += gridDim.x) {
+    long long base = (long long)row * dim;
+    float2* d2 = (float2*)(dst + base);
+    float2* r2 = (float2*)(r + base);
+    float ss = 0.f;
+    for (int l = threadIdx.x; l < lines; l += blockDim.x) {
+      float2 acc = make_float2(0.f, 0.f);
+      for (int q = 0; q < a.nranks; q++) {
+        float2 v = q == a.rank ? ((const float2*)(src + base))[l]
+                               : ll_load(ll_lines(a, a.rank, e, q) + (long long)row * lines + l, e, a, fault, q);
+        acc = q == 0 ? v : make_float2(acc.x + v.x, acc.y + v.y);
+      }
+      d2[l] = acc;
+      if (MODE == 1) {
+        float2 o = r2[l];
+        acc = make_float2(acc.x + o.x, acc.y + o.y);
+        r2[l] = acc;
+      }
+      ss += acc.x * acc.x + acc.y * acc.y;
+    }
+    ss = block_sum(ss, scratch);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    // Each thread reads back the lines it wrote.
+    for (int l = threadIdx.x; l < lines; l += blockDim.x) {
+      float2 v = MODE == 1 ? r2[l] : d2[l];
+      float y0 = v.x * inv * Elem<W>::load(w, 2 * l), y1 = v.y * inv * Elem<W>::load(w, 2 * l + 1);
+      if (MODE == 1) {
+        ((float2*)(out + base))[l] = make_float2(y0, y1);
+      } else {
+        float2 o = r2[l];
+        r2[l] = make_float2(o.x + y0, o.y + y1);
+      }
+    }
+  }
+  finish(a, e);
+}
+
+#define CO_NORM_KERNELS(W, S)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
+      allreduce_add_rmsnorm_##S(CommArgs a, float* dst, const float* src, float* r, float* out,               \
+                                const Elem<W>::raw* w, int n, int dim, float eps, unsigned* fault) {           \
+    allreduce_norm<W, 1>(a, dst, src, r, out, w, n, dim, eps, fault);                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
+      allreduce_rmsnorm_add_##S(CommArgs a, float* dst, const float* src, float* r, const Elem<W>::raw* w,     \
+                                int n, int dim, float eps, unsigned* fault) {                                  \
+    allreduce_norm<W, 2>(a, dst, src, r, nullptr, w, n, dim, eps, fault);                                      \
+  }
+
+CO_NORM_KERNELS(float, f32)
+CO_NORM_KERNELS(BF16, bf16)
+CO_NORM_KERNELS(F16, f16)
+
+// sumsq2_allreduce: OLMo 2's sharded QK-norm. out[row] is the sum over the
+// ranks of the squares of their slices of a's row (rows [0, n), width wa)
+// and out[n + row] of b's (width wb): sumsq2 and the all-reduce of its 2n
+// sums in one kernel, over LL lines (2n at most CO_LL_BYTES / 16).
+extern "C" __global__ void __launch_bounds__(CO_THREADS)
+    sumsq2_allreduce_f32(CommArgs a, float* out, const float* x, const float* y, int n, int wa, int wb,
+                         unsigned* fault) {
+  __shared__ float scratch[32];
+  pdl_begin();
+  unsigned e = begin(a);
+  for (int row = blockIdx.x; row < 2 * n; row += gridDim.x) {
+    const float* p = row < n ? x + (long long)row * wa : y + (long long)(row - n) * wb;
+    int wd = row < n ? wa : wb;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < wd; j += blockDim.x) ss += p[j] * p[j];
+    ss = block_sum(ss, scratch);
+    if (threadIdx.x == 0) {
+      out[row] = ss;
+      for (int q = 0; q < a.nranks; q++)
+        if (q != a.rank) ll_store(ll_lines(a, q, e, a.rank) + row, ss, 0.f, e);
+    }
+  }
+  if (threadIdx.x == 0) {
+    for (int row = blockIdx.x; row < 2 * n; row += gridDim.x) {
+      float acc = 0.f;
+      for (int q = 0; q < a.nranks; q++) {
+        float v = q == a.rank ? out[row] : ll_load(ll_lines(a, a.rank, e, q) + row, e, a, fault, q).x;
+        acc = q == 0 ? v : acc + v;
+      }
+      out[row] = acc;
+    }
+  }
+  finish(a, e);
+}
+
 #define CO_KERNELS(T, S)                                                                                       \
   extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
       allreduce_oneshot_##S(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {            \
