@@ -15,7 +15,8 @@ type Algorithm uint8
 
 // All-reduce algorithms.
 const (
-	// Auto picks OneShot up to Config.OneShotMaxBytes, TwoShot above.
+	// Auto picks LowLatency up to Config.LowLatencyMaxBytes, OneShot up
+	// to Config.OneShotMaxBytes, TwoShot above.
 	Auto Algorithm = iota
 	// OneShot: every rank reads every peer's whole input and reduces it.
 	// One synchronisation per step; each rank reads n times the message.
@@ -25,6 +26,12 @@ const (
 	// its owner). Two synchronisations per step; each rank reads about
 	// twice the message, whatever n.
 	TwoShot
+	// LowLatency: OneShot whose data travels beside the call's epoch, so
+	// that a rank reads its peers' without waiting for a flag (the device
+	// fabric; NCCL's LL protocol is the same idea). Twice the bytes on the
+	// wire, none of the synchronisation: for the smallest messages. The
+	// host fabric runs it as OneShot.
+	LowLatency
 )
 
 func (a Algorithm) String() string {
@@ -35,18 +42,20 @@ func (a Algorithm) String() string {
 		return "oneshot"
 	case TwoShot:
 		return "twoshot"
+	case LowLatency:
+		return "lowlatency"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm reads "auto", "oneshot" or "twoshot".
+// ParseAlgorithm reads "auto", "oneshot", "twoshot" or "lowlatency".
 func ParseAlgorithm(s string) (Algorithm, error) {
-	for _, a := range []Algorithm{Auto, OneShot, TwoShot} {
+	for _, a := range []Algorithm{Auto, OneShot, TwoShot, LowLatency} {
 		if a.String() == s {
 			return a, nil
 		}
 	}
-	return 0, fmt.Errorf("xgmi: unknown algorithm %q: want auto, oneshot or twoshot", s)
+	return 0, fmt.Errorf("xgmi: unknown algorithm %q: want auto, oneshot, twoshot or lowlatency", s)
 }
 
 // Config tunes a communicator.
@@ -56,6 +65,9 @@ type Config struct {
 	// OneShotMaxBytes is the largest message (bytes per rank) that Auto
 	// reduces in one shot.
 	OneShotMaxBytes int
+	// LowLatencyMaxBytes is the largest message that Auto reduces with
+	// LowLatency (0: never).
+	LowLatencyMaxBytes int
 }
 
 // DefaultConfig chooses by size with the crossover measured on the host
@@ -66,11 +78,11 @@ func DefaultConfig() Config {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	if c.Algorithm > TwoShot {
+	if c.Algorithm > LowLatency {
 		return fmt.Errorf("xgmi: config: %s", c.Algorithm)
 	}
-	if c.OneShotMaxBytes < 0 {
-		return fmt.Errorf("xgmi: config: one-shot limit of %d bytes is negative", c.OneShotMaxBytes)
+	if c.OneShotMaxBytes < 0 || c.LowLatencyMaxBytes < 0 {
+		return fmt.Errorf("xgmi: config: a negative limit (one-shot %d bytes, low-latency %d)", c.OneShotMaxBytes, c.LowLatencyMaxBytes)
 	}
 	return nil
 }
@@ -80,7 +92,10 @@ func (c Config) choose(bytes int) Algorithm {
 	if c.Algorithm != Auto {
 		return c.Algorithm
 	}
-	if bytes <= c.OneShotMaxBytes {
+	switch {
+	case bytes <= c.LowLatencyMaxBytes:
+		return LowLatency
+	case bytes <= c.OneShotMaxBytes:
 		return OneShot
 	}
 	return TwoShot
@@ -232,7 +247,7 @@ func (r *Rank) AllReduce(ctx context.Context, dst, src []byte, dt gpu.DType) err
 	for off := 0; off < len(src); {
 		c := min(len(src)-off, win)
 		var err error
-		if algo == OneShot {
+		if algo == OneShot || algo == LowLatency {
 			err = r.oneShot(ctx, dst[off:off+c], src[off:off+c], dt)
 		} else {
 			err = r.twoShot(ctx, dst[off:off+c], src[off:off+c], dt)

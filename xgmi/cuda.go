@@ -131,7 +131,7 @@ func (f *CUDAFabric) Shutdown(ctx context.Context) error {
 // DefaultCUDAConfig chooses by size with the crossover measured on two
 // H200s over NVLink (docs/xgmi.md).
 func DefaultCUDAConfig() Config {
-	return Config{Algorithm: Auto, OneShotMaxBytes: 4 << 20}
+	return Config{Algorithm: Auto, OneShotMaxBytes: 4 << 20, LowLatencyMaxBytes: 128 << 10}
 }
 
 // DeviceComm is a communicator whose collectives run on the GPUs, on
@@ -201,10 +201,7 @@ func (r *DeviceRank) AllReduceN(dst, src gpu.Buffer, n int) error {
 	if err := checkReducible(src.DType()); err != nil {
 		return fmt.Errorf("xgmi: rank %d: all-reduce: %w", r.id, err)
 	}
-	algo := cuda.TwoShot
-	if r.comm.cfg.choose(n*src.DType().Size()) == OneShot {
-		algo = cuda.OneShot
-	}
+	algo := map[Algorithm]int{OneShot: cuda.OneShot, TwoShot: cuda.TwoShot, LowLatency: cuda.LowLatency}[r.comm.cfg.choose(n*src.DType().Size())]
 	if err := r.comm.fab.g.AllReduce(r.id, dst, 0, src, 0, n, algo); err != nil {
 		return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
 	}
@@ -240,7 +237,7 @@ func (r *DeviceRank) Broadcast(buf gpu.Buffer, root int) error {
 // AllReduceRMSNormAdd queues the all-reduce of n rows of dim f32 values of
 // o, in place, and adds their norm to the residual res: res += rmsnorm(o)
 // · w (a post-norm block's residual after a row-parallel product). Where
-// AllReduce would run in one shot, one kernel does both; otherwise it
+// AllReduce would not run in two shots, one kernel does both; otherwise it
 // queues AllReduceN and the device's RMSNormAdd. The fused kernel's values
 // travel beside their epoch (low-latency lines, twice the bytes), so the
 // ranks read each other's without a barrier.
@@ -285,9 +282,9 @@ func (r *DeviceRank) AllReduceAddRMSNorm(out, res, o, w gpu.Buffer, n, dim int, 
 // SumSquares2 queues gpu.ShardNormer's SumSquares2 of the rank's slices a
 // and b summed over the ranks: out[i] is the sum of the squares of row i of
 // every rank's a (width wa), out[n+i] of b (width wb). One kernel does
-// both where AllReduce would run in one shot.
+// both where AllReduce would not run in two shots.
 func (r *DeviceRank) SumSquares2(out, a, b gpu.Buffer, n, wa, wb int) error {
-	if r.comm.cfg.choose(2*n*4) == OneShot && 4*n <= r.comm.fab.g.LowLatencyValues() {
+	if r.comm.cfg.choose(2*n*4) != TwoShot && 4*n <= r.comm.fab.g.LowLatencyValues() {
 		if err := r.comm.fab.g.SumSquares2AllReduce(r.id, out, a, b, n, wa, wb); err != nil {
 			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
 		}
@@ -304,10 +301,10 @@ func (r *DeviceRank) SumSquares2(out, a, b gpu.Buffer, n, wa, wb int) error {
 }
 
 // fused reports whether n rows of dim f32 values take the fused kernels:
-// where AllReduce would run in one shot and the rows fit a low-latency
+// where AllReduce would not run in two shots and the rows fit a low-latency
 // collective.
 func (r *DeviceRank) fused(n, dim int) bool {
-	return dim%2 == 0 && r.comm.cfg.choose(n*dim*4) == OneShot && n*dim <= r.comm.fab.g.LowLatencyValues()
+	return dim%2 == 0 && r.comm.cfg.choose(n*dim*4) != TwoShot && n*dim <= r.comm.fab.g.LowLatencyValues()
 }
 
 // device is the rank's GPU, where the fused operations' fallbacks run.

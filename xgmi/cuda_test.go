@@ -211,7 +211,7 @@ func TestCUDAAllReduceSweep(t *testing.T) {
 	if testing.Short() {
 		maxBytes = 1 << 20
 	}
-	for _, algo := range []Algorithm{OneShot, TwoShot, Auto} {
+	for _, algo := range []Algorithm{OneShot, TwoShot, LowLatency, Auto} {
 		cfg := DefaultCUDAConfig()
 		cfg.Algorithm = algo
 		c := newDeviceComm(t, devs, 4<<20, cfg)
@@ -233,7 +233,7 @@ func TestCUDAAllReduceSweep(t *testing.T) {
 // halves are reused while peers may still be one call behind.
 func TestCUDAAllReduceBackToBack(t *testing.T) {
 	devs := openGPUs(t)
-	c := newDeviceComm(t, devs, 1<<20, Config{Algorithm: Auto, OneShotMaxBytes: 32 << 10})
+	c := newDeviceComm(t, devs, 1<<20, Config{Algorithm: Auto, OneShotMaxBytes: 32 << 10, LowLatencyMaxBytes: 4 << 10})
 	rng := rand.New(rand.NewPCG(7, 7))
 	const calls = 64
 	dt := gpu.BF16
@@ -285,7 +285,7 @@ func TestCUDAAllReduceGraph(t *testing.T) {
 	devs := openGPUs(t)
 	c := newDeviceComm(t, devs, 0, DefaultCUDAConfig())
 	dt := gpu.BF16
-	sizes := []int{8, 4097, 32 << 10, 1 << 20} // one-shot and two-shot
+	sizes := []int{8, 4097, 32 << 10, 1 << 20, 4 << 20} // low-latency, one-shot and two-shot
 	rng := rand.New(rand.NewPCG(3, 3))
 	var ins [][][]byte
 	var bufs [][]rankBufs

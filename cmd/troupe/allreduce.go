@@ -48,8 +48,9 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 	maxS := fs.String("max", "64MiB", "largest message in bytes per rank")
 	factor := fs.Int("factor", 2, "size multiplier between rows")
 	dtS := fs.String("dtype", "bf16", "element type: bf16, f16 or f32")
-	algoS := fs.String("algo", "auto", "all-reduce algorithm: auto, oneshot or twoshot")
+	algoS := fs.String("algo", "auto", "all-reduce algorithm: auto, oneshot, twoshot or lowlatency")
 	oneShotS := fs.String("oneshot-max", "", "largest message auto reduces in one shot (default: the library's)")
+	llS := fs.String("lowlatency-max", "", "largest message auto reduces with the low-latency one-shot (default: the library's)")
 	windowS := fs.String("window", "", "window per rank (default: the library's)")
 	warmup := fs.Int("warmup", 5, "untimed calls per size")
 	iters := fs.Int("iters", 0, "timed calls per size (0: enough for about --target)")
@@ -94,6 +95,11 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 	if *oneShotS != "" {
 		if cfg.OneShotMaxBytes, err = parseBytes(*oneShotS); err != nil {
 			return fmt.Errorf("allreduce-bench: --oneshot-max: %w", err)
+		}
+	}
+	if *llS != "" {
+		if cfg.LowLatencyMaxBytes, err = parseBytes(*llS); err != nil {
+			return fmt.Errorf("allreduce-bench: --lowlatency-max: %w", err)
 		}
 	}
 	if *procs != 0 {
@@ -145,8 +151,8 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 	res := allReduceResult{Fabric: "host", Ranks: *ranks, WindowBytes: fcfg.WindowBytes, Rows: []allReduceRow{}}
 	if !*asJSON {
 		fmt.Fprintf(stdout, "# all-reduce, sum, %d ranks on the host fabric (goroutines of one process, %s windows), algo %s\n#\n", *ranks, fmtBytes(fcfg.WindowBytes), algo)
-		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong")
-		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
+		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %10s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong")
+		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %10s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
 	}
 	es := dt.Size()
 	for size := lo; size <= hi; size *= *factor {
@@ -164,7 +170,7 @@ func cmdAllReduceBench(ctx context.Context, args []string, stdout, stderr io.Wri
 			if row.Wrong < 0 {
 				wrong = "N/A"
 			}
-			fmt.Fprintf(stdout, " %11d %12d %6s %6s %8s %10.2f %8.2f %8.2f %7s\n", row.Bytes, row.Count, row.Type, row.RedOp, row.Algo, row.TimeUS, row.AlgBW, row.BusBW, wrong)
+			fmt.Fprintf(stdout, " %11d %12d %6s %6s %10s %10.2f %8.2f %8.2f %7s\n", row.Bytes, row.Count, row.Type, row.RedOp, row.Algo, row.TimeUS, row.AlgBW, row.BusBW, wrong)
 		}
 	}
 	res.CUDA = "not probed"

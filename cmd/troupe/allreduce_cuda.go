@@ -77,10 +77,10 @@ func (b cudaBench) run(ctx context.Context, stdout io.Writer, o cudaBenchOpts, w
 	}
 	res := allReduceResult{Fabric: "cuda", Ranks: o.ranks, WindowBytes: windowBytes, Rows: []allReduceRow{}, CUDA: dev.Name() + ", " + mode}
 	if !o.json {
-		fmt.Fprintf(stdout, "# all-reduce, sum, %d ranks on the cuda fabric (%s; %s, %s windows), algo %s (one-shot up to %s), %s, time by events on GPU %d\n#\n",
-			o.ranks, dev.Info().Name, b.fabric, fmtBytes(windowBytes), o.cfg.Algorithm, fmtBytes(o.cfg.OneShotMaxBytes), mode, b.local[0].id)
-		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong")
-		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %8s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
+		fmt.Fprintf(stdout, "# all-reduce, sum, %d ranks on the cuda fabric (%s; %s, %s windows), algo %s (low-latency up to %s, one-shot up to %s), %s, time by events on GPU %d\n#\n",
+			o.ranks, dev.Info().Name, b.fabric, fmtBytes(windowBytes), o.cfg.Algorithm, fmtBytes(o.cfg.LowLatencyMaxBytes), fmtBytes(o.cfg.OneShotMaxBytes), mode, b.local[0].id)
+		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %10s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong")
+		fmt.Fprintf(stdout, "#%11s %12s %6s %6s %10s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
 	}
 	es := o.dt.Size()
 	for size := o.lo; size <= o.hi; size *= o.factor {
@@ -98,7 +98,7 @@ func (b cudaBench) run(ctx context.Context, stdout io.Writer, o cudaBenchOpts, w
 			if row.Wrong < 0 {
 				wrong = "N/A"
 			}
-			fmt.Fprintf(stdout, " %11d %12d %6s %6s %8s %10.2f %8.2f %8.2f %7s\n", row.Bytes, row.Count, row.Type, row.RedOp, row.Algo, row.TimeUS, row.AlgBW, row.BusBW, wrong)
+			fmt.Fprintf(stdout, " %11d %12d %6s %6s %10s %10.2f %8.2f %8.2f %7s\n", row.Bytes, row.Count, row.Type, row.RedOp, row.Algo, row.TimeUS, row.AlgBW, row.BusBW, wrong)
 		}
 	}
 	if o.json {

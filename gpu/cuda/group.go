@@ -92,6 +92,11 @@ const (
 	// TwoShot reduce-scatters and all-gathers with remote writes: two
 	// synchronisations, each rank moves about twice the message.
 	TwoShot = 2
+	// LowLatency pushes each rank's whole input to every peer as values
+	// beside their epoch, which the peers read without a barrier: the
+	// latency of small messages, at twice their bytes. A step carries
+	// LowLatencyValues()·4 bytes.
+	LowLatency = 3
 )
 
 // NewGroup enables peer access between every pair of devs (rank i is
@@ -284,7 +289,7 @@ func operands(op string, d *Device, dst gpu.Buffer, dstOff, dstN int, src gpu.Bu
 
 // AllReduce queues, on rank r's stream, the sum over the ranks of n
 // elements of src (from element srcOff) into dst (from dstOff), with the
-// algorithm algo (OneShot or TwoShot). dst and src hold the same float
+// algorithm algo (OneShot, TwoShot or LowLatency). dst and src hold the same float
 // type (f32, bf16 or f16), start on 16-byte boundaries, and may be the
 // same region. The summation order is xgmi's: every rank gets the same
 // bits.
@@ -315,16 +320,21 @@ func (g *Group) AllReduce(r int, dst gpu.Buffer, dstOff int, src gpu.Buffer, src
 		if g.ipc {
 			name = "allreduce_twoshot_ipc_" + suffix(db.dt)
 		}
+	case LowLatency:
+		name = "allreduce_ll_" + suffix(db.dt)
 	default:
 		return fmt.Errorf("%s: unknown algorithm %d", op, algo)
 	}
 	k := d.k(name)
 	es := db.dt.Size()
-	step := g.slotBytes / es
+	step, unit := g.slotBytes/es, 16 // elements a step; bytes a thread
+	if algo == LowLatency {
+		step, unit = coLLBytes/2/es, 8
+	}
 	args := gr.args
 	for off := 0; off < n; off += step {
 		c := min(step, n-off)
-		err := d.launch(k, g.gridFor(ceilDiv(c*es, 16)), dim3{coThreads, 1, 1}, 0,
+		err := d.launch(k, g.gridFor(ceilDiv(c*es, unit)), dim3{coThreads, 1, 1}, 0,
 			rawArg(args),
 			arg{kind: argBuf, name: "dst", buf: db, off: dstOff + off, n: c},
 			arg{kind: argBuf, name: "src", buf: sb, off: srcOff + off, n: c},

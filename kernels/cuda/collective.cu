@@ -384,15 +384,18 @@ DEV uint4* ll_lines(const CommArgs& a, int q, unsigned e, int from) {
                   (unsigned long long)((e & 1u) * CO_MAX_RANKS + from) * CO_LL_BYTES);
 }
 
-DEV void ll_store(uint4* p, float x0, float x1, unsigned e) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(__float_as_uint(x0)), "r"(e),
-               "r"(__float_as_uint(x1)), "r"(e)
+DEV void ll_store(uint4* p, unsigned x0, unsigned x1, unsigned e) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x0), "r"(e), "r"(x1), "r"(e)
                : "memory");
 }
 
-// ll_load waits for line p of epoch e and returns its two values. On
+DEV void ll_store(uint4* p, float x0, float x1, unsigned e) {
+  ll_store(p, __float_as_uint(x0), __float_as_uint(x1), e);
+}
+
+// ll_wait waits for line p of epoch e and returns its two words. On
 // timeout it records a fault and returns what it read.
-DEV float2 ll_load(const uint4* p, unsigned e, const CommArgs& a, unsigned* fault, int who) {
+DEV uint2 ll_wait(const uint4* p, unsigned e, const CommArgs& a, unsigned* fault, int who) {
   uint4 v;
   unsigned long long t0 = 0;
   for (;;) {
@@ -408,7 +411,61 @@ DEV float2 ll_load(const uint4* p, unsigned e, const CommArgs& a, unsigned* faul
       break;
     }
   }
-  return make_float2(__uint_as_float(v.x), __uint_as_float(v.z));
+  return make_uint2(v.x, v.z);
+}
+
+DEV float2 ll_load(const uint4* p, unsigned e, const CommArgs& a, unsigned* fault, int who) {
+  uint2 v = ll_wait(p, e, a, fault, who);
+  return make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+}
+
+// word_elem is element i of a 32-bit word of T values.
+template <typename T> DEV float word_elem(unsigned w, int i);
+template <> DEV float word_elem<float>(unsigned w, int) { return __uint_as_float(w); }
+template <> DEV float word_elem<BF16>(unsigned w, int i) { return bf2f((uint16_t)(i ? w >> 16 : w)); }
+template <> DEV float word_elem<F16>(unsigned w, int i) { return h2f((uint16_t)(i ? w >> 16 : w)); }
+
+// src_line is line l (8 bytes) of a message of nb bytes, zeros past its end.
+DEV uint2 src_line(const char* src, long long l, long long nb) {
+  long long off = l * 8;
+  if (off + 8 <= nb) return *(const uint2*)(src + off);
+  unsigned w[2] = {0, 0};
+  for (int i = 0; off + i < nb; i++) w[i / 4] |= (unsigned)(unsigned char)src[off + i] << (8 * (i % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+// Low-latency one-shot all-reduce of n elements, for small messages: every
+// rank sends its input to every peer as LL lines (8 bytes of it a line,
+// n * sizeof(T) at most CO_LL_BYTES / 2) and sums each line in rank order
+// as the peers' arrive. One thread a line; no barrier, so the grid need
+// not be resident at once.
+template <typename T>
+DEV void allreduce_ll(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {
+  pdl_begin();
+  constexpr int es = sizeof(typename Vec<T>::raw), per = 8 / es, half = per / 2;
+  unsigned e = begin(a);
+  long long nb = n * es, lines = (nb + 7) / 8;
+  long long stride = (long long)gridDim.x * blockDim.x, g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (long long l = g; l < lines; l += stride) {
+    uint2 v = src_line(src, l, nb);
+    for (int q = 0; q < a.nranks; q++)
+      if (q != a.rank) ll_store(ll_lines(a, q, e, a.rank) + l, v.x, v.y, e);
+  }
+  for (long long l = g; l < lines; l += stride) {
+    float acc[per];
+    for (int q = 0; q < a.nranks; q++) {
+      uint2 v = q == a.rank ? src_line(src, l, nb) : ll_wait(ll_lines(a, a.rank, e, q) + l, e, a, fault, q);
+#pragma unroll
+      for (int j = 0; j < per; j++) {
+        float x = word_elem<T>(j < half ? v.x : v.y, j % half);
+        acc[j] = q == 0 ? x : acc[j] + x;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < per; j++)
+      if (l * per + j < n) Vec<T>::store1(dst + l * 8, j, acc[j]);
+  }
+  finish(a, e);
 }
 
 // All-reduce fused with the residual norm after it (tensor parallelism's
@@ -534,6 +591,10 @@ extern "C" __global__ void __launch_bounds__(CO_THREADS)
   extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
       allreduce_twoshot_ipc_##S(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {        \
     allreduce_twoshot<T, true>(a, dst, src, n, fault);                                                         \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(CO_THREADS)                                                     \
+      allreduce_ll_##S(CommArgs a, char* dst, const char* src, long long n, unsigned* fault) {                 \
+    allreduce_ll<T>(a, dst, src, n, fault);                                                                    \
   }
 
 CO_KERNELS(float, f32)
