@@ -150,106 +150,116 @@ func TestGreedyStops(t *testing.T) {
 // leave to the host (a whole-row filter) is not queued.
 func TestIssueStepChains(t *testing.T) {
 	b := openDemo(t)
-	ctx := context.Background()
-	prompts := [][]int32{{5, 9, 200, 31, 7}, {11, 4, 90}}
-	const bs, gen = 16, 12
-	// draws gives step s's rows: nil for greedy steps.
-	drawn := func(s int) []gpu.SampleRow {
-		return []gpu.SampleRow{{Temperature: 0.9, TopK: 40, TopP: 0.95, U: math.Mod(0.37*float64(s)+0.11, 1)},
-			{Temperature: 1.2, U: math.Mod(0.61*float64(s)+0.29, 1)}}
-	}
 	onFastLanes(t, b, func(t *testing.T, ln lane, m *models.Model) {
-		if !m.Chains() || !m.ChainsDraws(drawn(0)) {
+		if !m.Chains() || !m.ChainsDraws(chainDraws(0)) {
 			t.Fatalf("lane %s: the whole model does not chain", ln.name)
 		}
 		if m.ChainsDraws([]gpu.SampleRow{{Temperature: 1, TopP: 0.9}}) {
 			t.Errorf("lane %s: a whole-row top-p draw would be queued", ln.name)
 		}
-		for _, draws := range []func(int) []gpu.SampleRow{func(int) []gpu.SampleRow { return nil }, drawn} {
-			run := func(chained bool) [][]int32 {
-				cache, err := m.NewCache(4, bs)
-				if err != nil {
-					t.Fatal(err)
+		checkChains(t, m)
+	})
+}
+
+// chainDraws gives step s's draws in checkChains's drawn chains.
+func chainDraws(s int) []gpu.SampleRow {
+	return []gpu.SampleRow{{Temperature: 0.9, TopK: 40, TopP: 0.95, U: math.Mod(0.37*float64(s)+0.11, 1)},
+		{Temperature: 1.2, U: math.Mod(0.61*float64(s)+0.29, 1)}}
+}
+
+// checkChains decodes two sequences greedy and then drawn, once through a
+// loop of ForwardArgmax / ForwardSample and once through IssueStep's
+// queued steps, each fed the choice of the step before on the device: the
+// tokens must be equal. IssueStep must refuse steps it cannot chain.
+func checkChains(t *testing.T, m *models.Model) {
+	t.Helper()
+	ctx := context.Background()
+	prompts := [][]int32{{5, 9, 200, 31, 7}, {11, 4, 90}}
+	const bs, gen = 16, 12
+	for _, draws := range []func(int) []gpu.SampleRow{func(int) []gpu.SampleRow { return nil }, chainDraws} {
+		run := func(chained bool) [][]int32 {
+			cache, err := m.NewCache(4, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cache.Close()
+			tables := [][]int32{{0, 1}, {2, 3}}
+			pb := &models.Batch{Tables: tables}
+			for s, p := range prompts {
+				for i, tok := range p {
+					pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
 				}
-				defer cache.Close()
-				tables := [][]int32{{0, 1}, {2, 3}}
-				pb := &models.Batch{Tables: tables}
-				for s, p := range prompts {
-					for i, tok := range p {
-						pb.Tokens, pb.Pos, pb.Seq = append(pb.Tokens, tok), append(pb.Pos, int32(i)), append(pb.Seq, int32(s))
-					}
-					pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
-				}
-				ids := make([]int32, 2)
-				if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
-					t.Fatal(err)
-				}
-				out := [][]int32{{ids[0]}, {ids[1]}}
-				db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
-					Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
-				if !chained {
-					for s := range gen {
-						var err error
-						if rows := draws(s); rows == nil {
-							err = m.ForwardArgmax(ctx, cache, db, ids)
-						} else {
-							err = m.ForwardSample(ctx, cache, db, rows, ids)
-						}
-						if err != nil {
-							t.Fatal(err)
-						}
-						out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
-						copy(db.Tokens, ids)
-						db.Pos[0]++
-						db.Pos[1]++
-					}
-					return out
-				}
-				var (
-					got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
-					wait [2]func() error
-				)
-				take := func(i int) {
-					if err := wait[i](); err != nil {
-						t.Fatal(err)
-					}
-					out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
-				}
+				pb.Logits = append(pb.Logits, int32(len(pb.Tokens)-1))
+			}
+			ids := make([]int32, 2)
+			if err := m.ForwardArgmax(ctx, cache, pb, ids); err != nil {
+				t.Fatal(err)
+			}
+			out := [][]int32{{ids[0]}, {ids[1]}}
+			db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
+				Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
+			if !chained {
 				for s := range gen {
-					if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2]); err != nil {
+					var err error
+					if rows := draws(s); rows == nil {
+						err = m.ForwardArgmax(ctx, cache, db, ids)
+					} else {
+						err = m.ForwardSample(ctx, cache, db, rows, ids)
+					}
+					if err != nil {
 						t.Fatal(err)
 					}
+					out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
+					copy(db.Tokens, ids)
 					db.Pos[0]++
 					db.Pos[1]++
-					if s > 0 {
-						take((s - 1) % 2)
-					}
-				}
-				take((gen - 1) % 2)
-				// Refused: rows out of order, more rows than the step before
-				// chose, and a whole-row draw.
-				if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids); err == nil {
-					t.Error("a step fed by the one before with its logits rows swapped was queued")
-				}
-				three := make([]int32, 3)
-				if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three); err == nil {
-					t.Error("a step fed by one of two rows with three rows was queued")
-				}
-				whole := []gpu.SampleRow{{Temperature: 1, MinP: 0.1}, {}}
-				if _, err := m.IssueStep(ctx, cache, db, whole, true, ids); err == nil {
-					t.Error("a whole-row min-p draw was queued")
 				}
 				return out
 			}
-			want, got := run(false), run(true)
-			for s := range want {
-				if !slices.Equal(got[s], want[s]) {
-					t.Fatalf("sequence %d (drawn %v): queued steps chose %v, the loop %v", s, draws(0) != nil, got[s], want[s])
+			var (
+				got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
+				wait [2]func() error
+			)
+			take := func(i int) {
+				if err := wait[i](); err != nil {
+					t.Fatal(err)
+				}
+				out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
+			}
+			for s := range gen {
+				if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2]); err != nil {
+					t.Fatal(err)
+				}
+				db.Pos[0]++
+				db.Pos[1]++
+				if s > 0 {
+					take((s - 1) % 2)
 				}
 			}
-			t.Logf("drawn %v: %d tokens of two sequences equal", draws(0) != nil, len(got[0])+len(got[1]))
+			take((gen - 1) % 2)
+			// Refused: rows out of order, more rows than the step before
+			// chose, and a whole-row draw.
+			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids); err == nil {
+				t.Error("a step fed by the one before with its logits rows swapped was queued")
+			}
+			three := make([]int32, 3)
+			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three); err == nil {
+				t.Error("a step fed by one of two rows with three rows was queued")
+			}
+			whole := []gpu.SampleRow{{Temperature: 1, MinP: 0.1}, {}}
+			if _, err := m.IssueStep(ctx, cache, db, whole, true, ids); err == nil {
+				t.Error("a whole-row min-p draw was queued")
+			}
+			return out
 		}
-	})
+		want, got := run(false), run(true)
+		for s := range want {
+			if !slices.Equal(got[s], want[s]) {
+				t.Fatalf("sequence %d (drawn %v): queued steps chose %v, the loop %v", s, draws(0) != nil, got[s], want[s])
+			}
+		}
+		t.Logf("drawn %v: %d tokens of two sequences equal", draws(0) != nil, len(got[0])+len(got[1]))
+	}
 }
 
 // TestForwardSampleOnHost: on a device that does not draw tokens itself,

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -749,9 +750,15 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 // rank) on a device that chooses tokens itself (gpu.Argmaxer) and reads
 // them back without waiting for later work (gpu.LateReader).
 func (m *Model) Chains() bool {
-	_, argmaxer := m.dev.(gpu.Argmaxer)
-	_, late := m.dev.(gpu.LateReader)
-	return argmaxer && late && m.first() && m.last() && m.group == nil && m.opts.Shard == nil
+	for _, rk := range m.ranks() {
+		_, argmaxer := rk.dev.(gpu.Argmaxer)
+		_, late := rk.dev.(gpu.LateReader)
+		if !argmaxer || !late {
+			return false
+		}
+	}
+	// A rank of a group chains only through the group's rank 0.
+	return m.first() && m.last() && (m.group != nil || m.opts.Shard == nil)
 }
 
 // ChainsDraws reports whether IssueStep can queue steps drawn as rows say:
@@ -759,8 +766,13 @@ func (m *Model) Chains() bool {
 // every row (none filters over the whole row, which it may leave to the
 // host: gpu.SampleRow.Whole).
 func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
-	if _, ok := m.dev.(gpu.Sampler); !ok || !m.Chains() {
+	if !m.Chains() {
 		return false
+	}
+	for _, rk := range m.ranks() {
+		if _, ok := rk.dev.(gpu.Sampler); !ok {
+			return false
+		}
 	}
 	V := m.Config.Vocab
 	for _, r := range rows {
@@ -780,7 +792,8 @@ func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
 // (b.Tokens are placeholders); b must then have one token per logits row,
 // in order, and that step as many rows. Two steps' reads may be pending at
 // most; ids must not be used before wait returns. It needs Chains (and
-// ChainsDraws for drawn steps).
+// ChainsDraws for drawn steps). A tensor-parallel group queues the step on
+// every rank, and wait checks that the ranks chose alike.
 func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, previous bool, ids []int32) (wait func() error, err error) {
 	if !m.Chains() || (rows != nil && !m.ChainsDraws(rows)) {
 		return nil, fmt.Errorf("forward: this model and device cannot queue these steps")
@@ -804,16 +817,61 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := m.issue(cache, b, rows == nil, from); err != nil {
+	issue := func(rk *Model, c *Cache) error {
+		if err := rk.issue(c, b, rows == nil, from); err != nil {
+			return err
+		}
+		if rows != nil {
+			if err := rk.dev.(gpu.Sampler).Sample(rk.s.next, rk.s.logits, r, rk.Config.Vocab, rows); err != nil {
+				return fmt.Errorf("forward: %w", err)
+			}
+			rk.s.chosen = r
+		}
+		return nil
+	}
+	if m.group == nil {
+		if err := issue(m, cache); err != nil {
+			return nil, err
+		}
+		return m.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+	}
+	if err := m.each(cache, issue); err != nil {
 		return nil, err
 	}
-	if rows != nil {
-		if err := m.dev.(gpu.Sampler).Sample(m.s.next, m.s.logits, r, m.Config.Vocab, rows); err != nil {
-			return nil, fmt.Errorf("forward: %w", err)
+	// Every rank's choices, rank 0's into ids: their own memory, since
+	// two steps' reads may be pending.
+	peer := make([]int32, r*len(m.group))
+	waits := make([]func() error, len(m.group))
+	for k, rk := range m.group {
+		dst := ids[:r]
+		if k > 0 {
+			dst = peer[k*r : (k+1)*r]
 		}
-		m.s.chosen = r
+		if waits[k], err = rk.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(dst), rk.s.next, 0); err != nil {
+			for _, w := range waits[:k] {
+				_ = w()
+			}
+			return nil, err
+		}
 	}
-	return m.dev.(gpu.LateReader).ReadLater(gpu.I32Bytes(ids[:r]), m.s.next, 0)
+	return func() error {
+		var errs []error
+		for _, w := range waits {
+			errs = append(errs, w())
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		return agree(ids[:r], peer, len(m.group))
+	}, nil
+}
+
+// ranks is the models a step runs on: the group's ranks, or m alone.
+func (m *Model) ranks() []*Model {
+	if m.group != nil {
+		return m.group
+	}
+	return []*Model{m}
 }
 
 // issue issues a step of the last stage into its logits (with argmax,

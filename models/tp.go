@@ -257,7 +257,14 @@ func (m *Model) forwardArgmaxGroup(ctx context.Context, cache *Cache, b *Batch, 
 	if err != nil {
 		return err
 	}
-	for k := 1; k < len(m.group); k++ {
+	return agree(ids[:r], peer, len(m.group))
+}
+
+// agree checks that every rank k > 0 chose, in peer[k*r:(k+1)*r], the
+// tokens rank 0 chose in ids (r of them).
+func agree(ids, peer []int32, ranks int) error {
+	r := len(ids)
+	for k := 1; k < ranks; k++ {
 		for i := range r {
 			if peer[k*r+i] != ids[i] {
 				return fmt.Errorf("forward: rank %d chose token %d and rank 0 %d for row %d: the ranks diverged", k, peer[k*r+i], ids[i], i)

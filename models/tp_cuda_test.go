@@ -20,7 +20,9 @@ import (
 // whole on one, and checks that the split model's logits over the prompt
 // agree with the whole model's (relative L2 within 1e-2: the all-reduces
 // sum the partial products in another order) and that greedy decoding
-// chooses the same tokens. It skips with fewer than two GPUs.
+// chooses the same tokens, and that the group's queued steps (IssueStep,
+// greedy and drawn) choose what its loop does. It skips with fewer than
+// two GPUs.
 func TestCUDATensorParallel(t *testing.T) {
 	ctx := context.Background()
 	var devs []*cuda.Device
@@ -105,6 +107,10 @@ func TestCUDATensorParallel(t *testing.T) {
 					t.Fatalf("greedy step %d: split chose %d, whole %d (whole: %v)", i, greedy[1][i], greedy[0][i], greedy[0])
 				}
 			}
+			if !split.Chains() || !split.ChainsDraws(chainDraws(0)) {
+				t.Fatal("the split model does not chain")
+			}
+			checkChains(t, split)
 		})
 	}
 }

@@ -84,8 +84,9 @@ func (h hostRank) AllGather(dst, src gpu.Buffer) error {
 // TestTensorParallelCPU splits the pre-norm fixtures (grouped-query
 // attention, per-head QK-norm) over two CPU devices summing through host
 // memory, and checks the logits and the greedy path against the whole
-// model's. OLMo 2's sharded QK-norm needs a gpu.ShardNormer (the CUDA
-// lane; TestCUDATensorParallel).
+// model's, and the group's queued steps (IssueStep) against its loop.
+// OLMo 2's sharded QK-norm needs a gpu.ShardNormer (the CUDA lane;
+// TestCUDATensorParallel).
 func TestTensorParallelCPU(t *testing.T) {
 	for _, f := range []string{"llama-gqa", "qwen3"} {
 		t.Run(f, func(t *testing.T) {
@@ -126,6 +127,11 @@ func TestTensorParallelCPU(t *testing.T) {
 					t.Fatalf("greedy step %d: split %v, whole %v", i, greedy[1], greedy[0])
 				}
 			}
+			// The group queues steps on every rank, fed on the devices.
+			if !split.Chains() || !split.ChainsDraws(chainDraws(0)) {
+				t.Fatal("the split model does not chain")
+			}
+			checkChains(t, split)
 		})
 	}
 }
