@@ -71,6 +71,7 @@ type Model struct {
 	nr        NormReducer // nil when the communicator does not fuse norms with its all-reduces
 	headSplit bool        // the LM head holds this rank's rows of the vocabulary
 	group     []*Model
+	driven    bool     // a rank other than 0 of a LoadTP group: rank 0 drives it
 	hostSlice [][]byte // column slices cut from the checkpoint, kept while loaded
 
 	s        scratch
@@ -757,8 +758,10 @@ func (m *Model) Chains() bool {
 			return false
 		}
 	}
-	// A rank of a group chains only through the group's rank 0.
-	return m.first() && m.last() && (m.group != nil || m.opts.Shard == nil)
+	// A rank that LoadTP's rank 0 drives chains only through it; a rank
+	// of its own (each rank's steps issued by its own owner, in
+	// lock-step: scheduler.Lockstep) chains by itself.
+	return m.first() && m.last() && !m.driven
 }
 
 // ChainsDraws reports whether IssueStep can queue steps drawn as rows say:

@@ -210,6 +210,9 @@ func LoadTP(cfg *Config, ckpt *safetensors.Checkpoint, devs []gpu.Device, comms 
 		ranks = append(ranks, m)
 	}
 	ranks[0].group = ranks
+	for _, r := range ranks[1:] {
+		r.driven = true
+	}
 	return ranks[0], nil
 }
 

@@ -84,7 +84,8 @@ func (h hostRank) AllGather(dst, src gpu.Buffer) error {
 // TestTensorParallelCPU splits the pre-norm fixtures (grouped-query
 // attention, per-head QK-norm) over two CPU devices summing through host
 // memory, and checks the logits and the greedy path against the whole
-// model's, and the group's queued steps (IssueStep) against its loop.
+// model's, and the queued steps (IssueStep) of the group and of ranks
+// driven each by itself against their loops.
 // OLMo 2's sharded QK-norm needs a gpu.ShardNormer (the CUDA lane;
 // TestCUDATensorParallel).
 func TestTensorParallelCPU(t *testing.T) {
@@ -132,6 +133,32 @@ func TestTensorParallelCPU(t *testing.T) {
 				t.Fatal("the split model does not chain")
 			}
 			checkChains(t, split)
+			// Ranks of their own, as scheduler.Lockstep drives them: each
+			// queues its steps itself, and the collectives inside keep
+			// them in lock-step.
+			own := newHostReducer(devs[1:])
+			var ranks []*models.Model
+			for r := range 2 {
+				ro := o
+				ro.Shard = &models.Shard{Rank: r, Size: 2, Comm: hostRank{own, r}}
+				m, err := models.Load(b.Config, b.Checkpoint, devs[1+r], ro)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				ranks = append(ranks, m)
+			}
+			t.Run("ranks", func(t *testing.T) {
+				for r, m := range ranks {
+					t.Run(fmt.Sprint(r), func(t *testing.T) {
+						t.Parallel()
+						if !m.Chains() {
+							t.Fatal("a rank of its own does not chain")
+						}
+						checkChains(t, m)
+					})
+				}
+			})
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/xgmi"
 )
@@ -66,7 +67,7 @@ func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, 
 // left to run on the reset group, where it would take the place of the
 // next step's.
 func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
-	if err := l.run(ctx, b, false); err != nil || len(b.Logits) == 0 {
+	if err := l.run(ctx, b, false, nil); err != nil || len(b.Logits) == 0 {
 		return err
 	}
 	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
@@ -83,9 +84,27 @@ func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float3
 // ForwardArgmax implements ArgmaxEngine: every rank chooses the tokens
 // from the whole logits rows it holds, and rank 0's choice is the step's.
 func (l *Lockstep) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
-	if err := l.run(ctx, b, true); err != nil {
+	if err := l.run(ctx, b, true, nil); err != nil {
 		return err
 	}
+	return l.chosen(b, ids)
+}
+
+// ForwardSample implements SampleEngine: every rank draws each row's token
+// as rows says from the whole logits rows it holds, with the same uniform
+// numbers, so all draw alike; rank 0's draws are the step's.
+func (l *Lockstep) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+	if len(rows) != len(b.Logits) {
+		return fmt.Errorf("lockstep: %d draws for %d rows", len(rows), len(b.Logits))
+	}
+	if err := l.run(ctx, b, false, rows); err != nil {
+		return err
+	}
+	return l.chosen(b, ids)
+}
+
+// chosen copies rank 0's tokens of the step into ids.
+func (l *Lockstep) chosen(b *models.Batch, ids []int32) error {
 	if got := l.outs[0].IDs; len(got) != len(b.Logits) || len(ids) < len(got) {
 		return fmt.Errorf("lockstep: rank 0 chose %d tokens for %d rows", len(got), len(b.Logits))
 	}
@@ -93,13 +112,25 @@ func (l *Lockstep) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 	return nil
 }
 
-// run sends the step to every rank and waits for all of them.
-func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool) error {
+// run sends the step to every rank (greedy with argmax, drawn as rows
+// says when rows is not nil) and waits for all of them. Every rank gets
+// the same plan, Continues and next draws included, so ranks that queue
+// the next step ahead (Shard.QueueAhead) all queue it, or all drop it.
+func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) error {
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
 	l.plan.copyOf(b)
-	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits, Argmax: argmax}
+	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
+		Argmax: argmax, Continues: b.Continues}
+	if rows != nil {
+		l.plan.rows = append(l.plan.rows[:0], rows...)
+		msg.Sample = l.plan.rows
+		if len(b.NextDraws) == len(rows) {
+			l.plan.next = append(l.plan.next[:0], b.NextDraws...)
+			msg.NextSample = l.plan.next
+		}
+	}
 	var abortOnce sync.Once
 	var why error // the first abort's reason; read after the watchdogs stop
 	abort := func(err error) { abortOnce.Do(func() { why = err; l.group.Abort(err) }) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/xgmi"
 )
@@ -78,6 +80,7 @@ type rankActor struct {
 	plane   *xgmi.Host
 	running *atomic.Int32
 	behave  func(step uint64) string
+	seen    chan<- ForwardMsg // each drawn step's plan
 }
 
 func (a rankActor) Receive(_ context.Context, c ShardCall) error {
@@ -101,7 +104,10 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 		c.Fail(err)
 		return nil
 	}
-	if c.Req.Argmax {
+	if len(c.Req.Sample) > 0 {
+		a.seen <- c.Req
+	}
+	if c.Req.Argmax || len(c.Req.Sample) > 0 {
 		return c.Reply(ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}})
 	}
 	name := fmt.Sprintf("rank/%d", a.rank)
@@ -127,11 +133,12 @@ func TestLockstep(t *testing.T) {
 	var running atomic.Int32
 	g := newFakeGroup(2, &running)
 	script := map[uint64][2]string{2: {"ok", "fail"}, 3: {"ok", "hang"}}
+	seen := make(chan ForwardMsg, 2)
 	var refs []*actors.Ref[ShardCall]
 	for r := range 2 {
 		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("t%d", r),
 			New: func() actors.Actor[ShardCall] {
-				return rankActor{rank: r, g: g, plane: plane, running: &running, behave: func(step uint64) string {
+				return rankActor{rank: r, g: g, plane: plane, running: &running, seen: seen, behave: func(step uint64) string {
 					if s, ok := script[step]; ok {
 						return s[r]
 					}
@@ -170,6 +177,25 @@ func TestLockstep(t *testing.T) {
 	ids := make([]int32, 1)
 	if err := l.ForwardArgmax(ctx, b, ids); err != nil || ids[0] != 5 {
 		t.Errorf("argmax step 5: ids %v, err %v; want rank 0's [5]", ids, err)
+	}
+	// A drawn step that continues: every rank gets the draws, the next
+	// step's and Continues (so that ranks that queue ahead all do); rank
+	// 0's draw is the step's.
+	rows := []gpu.SampleRow{{Temperature: 0.8, U: 0.25}}
+	next := []gpu.SampleRow{{Temperature: 0.8, U: 0.75}}
+	drawn := *b
+	drawn.Continues, drawn.NextDraws = true, next
+	if err := l.ForwardSample(ctx, &drawn, rows, ids); err != nil || ids[0] != 6 {
+		t.Errorf("drawn step 6: ids %v, err %v; want rank 0's [6]", ids, err)
+	}
+	for range refs {
+		m := <-seen
+		if !m.Continues || !slices.Equal(m.Sample, rows) || !slices.Equal(m.NextSample, next) || m.Argmax {
+			t.Errorf("a rank's drawn plan: continues %v, sample %v, next %v, argmax %v", m.Continues, m.Sample, m.NextSample, m.Argmax)
+		}
+	}
+	if err := l.ForwardSample(ctx, b, nil, ids); err == nil {
+		t.Error("a drawn step without draws ran")
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -207,6 +207,10 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 		}
 		sh := scheduler.NewShard(sid, 0, m, cache, n.plane, n.tp.TracerProvider())
 		sh.Rank, sh.Ranks, sh.Device = i, N, devRefs[i]
+		// Every rank queues the next step before it reads a step's
+		// choices, as a whole model's shard does: they all get the same
+		// plans (scheduler.Lockstep), so they queue and drop alike.
+		sh.QueueAhead = n.cfg.Device == "cuda"
 		ref, err := actors.Spawn(ctx, n.actors, sh.Props())
 		if err != nil {
 			cache.Close()

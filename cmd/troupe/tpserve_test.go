@@ -147,6 +147,72 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	}
 }
 
+// TestServeTensorParallelQueued drives ranks that queue each step ahead of
+// its read, as the CUDA lane's do, on two CPU devices: greedy requests get
+// the reference tokens, drawn ones (temperature, top-k) the tokens of
+// ranks that do not queue, and steps were answered from the queue.
+func TestServeTensorParallelQueued(t *testing.T) {
+	ctx := context.Background()
+	refs := demoRefs(t)
+	run := func(ahead bool) (drawn [][]int32, answered int) {
+		exp := tracetest.NewInMemoryExporter()
+		tcfg := trace.DefaultConfig()
+		tcfg.NodeName, tcfg.SpanExporter = "test", exp
+		tp, err := trace.Setup(ctx, tcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tp.Shutdown(ctx)
+		cfg := defaultServeConfig()
+		cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
+		n, err := startNode(ctx, cfg, tp, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		for _, r := range n.tpd.ranks(0) {
+			r.QueueAhead = ahead
+		}
+		gen := func(id string, req gateway.GenerateRequest) []int32 {
+			var got []int32
+			req.RequestID, req.Model, req.IgnoreEOS = id, demo.Name, true
+			if _, err := n.backend.Generate(ctx, req, func(tk gateway.Token) error { got = append(got, tk.ID); return nil }); err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return got
+		}
+		for i, ref := range refs {
+			got := gen(fmt.Sprintf("greedy-%d", i), gateway.GenerateRequest{Prompt: n.tok.Encode(ref.Prompt), MaxTokens: len(ref.GreedyIDs)})
+			if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+				t.Errorf("ahead %v, prompt %d: got %v, want %v", ahead, i, got, ref.GreedyIDs)
+			}
+			seed := int64(7 + i)
+			drawn = append(drawn, gen(fmt.Sprintf("drawn-%d", i), gateway.GenerateRequest{Prompt: n.tok.Encode(ref.Prompt), MaxTokens: 12,
+				Temperature: 0.8, TopK: 40, TopP: 1, Seed: &seed}))
+		}
+		if err := tp.ForceFlush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range exp.GetSpans() {
+			for _, a := range s.Attributes {
+				if a.Key == trace.AttrShardAhead && a.Value.AsString() == "answered" {
+					answered++
+				}
+			}
+		}
+		return drawn, answered
+	}
+	want, _ := run(false)
+	got, answered := run(true)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("drawn tokens with queued steps %v, without %v", got, want)
+	}
+	if answered == 0 {
+		t.Error("no rank answered a step from its queue")
+	}
+	t.Logf("%d rank steps answered from the queue", answered)
+}
+
 // TestServeTensorParallelRankPanic makes rank 1 panic in a step: the step
 // fails for both ranks (rank 0 does not stay in its all-reduce) and its
 // request fails, the supervisor restarts the rank, and every later request
