@@ -242,20 +242,7 @@ func (r *DeviceRank) Broadcast(buf gpu.Buffer, root int) error {
 // travel beside their epoch (low-latency lines, twice the bytes), so the
 // ranks read each other's without a barrier.
 func (r *DeviceRank) AllReduceRMSNormAdd(res, o, w gpu.Buffer, n, dim int, eps float32) error {
-	if r.fused(n, dim) {
-		if err := r.comm.fab.g.AllReduceNorm(r.id, cuda.PostNorm, o, o, res, nil, w, n, dim, eps); err != nil {
-			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
-		}
-		return nil
-	}
-	d, err := r.device()
-	if err != nil {
-		return err
-	}
-	if err := r.AllReduceN(o, o, n*dim); err != nil {
-		return err
-	}
-	return d.RMSNormAdd(res, o, w, n, dim, eps)
+	return r.reduceNorm(cuda.PostNorm, nil, res, o, w, n, dim, eps)
 }
 
 // AllReduceAddRMSNorm queues the all-reduce of n rows of dim f32 values of
@@ -263,8 +250,12 @@ func (r *DeviceRank) AllReduceRMSNormAdd(res, o, w gpu.Buffer, n, dim int, eps f
 // res += o; out = rmsnorm(res) · w (a pre-norm block's). It fuses as
 // AllReduceRMSNormAdd does.
 func (r *DeviceRank) AllReduceAddRMSNorm(out, res, o, w gpu.Buffer, n, dim int, eps float32) error {
+	return r.reduceNorm(cuda.PreNorm, out, res, o, w, n, dim, eps)
+}
+
+func (r *DeviceRank) reduceNorm(mode int, out, res, o, w gpu.Buffer, n, dim int, eps float32) error {
 	if r.fused(n, dim) {
-		if err := r.comm.fab.g.AllReduceNorm(r.id, cuda.PreNorm, o, o, res, out, w, n, dim, eps); err != nil {
+		if err := r.comm.fab.g.AllReduceNorm(r.id, mode, o, o, res, out, w, n, dim, eps); err != nil {
 			return fmt.Errorf("xgmi: rank %d: %w", r.id, err)
 		}
 		return nil
@@ -276,7 +267,10 @@ func (r *DeviceRank) AllReduceAddRMSNorm(out, res, o, w gpu.Buffer, n, dim int, 
 	if err := r.AllReduceN(o, o, n*dim); err != nil {
 		return err
 	}
-	return d.AddRMSNorm(out, res, o, w, n, dim, eps)
+	if mode == cuda.PreNorm {
+		return d.AddRMSNorm(out, res, o, w, n, dim, eps)
+	}
+	return d.RMSNormAdd(res, o, w, n, dim, eps)
 }
 
 // SumSquares2 queues gpu.ShardNormer's SumSquares2 of the rank's slices a

@@ -170,15 +170,11 @@ func (c *normCase) oracle(t *testing.T, what string, sum, res, out []float32) {
 // more values than a low-latency collective carries (not fused).
 func TestCUDAAllReduceNorm(t *testing.T) {
 	devs := openGPUs(t)
-	forced := DefaultCUDAConfig()
-	forced.Algorithm = TwoShot
-	for _, cfg := range []Config{DefaultCUDAConfig(), forced} {
-		comm := newDeviceComm(t, devs, 0, cfg)
-		rng := rand.New(rand.NewPCG(11, uint64(cfg.Algorithm)))
+	eachConfig(t, devs, 11, func(comm *DeviceComm, rng *rand.Rand, algo Algorithm) {
 		for _, pre := range []bool{false, true} {
 			for _, wdt := range []gpu.DType{gpu.F32, gpu.BF16} {
 				for _, sh := range [][2]int{{1, 4096}, {1, 2048}, {3, 100}, {300, 64}, {16, 4096}} {
-					what := fmt.Sprintf("%s pre=%v %s %d×%d", cfg.Algorithm, pre, wdt, sh[0], sh[1])
+					what := fmt.Sprintf("%s pre=%v %s %d×%d", algo, pre, wdt, sh[0], sh[1])
 					c := newNormCase(t, devs, rng, pre, sh[0], sh[1], wdt)
 					if err := c.issue(comm); err != nil {
 						t.Fatalf("%s: %v", what, err)
@@ -187,6 +183,17 @@ func TestCUDAAllReduceNorm(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// eachConfig runs f with a communicator of the default configuration and
+// with one forced to the two-shot (where the fused operations fall back),
+// each with a generator seeded from seed.
+func eachConfig(t *testing.T, devs []*cuda.Device, seed uint64, f func(comm *DeviceComm, rng *rand.Rand, algo Algorithm)) {
+	forced := DefaultCUDAConfig()
+	forced.Algorithm = TwoShot
+	for _, cfg := range []Config{DefaultCUDAConfig(), forced} {
+		f(newDeviceComm(t, devs, 0, cfg), rand.New(rand.NewPCG(seed, uint64(cfg.Algorithm))), cfg.Algorithm)
 	}
 }
 
@@ -195,19 +202,13 @@ func TestCUDAAllReduceNorm(t *testing.T) {
 // every rank.
 func TestCUDASumSquares2(t *testing.T) {
 	devs := openGPUs(t)
-	forced := DefaultCUDAConfig()
-	forced.Algorithm = TwoShot
-	for _, cfg := range []Config{DefaultCUDAConfig(), forced} {
-		comm := newDeviceComm(t, devs, 0, cfg)
-		rng := rand.New(rand.NewPCG(5, uint64(cfg.Algorithm)))
+	eachConfig(t, devs, 5, func(comm *DeviceComm, rng *rand.Rand, algo Algorithm) {
 		for _, sh := range [][3]int{{1, 2048, 512}, {7, 100, 36}, {200, 64, 64}} {
-			what := fmt.Sprintf("%s %v", cfg.Algorithm, sh)
-			got := sumSquaresCase(t, devs, comm, rng, sh[0], sh[1], sh[2], what)
-			if got != "" {
-				t.Fatal(got)
+			if msg := sumSquaresCase(t, devs, comm, rng, sh[0], sh[1], sh[2], fmt.Sprintf("%s %v", algo, sh)); msg != "" {
+				t.Fatal(msg)
 			}
 		}
-	}
+	})
 }
 
 // sumSquaresCase issues one SumSquares2 on every rank and returns what is

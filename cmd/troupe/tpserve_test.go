@@ -147,6 +147,28 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	}
 }
 
+// startTPNode starts a node serving the demo model over two CPU ranks
+// (--tp 2), its spans recorded in exp.
+func startTPNode(t *testing.T) (*node, *trace.Provider, *tracetest.InMemoryExporter) {
+	t.Helper()
+	ctx := context.Background()
+	exp := tracetest.NewInMemoryExporter()
+	tcfg := trace.DefaultConfig()
+	tcfg.NodeName, tcfg.SpanExporter = "test", exp
+	tp, err := trace.Setup(ctx, tcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
+	n, err := startNode(ctx, cfg, tp, io.Discard)
+	if err != nil {
+		tp.Shutdown(ctx)
+		t.Fatal(err)
+	}
+	return n, tp, exp
+}
+
 // TestServeTensorParallelQueued drives ranks that queue each step ahead of
 // its read, as the CUDA lane's do, on two CPU devices: greedy requests get
 // the reference tokens, drawn ones (temperature, top-k) the tokens of
@@ -155,20 +177,8 @@ func TestServeTensorParallelQueued(t *testing.T) {
 	ctx := context.Background()
 	refs := demoRefs(t)
 	run := func(ahead bool) (drawn [][]int32, answered int) {
-		exp := tracetest.NewInMemoryExporter()
-		tcfg := trace.DefaultConfig()
-		tcfg.NodeName, tcfg.SpanExporter = "test", exp
-		tp, err := trace.Setup(ctx, tcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		n, tp, exp := startTPNode(t)
 		defer tp.Shutdown(ctx)
-		cfg := defaultServeConfig()
-		cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
-		n, err := startNode(ctx, cfg, tp, io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
 		defer n.Close()
 		for _, r := range n.tpd.ranks(0) {
 			r.QueueAhead = ahead
@@ -219,19 +229,7 @@ func TestServeTensorParallelQueued(t *testing.T) {
 // gets the reference tokens from a fresh prefill. Each decode step has a shard.forward span per rank.
 func TestServeTensorParallelRankPanic(t *testing.T) {
 	ctx := context.Background()
-	exp := tracetest.NewInMemoryExporter()
-	tcfg := trace.DefaultConfig()
-	tcfg.NodeName, tcfg.SpanExporter = "test", exp
-	tp, err := trace.Setup(ctx, tcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := defaultServeConfig()
-	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
-	n, err := startNode(ctx, cfg, tp, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, tp, exp := startTPNode(t)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
 	ranks := n.tpd.ranks(0)

@@ -393,20 +393,9 @@ func (g *Group) AllReduceNorm(r, mode int, dst, src, res, out, w gpu.Buffer, n, 
 	if mode == PreNorm {
 		names, bufs = append(names, "out"), append(bufs, out)
 	}
-	b, err := d.bufs2(op, names, bufs...)
+	b, err := d.normBufs(op, names, bufs, n, dim)
 	if err != nil {
 		return err
-	}
-	for i, nm := range names {
-		want := n * dim
-		if nm == "w" {
-			want = dim
-		} else if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
-			return err
-		}
-		if err := gpu.CheckLen(op, nm, b[i], want); err != nil {
-			return err
-		}
 	}
 	prefix := map[int]string{PreNorm: "allreduce_add_rmsnorm", PostNorm: "allreduce_rmsnorm_add"}[mode]
 	k, err := d.typed(op, "w", prefix, b[3].dt)

@@ -493,6 +493,27 @@ func (d *Device) RMSNormAdd(r, x, w gpu.Buffer, n, dim int, eps float32) error {
 	return d.norm("rmsnormadd", 2, nil, r, x, w, n, dim, eps)
 }
 
+// normBufs resolves a norm's buffers, named names: "w" holds dim
+// weights, every other n·dim f32 values.
+func (d *Device) normBufs(op string, names []string, bs []gpu.Buffer, n, dim int) ([]*Buffer, error) {
+	b, err := d.bufs2(op, names, bs...)
+	if err != nil {
+		return nil, err
+	}
+	for i, nm := range names {
+		want := n * dim
+		if nm == "w" {
+			want = dim
+		} else if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
+			return nil, err
+		}
+		if err := gpu.CheckLen(op, nm, b[i], want); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
 func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, eps float32) error {
 	if err := d.enter(op); err != nil {
 		return err
@@ -509,20 +530,9 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	if mode != 0 {
 		names, bs = append(names, "r"), append(bs, r)
 	}
-	b, err := d.bufs2(op, names, bs...)
+	b, err := d.normBufs(op, names, bs, n, dim)
 	if err != nil {
 		return err
-	}
-	for i, nm := range names {
-		want := n * dim
-		if nm == "w" {
-			want = dim
-		} else if err := wantDT(op, nm, b[i], gpu.F32); err != nil {
-			return err
-		}
-		if err := gpu.CheckLen(op, nm, b[i], want); err != nil {
-			return err
-		}
 	}
 	prefix := [...]string{"rmsnorm", "add_rmsnorm", "rmsnorm_add"}[mode]
 	k, err := d.typed(op, "w", prefix, b[1].dt)
