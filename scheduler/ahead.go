@@ -8,19 +8,22 @@ import (
 	"github.com/troupe/troupe/models"
 )
 
-// A layer-shard holding a whole model on a GPU (Shard.QueueAhead, and a
-// model that chains steps: models.Model.Chains, ChainsDraws) issues a
-// greedy or drawn step and, before it waits for the step's choices,
-// queues the step that would follow, when the plan says the same
-// sequences decode next (models.Batch.Continues; a drawn step's plan also
-// carries the next step's draws, NextDraws): the same sequences one
-// position on, each fed on the device the token just chosen for it. When the scheduler's next
+// A layer-shard holding a whole model, or one tensor-parallel rank of it,
+// on a GPU (Shard.QueueAhead, and a model that chains steps:
+// models.Model.Chains, ChainsDraws) issues a greedy or drawn step and,
+// before it waits for the step's choices, queues the step that would
+// follow, when the plan says the same sequences decode next
+// (models.Batch.Continues; a drawn step's plan also carries the next
+// step's draws, NextDraws): the same sequences one position on, each fed
+// on the device the token just chosen for it. When the scheduler's next
 // step is that one (no sequence stopped or changed its blocks), its
 // choices are already on their way and the device has not waited for the
 // host between the two steps; the step after it is queued in turn.
 // Otherwise the queued step is dropped: the only cache rows it wrote lie
 // one position past what its sequences hold, and whatever the scheduler
 // runs next on those positions overwrites them, after it on the device.
+// The ranks of a Lockstep get the same plans, so they decide alike, and
+// the collectives of their queued steps pair up.
 
 // aheadStep is a step queued before it was asked for.
 type aheadStep struct {

@@ -490,6 +490,9 @@ func TestConfig(t *testing.T) {
 	if err := (Config{OneShotMaxBytes: -1}).Validate(); err == nil {
 		t.Error("negative one-shot limit: no error")
 	}
+	if err := (Config{LowLatencyMaxBytes: -1}).Validate(); err == nil {
+		t.Error("negative low-latency limit: no error")
+	}
 	if err := (Config{Algorithm: 9}).Validate(); err == nil {
 		t.Error("unknown algorithm: no error")
 	}
@@ -501,7 +504,7 @@ func TestConfig(t *testing.T) {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
-	for _, a := range []Algorithm{Auto, OneShot, TwoShot} {
+	for _, a := range []Algorithm{Auto, OneShot, TwoShot, LowLatency} {
 		got, err := ParseAlgorithm(a.String())
 		if err != nil || got != a {
 			t.Errorf("parse %q: got %v, %v", a, got, err)
@@ -516,6 +519,45 @@ func TestConfig(t *testing.T) {
 	}
 	if got := cfg.choose(cfg.OneShotMaxBytes + 1); got != TwoShot {
 		t.Errorf("auto above the limit: got %s, want twoshot", got)
+	}
+	// Low-latency below its limit, one-shot to its own, two-shot above.
+	cfg = Config{OneShotMaxBytes: 4096, LowLatencyMaxBytes: 1024}
+	for bytes, want := range map[int]Algorithm{8: LowLatency, 1024: LowLatency, 1025: OneShot, 4096: OneShot, 4097: TwoShot} {
+		if got := cfg.choose(bytes); got != want {
+			t.Errorf("auto for %d bytes: got %s, want %s", bytes, got, want)
+		}
+	}
+}
+
+// TestHostLowLatency: the host fabric runs a forced low-latency all-reduce
+// as its one-shot, with SumReference's bits.
+func TestHostLowLatency(t *testing.T) {
+	cfg := DefaultHostFabricConfig()
+	cfg.Ranks = 2
+	fab, err := NewHostFabric(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fab.Close()
+	comm, err := NewComm(fab, Config{Algorithm: LowLatency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := [][]byte{gpu.F32Bytes([]float32{1, 2.5, -3, 1e-8}), gpu.F32Bytes([]float32{4, 0.25, 3, 1})}
+	want := make([]byte, 16)
+	if err := SumReference(gpu.F32, want, ins); err != nil {
+		t.Fatal(err)
+	}
+	outs := [][]byte{make([]byte, 16), make([]byte, 16)}
+	if err := comm.Run(t.Context(), func(ctx context.Context, r *Rank) error {
+		return r.AllReduce(ctx, outs[r.ID()], ins[r.ID()], gpu.F32)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for r, out := range outs {
+		if string(out) != string(want) {
+			t.Errorf("rank %d: %v, want %v", r, out, want)
+		}
 	}
 }
 

@@ -28,7 +28,7 @@ func TestCUDAFabricArguments(t *testing.T) {
 			t.Errorf("NewCUDAFabric(%d devices, %+v): %v, want %q", len(tc.devs), tc.cfg, err, tc.want)
 		}
 	}
-	if DefaultCUDAConfig().Validate() != nil || DefaultCUDAConfig().OneShotMaxBytes != 4<<20 {
+	if c := DefaultCUDAConfig(); c.Validate() != nil || c.OneShotMaxBytes != 4<<20 || c.LowLatencyMaxBytes != 128<<10 {
 		t.Errorf("DefaultCUDAConfig: %+v", DefaultCUDAConfig())
 	}
 }
