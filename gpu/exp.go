@@ -31,7 +31,8 @@ func expNonPos(x float64) float64 {
 	return math.Float64frombits(math.Float64bits(t)+uint64(k>>6)<<52) * p
 }
 
-// exp2By64[j] is 2^(j/64), correctly rounded.
+// exp2By64[j] is 2^(j/64), correctly rounded; kernels/cuda/sample.cu
+// holds the same table (TestExpTable checks both).
 var exp2By64 = [64]float64{
 	0x1.0000000000000p+0, 0x1.02c9a3e778061p+0, 0x1.059b0d3158574p+0, 0x1.0874518759bc8p+0,
 	0x1.0b5586cf9890fp+0, 0x1.0e3ec32d3d1a2p+0, 0x1.11301d0125b51p+0, 0x1.1429aaea92de0p+0,

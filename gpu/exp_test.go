@@ -2,8 +2,14 @@ package gpu
 
 import (
 	"math"
+	"math/big"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"unicode"
 )
 
 // TestExpNonPos checks expNonPos against math.Exp over the exponents a
@@ -64,4 +70,49 @@ func BenchmarkExpNonPos(b *testing.B) {
 		}
 		_ = s
 	})
+}
+
+// TestExpTable: the host's table of 2^(j/64) and the device's
+// (kernels/cuda/sample.cu, which draws with the same exponentials) hold the
+// same bits, and each entry t is 2^(j/64) correctly rounded: 2^j lies
+// between (t − ulp/2)^64 and (t + ulp/2)^64, computed exactly.
+func TestExpTable(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "kernels", "cuda", "sample.cu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(src), "exp2_64[64] = {")
+	if body, _, ok = strings.Cut(body, "};"); !ok {
+		t.Fatal("sample.cu: no exp2_64 table")
+	}
+	var dev []float64
+	for _, f := range strings.FieldsFunc(body, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			t.Fatalf("sample.cu: %v", err)
+		}
+		dev = append(dev, v)
+	}
+	if len(dev) != len(exp2By64) {
+		t.Fatalf("sample.cu's table has %d entries, the host's %d", len(dev), len(exp2By64))
+	}
+	pow := func(x *big.Float) *big.Float {
+		r := new(big.Float).SetPrec(4096).SetInt64(1)
+		for range 64 {
+			r.Mul(r, x)
+		}
+		return r
+	}
+	for j, v := range exp2By64 {
+		if math.Float64bits(dev[j]) != math.Float64bits(v) {
+			t.Errorf("entry %d: device %x, host %x", j, dev[j], v)
+		}
+		half := (math.Nextafter(v, 2) - v) / 2
+		lo := pow(new(big.Float).SetPrec(4096).Sub(big.NewFloat(v), big.NewFloat(half)))
+		hi := pow(new(big.Float).SetPrec(4096).Add(big.NewFloat(v), big.NewFloat(half)))
+		want := new(big.Float).SetPrec(4096).SetMantExp(big.NewFloat(1), j)
+		if lo.Cmp(want) > 0 || hi.Cmp(want) < 0 {
+			t.Errorf("entry %d (%x) is not 2^(%d/64) correctly rounded", j, v, j)
+		}
+	}
 }
