@@ -702,7 +702,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 			return fmt.Errorf("forward: row %d: %w", i, err)
 		}
 	}
-	sm, onDevice := m.dev.(gpu.Sampler)
+	_, onDevice := m.dev.(gpu.Sampler)
 	for _, row := range rows {
 		onDevice = onDevice && row.OnDevice(V)
 	}
@@ -720,11 +720,8 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.issue(cache, b, false, fromIndex); err != nil {
+	if err := m.issueChoice(cache, b, rows, fromIndex); err != nil {
 		return err
-	}
-	if err := sm.Sample(m.s.next, m.s.logits, r, V, rows); err != nil {
-		return fmt.Errorf("forward: %w", err)
 	}
 	if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
 		return err
@@ -821,13 +818,10 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 		return nil, err
 	}
 	issue := func(rk *Model, c *Cache) error {
-		if err := rk.issue(c, b, rows == nil, from); err != nil {
+		if err := rk.issueChoice(c, b, rows, from); err != nil {
 			return err
 		}
 		if rows != nil {
-			if err := rk.dev.(gpu.Sampler).Sample(rk.s.next, rk.s.logits, r, rk.Config.Vocab, rows); err != nil {
-				return fmt.Errorf("forward: %w", err)
-			}
 			rk.s.chosen = r
 		}
 		return nil
@@ -875,6 +869,22 @@ func (m *Model) ranks() []*Model {
 		return m.group
 	}
 	return []*Model{m}
+}
+
+// issueChoice issues a step of b whose tokens the device chooses into
+// s.next without waiting for it: its argmax (rows nil), or drawn as rows
+// says (the device must be a gpu.Sampler).
+func (m *Model) issueChoice(cache *Cache, b *Batch, rows []gpu.SampleRow, from tokenSource) error {
+	if err := m.issue(cache, b, rows == nil, from); err != nil {
+		return err
+	}
+	if rows == nil {
+		return nil
+	}
+	if err := m.dev.(gpu.Sampler).Sample(m.s.next, m.s.logits, len(b.Logits), m.Config.Vocab, rows); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	return nil
 }
 
 // issue issues a step of the last stage into its logits (with argmax,
