@@ -702,11 +702,15 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 			return fmt.Errorf("forward: row %d: %w", i, err)
 		}
 	}
-	_, onDevice := m.dev.(gpu.Sampler)
+	onDevice := m.group == nil || m.Chains() // a group reads its ranks' choices late
+	for _, rk := range m.ranks() {
+		_, sampler := rk.dev.(gpu.Sampler)
+		onDevice = onDevice && sampler
+	}
 	for _, row := range rows {
 		onDevice = onDevice && row.OnDevice(V)
 	}
-	if !onDevice || m.group != nil || r == 0 {
+	if !onDevice || r == 0 {
 		if cap(m.s.hostLogits) < r*V {
 			m.s.hostLogits = make([]float32, r*V)
 		}
@@ -720,11 +724,22 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.issueChoice(cache, b, rows, fromIndex); err != nil {
-		return err
-	}
-	if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
-		return err
+	if m.group != nil {
+		// Every rank draws alike (the same logits, the same numbers).
+		wait, err := m.issueChoices(cache, b, rows, fromIndex, false, ids)
+		if err != nil {
+			return err
+		}
+		if err := wait(); err != nil {
+			return err
+		}
+	} else {
+		if err := m.issueChoice(cache, b, rows, fromIndex); err != nil {
+			return err
+		}
+		if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
+			return err
+		}
 	}
 	for i, id := range ids[:r] {
 		if id >= 0 {
@@ -817,11 +832,22 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	return m.issueChoices(cache, b, rows, from, true, ids)
+}
+
+// issueChoices issues a step of b on every rank of a group (m alone
+// otherwise) whose tokens each device chooses as issueChoice says, and
+// queues the read of rank 0's choices into ids: wait blocks until they are
+// there and, in a group, checks that every rank chose alike. With chain the
+// choices may feed the next step (IssueStep: every drawn row settles). The
+// ranks' devices are gpu.LateReaders.
+func (m *Model) issueChoices(cache *Cache, b *Batch, rows []gpu.SampleRow, from tokenSource, chain bool, ids []int32) (wait func() error, err error) {
+	r := len(b.Logits)
 	issue := func(rk *Model, c *Cache) error {
 		if err := rk.issueChoice(c, b, rows, from); err != nil {
 			return err
 		}
-		if rows != nil {
+		if rows != nil && chain {
 			rk.s.chosen = r
 		}
 		return nil
