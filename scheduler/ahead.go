@@ -18,8 +18,11 @@ import (
 // on the device the token just chosen for it. When the scheduler's next
 // step is that one (no sequence stopped or changed its blocks), its
 // choices are already on their way and the device has not waited for the
-// host between the two steps; the step after it is queued in turn.
-// Otherwise the queued step is dropped: the only cache rows it wrote lie
+// host between the two steps; the step after it is queued in turn. When
+// it is that one less the sequences that ended at their last token (an
+// end-of-sequence token, a stop string, a cancel), it answers the others'
+// rows too, and the next step goes through the host once. Otherwise the
+// queued step is dropped: the only cache rows it wrote lie
 // one position past what its sequences hold, and whatever the scheduler
 // runs next on those positions overwrites them, after it on the device.
 // The ranks of a Lockstep get the same plans, so they decide alike, and
@@ -41,13 +44,16 @@ type aheadStep struct {
 func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
 	var wait func() error
 	how := "issued"
-	if a := s.ahead; a != nil && a.is(b, rows) {
+	if idx, ok := s.ahead.rowsOf(b, rows); ok {
+		a := s.ahead
 		s.ahead = nil
 		s.aheadUsed++
 		how = "answered"
 		wait = func() error {
 			err := a.wait()
-			copy(ids, a.ids)
+			for i, j := range idx {
+				ids[i] = a.ids[j]
+			}
 			return err
 		}
 	} else {
@@ -113,27 +119,45 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 	s.ahead = a
 }
 
-// is reports whether b, drawn as rows say (nil: greedy), is the step a
-// computes: the same rows at the same positions, fed the tokens it was
-// fed, over the same blocks, with the same draws.
-func (a *aheadStep) is(b *models.Batch, rows []gpu.SampleRow) bool {
-	n := len(a.pos)
-	if len(b.Pos) != n || len(b.Tokens) != n || len(b.Seq) != n || len(b.Logits) != n || len(b.Tables) != len(a.tables) || len(a.fed) != n {
-		return false
+// rowsOf matches b, drawn as rows say (nil: greedy), with the step a
+// computes: for each of b's rows, in order, the row of a that is the same
+// sequence at the same position, fed the token it was fed, over the same
+// blocks, with the same draw. b may leave out rows of a (sequences that
+// ended at their last token): their choices are not read. A step that left
+// some out cannot feed the next one on the device (IssueStep needs the
+// same rows), so nothing is queued after it.
+func (a *aheadStep) rowsOf(b *models.Batch, rows []gpu.SampleRow) ([]int, bool) {
+	if a == nil {
+		return nil, false
 	}
-	if !slices.Equal(rows, a.rows) { // a greedy step's are nil, a drawn one's n long
-		return false
+	n := len(b.Pos)
+	if n == 0 || n > len(a.pos) || len(b.Tokens) != n || len(b.Seq) != n || len(b.Logits) != n || len(a.fed) != len(a.pos) ||
+		(rows == nil) != (a.rows == nil) || (rows != nil && len(rows) != n) {
+		return nil, false
 	}
+	idx := make([]int, n)
+	j := 0
 	for i := range n {
-		if b.Pos[i] != a.pos[i] || b.Seq[i] != a.seq[i] || b.Tokens[i] != a.fed[i] || b.Logits[i] != int32(i) {
-			return false
+		if b.Logits[i] != int32(i) || b.Seq[i] < 0 || int(b.Seq[i]) >= len(b.Tables) {
+			return nil, false
 		}
-		t, u := b.Tables[b.Seq[i]], a.tables[a.seq[i]]
-		if len(t) < len(u) || !slices.Equal(t[:len(u)], u) {
-			return false
+		t := b.Tables[b.Seq[i]]
+		// The rows keep their order; each sequence's block at its
+		// position is its own, so the first row that matches is its row.
+		for ; j < len(a.pos); j++ {
+			u := a.tables[a.seq[j]]
+			if b.Pos[i] == a.pos[j] && b.Tokens[i] == a.fed[j] && len(t) >= len(u) && slices.Equal(t[:len(u)], u) &&
+				(rows == nil || rows[i] == a.rows[j]) {
+				break
+			}
 		}
+		if j == len(a.pos) {
+			return nil, false
+		}
+		idx[i] = j
+		j++
 	}
-	return true
+	return idx, true
 }
 
 // dropAhead waits for the queued step's read, if any, and forgets it.

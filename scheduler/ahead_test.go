@@ -145,8 +145,18 @@ func TestShardQueuesAhead(t *testing.T) {
 	ids = step("another draw", dr)
 	expect("another draw", 5, 3, true)
 	drawNext(0.2, -1)
-	step("no next draws", dr)
+	ids = step("no next draws", dr)
 	expect("no next draws", 6, 3, false)
+	// A sequence that ended leaves the next plan: the queued step answers
+	// the other's row, and nothing is queued after it.
+	both := ForwardMsg{Tokens: slices.Clone(ids), Pos: []int32{dr.Pos[0] + 1, dr.Pos[1] + 1}, Seq: []int32{0, 1}, Tables: tables,
+		Logits: []int32{0, 1}, Argmax: true, Continues: true}
+	ids = step("both", both)
+	expect("both", 6, 3, true)
+	one := ForwardMsg{Tokens: []int32{ids[1]}, Pos: []int32{both.Pos[1] + 1}, Seq: []int32{0}, Tables: [][]int32{tables[1]},
+		Logits: []int32{0}, Argmax: true, Continues: true}
+	step("one left", one)
+	expect("one left", 7, 3, false)
 	// Each greedy or drawn step's span says how it was met.
 	var how []string
 	for _, sp := range rec.Ended() {
@@ -157,7 +167,7 @@ func TestShardQueuesAhead(t *testing.T) {
 		}
 	}
 	want := []string{"issued", "issued", "answered", "answered", "answered", "dropped", "answered", "issued", "issued",
-		"issued", "answered", "dropped", "answered"}
+		"issued", "answered", "dropped", "answered", "issued", "answered"}
 	if !slices.Equal(how, want) {
 		t.Errorf("shard.ahead of the steps: %v, want %v", how, want)
 	}
