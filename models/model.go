@@ -1161,7 +1161,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		in := s.x
 		if c.Arch != OLMo2 {
 			if pending {
-				e.do(m.reduceAddRMSNorm(s.h, s.x, s.o, ly.attnNorm, n, eps))
+				e.do(m.reduceNorm(s.h, s.x, s.o, ly.attnNorm, n, eps))
 				pending = false
 			} else {
 				e.do(d.RMSNorm(s.h, s.x, ly.attnNorm, n, c.Hidden, eps))
@@ -1226,9 +1226,9 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
 		switch {
 		case c.Arch == OLMo2 && m.rn != nil:
-			e.do(m.reduceRMSNormAdd(s.x, s.o, ly.postAttnNorm, n, eps))
+			e.do(m.reduceNorm(nil, s.x, s.o, ly.postAttnNorm, n, eps))
 			e.do(m.mlp(ly, s.x, s.o, n))
-			e.do(m.reduceRMSNormAdd(s.x, s.o, ly.postFFNorm, n, eps))
+			e.do(m.reduceNorm(nil, s.x, s.o, ly.postFFNorm, n, eps))
 		case c.Arch == OLMo2:
 			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.o, s.o, ly.postAttnNorm, n, c.Hidden, eps))
@@ -1240,7 +1240,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		case m.rn != nil:
 			// The MLP's output is summed over the ranks and added with
 			// the next layer's input norm.
-			e.do(m.reduceAddRMSNorm(s.h, s.x, s.o, ly.postAttnNorm, n, eps))
+			e.do(m.reduceNorm(s.h, s.x, s.o, ly.postAttnNorm, n, eps))
 			e.do(m.mlp(ly, s.h, s.o, n))
 			pending = true
 		default:

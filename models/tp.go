@@ -163,28 +163,24 @@ func (m *Model) reduce(b gpu.Buffer, n int) error {
 	return m.opts.Shard.Comm.AllReduceN(b, b, n)
 }
 
-// reduceRMSNormAdd sums n rows of o over the group and adds their norm to
-// the residual r (post-norm).
-func (m *Model) reduceRMSNormAdd(r, o, w gpu.Buffer, n int, eps float32) error {
-	if m.nr != nil {
-		return m.nr.AllReduceRMSNormAdd(r, o, w, n, m.Config.Hidden, eps)
+// reduceNorm sums n rows of o over the group and adds them to the
+// residual r: with out nil, r += rmsnorm(o) · w (post-norm); otherwise
+// r += o and out = rmsnorm(r) · w (pre-norm).
+func (m *Model) reduceNorm(out, r, o, w gpu.Buffer, n int, eps float32) error {
+	dim := m.Config.Hidden
+	switch {
+	case m.nr != nil && out == nil:
+		return m.nr.AllReduceRMSNormAdd(r, o, w, n, dim, eps)
+	case m.nr != nil:
+		return m.nr.AllReduceAddRMSNorm(out, r, o, w, n, dim, eps)
 	}
-	if err := m.reduce(o, n*m.Config.Hidden); err != nil {
+	if err := m.reduce(o, n*dim); err != nil {
 		return err
 	}
-	return m.rn.RMSNormAdd(r, o, w, n, m.Config.Hidden, eps)
-}
-
-// reduceAddRMSNorm sums n rows of o over the group into the residual r and
-// normalises it into out (pre-norm).
-func (m *Model) reduceAddRMSNorm(out, r, o, w gpu.Buffer, n int, eps float32) error {
-	if m.nr != nil {
-		return m.nr.AllReduceAddRMSNorm(out, r, o, w, n, m.Config.Hidden, eps)
+	if out == nil {
+		return m.rn.RMSNormAdd(r, o, w, n, dim, eps)
 	}
-	if err := m.reduce(o, n*m.Config.Hidden); err != nil {
-		return err
-	}
-	return m.rn.AddRMSNorm(out, r, o, w, n, m.Config.Hidden, eps)
+	return m.rn.AddRMSNorm(out, r, o, w, n, dim, eps)
 }
 
 // LoadTP loads cfg split over the devices of a tensor-parallel group: rank
