@@ -702,11 +702,7 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 			return fmt.Errorf("forward: row %d: %w", i, err)
 		}
 	}
-	onDevice := m.group == nil || m.Chains() // a group reads its ranks' choices late
-	for _, rk := range m.ranks() {
-		_, sampler := rk.dev.(gpu.Sampler)
-		onDevice = onDevice && sampler
-	}
+	onDevice := m.samples() && (m.group == nil || m.Chains()) // a group reads its ranks' choices late
 	for _, row := range rows {
 		onDevice = onDevice && row.OnDevice(V)
 	}
@@ -758,10 +754,12 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	return nil
 }
 
-// Chains reports whether IssueStep can queue greedy steps back to back
-// on m's device: a whole model (not a pipeline stage or a tensor-parallel
-// rank) on a device that chooses tokens itself (gpu.Argmaxer) and reads
-// them back without waiting for later work (gpu.LateReader).
+// Chains reports whether IssueStep can queue greedy steps back to back:
+// a whole model (not a pipeline stage), a tensor-parallel group, or a
+// rank that runs its own steps in lock-step with its peers (not one that
+// LoadTP's rank 0 drives), on devices that choose tokens themselves
+// (gpu.Argmaxer) and read them back without waiting for later work
+// (gpu.LateReader).
 func (m *Model) Chains() bool {
 	for _, rk := range m.ranks() {
 		_, argmaxer := rk.dev.(gpu.Argmaxer)
@@ -781,13 +779,8 @@ func (m *Model) Chains() bool {
 // every row (none filters over the whole row, which it may leave to the
 // host: gpu.SampleRow.Whole).
 func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
-	if !m.Chains() {
+	if !m.Chains() || !m.samples() {
 		return false
-	}
-	for _, rk := range m.ranks() {
-		if _, ok := rk.dev.(gpu.Sampler); !ok {
-			return false
-		}
 	}
 	V := m.Config.Vocab
 	for _, r := range rows {
@@ -887,6 +880,17 @@ func (m *Model) issueChoices(cache *Cache, b *Batch, rows []gpu.SampleRow, from 
 		}
 		return agree(ids[:r], peer, len(m.group))
 	}, nil
+}
+
+// samples reports whether every rank's device draws tokens itself
+// (gpu.Sampler).
+func (m *Model) samples() bool {
+	for _, rk := range m.ranks() {
+		if _, ok := rk.dev.(gpu.Sampler); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // ranks is the models a step runs on: the group's ranks, or m alone.

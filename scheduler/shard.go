@@ -323,9 +323,7 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 		if ref != nil && !copied {
 			// A local stage shares the plan's memory, which the scheduler
 			// reuses next step: it gets a copy that only it holds.
-			p.plan.copyOf(b)
-			p.plan.rows = append(p.plan.rows[:0], rows...)
-			p.plan.next = append(p.plan.next[:0], next...)
+			p.plan.copyOf(b, rows)
 			rows, next = p.plan.rows, p.plan.next
 			msg.Tokens, msg.Pos, msg.Seq, msg.Tables, msg.Logits = p.plan.tokens, p.plan.pos, p.plan.seq, p.plan.tables, p.plan.logits
 			if i > 0 {
@@ -390,7 +388,11 @@ type plan struct {
 	rows, next               []gpu.SampleRow
 }
 
-func (p *plan) copyOf(b *models.Batch) {
+// copyOf copies b's plan into p's own memory, with the step's draws rows
+// (nil for a greedy step) and the next step's (b.NextDraws).
+func (p *plan) copyOf(b *models.Batch, rows []gpu.SampleRow) {
+	p.rows = append(p.rows[:0], rows...)
+	p.next = append(p.next[:0], b.NextDraws...)
 	p.tokens = append(p.tokens[:0], b.Tokens...)
 	p.pos = append(p.pos[:0], b.Pos...)
 	p.seq = append(p.seq[:0], b.Seq...)

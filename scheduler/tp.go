@@ -120,14 +120,12 @@ func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows [
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
-	l.plan.copyOf(b)
+	l.plan.copyOf(b, rows)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
 		Argmax: argmax, Continues: b.Continues}
 	if rows != nil {
-		l.plan.rows = append(l.plan.rows[:0], rows...)
 		msg.Sample = l.plan.rows
-		if len(b.NextDraws) == len(rows) {
-			l.plan.next = append(l.plan.next[:0], b.NextDraws...)
+		if len(l.plan.next) == len(rows) {
 			msg.NextSample = l.plan.next
 		}
 	}
