@@ -57,7 +57,9 @@ type Device struct {
 	retired []*Buffer // scratch outgrown while graphs may still use it
 	// rounded names the x whose 16-bit copy the last product left in
 	// scratch; any other operation, or a product writing over x, forgets it.
-	rounded  roundedX
+	rounded roundedX
+	// sum is the split product whose parts are not yet summed (sums.go).
+	sum      pendingSum
 	deferred []*Buffer // freed while recording
 	kern     map[string]*kernel
 
@@ -475,6 +477,12 @@ func (d *Device) enter(op string) error {
 	}
 	if op != "matmul" {
 		d.rounded = roundedX{}
+	}
+	if !readsSums(op) {
+		if err := d.flushSum(); err != nil {
+			d.mu.Unlock()
+			return err
+		}
 	}
 	return nil
 }

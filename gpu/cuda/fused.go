@@ -263,6 +263,10 @@ func (d *Device) siluRows(out, gu *Buffer, n, k int) error {
 	if kern == nil {
 		return fmt.Errorf("silu matmul: the fused kernels are not loaded: rebuild with kernels/build.sh")
 	}
+	part, splits, err := d.takeSum(gu, 2*n*k)
+	if err != nil {
+		return err
+	}
 	return d.launch(kern, grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
-		bufArg("out", out, out.dt, n*k), bufArg("gu", gu, gpu.F32, 2*n*k), i32Arg(n), i32Arg(k))
+		bufArg("out", out, out.dt, n*k), bufArg("gu", part, gpu.F32, splits*2*n*k), i32Arg(n), i32Arg(k), i32Arg(splits))
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -293,5 +294,98 @@ func TestGatedMatVec(t *testing.T) {
 	// Lengths are checked before the GPU sees them.
 	if err := d.GatedMatVec(alloc(t, d, gpu.F32, 8), alloc(t, d, gpu.F32, 16), alloc(t, d, gpu.BF16, 2*8*16-1), 16, 8); err == nil {
 		t.Error("a short w was accepted")
+	}
+}
+
+// TestSplitSums checks, on decode batches whose products split k and
+// round x, the norms' rounded rows that the next product reads and the
+// sums of a split gate|up product taken by the gated MLP's activation:
+// bit for bit the same as round_x and splitk_sum, which a Sync between the
+// operations forces, and within bf16's rounding of the f64 reference.
+func TestSplitSums(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	ctx := context.Background()
+	const k, m, f = 2048, 2048, 1024
+	for _, n := range []int{40, 64} {
+		r := rand.New(rand.NewPCG(uint64(n), 7))
+		wo, w2 := gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05)), gputest.Encode(gpu.BF16, randF32(r, m*m, 0.05))
+		wgu, wd := gputest.Encode(gpu.BF16, randF32(r, 2*f*m, 0.05)), gputest.Encode(gpu.BF16, randF32(r, m*f, 0.05))
+		nw := gputest.Encode(gpu.BF16, randF32(r, m, 1))
+		x, res := randF32(r, n*k, 1), randF32(r, n*m, 1)
+		for mode, name := range []string{"rmsnorm", "addrmsnorm", "rmsnormadd"} {
+			t.Run(fmt.Sprintf("%s/n%d", name, n), func(t *testing.T) {
+				// run returns the norm's rows (out, or r) and the next
+				// product of them; sync puts a Sync after each operation.
+				run := func(dev gpu.Device, sync bool) (rows, z []float32) {
+					y, out, rr, zb := alloc(t, dev, gpu.F32, n*m), alloc(t, dev, gpu.F32, n*m), f32buf(t, dev, res), alloc(t, dev, gpu.F32, n*m)
+					w := weights(t, dev, gpu.BF16, nw)
+					step := func(err error) {
+						t.Helper()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if sync {
+							if err := dev.Sync(ctx); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					step(dev.MatMul(y, f32buf(t, dev, x), weights(t, dev, gpu.BF16, wo), n, k, m))
+					rn, fused := dev.(gpu.ResidualNormer)
+					next := out
+					switch {
+					case mode == 0:
+						step(dev.RMSNorm(out, y, w, n, m, 1e-6))
+					case mode == 1 && fused:
+						step(rn.AddRMSNorm(out, rr, y, w, n, m, 1e-6))
+					case mode == 1: // the reference: the same in plain operations
+						step(dev.Add(rr, rr, y, n*m))
+						step(dev.RMSNorm(out, rr, w, n, m, 1e-6))
+					case fused:
+						step(rn.RMSNormAdd(rr, y, w, n, m, 1e-6))
+						next = rr
+					default:
+						step(dev.RMSNorm(out, y, w, n, m, 1e-6))
+						step(dev.Add(rr, rr, out, n*m))
+						next = rr
+					}
+					step(dev.MatMul(zb, next, weights(t, dev, gpu.BF16, w2), n, m, m))
+					return readF32(t, dev, next), readF32(t, dev, zb)
+				}
+				rows, z := run(d, false)
+				rows1, z1 := run(d, true)
+				if !slices.Equal(rows, rows1) || !slices.Equal(z, z1) {
+					t.Errorf("the norm's rounded rows or the product after it differ from round_x's")
+				}
+				rows2, z2 := run(rf, false)
+				if e := gputest.RelL2(rows, rows2); e > 1e-2 {
+					t.Errorf("norm: error %.3g against the reference", e)
+				}
+				if e := gputest.RelL2(z, z2); e > 1e-2 {
+					t.Errorf("next product: error %.3g against the reference", e)
+				}
+			})
+		}
+		t.Run(fmt.Sprintf("silu/n%d", n), func(t *testing.T) {
+			run := func(sync bool) []float32 {
+				gu, out := alloc(t, d, gpu.F32, 2*n*f), alloc(t, d, gpu.F32, n*m)
+				if err := d.MatMul(gu, f32buf(t, d, x[:n*m]), weights(t, d, gpu.BF16, wgu), n, m, 2*f); err != nil {
+					t.Fatal(err)
+				}
+				if sync {
+					if err := d.Sync(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := d.SiLUMatMul(out, gu, weights(t, d, gpu.BF16, wd), n, f, m); err != nil {
+					t.Fatal(err)
+				}
+				return readF32(t, d, out)
+			}
+			if a, b := run(false), run(true); !slices.Equal(a, b) {
+				t.Errorf("sums taken by silu_rows differ from splitk_sum's")
+			}
+		})
 	}
 }

@@ -49,6 +49,7 @@ func (d *Device) Capture(record func() error) (gpu.Graph, error) {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	rerr = errors.Join(rerr, d.flushSum()) // the recording's last product is summed in it
 	d.capture = false
 	d.rounded = roundedX{} // recorded work has not run: scratch holds no rounded x
 	g := &Graph{d: d}

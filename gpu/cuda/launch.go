@@ -151,6 +151,9 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 	if k == nil {
 		return fmt.Errorf("cuda: launch: no such kernel")
 	}
+	if err := d.flushSum(); err != nil {
+		return err
+	}
 	if len(args) > maxArgs {
 		return fmt.Errorf("cuda: launch %s: %d arguments, at most %d", k.name, len(args), maxArgs)
 	}

@@ -415,8 +415,9 @@ func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, 
 	if err != nil || splits == 1 {
 		return err
 	}
-	return d.launch(d.k("splitk_sum"), grid1(ceilDiv(ceilDiv(n*m, 4), 256)), grid1(256), 0,
-		bufArg("out", out, gpu.F32, n*m), bufArg("part", dst, gpu.F32, splits*n*m), i64Arg(n*m), i32Arg(splits))
+	// The parts are summed by whatever reads out next (sums.go).
+	d.sum = pendingSum{out: out, part: dst, count: n * m, splits: splits}
+	return nil
 }
 
 // gemvSplits are the splits of the fast GEMV's kernels (gemv.cu): nv units
@@ -540,7 +541,20 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 		return err
 	}
 	xa, wa := bufArg("x", b[0], gpu.F32, n*dim), bufArg("w", b[1], b[1].dt, dim)
-	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps)}
+	// The rows a product reads next: out, or r after a post-norm. When
+	// that product rounds x to w's 16-bit type, the kernel stores the
+	// rounding too and the product skips its own (d.rounded). A norm in
+	// place (a QK-norm; the final norm) is left out: attention reads the
+	// former.
+	next := b[2]
+	xq, qa := (*Buffer)(nil), devPtrArg(0)
+	if b[1].dt != gpu.F32 && roundsX(n, dim) && (mode != 0 || b[0] != b[2]) {
+		if xq, err = d.scratchBuf("gemm.x."+suffix(b[1].dt), b[1].dt, n*dim); err != nil {
+			return err
+		}
+		qa = bufArg("xq", xq, b[1].dt, n*dim)
+	}
+	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps), qa}
 	var args []arg
 	switch mode {
 	case 0:
@@ -550,7 +564,13 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	default:
 		args = append([]arg{bufArg("r", b[2], gpu.F32, n*dim), xa, wa}, tail...)
 	}
-	return d.launch(k, grid1(n), grid1(blockFor(dim)), 0, args...)
+	if err := d.launch(k, grid1(n), grid1(blockFor(dim)), 0, args...); err != nil {
+		return err
+	}
+	if xq != nil {
+		d.rounded = roundedX{x: next, xs: xq, n: n * dim, dt: b[1].dt}
+	}
+	return nil
 }
 
 func (d *Device) elementwise(op, kname string, out, a, c gpu.Buffer, names [3]string, n int) error {

@@ -324,6 +324,16 @@ func (h *harness) attention(t *testing.T) {
 		{[]int{150, 41, 1}, []int{140, 1, 1}},
 		{[]int{700, 130, 1}, []int{1, 2, 1}},
 	}
+	if h.o.Large {
+		// A decode batch of 48 sequences of 360 to 800 tokens: few splits
+		// a sequence, each longer than the stages a kernel keeps in flight.
+		lens, news := make([]int, 48), make([]int, 48)
+		for i := range lens {
+			lens[i], news[i] = 360+h.rng.IntN(441), 1
+		}
+		news[0] = 2
+		batches = append(batches, struct{ lens, news []int }{lens, news})
+	}
 	for _, cdt := range h.o.CacheDTypes {
 		for _, c := range cfgs {
 			for _, bat := range batches {

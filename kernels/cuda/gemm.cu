@@ -207,18 +207,28 @@ extern "C" __global__ void round_x_f16(uint16_t* out, const float* x, long count
 
 // silu_rows_{f32,bf16,f16}: out[r, i] = silu(gu[r, i]) * gu[r, k + i] for n
 // rows of gate then up (2k elements each), in out's type: the input of a
-// gated MLP's down projection, rounded for the tensor cores. 8 elements a
-// thread.
+// gated MLP's down projection, rounded for the tensor cores. gu may be
+// the splits parts of a product whose k was split, summed in split order
+// as splitk_sum would. 8 elements a thread.
 template <typename T>
-DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restrict__ gu, int n, int k) {
+DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restrict__ gu, int n, int k, int splits) {
   pdl_begin();
-  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8, total = (long)n * k;
+  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8, total = (long)n * k, part = 2 * total;
   if (i >= total) return;
   if ((k & 7) == 0) {
     long r = i / k, c = i - r * k;
     const float* g = gu + 2 * r * k + c;
     float4 a = *reinterpret_cast<const float4*>(g), b = *reinterpret_cast<const float4*>(g + 4);
     float4 u = *reinterpret_cast<const float4*>(g + k), v = *reinterpret_cast<const float4*>(g + k + 4);
+    for (int sp = 1; sp < splits; sp++) {
+      const float* gs = g + sp * part;
+      float4 a1 = *reinterpret_cast<const float4*>(gs), b1 = *reinterpret_cast<const float4*>(gs + 4);
+      float4 u1 = *reinterpret_cast<const float4*>(gs + k), v1 = *reinterpret_cast<const float4*>(gs + k + 4);
+      a.x += a1.x; a.y += a1.y; a.z += a1.z; a.w += a1.w;
+      b.x += b1.x; b.y += b1.y; b.z += b1.z; b.w += b1.w;
+      u.x += u1.x; u.y += u1.y; u.z += u1.z; u.w += u1.w;
+      v.x += v1.x; v.y += v1.y; v.z += v1.z; v.w += v1.w;
+    }
     float f[8] = {silu(a.x) * u.x, silu(a.y) * u.y, silu(a.z) * u.z, silu(a.w) * u.w,
                   silu(b.x) * v.x, silu(b.y) * v.y, silu(b.z) * v.z, silu(b.w) * v.w};
     if constexpr (sizeof(typename Elem<T>::raw) == 2) {
@@ -232,12 +242,20 @@ DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restr
   }
   for (long e = i; e < min(i + 8, total); e++) {
     long r = e / k, c = e - r * k;
-    Elem<T>::store(out, e, silu(gu[2 * r * k + c]) * gu[2 * r * k + k + c]);
+    float g = gu[2 * r * k + c], u = gu[2 * r * k + k + c];
+    for (int sp = 1; sp < splits; sp++) g += gu[sp * part + 2 * r * k + c], u += gu[sp * part + 2 * r * k + k + c];
+    Elem<T>::store(out, e, silu(g) * u);
   }
 }
-extern "C" __global__ void silu_rows_f32(float* out, const float* gu, int n, int k) { silu_rows<float>(out, gu, n, k); }
-extern "C" __global__ void silu_rows_bf16(uint16_t* out, const float* gu, int n, int k) { silu_rows<BF16>(out, gu, n, k); }
-extern "C" __global__ void silu_rows_f16(uint16_t* out, const float* gu, int n, int k) { silu_rows<F16>(out, gu, n, k); }
+extern "C" __global__ void silu_rows_f32(float* out, const float* gu, int n, int k, int splits) {
+  silu_rows<float>(out, gu, n, k, splits);
+}
+extern "C" __global__ void silu_rows_bf16(uint16_t* out, const float* gu, int n, int k, int splits) {
+  silu_rows<BF16>(out, gu, n, k, splits);
+}
+extern "C" __global__ void silu_rows_f16(uint16_t* out, const float* gu, int n, int k, int splits) {
+  silu_rows<F16>(out, gu, n, k, splits);
+}
 
 // splitk_sum: out[i] = Σ_s part[s*count + i] in split order.
 extern "C" __global__ void splitk_sum(float* __restrict__ out, const float* __restrict__ part, long count, int splits) {

@@ -2,10 +2,13 @@
 //   mode 0: out = rmsnorm(x) * w                      (out may alias x)
 //   mode 1: r += x; out = rmsnorm(r) * w               (pre-norm residual)
 //   mode 2: r += rmsnorm(x) * w; out unused            (post-norm residual)
+// With xq not null (16-bit w only), the rows the next product reads (out,
+// or r in mode 2) are also stored rounded to w's type, as round_x would.
 #include "common.cuh"
 
 template <typename T, int MODE>
-DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps) {
+DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps,
+                 typename Elem<T>::raw* xq) {
   constexpr int E = 8;  // elements a thread holds in registers when the row fits
   __shared__ float scratch[32];
   const int nb = blockDim.x;
@@ -24,6 +27,11 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   const float* xr = x + (long)row * dim;
   float* rr = r + (long)row * dim;
   float* orow = out + (long)row * dim;
+  auto keep = [&](int j, float v) {
+    if constexpr (sizeof(typename Elem<T>::raw) == 2) {
+      if (xq != nullptr) Elem<T>::store(xq, (long)row * dim + j, v);
+    }
+  };
   float ss = 0.f;
   if (fits) {
     // One pass over memory: x (and r) into registers, the sum, the stores.
@@ -50,8 +58,9 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
       int j = threadIdx.x + e * nb;
       if (j >= dim) continue;
       float v = xv[e] * inv * wv[e];
-      if (MODE == 2) rr[j] = rv[e] + v;
+      if (MODE == 2) v += rv[e], rr[j] = v;
       else orow[j] = v;
+      keep(j, v);
     }
     return;
   }
@@ -67,23 +76,24 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   float inv = rsqrtf(ss / (float)dim + eps);
   for (int j = threadIdx.x; j < dim; j += nb) {
     float v = (MODE == 1 ? rr[j] : xr[j]) * inv * Elem<T>::load(w, j);
-    if (MODE == 2) rr[j] += v;
+    if (MODE == 2) v += rr[j], rr[j] = v;
     else orow[j] = v;
+    keep(j, v);
   }
 }
 
-#define NORM(T, name)                                                                                        \
+#define NORM(T, name)                                                                                          \
   extern "C" __global__ void rmsnorm_##name(float* out, const float* x, const Elem<T>::raw* w, int n, int dim, \
-                                            float eps) {                                                     \
-    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps);                                                           \
-  }                                                                                                          \
+                                            float eps, Elem<T>::raw* xq) {                                     \
+    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps, xq);                                                        \
+  }                                                                                                            \
   extern "C" __global__ void add_rmsnorm_##name(float* out, float* r, const float* x, const Elem<T>::raw* w,   \
-                                                int n, int dim, float eps) {                                 \
-    rmsnorm<T, 1>(out, r, x, w, n, dim, eps);                                                                 \
-  }                                                                                                          \
+                                                int n, int dim, float eps, Elem<T>::raw* xq) {                 \
+    rmsnorm<T, 1>(out, r, x, w, n, dim, eps, xq);                                                              \
+  }                                                                                                            \
   extern "C" __global__ void rmsnorm_add_##name(float* r, const float* x, const Elem<T>::raw* w, int n,        \
-                                                int dim, float eps) {                                        \
-    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps);                                                             \
+                                                int dim, float eps, Elem<T>::raw* xq) {                        \
+    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps, xq);                                                          \
   }
 
 NORM(float, f32)
