@@ -364,8 +364,8 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(4, 4))
 	const heads, hd, bs = 16, 128, 16
-	for _, c := range []struct{ n, ctx int }{{1, 512}, {1, 4096}, {64, 512}} {
-		blocks := c.ctx / bs
+	for _, c := range []struct{ n, ctx int }{{1, 512}, {1, 4096}, {64, 512}, {64, 520}} {
+		blocks := (c.ctx + bs - 1) / bs
 		kw := heads * hd
 		kc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
 		vc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)

@@ -382,9 +382,9 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 // which at 64 rows cost as much as the weights (docs/cuda.md).
 const skinnyExactRows = 32
 
-// skinnyExactShmem is gemm_skinny_*_exact's dynamic shared memory: 64 rows
-// of SK_XK (256) f32.
-const skinnyExactShmem = 64 * 256 * 4
+// skinnyExactShmem is gemm_skinny_*_exact's dynamic shared memory:
+// skinnyExactRows rows of SK_XK (256) f32.
+const skinnyExactShmem = skinnyExactRows * 256 * 4
 
 // exactSkinny says whether a product of n rows of x over k takes the exact
 // decode-batch kernel, x in f32.

@@ -391,7 +391,7 @@ PIPE(bf16, BF16)
 PIPE(f16, F16)
 
 #define SK_ROWS 128  // weight rows per block, 32 per warp
-#define SK_XK 256    // k of x staged in shared memory at a time (16-bit: 32 KiB; f32: 64 KiB)
+#define SK_XK 256    // k of x staged in shared memory at a time, for the rows of x's token tiles
 
 DEV uint32_t word(const uint4& lo, const uint4& hi, int i) {
   switch (i) {
@@ -427,11 +427,12 @@ DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)
 // gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
 // [blockIdx.y*kchunk, +kchunk); n <= 64, k % 64 == 0, kchunk % 64 == 0.
 // x is 16-bit (X = uint16_t, rounded by round_x), staged 256 of k at a
-// time in 32 KiB of static shared memory; or (EXACT, X = float) f32, staged
-// in 64 KiB of dynamic shared memory and split into T's rounding and its
-// remainder as the mma's B operands are formed, two mmas each, so that the
-// product is as exact as f32 x·w: it reads twice the bytes of x, which
-// matters less the fewer its rows.
+// time in 32 KiB of static shared memory; or (EXACT, X = float, n <= 32)
+// f32, staged in 32 KiB of dynamic shared memory and split into T's
+// rounding and its remainder as the mma's B operands are formed, two mmas
+// each, so that the product is as exact as f32 x·w: it reads twice the
+// bytes of x, which matters less the fewer its rows. Only the rows of the
+// token tiles in use are staged.
 template <typename T, bool EXACT, typename X>
 DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
                      int m, int kchunk) {
@@ -489,13 +490,13 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     int xlen = min(SK_XK, kend - xk);
     __syncthreads();  // the last stage of x is consumed
     if constexpr (EXACT) {
-      for (int i = tid; i < 64 * (SK_XK / 4); i += 128) {
+      for (int i = tid; i < ntn * 8 * (SK_XK / 4); i += 128) {  // the rows of the token tiles
         int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
         bool ok = r < n && c * 4 < xlen;
         cp_async16(xs32 + r * SK_XK + (skinny_chunk(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
       }
     } else {
-      for (int i = tid; i < 64 * (SK_XK / 8); i += 128) {
+      for (int i = tid; i < ntn * 8 * (SK_XK / 8); i += 128) {
         int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
         bool ok = r < n && c * 8 < xlen;
         cp_async16(xs16 + r * SK_XK + ((c ^ (r & 7)) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
