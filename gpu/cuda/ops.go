@@ -154,9 +154,10 @@ func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
 }
 
 // MatMul implements gpu.Ops. Batch 1 with bf16 weights runs the
-// split-K GEMV; up to 8 rows a GEMV that reads each weight once; more rows
-// the tensor-core GEMM (bf16, f16: x is rounded to the weight's type) or
-// the f32 tiled GEMM.
+// split-K GEMV; other 16-bit products the tensor-core kernels (gemm: up to
+// skinnyExactRows rows as exact as f32 x, more with x rounded to the
+// weight's type); the rest up to 8 rows a GEMV that reads each weight
+// once, and more rows the f32 tiled GEMM.
 func (d *Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
 	if err := d.enter("matmul"); err != nil {
 		return err
@@ -193,12 +194,12 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 			return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
 		}
 	}
+	if w.dt != gpu.F32 && k%8 == 0 && (n > 8 || exactSkinny(n, k)) {
+		return d.gemm(out, x, w, n, k, m, false)
+	}
 	suf := suffix(w.dt)
 	if n <= 8 {
 		return d.launch(d.k("gemv_"+suf), grid1(ceilDiv(m, 8)), grid1(256), 0, append(args, i32Arg(n), i32Arg(k), i32Arg(m))...)
-	}
-	if w.dt != gpu.F32 && k%8 == 0 {
-		return d.gemm(out, x, w, n, k, m, false)
 	}
 	if ceilDiv(n, 64) > 65535 {
 		return fmt.Errorf("matmul: %d rows of x, at most %d", n, 65535*64)
