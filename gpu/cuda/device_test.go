@@ -172,8 +172,10 @@ func TestSkinnyExact(t *testing.T) {
 		n, k, m int
 		tol     float64
 	}{
-		{gpu.BF16, 9, 512, 300, 1e-5}, {gpu.BF16, 24, 2048, 640, 1e-5}, {gpu.F16, 32, 1024, 200, 1e-5},
-		{gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
+		{gpu.F16, 1, 512, 300, 1e-5}, {gpu.BF16, 3, 576, 260, 1e-5}, {gpu.BF16, 8, 2048, 640, 1e-5},
+		{gpu.BF16, 9, 512, 300, 1e-5}, {gpu.BF16, 12, 704, 300, 1e-5}, {gpu.BF16, 24, 2048, 640, 1e-5},
+		{gpu.F16, 32, 1024, 200, 1e-5}, {gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
+		{gpu.BF16, 40, 832, 200, 1e-2},
 	} {
 		wv, xv := randF32(r, c.m*c.k, 0.05), randF32(r, c.n*c.k, 1)
 		raw := gputest.Encode(gpu.BF16, wv)
