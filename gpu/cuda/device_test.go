@@ -122,7 +122,8 @@ func readF32(t testing.TB, d gpu.Device, b gpu.Buffer) []float32 {
 	return v
 }
 
-// TestGEMVShapes checks the batch-1 bf16 GEMV on the OLMo-2-1B shapes, the
+// TestGEMVShapes checks the bf16 GEMV, one to four rows of x (the rows
+// its registers cannot hold go to the skinny product), on the OLMo-2-1B shapes, the
 // 7B down projection (whole and over two ranks: k not a power-of-two
 // multiple of 256, or of 256 at all) and short rows against a float64
 // product of the same bf16 weights.
@@ -135,24 +136,32 @@ func TestGEMVShapes(t *testing.T) {
 		wv := randF32(r, m*k, 0.05)
 		raw := gputest.Encode(gpu.BF16, wv)
 		w := weights(t, d, gpu.BF16, raw)
-		xv := randF32(r, k, 1)
+		rows := 4 // one to four rows of x: the one- and multi-row GEMVs
+		if m*k > 1<<26 {
+			rows = 2
+		}
+		xv := randF32(r, rows*k, 1)
 		x := f32buf(t, d, xv)
-		out := alloc(t, d, gpu.F32, m)
-		if err := d.MatMul(out, x, w, 1, k, m); err != nil {
-			t.Fatal(err)
-		}
-		got := readF32(t, d, out)
-		want := make([]float32, m)
-		for j := 0; j < m; j++ {
-			var acc float64
-			for i := 0; i < k; i++ {
-				h := uint16(raw[2*(j*k+i)]) | uint16(raw[2*(j*k+i)+1])<<8
-				acc += float64(gpu.BF16ToF32(h)) * float64(xv[i])
+		out := alloc(t, d, gpu.F32, rows*m)
+		for n := 1; n <= rows; n++ {
+			if err := d.MatMul(out, x, w, n, k, m); err != nil {
+				t.Fatal(err)
 			}
-			want[j] = float32(acc)
-		}
-		if e := gputest.RelL2(got, want); !(e < 1e-5) {
-			t.Errorf("gemv %dx%d: relative L2 error %.3g", m, k, e)
+			got := readF32(t, d, out)[:n*m]
+			want := make([]float32, n*m)
+			for b := range n {
+				for j := range m {
+					var acc float64
+					for i := range k {
+						h := uint16(raw[2*(j*k+i)]) | uint16(raw[2*(j*k+i)+1])<<8
+						acc += float64(gpu.BF16ToF32(h)) * float64(xv[b*k+i])
+					}
+					want[b*m+j] = float32(acc)
+				}
+			}
+			if e := gputest.RelL2(got, want); !(e < 1e-5) {
+				t.Errorf("gemv %d rows of %dx%d: relative L2 error %.3g", n, m, k, e)
+			}
 		}
 		d.Free(w)
 		d.Free(x)

@@ -42,6 +42,11 @@ func kernelNames() []string {
 	}
 	for _, s := range gemvSplits {
 		names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", s.nv, s.ks))
+		for _, n := range []int{2, 4} {
+			if kind, ok := gemvKind(n, s.nv); ok {
+				names = append(names, fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, s.nv, s.ks))
+			}
+		}
 	}
 	return names
 }
@@ -153,8 +158,10 @@ func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
 	})
 }
 
-// MatMul implements gpu.Ops. Batch 1 with bf16 weights runs the
-// split-K GEMV; other 16-bit products the tensor-core kernels (gemm: up to
+// MatMul implements gpu.Ops. Up to 4 rows with bf16 weights run the
+// split-K GEMV, which reads each weight once for all rows (up to 2 or 1
+// rows where k needs more registers); other 16-bit products the
+// tensor-core kernels (gemm: up to
 // skinnyExactRows rows as exact as f32 x, more with x rounded to the
 // weight's type); the rest up to 8 rows a GEMV that reads each weight
 // once, and more rows the f32 tiled GEMM.
@@ -189,9 +196,16 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 		d.rounded = roundedX{} // the product overwrites the rounded x
 	}
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
-	if w.dt == gpu.BF16 && n == 1 {
-		if kern, grid := d.fastGEMV("bf16", k, m); kern != nil {
-			return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+	if w.dt == gpu.BF16 && n <= 4 {
+		if nv, _, ok := d.gemvShape(k, m); ok {
+			if kind, ok := gemvKind(n, nv); ok {
+				if kern, grid := d.fastGEMV(kind, k, m); kern != nil {
+					if n > 1 {
+						args = append(args, i32Arg(n))
+					}
+					return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+				}
+			}
 		}
 	}
 	if w.dt != gpu.F32 && k%8 == 0 && (n > 8 || exactSkinny(n, k)) {
@@ -451,9 +465,25 @@ func (d *Device) gemvShape(k, m int) (nv, ks int, ok bool) {
 	return 0, 0, false
 }
 
-// fastGEMV is the batch-1 bf16 GEMV of a kind ("bf16", or "glu_bf16" for
-// GatedMatVec) for k and m rows of w, with its grid; nil when no kernel
-// takes k.
+// gemvKind is the kind of fast GEMV that takes n rows of x at nv units of
+// k a warp: "bf16" for one row, "bf16_b2" for two, "bf16_b4" for three or
+// four; false where each lane's registers cannot hold the rows' units of
+// x (kernels/cuda/gemv.cu).
+func gemvKind(n, nv int) (string, bool) {
+	switch {
+	case n == 1:
+		return "bf16", true
+	case n == 2 && nv <= 6:
+		return "bf16_b2", true
+	case n <= 4 && nv <= 4:
+		return "bf16_b4", true
+	}
+	return "", false
+}
+
+// fastGEMV is the bf16 GEMV of a kind ("bf16", "bf16_b2", "bf16_b4" or
+// "glu_bf16" for GatedMatVec) for k and m rows of w, with its grid; nil
+// when no kernel takes k.
 func (d *Device) fastGEMV(kind string, k, m int) (*kernel, dim3) {
 	nv, ks, ok := d.gemvShape(k, m)
 	if !ok {

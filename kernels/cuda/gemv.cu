@@ -7,27 +7,29 @@
 // up rows (m = 2f) and out[j] = silu(w[j]·x) * (w[f+j]·x) for j < f (GLU).
 enum { GEMV_PLAIN, GEMV_GLU };
 
-// gemv_bf16_fast: batch 1, k a multiple of 8 up to NV * KS * 256. A block
+// gemv_bf16_fast: NB rows of x (n of them in use, n <= NB), k a multiple of 8
+// up to NV * KS * 256. A block
 // is 8 warps; k is cut into units of 256 elements (the last may be short),
 // unit u belonging to warp u % KS of a row's KS warps (split-K inside the
 // block, combined through shared memory), at most NV units a warp. Each
-// warp keeps its units of x in registers and walks R rows at a time with
-// 16-byte streaming loads: R consecutive rows, or with GLU a gate row and
-// its up row. The grid strides over row groups, and the loads of a block's
+// warp keeps its units of every row of x in registers and walks R rows of
+// w at a time with 16-byte streaming loads: R consecutive rows, or with
+// GLU a gate row and its up row. Each weight is read once for all rows of
+// x. The grid strides over row groups, and the loads of a block's
 // next D-1 groups are issued before the current group is summed, so D*R*NV
 // loads a lane stay in flight across the reductions (D = 3 where one or
 // two blocks fill an SM's registers). The first D-1 groups' weights are
 // requested before the kernel waits for x (pdl_begin).
-template <int NV, int KS, int R, int MODE, int D>
-DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int k,
-                        int m) {
-  static_assert(MODE != GEMV_GLU || R == 2, "GLU pairs a gate row with its up row");
+template <int NV, int KS, int R, int MODE, int D, int NB>
+DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
+                        int k, int m) {
+  static_assert(MODE != GEMV_GLU || (R == 2 && NB == 1), "GLU pairs a gate row with its up row, for one row of x");
   constexpr int GROUPS = 8 / KS;                  // row groups per block
   constexpr int IR = MODE == GEMV_GLU ? 1 : R;    // outputs of a row group
-  constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration
-  const int mo = MODE == GEMV_GLU ? m / 2 : m;    // outputs
+  constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration and row of x
+  const int mo = MODE == GEMV_GLU ? m / 2 : m;    // outputs per row of x
   // Two buffers of partial sums, so one barrier an iteration suffices.
-  __shared__ float part[2][KS > 1 ? KS : 1][GROUPS * R];
+  __shared__ float part[2][KS > 1 ? KS : 1][NB * GROUPS * R];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ks = warp % KS, grp = warp / KS;
   // The lane's 8 elements of its warp's unit v start at off(v); with k % 8
@@ -51,57 +53,70 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   if (base < mo) loadw(w0, base + grp * IR);
   if (D == 3 && base + stride < mo) loadw(w1, base + stride + grp * IR);
   pdl_begin();
-  float xv[NV][8];
+  float xv[NB][NV][8];
 #pragma unroll
-  for (int v = 0; v < NV; v++) {
-    if (off(v) >= k) {
+  for (int b = 0; b < NB; b++)
 #pragma unroll
-      for (int j = 0; j < 8; j++) xv[v][j] = 0.f;
-      continue;
+    for (int v = 0; v < NV; v++) {
+      if (b >= n || off(v) >= k) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) xv[b][v][j] = 0.f;
+        continue;
+      }
+      const float4* xp = reinterpret_cast<const float4*>(x + (long)b * k + off(v));
+      float4 a = xp[0], c = xp[1];
+      xv[b][v][0] = a.x; xv[b][v][1] = a.y; xv[b][v][2] = a.z; xv[b][v][3] = a.w;
+      xv[b][v][4] = c.x; xv[b][v][5] = c.y; xv[b][v][6] = c.z; xv[b][v][7] = c.w;
     }
-    const float4* xp = reinterpret_cast<const float4*>(x + off(v));
-    float4 a = xp[0], b = xp[1];
-    xv[v][0] = a.x; xv[v][1] = a.y; xv[v][2] = a.z; xv[v][3] = a.w;
-    xv[v][4] = b.x; xv[v][5] = b.y; xv[v][6] = b.z; xv[v][7] = b.w;
-  }
   // step sums the group at base from cur, after issuing the loads of the
   // group D-1 ahead into nxt (cur's predecessor, summed already).
   auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf) {
     if (base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
     int i0 = base + grp * IR;
-    float acc[R];
+    float acc[R][NB];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      float s = 0.f;
+      float s[NB];
+#pragma unroll
+      for (int b = 0; b < NB; b++) s[b] = 0.f;
 #pragma unroll
       for (int v = 0; v < NV; v++) {
         float f[8];
         unpack8<BF16>(cur[r][v], f);
 #pragma unroll
-        for (int e = 0; e < 8; e++) s = fmaf(f[e], xv[v][e], s);
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+          for (int e = 0; e < 8; e++) s[b] = fmaf(f[e], xv[b][v][e], s[b]);
       }
-      acc[r] = warp_sum(s);
+#pragma unroll
+      for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(s[b]);
     }
     if (KS == 1) {
       if (MODE == GEMV_GLU) {
-        if (lane == 0 && i0 < mo) out[i0] = silu(acc[0]) * acc[1];
-      } else if (lane < R) {
-        float s = acc[0];
+        if (lane == 0 && i0 < mo) out[i0] = silu(acc[0][0]) * acc[1][0];
+      } else if (lane < R * NB) {
+        // Lane b*R + r stores row b's output i0 + r.
+        float s = 0.f;
 #pragma unroll
-        for (int r = 1; r < R; r++)
-          if (lane == r) s = acc[r];
-        if (i0 + lane < mo) out[i0 + lane] = s;
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+          for (int r = 0; r < R; r++)
+            if (lane == b * R + r) s = acc[r][b];
+        int b = lane / R, r = lane % R;
+        if (b < n && i0 + r < mo) out[(long)b * mo + i0 + r] = s;
       }
       return;
     }
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < R; r++) part[buf][ks][grp * R + r] = acc[r];
+      for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int r = 0; r < R; r++) part[buf][ks][b * GROUPS * R + grp * R + r] = acc[r][b];
     }
     __syncthreads();
     int j = threadIdx.x;
-    if (j < ITEMS && base + j < mo) {
-      if (MODE == GEMV_GLU) {
+    if (MODE == GEMV_GLU) {
+      if (j < ITEMS && base + j < mo) {
         float g = 0.f, u = 0.f;
 #pragma unroll
         for (int q = 0; q < KS; q++) {
@@ -109,11 +124,14 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
           u += part[buf][q][2 * j + 1];
         }
         out[base + j] = silu(g) * u;
-      } else {
+      }
+    } else if (j < NB * ITEMS) {
+      int b = j / ITEMS, i = j % ITEMS;
+      if (b < n && base + i < mo) {
         float s = 0.f;
 #pragma unroll
         for (int q = 0; q < KS; q++) s += part[buf][q][j];
-        out[base + j] = s;
+        out[(long)b * mo + base + i] = s;
       }
     }
   };
@@ -128,14 +146,24 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 
 // Entry points for the (NV, KS) pairs gemvShape in gpu/cuda picks: KS = 8
 // with NV in {2, 3, 4, 6, 8}, and NV = 2 or 1 for k under 4096. Up to two
-// units a warp, four blocks fit on an SM (64 registers a thread).
+// units a warp, four blocks fit on an SM (64 registers a thread). One row
+// of x: gemv_bf16_* and gemv_glu_bf16_*; two and up to four rows (n of
+// them): gemv_bf16_b2_* (NV <= 6) and gemv_bf16_b4_* (NV <= 4), whose
+// registers of x allow two blocks an SM where one row allows four.
 #define FAST1(NAME, MODE, NV, KS)                                                                                   \
   extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
       NAME##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m) {                         \
-    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2>(out, x, w, k, m);                                \
+    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2, 1>(out, x, w, 1, k, m);                          \
+  }
+#define FASTB(NB, NV, KS)                                                                                           \
+  extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 2 : 1)                                               \
+      gemv_bf16_b##NB##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int n, int k, int m) {      \
+    gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, NB>(out, x, w, n, k, m);                                              \
   }
 #define FAST(NV, KS) FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
 FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
+FASTB(2, 1, 1) FASTB(2, 2, 1) FASTB(2, 2, 2) FASTB(2, 2, 4) FASTB(2, 2, 8) FASTB(2, 3, 8) FASTB(2, 4, 8) FASTB(2, 6, 8)
+FASTB(4, 1, 1) FASTB(4, 2, 1) FASTB(4, 2, 2) FASTB(4, 2, 4) FASTB(4, 2, 8) FASTB(4, 3, 8) FASTB(4, 4, 8)
 
 // gemv: any k, up to 8 rows of x; one warp per row of w, 8 rows per block.
 // Uses 16-byte loads of w when rows stay 16-byte aligned.
