@@ -142,17 +142,33 @@ func TestGEMMSplits(t *testing.T) {
 }
 
 // TestSkinnySplits: decode-batch products split k into parts of whole
-// 64-steps that cover it exactly, more parts where the weights have few rows.
+// 64-steps that cover it exactly, more parts where the weights have few
+// rows or more blocks fit on an SM; and the token tiles of each size of
+// batch.
 func TestSkinnySplits(t *testing.T) {
-	for _, c := range []struct{ m, k, want int }{
-		{2048, 2048, 16}, {8192, 2048, 6}, {2048, 8192, 16}, {100352, 2048, 1}, {200, 128, 1}, {300, 320, 2},
+	for _, c := range []struct{ m, k, perSM, want int }{
+		{2048, 2048, 3, 16}, {8192, 2048, 3, 6}, {2048, 8192, 3, 16}, {100352, 2048, 3, 1}, {200, 128, 3, 1}, {300, 320, 3, 2},
+		{16384, 2048, 3, 3}, {16384, 2048, 4, 4}, {6144, 2048, 4, 11},
 	} {
-		splits, chunk := skinnySplits(c.m, c.k, 132)
+		splits, chunk := skinnySplits(c.m, c.k, 132, c.perSM)
 		if splits != c.want {
 			t.Errorf("m=%d k=%d: %d splits, want %d", c.m, c.k, splits, c.want)
 		}
 		if chunk%64 != 0 || splits*chunk < c.k || (splits-1)*chunk >= c.k {
 			t.Errorf("m=%d k=%d: %d splits of %d do not cover k exactly", c.m, c.k, splits, chunk)
+		}
+	}
+	for _, c := range []struct {
+		n     int
+		exact bool
+		name  string
+	}{
+		{1, true, "gemm_skinny_bf16_exact_t1"}, {8, true, "gemm_skinny_bf16_exact_t1"}, {9, true, "gemm_skinny_bf16_exact_t2"},
+		{16, true, "gemm_skinny_bf16_exact_t2"}, {17, true, "gemm_skinny_bf16_exact_t8"}, {32, true, "gemm_skinny_bf16_exact_t8"},
+		{33, false, "gemm_skinny_bf16_t8"}, {64, false, "gemm_skinny_bf16_t8"},
+	} {
+		if got := skinnyName("bf16", c.n, c.exact); got != c.name || !slices.Contains(kernelNames(), got) {
+			t.Errorf("%d rows (exact %v): %s, want %s among the kernels", c.n, c.exact, got, c.name)
 		}
 	}
 }

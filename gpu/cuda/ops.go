@@ -36,9 +36,14 @@ func kernelNames() []string {
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "gemm_skinny_"+s, "gemm_skinny_"+s+"_exact",
-			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
 			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128")
+	}
+	for _, s := range []string{"bf16", "f16"} {
+		for _, n := range []int{8, 16, skinnyExactRows} {
+			names = append(names, skinnyName(s, n, true))
+		}
+		names = append(names, skinnyName(s, skinnyRows, false))
 	}
 	for _, s := range gemvSplits {
 		names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", s.nv, s.ks))
@@ -300,11 +305,11 @@ func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
 }
 
 // skinnySplits cuts k (a multiple of 64) for gemm_skinny into parts of
-// at least 128 for about three blocks per SM (its occupancy); chunk is a
+// at least 128 for about perSM blocks per SM (its occupancy); chunk is a
 // multiple of 64.
-func skinnySplits(m, k, sms int) (splits, chunk int) {
+func skinnySplits(m, k, sms, perSM int) (splits, chunk int) {
 	tiles := ceilDiv(m, skinnyCols)
-	splits = max(1, min(3*sms/tiles, k/128, 16))
+	splits = max(1, min(perSM*sms/tiles, k/128, 16))
 	chunk = ceilDiv(k/64, splits) * 64
 	return ceilDiv(k, chunk), chunk
 }
@@ -353,7 +358,7 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	suf := suffix(w.dt)
 	if !silu && exactSkinny(n, k) {
-		return d.skinny("gemm_skinny_"+suf+"_exact", skinnyExactShmem, out, x, w, n, k, m)
+		return d.skinny(suf, out, x, w, n, k, m)
 	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
 	if err != nil {
@@ -376,7 +381,7 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 		d.rounded = key
 	}
 	if n <= skinnyRows && k%64 == 0 {
-		return d.skinny("gemm_skinny_"+suf, 0, out, xs, w, n, k, m)
+		return d.skinny(suf, out, xs, w, n, k, m)
 	}
 	if ok, err := d.gemmWG(out, xs, w, n, k, m); ok || err != nil {
 		return err
@@ -397,20 +402,56 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 // which at 64 rows cost as much as the weights (docs/cuda.md).
 const skinnyExactRows = 32
 
-// skinnyExactShmem is gemm_skinny_*_exact's dynamic shared memory:
-// skinnyExactRows rows of SK_XK (256) f32.
-const skinnyExactShmem = skinnyExactRows * 256 * 4
-
 // exactSkinny says whether a product of n rows of x over k takes the exact
 // decode-batch kernel, x in f32.
 func exactSkinny(n, k int) bool { return n <= skinnyExactRows && k%64 == 0 }
 
-// skinny launches the gemm_skinny kernel name (shmem bytes of dynamic
-// shared memory) over x, k split for about three blocks per SM.
-func (d *Device) skinny(name string, shmem int, out, x, w *Buffer, n, k, m int) error {
-	splits, chunk := skinnySplits(m, k, d.info.SMs)
+// skinnyTiles is the token tiles (8 rows of x each) of the gemm_skinny
+// entry point for n rows: the exact kernel (x in f32) has one, two and
+// eight, the rounded one eight. One or two tiles hold fewer accumulators,
+// so more blocks fit on an SM (four tiles were slower than eight at 17–32
+// rows, docs/cuda.md).
+func skinnyTiles(n int, exact bool) int {
+	switch {
+	case exact && n <= 8:
+		return 1
+	case exact && n <= 16:
+		return 2
+	}
+	return 8
+}
+
+// skinnyName is the gemm_skinny entry point for n rows of x, exact or
+// rounded to the weights' type suf.
+func skinnyName(suf string, n int, exact bool) string {
+	if exact {
+		suf += "_exact"
+	}
+	return fmt.Sprintf("gemm_skinny_%s_t%d", suf, skinnyTiles(n, exact))
+}
+
+// skinnyPerSM is the blocks per SM gemm_skinny's splits of k aim for:
+// its occupancy for nt token tiles.
+func skinnyPerSM(nt int) int {
+	if nt <= 2 {
+		return 4
+	}
+	return 3
+}
+
+// skinny launches gemm_skinny over n rows of x (f32, or rounded to suf
+// when x is 16-bit), the exact kernel's token tiles staged in dynamic
+// shared memory (rows of SK_XK = 256 f32), k split for about
+// skinnyPerSM blocks per SM.
+func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
+	exact := x.dt == gpu.F32
+	nt, shmem := skinnyTiles(n, exact), 0
+	if exact {
+		shmem = min(nt*8, skinnyExactRows) * 256 * 4
+	}
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(nt))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(name), grid, 128, shmem, out, x, w, n, k, m, splits, chunk)
+	return d.splitProduct(d.k(skinnyName(suf, n, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk)
 }
 
 // splitProduct launches a product kernel taking (out, x, w, n, k, m,

@@ -425,7 +425,7 @@ template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
 DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)); }
 
 // gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
-// [blockIdx.y*kchunk, +kchunk); n <= 64, k % 64 == 0, kchunk % 64 == 0.
+// [blockIdx.y*kchunk, +kchunk); n <= NT*8, k % 64 == 0, kchunk % 64 == 0.
 // x is 16-bit (X = uint16_t, rounded by round_x), staged 256 of k at a
 // time in 32 KiB of static shared memory; or (EXACT, X = float, n <= 32)
 // f32, staged in 32 KiB of dynamic shared memory and split into T's
@@ -433,20 +433,20 @@ DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)
 // each, so that the product is as exact as f32 x·w: it reads twice the
 // bytes of x, which matters less the fewer its rows. Only the rows of the
 // token tiles in use are staged.
-template <typename T, bool EXACT, typename X>
+template <typename T, bool EXACT, typename X, int NT>
 DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uint16_t* __restrict__ w, int n, int k,
                      int m, int kchunk) {
-  __shared__ __align__(16) uint16_t xs16[EXACT ? 8 : 64 * SK_XK];
+  __shared__ __align__(16) uint16_t xs16[EXACT ? 8 : NT * 8 * SK_XK];
   extern __shared__ __align__(16) float xs32[];
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   int row0 = blockIdx.x * SK_ROWS + warp * 32;
   int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
   int ntn = (n + 7) >> 3;
-  float acc[2][8][4];
+  float acc[2][NT][4];
 #pragma unroll
   for (int r = 0; r < 2; r++)
 #pragma unroll
-    for (int t = 0; t < 8; t++)
+    for (int t = 0; t < NT; t++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
   // Rows of this thread: row0 + rs*16 + g + hh*8.
@@ -475,7 +475,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
   };
   // mma16 adds x's B fragment b times the A fragment of this thread's rows
   // from its weights' words 2s and 2s+1.
-  auto mma16 = [&](float (&c)[2][8][4], const uint4 (&cur)[2][2][2], int t, int s, const uint32_t (&b)[2]) {
+  auto mma16 = [&](float (&c)[2][NT][4], const uint4 (&cur)[2][2][2], int t, int s, const uint32_t (&b)[2]) {
 #pragma unroll
     for (int rs = 0; rs < 2; rs++) {
       uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
@@ -510,7 +510,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
       // x: token rows t*8+g, the 16 k of this thread at kk + q*16, one
       // token tile at a time (registers bound the blocks per SM).
 #pragma unroll
-      for (int t = 0; t < 8; t++) {
+      for (int t = 0; t < NT; t++) {
         if (t >= ntn) continue;
         if constexpr (EXACT) {
           const float* xrow = xs32 + (t * 8 + g) * SK_XK;
@@ -549,7 +549,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
 #pragma unroll
   for (int rs = 0; rs < 2; rs++)
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < NT; t++) {
       if (t >= ntn) continue;
 #pragma unroll
       for (int e = 0; e < 4; e++) {
@@ -559,19 +559,16 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_bf16(float* out, const uint16_t* x, const uint16_t* w,
-                                                                   int n, int k, int m, int kchunk) {
-  gemm_skinny<BF16, false>(out, x, w, n, k, m, kchunk);
-}
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_f16(float* out, const uint16_t* x, const uint16_t* w,
-                                                                  int n, int k, int m, int kchunk) {
-  gemm_skinny<F16, false>(out, x, w, n, k, m, kchunk);
-}
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_bf16_exact(float* out, const float* x, const uint16_t* w,
-                                                                         int n, int k, int m, int kchunk) {
-  gemm_skinny<BF16, true>(out, x, w, n, k, m, kchunk);
-}
-extern "C" __global__ void __launch_bounds__(128) gemm_skinny_f16_exact(float* out, const float* x, const uint16_t* w,
-                                                                        int n, int k, int m, int kchunk) {
-  gemm_skinny<F16, true>(out, x, w, n, k, m, kchunk);
-}
+// Entry points: gemm_skinny_<type>[_exact]_t<NT>, up to NT token tiles of
+// 8 rows of x (gpu/cuda's skinnyTiles picks them): one or two tiles hold
+// fewer accumulators, so four blocks fit on an SM where eight allow three
+// (four tiles were slower than eight at 17-32 rows).
+#define SKINNY1(NAME, T, EXACT, X, NT)                                                                             \
+  extern "C" __global__ void __launch_bounds__(128) NAME##_t##NT(float* out, const X* x, const uint16_t* w, int n, \
+                                                                 int k, int m, int kchunk) {                      \
+    gemm_skinny<T, EXACT, X, NT>(out, x, w, n, k, m, kchunk);                                                      \
+  }
+SKINNY1(gemm_skinny_bf16, BF16, false, uint16_t, 8) SKINNY1(gemm_skinny_f16, F16, false, uint16_t, 8)
+SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 1) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 1)
+SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 2) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 2)
+SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 8) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 8)
