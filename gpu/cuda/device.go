@@ -373,6 +373,12 @@ func (d *Device) loadKernels() error {
 			return fmt.Errorf("cuda: kernel %s is in no module: rebuild with kernels/build.sh", name)
 		}
 		k := &kernel{name: name, fn: fn}
+		var threads int32
+		// CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+		if err := d.drv.cuFuncGetAttribute.call(ptr(&threads), 0, fn); err != nil {
+			return fmt.Errorf("cuda: threads of %s: %w", name, err)
+		}
+		k.threads = int(threads)
 		if strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv") {
 			var occ int32
 			if err := d.drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.call(ptr(&occ), fn, 256, 0); err != nil {

@@ -296,44 +296,77 @@ func TestFaults(t *testing.T) {
 }
 
 // TestFusedNorms checks AddRMSNorm and RMSNormAdd against their unfused
-// compositions on the reference.
+// compositions on the reference, at rows of 2,048 (512 threads a row),
+// 4,096 and 8,192 (1,024 threads), and with enough rows that the norms
+// also store the next product's rounded x.
 func TestFusedNorms(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
 	r := rand.New(rand.NewPCG(7, 8))
-	n, dim := 3, 2048
-	xv, rv, wv := randF32(r, n*dim, 1), randF32(r, n*dim, 1), randF32(r, dim, 1)
-	w := weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, wv))
-	wr := weights(t, rf, gpu.BF16, gputest.Encode(gpu.BF16, wv))
 	hostBuf := func(v []float32) gpu.Buffer {
 		b := alloc(t, rf, gpu.F32, len(v))
 		_ = rf.Write(b, 0, gpu.F32Bytes(v))
 		return b
 	}
-	// Pre-norm: r += x; out = norm(r).
-	x, res, out := f32buf(t, d, xv), f32buf(t, d, rv), alloc(t, d, gpu.F32, n*dim)
-	if err := d.AddRMSNorm(out, res, x, w, n, dim, 1e-6); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct{ n, dim int }{{3, 2048}, {40, 4096}, {2, 8192}} {
+		n, dim := c.n, c.dim
+		xv, rv, wv := randF32(r, n*dim, 1), randF32(r, n*dim, 1), randF32(r, dim, 1)
+		w := weights(t, d, gpu.BF16, gputest.Encode(gpu.BF16, wv))
+		wr := weights(t, rf, gpu.BF16, gputest.Encode(gpu.BF16, wv))
+		// Pre-norm: r += x; out = norm(r).
+		x, res, out := f32buf(t, d, xv), f32buf(t, d, rv), alloc(t, d, gpu.F32, n*dim)
+		if err := d.AddRMSNorm(out, res, x, w, n, dim, 1e-6); err != nil {
+			t.Fatalf("%dx%d: %v", n, dim, err)
+		}
+		xr, rr, or := hostBuf(xv), hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
+		_ = rf.Add(rr, rr, xr, n*dim)
+		_ = rf.RMSNorm(or, rr, wr, n, dim, 1e-6)
+		if e := gputest.RelL2(readF32(t, d, res), readF32(t, rf, rr)); e > 1e-6 {
+			t.Errorf("%dx%d addrmsnorm residual: error %.3g", n, dim, e)
+		}
+		if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, or)); e > 1e-5 {
+			t.Errorf("%dx%d addrmsnorm out: error %.3g", n, dim, e)
+		}
+		// Post-norm: r += norm(x).
+		res2 := f32buf(t, d, rv)
+		if err := d.RMSNormAdd(res2, x, w, n, dim, 1e-6); err != nil {
+			t.Fatalf("%dx%d: %v", n, dim, err)
+		}
+		rr2, tmp := hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
+		_ = rf.RMSNorm(tmp, xr, wr, n, dim, 1e-6)
+		_ = rf.Add(rr2, rr2, tmp, n*dim)
+		if e := gputest.RelL2(readF32(t, d, res2), readF32(t, rf, rr2)); e > 1e-5 {
+			t.Errorf("%dx%d rmsnormadd: error %.3g", n, dim, e)
+		}
+		// Plain: out = norm(x).
+		out2 := alloc(t, d, gpu.F32, n*dim)
+		if err := d.RMSNorm(out2, x, w, n, dim, 1e-6); err != nil {
+			t.Fatalf("%dx%d: %v", n, dim, err)
+		}
+		if e := gputest.RelL2(readF32(t, d, out2), readF32(t, rf, tmp)); e > 1e-5 {
+			t.Errorf("%dx%d rmsnorm: error %.3g", n, dim, e)
+		}
+		for _, b := range []gpu.Buffer{w, x, res, out, res2, out2} {
+			d.Free(b)
+		}
 	}
-	xr, rr, or := hostBuf(xv), hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
-	_ = rf.Add(rr, rr, xr, n*dim)
-	_ = rf.RMSNorm(or, rr, wr, n, dim, 1e-6)
-	if e := gputest.RelL2(readF32(t, d, res), readF32(t, rf, rr)); e > 1e-6 {
-		t.Errorf("addrmsnorm residual: error %.3g", e)
-	}
-	if e := gputest.RelL2(readF32(t, d, out), readF32(t, rf, or)); e > 1e-5 {
-		t.Errorf("addrmsnorm out: error %.3g", e)
-	}
-	// Post-norm: r += norm(x).
-	res2 := f32buf(t, d, rv)
-	if err := d.RMSNormAdd(res2, x, w, n, dim, 1e-6); err != nil {
-		t.Fatal(err)
-	}
-	rr2, tmp := hostBuf(rv), alloc(t, rf, gpu.F32, n*dim)
-	_ = rf.RMSNorm(tmp, xr, wr, n, dim, 1e-6)
-	_ = rf.Add(rr2, rr2, tmp, n*dim)
-	if e := gputest.RelL2(readF32(t, d, res2), readF32(t, rf, rr2)); e > 1e-5 {
-		t.Errorf("rmsnormadd: error %.3g", e)
+}
+
+// TestKernelThreads: the driver's limit on every kernel's block is known
+// (launches are checked against it), and the norms, whose rows of 4,096
+// and more take 1,024 threads, allow them.
+func TestKernelThreads(t *testing.T) {
+	d := open(t)
+	for name, k := range d.kern {
+		want := 32
+		for _, p := range []string{"rmsnorm_", "add_rmsnorm_", "rmsnorm_add_", "rmsnorm_shard_", "sumsq2_f32"} {
+			if strings.HasPrefix(name, p) {
+				want = 1024
+			}
+		}
+		if k.threads < want {
+			t.Errorf("%s: up to %d threads a block, want %d", name, k.threads, want)
+		}
 	}
 }
 

@@ -201,6 +201,7 @@ type driver struct {
 	cuModuleUnload                              proc
 	cuModuleGetFunction                         proc
 	cuFuncSetAttribute                          proc
+	cuFuncGetAttribute                          proc
 	cuOccupancyMaxActiveBlocksPerMultiprocessor proc
 	cuTensorMapEncodeTiled                      proc
 	cuLaunchKernel                              proc

@@ -19,6 +19,9 @@ type kernel struct {
 	// occ is how many 256-thread blocks of the kernel fit on an SM at once,
 	// asked of the driver for the fast GEMVs (0 for the others).
 	occ int
+	// threads is the most threads a block of the kernel may have, as
+	// its registers allow (the driver's answer at Open).
+	threads int
 }
 
 // defaultShmem is the dynamic shared memory a launch may use without
@@ -160,8 +163,8 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 	if grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 {
 		return fmt.Errorf("cuda: launch %s: grid %v out of range", k.name, grid)
 	}
-	if block.x*block.y*block.z == 0 || block.x*block.y*block.z > 1024 {
-		return fmt.Errorf("cuda: launch %s: block %v out of range", k.name, block)
+	if threads := block.x * block.y * block.z; threads == 0 || threads > 1024 || (k.threads > 0 && int(threads) > k.threads) {
+		return fmt.Errorf("cuda: launch %s: block %v out of range (the kernel takes up to %d threads)", k.name, block, k.threads)
 	}
 	if shmem > defaultShmem && shmem > k.shmem {
 		fn := k.fn

@@ -76,6 +76,11 @@ func TestSpanCheck(t *testing.T) {
 	if err := d.launch(k, grid1(0), grid1(32), 0); err == nil {
 		t.Error("empty grid: got no error")
 	}
+	// A block larger than the kernel's registers allow is refused by name.
+	narrow := &kernel{name: "rmsnorm_bf16", threads: 640}
+	if err := d.launch(narrow, grid1(1), grid1(1024), 0); err == nil || !strings.Contains(err.Error(), "rmsnorm_bf16: block") {
+		t.Errorf("1,024 threads for a kernel of 640: got %v", err)
+	}
 }
 
 func TestAttnParamsLayout(t *testing.T) {

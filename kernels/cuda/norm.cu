@@ -1,4 +1,6 @@
-// RMSNorm and its fused residual variants; one block per row.
+// RMSNorm and its fused residual variants; one block per row, up to 1,024
+// threads (a row of 4,096 or more takes all of them, so registers are held
+// to 64 a thread).
 //   mode 0: out = rmsnorm(x) * w                      (out may alias x)
 //   mode 1: r += x; out = rmsnorm(r) * w               (pre-norm residual)
 //   mode 2: r += rmsnorm(x) * w; out unused            (post-norm residual)
@@ -82,18 +84,18 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   }
 }
 
-#define NORM(T, name)                                                                                          \
-  extern "C" __global__ void rmsnorm_##name(float* out, const float* x, const Elem<T>::raw* w, int n, int dim, \
-                                            float eps, Elem<T>::raw* xq) {                                     \
-    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps, xq);                                                        \
-  }                                                                                                            \
-  extern "C" __global__ void add_rmsnorm_##name(float* out, float* r, const float* x, const Elem<T>::raw* w,   \
-                                                int n, int dim, float eps, Elem<T>::raw* xq) {                 \
-    rmsnorm<T, 1>(out, r, x, w, n, dim, eps, xq);                                                              \
-  }                                                                                                            \
-  extern "C" __global__ void rmsnorm_add_##name(float* r, const float* x, const Elem<T>::raw* w, int n,        \
-                                                int dim, float eps, Elem<T>::raw* xq) {                        \
-    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps, xq);                                                          \
+#define NORM(T, name)                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(1024)                                                                     \
+      rmsnorm_##name(float* out, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) {   \
+    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps, xq);                                                                  \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_##name(                                                 \
+      float* out, float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) {        \
+    rmsnorm<T, 1>(out, r, x, w, n, dim, eps, xq);                                                                        \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(1024)                                                                     \
+      rmsnorm_add_##name(float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) { \
+    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps, xq);                                                                    \
   }
 
 NORM(float, f32)

@@ -6,7 +6,7 @@
 
 // sumsq2: out[row] = sum of a[row, :]^2 for rows [0, n), then
 // out[n + row] = sum of b[row, :]^2.
-extern "C" __global__ void sumsq2_f32(float* out, const float* a, const float* b, int n, int wa, int wb) {
+extern "C" __global__ void __launch_bounds__(1024) sumsq2_f32(float* out, const float* a, const float* b, int n, int wa, int wb) {
   pdl_begin();
   __shared__ float scratch[32];
   int row = blockIdx.x;
@@ -35,10 +35,10 @@ DEV void rmsnorm_shard(float* x, const float* ss, const typename Elem<T>::raw* w
   for (int j = threadIdx.x; j < dim; j += blockDim.x) xr[j] = xr[j] * inv * Elem<T>::load(w, j);
 }
 
-#define SHARDNORM(T, name)                                                                                     \
-  extern "C" __global__ void rmsnorm_shard_##name(float* x, const float* ss, const Elem<T>::raw* w, int n,      \
-                                                  int dim, float inv_total, float eps) {                       \
-    rmsnorm_shard<T>(x, ss, w, n, dim, inv_total, eps);                                                         \
+#define SHARDNORM(T, name)                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(1024)                                                                       \
+      rmsnorm_shard_##name(float* x, const float* ss, const Elem<T>::raw* w, int n, int dim, float inv_total, float eps) { \
+    rmsnorm_shard<T>(x, ss, w, n, dim, inv_total, eps);                                                                    \
   }
 
 SHARDNORM(float, f32)
