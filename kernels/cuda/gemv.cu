@@ -58,7 +58,7 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   for (int b = 0; b < NB; b++)
 #pragma unroll
     for (int v = 0; v < NV; v++) {
-      if (b >= n || off(v) >= k) {
+      if ((NB > 1 && b >= n) || off(v) >= k) {
 #pragma unroll
         for (int j = 0; j < 8; j++) xv[b][v][j] = 0.f;
         continue;
@@ -102,8 +102,12 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
           for (int r = 0; r < R; r++)
             if (lane == b * R + r) s = acc[r][b];
-        int b = lane / R, r = lane % R;
-        if (b < n && i0 + r < mo) out[(long)b * mo + i0 + r] = s;
+        if constexpr (NB == 1) {
+          if (i0 + lane < mo) out[i0 + lane] = s;
+        } else {
+          int b = lane / R, r = lane % R;
+          if (b < n && i0 + r < mo) out[(long)b * mo + i0 + r] = s;
+        }
       }
       return;
     }
@@ -126,8 +130,8 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
         out[base + j] = silu(g) * u;
       }
     } else if (j < NB * ITEMS) {
-      int b = j / ITEMS, i = j % ITEMS;
-      if (b < n && base + i < mo) {
+      int b = NB == 1 ? 0 : j / ITEMS, i = NB == 1 ? j : j % ITEMS;
+      if ((NB == 1 || b < n) && base + i < mo) {
         float s = 0.f;
 #pragma unroll
         for (int q = 0; q < KS; q++) s += part[buf][q][j];
