@@ -240,7 +240,7 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 		return err
 	}
 	if b[2].dt == gpu.BF16 {
-		if kern, grid := d.fastGEMV("glu_bf16", k, 2*f); kern != nil {
+		if kern, grid := d.fastGEMV(true, 1, k, 2*f); kern != nil {
 			return d.launch(kern, grid, grid1(256), 0,
 				bufArg("out", b[0], gpu.F32, f), bufArg("x", b[1], gpu.F32, k), bufArg("w", b[2], gpu.BF16, 2*f*k),
 				i32Arg(k), i32Arg(2*f))

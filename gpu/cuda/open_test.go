@@ -123,6 +123,33 @@ func TestGEMVShape(t *testing.T) {
 			t.Errorf("k=%d took the fast path", k)
 		}
 	}
+	// The kernel for n rows of x: one, two or up to four rows where the
+	// registers hold their units of x, else none (the skinny product).
+	d.kern = map[string]*kernel{}
+	for _, name := range kernelNames() {
+		d.kern[name] = &kernel{name: name}
+	}
+	for _, name := range fusedKernelNames() {
+		d.kern[name] = &kernel{name: name}
+	}
+	for _, c := range []struct {
+		glu  bool
+		n, k int
+		want string
+	}{
+		{false, 1, 2048, "gemv_bf16_nv2_ks4"}, {true, 1, 2048, "gemv_glu_bf16_nv2_ks4"}, {false, 2, 8192, "gemv_bf16_b2_nv4_ks8"},
+		{false, 3, 2048, "gemv_bf16_b4_nv2_ks4"}, {false, 4, 8192, "gemv_bf16_b4_nv4_ks8"}, {false, 2, 11008, "gemv_bf16_b2_nv6_ks8"},
+		{false, 3, 11008, ""}, {false, 2, 16384, ""}, {false, 5, 2048, ""}, {false, 1, 100, ""},
+	} {
+		kern, _ := d.fastGEMV(c.glu, c.n, c.k, 4096)
+		got := ""
+		if kern != nil {
+			got = kern.name
+		}
+		if got != c.want {
+			t.Errorf("fastGEMV(glu %v, %d rows, k %d) = %q, want %q", c.glu, c.n, c.k, got, c.want)
+		}
+	}
 }
 
 // TestGEMMSplits checks the k splits of the prompt and batch products: the

@@ -201,16 +201,12 @@ func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 		d.rounded = roundedX{} // the product overwrites the rounded x
 	}
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
-	if w.dt == gpu.BF16 && n <= 4 {
-		if nv, _, ok := d.gemvShape(k, m); ok {
-			if kind, ok := gemvKind(n, nv); ok {
-				if kern, grid := d.fastGEMV(kind, k, m); kern != nil {
-					if n > 1 {
-						args = append(args, i32Arg(n))
-					}
-					return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
-				}
+	if w.dt == gpu.BF16 {
+		if kern, grid := d.fastGEMV(false, n, k, m); kern != nil {
+			if n > 1 {
+				args = append(args, i32Arg(n))
 			}
+			return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
 		}
 	}
 	if w.dt != gpu.F32 && k%8 == 0 && (n > 8 || exactSkinny(n, k)) {
@@ -516,19 +512,25 @@ func gemvKind(n, nv int) (string, bool) {
 		return "bf16", true
 	case n == 2 && nv <= 6:
 		return "bf16_b2", true
-	case n <= 4 && nv <= 4:
+	case n >= 3 && n <= 4 && nv <= 4:
 		return "bf16_b4", true
 	}
 	return "", false
 }
 
-// fastGEMV is the bf16 GEMV of a kind ("bf16", "bf16_b2", "bf16_b4" or
-// "glu_bf16" for GatedMatVec) for k and m rows of w, with its grid; nil
-// when no kernel takes k.
-func (d *Device) fastGEMV(kind string, k, m int) (*kernel, dim3) {
+// fastGEMV is the bf16 split-K GEMV for n rows of x and k, m (with glu,
+// GatedMatVec's: one row, m = 2f), with its grid; nil when no kernel
+// takes them.
+func (d *Device) fastGEMV(glu bool, n, k, m int) (*kernel, dim3) {
 	nv, ks, ok := d.gemvShape(k, m)
 	if !ok {
 		return nil, dim3{}
+	}
+	kind := "glu_bf16"
+	if !glu {
+		if kind, ok = gemvKind(n, nv); !ok {
+			return nil, dim3{}
+		}
 	}
 	kern := d.k(fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, nv, ks))
 	if kern == nil {
