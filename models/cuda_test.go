@@ -13,6 +13,7 @@ import (
 	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/safetensors"
+	"github.com/troupe/troupe/models/synth"
 )
 
 // The CUDA lane runs with a bf16 KV cache, as the command line does: its
@@ -132,16 +133,50 @@ func graphsMatchEager(t *testing.T, cfg *models.Config, ckpt *safetensors.Checkp
 // TestCUDABatchedArgmax decodes three sequences in one step and checks each
 // row's device argmax against the same sequence decoded alone.
 func TestCUDABatchedArgmax(t *testing.T) {
-	ctx := context.Background()
 	b := openDemo(t)
+	batchedMatchesAlone(t, b.Config, b.Checkpoint)
+}
+
+// TestCUDAWideShapes runs the replay and batch checks on two layers of
+// OLMo-2-7B's widths (hidden 4,096, 32 heads, ffn 11,008; random weights,
+// a vocabulary of 1,024): rows of 4,096 take the norms' 1,024 threads, and
+// the products take the 7B splits of the GEMVs and the skinny kernels,
+// widths neither the demo nor the fixtures reach.
+func TestCUDAWideShapes(t *testing.T) {
+	p := synth.OLMo2(4096, 2, 32, 11008)
+	p["vocab_size"] = 1024
+	dir := t.TempDir()
+	cfg, err := p.Write(dir, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpt, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	graphsMatchEager(t, cfg, ckpt)
+	batchedMatchesAlone(t, cfg, ckpt)
+}
+
+// batchedMatchesAlone decodes three sequences in one step and checks each
+// row's device argmax against the same sequence decoded alone, where the
+// model's own top-2 gap is not a tie.
+func batchedMatchesAlone(t *testing.T, cfg *models.Config, ckpt *safetensors.Checkpoint) {
+	ctx := context.Background()
 	dev := openCUDA(t)
 	defer dev.Close()
-	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16})
+	m, err := models.Load(cfg, ckpt, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
 	prompts := [][]int32{{1, 450, 846}, {1, 2987, 17, 2988, 338}, {1, 263}}
+	for _, p := range prompts {
+		for i := range p {
+			p[i] %= int32(cfg.Vocab)
+		}
+	}
 	const steps, bs, per = 8, 16, 1
 	cache, err := m.NewCache(len(prompts)*per, bs)
 	if err != nil {

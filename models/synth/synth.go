@@ -24,21 +24,24 @@ type Preset map[string]any
 var presets = map[string]map[string]Preset{
 	"olmo2": {
 		// OLMo-2-0425-1B.
-		"1b": olmo2(2048, 16, 16, 8192),
+		"1b": OLMo2(2048, 16, 16, 8192),
 		// OLMo-2-1124-7B.
-		"7b": olmo2(4096, 32, 32, 11008),
+		"7b": OLMo2(4096, 32, 32, 11008),
 		// OLMo-2-1124-13B.
-		"13b": olmo2(5120, 40, 40, 13824),
+		"13b": OLMo2(5120, 40, 40, 13824),
 		// A 70B-class shape (Llama-3-70B dimensions with OLMo 2 layers).
 		"70b": func() Preset {
-			p := olmo2(8192, 80, 64, 28672)
+			p := OLMo2(8192, 80, 64, 28672)
 			p["num_key_value_heads"] = 8
 			return p
 		}(),
 	},
 }
 
-func olmo2(hidden, layers, heads, ffn int) Preset {
+// OLMo2 is an OLMo 2 shape of the given widths, with OLMo 2's vocabulary
+// and settings: the presets' maker, and custom shapes' for tests and
+// benchmarks (set other keys of the fresh map as needed).
+func OLMo2(hidden, layers, heads, ffn int) Preset {
 	return Preset{
 		"architectures": []string{"Olmo2ForCausalLM"}, "model_type": "olmo2",
 		"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -62,13 +65,19 @@ func Names(arch string) []string {
 // Progress is called after each shard is written.
 type Progress func(written, total int64)
 
-// Write writes config.json and a sharded bf16 checkpoint of the preset to
-// dir, with weights drawn from N(0, 0.02²) and norms of one, from seed.
+// Write writes config.json and a sharded bf16 checkpoint of the named
+// preset to dir, as Preset.Write does.
 func Write(dir, arch, preset string, seed uint64, progress Progress) (*models.Config, error) {
 	p, ok := presets[arch][preset]
 	if !ok {
 		return nil, fmt.Errorf("synth: no preset %q for %q (have %v)", preset, arch, Names(arch))
 	}
+	return p.Write(dir, seed, progress)
+}
+
+// Write writes config.json and a sharded bf16 checkpoint of the shape to
+// dir, with weights drawn from N(0, 0.02²) and norms of one, from seed.
+func (p Preset) Write(dir string, seed uint64, progress Progress) (*models.Config, error) {
 	raw, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return nil, err

@@ -20,11 +20,11 @@ func TestPresetsParse(t *testing.T) {
 
 // TestWriteLoads writes a small checkpoint and opens it as a model directory.
 func TestWriteLoads(t *testing.T) {
-	presets["olmo2"]["tiny"] = olmo2(64, 2, 4, 128)
-	defer delete(presets["olmo2"], "tiny")
+	tiny := OLMo2(64, 2, 4, 128)
+	tiny["vocab_size"] = 500
 	dir := t.TempDir()
 	var calls int
-	cfg, err := Write(dir, "olmo2", "tiny", 1, func(w, total int64) {
+	cfg, err := tiny.Write(dir, 1, func(w, total int64) {
 		calls++
 		if w > total {
 			t.Errorf("progress %d of %d", w, total)
@@ -43,5 +43,8 @@ func TestWriteLoads(t *testing.T) {
 	defer b.Close()
 	if got, want := models.Params(b.Config), models.Params(cfg); got != want || got == 0 {
 		t.Errorf("params %d, want %d", got, want)
+	}
+	if b.Config.Vocab != 500 || b.Config.Hidden != 64 {
+		t.Errorf("config %+v, want a vocabulary of 500 and width 64", b.Config)
 	}
 }
