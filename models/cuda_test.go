@@ -53,12 +53,7 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ckpt, err := safetensors.OpenDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ckpt.Close()
-			graphsMatchEager(t, cfg, ckpt)
+			graphsMatchEager(t, cfg, openCheckpoint(t, dir))
 		})
 	}
 }
@@ -150,13 +145,20 @@ func TestCUDAWideShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ckpt := openCheckpoint(t, dir)
+	graphsMatchEager(t, cfg, ckpt)
+	batchedMatchesAlone(t, cfg, ckpt)
+}
+
+// openCheckpoint opens the checkpoint in dir for the rest of the test.
+func openCheckpoint(t *testing.T, dir string) *safetensors.Checkpoint {
+	t.Helper()
 	ckpt, err := safetensors.OpenDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ckpt.Close()
-	graphsMatchEager(t, cfg, ckpt)
-	batchedMatchesAlone(t, cfg, ckpt)
+	t.Cleanup(func() { ckpt.Close() })
+	return ckpt
 }
 
 // batchedMatchesAlone decodes three sequences in one step and checks each
