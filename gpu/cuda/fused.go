@@ -188,7 +188,7 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
 		return err
 	}
-	if n > 8 && b[2].dt != gpu.F32 && k%8 == 0 && !exactSkinny(n, k) {
+	if b[2].dt != gpu.F32 && roundsX(n, k) {
 		return d.gemm(b[0], b[1], b[2], n, k, m, true)
 	}
 	s, err := d.scratchBuf("silu", gpu.F32, n*k)

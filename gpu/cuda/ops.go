@@ -36,14 +36,12 @@ func kernelNames() []string {
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
-			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128")
-	}
-	for _, s := range []string{"bf16", "f16"} {
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s",
+			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
+			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128", skinnyName(s, skinnyRows, false))
 		for _, n := range []int{8, 16, skinnyExactRows} {
 			names = append(names, skinnyName(s, n, true))
 		}
-		names = append(names, skinnyName(s, skinnyRows, false))
 	}
 	for _, s := range gemvSplits {
 		names = append(names, fmt.Sprintf("gemv_bf16_nv%d_ks%d", s.nv, s.ks))
@@ -166,10 +164,9 @@ func (d *Device) Embed(out, table, ids gpu.Buffer, n, dim int) error {
 // MatMul implements gpu.Ops. Up to 4 rows with bf16 weights run the
 // split-K GEMV, which reads each weight once for all rows (up to 2 or 1
 // rows where k needs more registers); other 16-bit products the
-// tensor-core kernels (gemm: up to
-// skinnyExactRows rows as exact as f32 x, more with x rounded to the
-// weight's type); the rest up to 8 rows a GEMV that reads each weight
-// once, and more rows the f32 tiled GEMM.
+// tensor-core kernels (gemm: up to skinnyExactRows rows as exact as f32 x,
+// more with x rounded to the weight's type); the rest up to 8 rows a GEMV
+// that reads each weight once, and more rows the f32 tiled GEMM.
 func (d *Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
 	if err := d.enter("matmul"); err != nil {
 		return err
