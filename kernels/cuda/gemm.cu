@@ -17,7 +17,10 @@
 // the block's four warps: rounded to 16 bits by round_x, or (_exact) in
 // f32, split into its rounding and the remainder, each through an mma. The
 // mma's k slots take the k of a thread's own 16-byte loads in a permuted
-// order, the same for both operands, so no shuffling is needed.
+// order, the same for both operands, so no shuffling is needed: of each 64
+// of k a thread holds q·8 .. q·8+7 and 32+q·8 .. 32+q·8+7 (q = lane % 4),
+// so a row's four lanes load 64 contiguous bytes and no 32-byte sector is
+// fetched for half its bytes.
 //
 // gemm_bf16 / gemm_f16 are the older register-staged kernels, kept for k
 // not a multiple of 8 (rows of w not 16-byte aligned); gemm_f32 is a plain
@@ -419,10 +422,11 @@ template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
   lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
 }
 
-// skinny_chunk is the place of 16-byte chunk c (4 floats) of row r of the
-// staged x: the XOR spreads the 8 lanes of a 16-byte load phase (two rows,
-// four k offsets 16 floats apart) over all 32 banks.
-DEV int skinny_chunk(int c, int r) { return c ^ ((((c >> 3) & 1) << 1) | (r & 1)); }
+// skinny_chunk is the place of 16-byte chunk c of row r of the staged x
+// (8 values of 16 bits, or 4 f32): a 16-byte load phase reads two rows at
+// four chunks, 1 (16-bit) or 2 (f32) apart, and the XOR with odd rows'
+// bit o puts the two rows in different halves of the 32 banks.
+template <int o> DEV int skinny_chunk(int c, int r) { return c ^ ((r & 1) * o); }
 
 // gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
 // [blockIdx.y*kchunk, +kchunk); n <= NT*8, k % 64 == 0, kchunk % 64 == 0.
@@ -458,7 +462,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     for (int hh = 0; hh < 2; hh++) {
       int r = row0 + rs * 16 + g + hh * 8;
       wok[rs][hh] = r < m;
-      wr[rs][hh] = w + (long)(wok[rs][hh] ? r : 0) * k + q * 16;
+      wr[rs][hh] = w + (long)(wok[rs][hh] ? r : 0) * k + q * 8;
     }
   auto loadw = [&](uint4 (&v)[2][2][2], int kk) {
 #pragma unroll
@@ -467,7 +471,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
       for (int hh = 0; hh < 2; hh++) {
         if (wok[rs][hh] && kk < kend) {
           v[rs][hh][0] = ld_stream(wr[rs][hh] + kk);
-          v[rs][hh][1] = ld_stream(wr[rs][hh] + kk + 8);
+          v[rs][hh][1] = ld_stream(wr[rs][hh] + kk + 32);
         } else {
           v[rs][hh][0] = v[rs][hh][1] = make_uint4(0, 0, 0, 0);
         }
@@ -493,13 +497,13 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
       for (int i = tid; i < ntn * 8 * (SK_XK / 4); i += 128) {  // the rows of the token tiles
         int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
         bool ok = r < n && c * 4 < xlen;
-        cp_async16(xs32 + r * SK_XK + (skinny_chunk(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
+        cp_async16(xs32 + r * SK_XK + (skinny_chunk<1>(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
       }
     } else {
       for (int i = tid; i < ntn * 8 * (SK_XK / 8); i += 128) {
         int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
         bool ok = r < n && c * 8 < xlen;
-        cp_async16(xs16 + r * SK_XK + ((c ^ (r & 7)) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
+        cp_async16(xs16 + r * SK_XK + (skinny_chunk<4>(c, r) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
       }
     }
     cp_async_commit();
@@ -507,17 +511,18 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     __syncthreads();
     for (int kk = 0; kk < xlen; kk += 64) {
       loadw(nxt, xk + kk + 64);
-      // x: token rows t*8+g, the 16 k of this thread at kk + q*16, one
-      // token tile at a time (registers bound the blocks per SM).
+      // x: token rows t*8+g, the 16 k of this thread, one token tile at a
+      // time (registers bound the blocks per SM), or two when rounded.
 #pragma unroll
-      for (int t = 0; t < NT; t++) {
+      for (int t = 0; t < NT; t += EXACT ? 1 : 2) {
         if (t >= ntn) continue;
         if constexpr (EXACT) {
           const float* xrow = xs32 + (t * 8 + g) * SK_XK;
-          int c0 = (kk >> 2) + q * 4;
+          int c0 = (kk >> 2) + q * 2;
 #pragma unroll
           for (int s = 0; s < 4; s++) {
-            float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk(c0 + s, g) << 2));
+            int c = c0 + (s >> 1) * 8 + (s & 1);
+            float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk<1>(c, g) << 2));
             uint32_t bh[2], bl[2];
             split2<T>(v.x, v.y, bh[0], bl[0]);
             split2<T>(v.z, v.w, bh[1], bl[1]);
@@ -525,14 +530,23 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
             mma16(acc, cur, t, s, bl);
           }
         } else {
-          int r = t * 8 + g, c = (kk >> 3) + q * 2;
-          uint4 x0 = *reinterpret_cast<const uint4*>(xs16 + r * SK_XK + ((c ^ g) << 3));
-          uint4 x1 = *reinterpret_cast<const uint4*>(xs16 + r * SK_XK + (((c + 1) ^ g) << 3));
+          // Two tiles (the second unused, with rows never staged, when n
+          // ends in the first): four mmas a step on distinct accumulators.
+          int c = (kk >> 3) + q;
+          uint4 x0[2], x1[2];
 #pragma unroll
-          for (int s = 0; s < 4; s++) {
-            uint32_t b[2] = {word(x0, x1, 2 * s), word(x0, x1, 2 * s + 1)};
-            mma16(acc, cur, t, s, b);
+          for (int j = 0; j < 2; j++) {
+            const uint16_t* xrow = xs16 + ((t + j) * 8 + g) * SK_XK;
+            x0[j] = *reinterpret_cast<const uint4*>(xrow + (skinny_chunk<4>(c, g) << 3));
+            x1[j] = *reinterpret_cast<const uint4*>(xrow + (skinny_chunk<4>(c + 4, g) << 3));
           }
+#pragma unroll
+          for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+              uint32_t b[2] = {word(x0[j], x1[j], 2 * s), word(x0[j], x1[j], 2 * s + 1)};
+              mma16(acc, cur, t + j, s, b);
+            }
         }
       }
 #pragma unroll
