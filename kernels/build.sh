@@ -32,11 +32,19 @@ mods=()
 if [ $# -gt 0 ]; then mods=("$@"); else
   for f in cuda/*.cu; do mods+=("$(basename "$f" .cu)"); done
 fi
+# The modules compile in parallel, one nvcc pair each.
+pids=()
 for m in "${mods[@]}"; do
-  echo "nvcc $m" >&2
-  $NVCC $CUBIN_FLAGS -Xptxas -v -o "cuda/$m.sm_90a.cubin" "cuda/$m.cu" 2> "${LOGDIR:-/tmp}/$m.ptxas.log" || { cat "${LOGDIR:-/tmp}/$m.ptxas.log" >&2; exit 1; }
-  $NVCC $PTX_FLAGS -o "cuda/$m.compute_80.ptx" "cuda/$m.cu"
+  (
+    echo "nvcc $m" >&2
+    $NVCC $CUBIN_FLAGS -Xptxas -v -o "cuda/$m.sm_90a.cubin" "cuda/$m.cu" 2> "${LOGDIR:-/tmp}/$m.ptxas.log" || { cat "${LOGDIR:-/tmp}/$m.ptxas.log" >&2; exit 1; }
+    $NVCC $PTX_FLAGS -o "cuda/$m.compute_80.ptx" "cuda/$m.cu"
+  ) &
+  pids+=($!)
 done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+[ "$failed" = 0 ] || { echo "build failed" >&2; exit 1; }
 
 ver=$($NVCC --version | tail -n 2 | tr '\n' ' ' | sed 's/"/'"'"'/g; s/ *$//')
 {
