@@ -226,15 +226,20 @@ func (s *Spawner) loop(ctx context.Context) {
 	}
 }
 
-// beat refreshes every running actor and publishes the node heartbeat.
+// beat publishes the node heartbeat and refreshes every running actor's
+// registry entry. The heartbeat goes first and the refreshes get a period
+// (a second at least) between them: a registry that answers slowly (a
+// cluster electing its leader) must not make a live node look dead.
 func (s *Spawner) beat(ctx context.Context) {
 	procs := s.sys.Processes()
-	for _, p := range procs {
-		s.refresh(ctx, p)
-	}
 	hb := Heartbeat{Node: s.sys.Node(), Time: time.Now(), Actors: len(procs)}
 	if err := bus.Publish(ctx, s.sys.Conn(), s.sys.Subjects().Heartbeat(s.sys.Node()), hb); err != nil {
 		s.fails.Add(1)
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(s.cfg.Heartbeat, time.Second))
+	defer cancel()
+	for _, p := range procs {
+		s.refresh(rctx, p)
 	}
 }
 

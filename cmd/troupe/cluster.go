@@ -104,17 +104,33 @@ func (n *node) startDataPlane(ctx, runCtx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("serve: plane actor: %w", err)
 	}
-	n.stream, err = xgmi.NewStreamClient(scfg, func(ctx context.Context, node string) (string, error) {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		r, err := bus.Request[PlaneAddr, PlaneAddr](rctx, n.nc, n.subj.ActorEndpoint(planeKind, node, "addr"), PlaneAddr{})
-		return r.Addr, err
-	})
+	n.stream, err = xgmi.NewStreamClient(scfg, n.resolvePlane)
 	if err != nil {
 		return fmt.Errorf("serve: data plane: %w", err)
 	}
 	n.closers = append(n.closers, n.stream.Close)
 	return nil
+}
+
+// resolvePlane asks node's plane actor for its data-plane address. A node
+// that has just joined may not be known yet to this node's server (the
+// routes of a cluster form one by one), so nobody answering is retried
+// for a while before the node counts as unreachable.
+func (n *node) resolvePlane(ctx context.Context, node string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	subject := n.subj.ActorEndpoint(planeKind, node, "addr")
+	for {
+		r, err := bus.Request[PlaneAddr, PlaneAddr](ctx, n.nc, subject, PlaneAddr{})
+		if bus.CodeOf(err) != bus.CodeUnavailable {
+			return r.Addr, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // spawnShard is the spawner's factory of layer-shards: args are
@@ -493,10 +509,22 @@ type ClusterStatus struct {
 	Nodes      []ClusterNode      `json:"nodes"`
 	Actors     []ClusterActor     `json:"actors"`
 	Placements []ClusterPlacement `json:"placements,omitempty"`
+	// RegistryError says why Actors is missing: the registry could not be
+	// read (a cluster that lost its quorum, or still electing a leader).
+	RegistryError string `json:"registry_error,omitempty"`
 }
 
-func (n *node) clusterStatus(ctx context.Context) (ClusterStatus, error) {
+func (n *node) clusterStatus(ctx context.Context) ClusterStatus {
 	st := ClusterStatus{Node: n.cfg.Node}
+	// The registry is read first: while the cluster re-elects its leader
+	// the read can take seconds, and the nodes' liveness must be as of the
+	// answer.
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	recs, err := n.registry.List(lctx)
+	cancel()
+	if err != nil {
+		st.RegistryError = err.Error()
+	}
 	n.view.mu.Lock()
 	for name, hb := range n.view.seen {
 		at := n.view.at[name]
@@ -504,10 +532,6 @@ func (n *node) clusterStatus(ctx context.Context) (ClusterStatus, error) {
 	}
 	n.view.mu.Unlock()
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
-	recs, err := n.registry.List(ctx)
-	if err != nil {
-		return st, err
-	}
 	for _, r := range recs {
 		st.Actors = append(st.Actors, ClusterActor{Kind: r.Kind, ID: r.ID, Node: r.Node, Status: string(r.Status), Alive: r.Alive, Updated: r.Updated.UTC()})
 	}
@@ -527,7 +551,7 @@ func (n *node) clusterStatus(ctx context.Context) (ClusterStatus, error) {
 			st.Placements = append(st.Placements, ClusterPlacement{Replica: g.replica, Nodes: p.Name, Up: p.Up, Active: p.Active})
 		}
 	}
-	return st, nil
+	return st
 }
 
 // clusterHandler serves GET /v1/cluster.
@@ -535,11 +559,7 @@ func (n *node) clusterHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		st, err := n.clusterStatus(ctx)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
+		st := n.clusterStatus(ctx)
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(st)
 	})
@@ -585,6 +605,10 @@ func cmdCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 			fmt.Fprintf(stdout, "%s\t%s\t%s\n", p.Replica, p.Nodes, state)
 		}
+	}
+	if st.RegistryError != "" {
+		fmt.Fprintf(stdout, "\nactors unknown: %s\n", st.RegistryError)
+		return nil
 	}
 	fmt.Fprintf(stdout, "\nNODE\tKIND\tID\tSTATUS\n")
 	for _, a := range st.Actors {

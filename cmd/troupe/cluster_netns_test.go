@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -40,6 +41,9 @@ func run(t testing.TB, args ...string) {
 	}
 }
 
+// labs counts the labs of this process.
+var labs atomic.Int32
+
 func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 	if testing.Short() {
 		t.Skip("multi-host test: skipped in -short mode")
@@ -50,8 +54,10 @@ func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 	if err := exec.Command("ip", "netns", "list").Run(); err != nil {
 		t.Skipf("multi-host test needs `ip netns`: %v", err)
 	}
-	pid := os.Getpid()
-	l := &netnsLab{t: t, prefix: fmt.Sprintf("tr%d", pid%100000), subnet: fmt.Sprintf("10.%d.%d", 200+pid%50, (pid/50)%250)}
+	// Names and the subnet are unique per process and per lab, so that
+	// labs of repeated runs (-count) never meet a link still going away.
+	pid, lab := os.Getpid(), int(labs.Add(1))
+	l := &netnsLab{t: t, prefix: fmt.Sprintf("tr%d%c", pid%100000, 'a'+lab%26), subnet: fmt.Sprintf("10.%d.%d", 200+pid%50, (pid/50+lab)%250)}
 	br := l.prefix + "br"
 	run(t, "ip", "link", "add", br, "type", "bridge")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", br).Run() })
@@ -63,6 +69,7 @@ func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 		run(t, "ip", "netns", "add", ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 		run(t, "ip", "link", "add", veth, "type", "veth", "peer", "name", veth+"p")
+		t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
 		run(t, "ip", "link", "set", veth+"p", "netns", ns)
 		run(t, "ip", "link", "set", veth, "master", br)
 		run(t, "ip", "link", "set", veth, "up")
@@ -258,7 +265,19 @@ func TestClusterNetns(t *testing.T) {
 			t.Errorf("prompt %q over three hosts: got %q, want %q", ref.Prompt, got, ref.Text)
 		}
 	}
-	st := clusterOf(t, url)
+	// Every node beats and has its stage in the registry.
+	var st ClusterStatus
+	waitUntil(t, "every node alive with its stage registered", 10*time.Second, func() bool {
+		st = clusterOf(t, url)
+		alive, stages := map[string]bool{}, map[string]bool{}
+		for _, nd := range st.Nodes {
+			alive[nd.Name] = nd.Alive
+		}
+		for _, a := range st.Actors {
+			stages[a.Node] = stages[a.Node] || (a.Kind == scheduler.ShardKind && a.Alive && strings.HasPrefix(a.ID, "h0-r0-p0-"))
+		}
+		return alive["h0"] && alive["h1"] && alive["h2"] && stages["h0"] && stages["h1"] && stages["h2"]
+	})
 	if len(st.Placements) != 2 || !st.Placements[0].Active || st.Placements[0].Nodes != "h0,h1,h2" {
 		t.Fatalf("placements %+v: want h0,h1,h2 active", st.Placements)
 	}
@@ -290,8 +309,15 @@ func TestClusterNetns(t *testing.T) {
 
 	// 3. The cluster reports the dead node.
 	noticed := time.Since(killed).Round(100 * time.Millisecond)
+	var seen ClusterStatus
+	defer func() {
+		if t.Failed() {
+			t.Logf("last cluster view: %+v", seen)
+		}
+	}()
 	waitUntil(t, "node h1 reported dead", 15*time.Second, func() bool {
-		for _, nd := range clusterOf(t, url).Nodes {
+		seen = clusterOf(t, url)
+		for _, nd := range seen.Nodes {
 			if nd.Name == "h1" {
 				return !nd.Alive
 			}

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCheckExposure(t *testing.T) {
@@ -71,4 +75,66 @@ func FuzzParsePlacements(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestClusterCommand prints a cluster view served over HTTP: with the
+// registry's actors, and without them when the registry could not be read.
+func TestClusterCommand(t *testing.T) {
+	seen := time.Now().Add(-5 * time.Second).UTC()
+	views := map[string]ClusterStatus{
+		"/whole/v1/cluster": {
+			Node:       "h0",
+			Nodes:      []ClusterNode{{Name: "h0", Alive: true, LastSeen: seen, Actors: 3}, {Name: "h1", LastSeen: seen}},
+			Placements: []ClusterPlacement{{Replica: "h0-r0", Nodes: "h0,h1", Up: false}, {Replica: "h0-r0", Nodes: "h0", Up: true, Active: true}},
+			Actors:     []ClusterActor{{Kind: "shard", ID: "h0-r0-p1-s0", Node: "h0", Status: "running", Alive: true}, {Kind: "shard", ID: "h0-r0-p0-s1", Node: "h1", Status: "running"}},
+		},
+		"/degraded/v1/cluster": {
+			Node:          "h0",
+			Nodes:         []ClusterNode{{Name: "h0", Alive: true, LastSeen: seen}, {Name: "h1", LastSeen: seen}},
+			RegistryError: "registry: list: context deadline exceeded",
+		},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer k" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		st, ok := views[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		json.NewEncoder(w).Encode(st)
+	}))
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		path string
+		want []string
+	}{
+		{"/whole", []string{
+			"h0\talive\t", "h1\tdead\t",
+			"h0-r0\th0,h1\tdown\n", "h0-r0\th0\tup, active\n",
+			"h0\tshard\th0-r0-p1-s0\trunning\n", "h1\tshard\th0-r0-p0-s1\trunning (expired)\n",
+		}},
+		{"/degraded", []string{"h1\tdead\t", "actors unknown: registry: list: context deadline exceeded\n"}},
+	} {
+		out, _, err := runCLI(t, "", "cluster", "--server", srv.URL+tc.path, "--api-key", "k")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.path, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: output lacks %q:\n%s", tc.path, w, out)
+			}
+		}
+		raw, _, err := runCLI(t, "", "cluster", "--server", srv.URL+tc.path, "--api-key", "k", "--json")
+		var got ClusterStatus
+		if err != nil || json.Unmarshal([]byte(raw), &got) != nil || got.RegistryError != views[tc.path+"/v1/cluster"].RegistryError || len(got.Nodes) != 2 {
+			t.Errorf("%s --json: %v, %+v", tc.path, err, got)
+		}
+	}
+	if _, _, err := runCLI(t, "", "cluster", "--server", srv.URL+"/whole"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("without the key: %v, want the server's 401", err)
+	}
 }
