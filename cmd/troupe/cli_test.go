@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/safetensors"
+	"github.com/troupe/troupe/scheduler"
 )
 
 func runCLI(t *testing.T, stdin string, args ...string) (string, string, error) {
@@ -144,14 +146,53 @@ func TestServeConfigFile(t *testing.T) {
 	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.TP != 2 || cfg.Threads != 4 {
 		t.Errorf("tp from the file: %d, %v", cfg.TP, err)
 	}
-	for _, bad := range []string{`{"tp":2,"shards":2}`, `{"step_timeout":5}`, `{"step_timeout":"5 parsecs"}`, `{"cluster":{"nmae":"x"}}`} {
+	for bad, flag := range map[string]string{
+		`{"tp":2,"shards":2}`: "--tp", `{"step_timeout":5}`: "step_timeout", `{"step_timeout":"5 parsecs"}`: "step_timeout",
+		`{"cluster":{"nmae":"x"}}`: "nmae", `{"max_seqs":-1}`: "--max-seqs", `{"kv_blocks":-5}`: "--kv-blocks",
+		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
+		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
+	} {
 		os.WriteFile(file, []byte(bad), 0o644)
-		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil {
-			t.Errorf("%s: accepted", bad)
+		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: got %v, want an error naming %s", bad, err, flag)
 		}
 	}
 	os.WriteFile(file, []byte(`{"replcas":3}`), 0o644)
 	if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "replcas") {
 		t.Errorf("unknown key: got %v", err)
 	}
+}
+
+// FuzzServeConfig reads arbitrary config files: each is refused with an
+// error, or gives a config whose every setting is in range.
+func FuzzServeConfig(f *testing.F) {
+	for _, seed := range []string{
+		`{"listen":"127.0.0.1:9000","replicas":3,"api_keys":["a"],"max_seqs":7}`,
+		`{"step_timeout":"1m30s","cluster":{"name":"x","route_listen":"10.0.0.1:6222","user":"u","password":"p"}}`,
+		`{"tp":2,"threads":4}`, `{"placement":"a,b;a","micro_batches":0}`, `{"kv_blocks":-5}`,
+		`{"trace_sample_ratio":1e400}`, `{"step_timeout":"-1s"}`, `[]`, `null`, `{"shards":1}{"shards":2}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	file := filepath.Join(f.TempDir(), "serve.json")
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if err := os.WriteFile(file, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := parseServe([]string{"--config", file}, io.Discard)
+		if err != nil {
+			return
+		}
+		if cfg.Shards < 1 || cfg.Replicas < 0 || cfg.Threads < 0 || cfg.MaxQueue < 1 || cfg.MaxBatchTokens < 1 ||
+			cfg.MaxSeqs < 1 || cfg.KVBlocks < 0 || cfg.TP < 1 || cfg.StepTimeout <= 0 ||
+			cfg.MicroBatches < 0 || cfg.MicroBatches > scheduler.MaxMicroBatches ||
+			!(cfg.TraceSampleRatio >= 0 && cfg.TraceSampleRatio <= 1) {
+			t.Fatalf("accepted a config out of range: %+v", cfg)
+		}
+		if cfg.Placement != "" {
+			if _, err := parsePlacements(cfg.Placement); err != nil {
+				t.Fatalf("accepted placement %q: %v", cfg.Placement, err)
+			}
+		}
+	})
 }

@@ -201,27 +201,42 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 			return cfg, err
 		}
 	}
-	if cfg.Shards < 1 || cfg.Replicas < 0 {
-		return cfg, fmt.Errorf("serve: --shards must be at least 1 and --replicas at least 0")
-	}
-	if err := checkTP(cfg); err != nil {
-		return cfg, err
-	}
-	if cfg.StepTimeout <= 0 {
-		return cfg, fmt.Errorf("serve: --step-timeout %v: want > 0", cfg.StepTimeout)
-	}
-	if cfg.MicroBatches < 0 || cfg.MicroBatches > scheduler.MaxMicroBatches {
-		return cfg, fmt.Errorf("serve: --micro-batches %d: want 0 to %d", cfg.MicroBatches, scheduler.MaxMicroBatches)
-	}
-	if cfg.Placement != "" {
-		if _, err := parsePlacements(cfg.Placement); err != nil {
-			return cfg, fmt.Errorf("serve: --placement: %w", err)
+	return cfg, cfg.validate()
+}
+
+// validate checks every setting before anything starts, naming the flag
+// (or the config file's key) of the first that is out of range.
+func (c serveConfig) validate() error {
+	for _, lim := range []struct {
+		flag     string
+		v, least int
+	}{
+		{"shards", c.Shards, 1}, {"replicas", c.Replicas, 0}, {"threads", c.Threads, 0},
+		{"max-queue", c.MaxQueue, 1}, {"max-batch-tokens", c.MaxBatchTokens, 1},
+		{"max-seqs", c.MaxSeqs, 1}, {"kv-blocks", c.KVBlocks, 0},
+	} {
+		if lim.v < lim.least {
+			return fmt.Errorf("serve: --%s %d: want %d or more", lim.flag, lim.v, lim.least)
 		}
 	}
-	if err := checkExposure(cfg); err != nil {
-		return cfg, err
+	if err := checkTP(c); err != nil {
+		return err
 	}
-	return cfg, nil
+	if c.StepTimeout <= 0 {
+		return fmt.Errorf("serve: --step-timeout %v: want > 0", c.StepTimeout)
+	}
+	if c.MicroBatches < 0 || c.MicroBatches > scheduler.MaxMicroBatches {
+		return fmt.Errorf("serve: --micro-batches %d: want 0 to %d", c.MicroBatches, scheduler.MaxMicroBatches)
+	}
+	if !(c.TraceSampleRatio >= 0 && c.TraceSampleRatio <= 1) {
+		return fmt.Errorf("serve: --trace-sample %v: want 0 to 1", c.TraceSampleRatio)
+	}
+	if c.Placement != "" {
+		if _, err := parsePlacements(c.Placement); err != nil {
+			return fmt.Errorf("serve: --placement: %w", err)
+		}
+	}
+	return checkExposure(c)
 }
 
 func splitList(s string) []string {

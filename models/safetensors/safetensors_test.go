@@ -142,3 +142,54 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOpenDirIndex opens a directory of two shards through an arbitrary
+// index: it must refuse or give every tensor the index lists.
+func FuzzOpenDirIndex(f *testing.F) {
+	dir := f.TempDir()
+	for name, x := range map[string]*Tensor{
+		"m-1.safetensors": {Name: "x", DType: "F32", Shape: []int{1}, Data: []byte{0, 0, 128, 63}},
+		"m-2.safetensors": {Name: "y", DType: "F16", Shape: []int{2}, Data: []byte{1, 2, 3, 4}},
+	} {
+		var buf bytes.Buffer
+		if err := Write(&buf, []*Tensor{x}, nil); err != nil {
+			f.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), buf.Bytes(), 0o644); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Add([]byte(`{"weight_map":{"x":"m-1.safetensors","y":"m-2.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"x":"m-1.safetensors"},"metadata":{"total_size":4}}`))
+	f.Add([]byte(`{"weight_map":{"x":"../m-1.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"x":"m-2.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{}}`))
+	f.Add([]byte(`{"weight_map":{"x":".."}}`))
+	f.Fuzz(func(t *testing.T, index []byte) {
+		d := t.TempDir()
+		for _, name := range []string{"m-1.safetensors", "m-2.safetensors"} {
+			if err := os.Symlink(filepath.Join(dir, name), filepath.Join(d, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, "model.safetensors.index.json"), index, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := OpenDir(d)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(index, &idx); err != nil || len(idx.WeightMap) == 0 {
+			t.Fatalf("opened through an index that is not one: %v", err)
+		}
+		for name := range idx.WeightMap {
+			if _, ok := c.Tensor(name); !ok {
+				t.Errorf("tensor %q of the index is missing", name)
+			}
+		}
+	})
+}
