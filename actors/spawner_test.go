@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/troupe/troupe/bus"
 )
@@ -203,5 +204,58 @@ func TestRegistryConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
 		}
+	}
+}
+
+// TestHeartbeatWithStalledRegistry: a registry that never answers (here,
+// a subscriber that takes its writes and does not ack them, as a cluster
+// without a leader would) delays the node's registry refreshes, not its
+// heartbeats.
+func TestHeartbeatWithStalledRegistry(t *testing.T) {
+	node, nc := testBus(t, "server")
+	reg := testRegistry(t, node, 5*time.Second)
+	sys := testSystem(t, "n1", nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range []string{"e1", "e2", "e3"} {
+		if _, err := Spawn(ctx, sys, echoProps(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket := DefaultRegistryConfig().Bucket
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := nc.Subscribe("$KV."+bucket+".>", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Unsubscribe()
+
+	var mu sync.Mutex
+	var beats []time.Time
+	sub, err := bus.Subscribe(ctx, nc, sys.Subjects().Heartbeat("n1"), func(_ context.Context, hb Heartbeat) {
+		mu.Lock()
+		beats = append(beats, time.Now())
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	sp := startSpawner(t, sys, reg)
+	// Were the heartbeats held back by the refreshes, each of the four
+	// entries' writes would wait out the client's timeout (5 s) first.
+	waitFor(t, "three heartbeats", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(beats) >= 3
+	})
+	if sp.Failures() == 0 {
+		t.Error("no failed refresh counted with the registry stalled")
 	}
 }
