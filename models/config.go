@@ -119,7 +119,11 @@ func ReadConfig(dir string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return ParseConfig(raw)
+	c, err := ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return c, nil
 }
 
 // ParseConfig parses and validates a Hugging Face config.json.

@@ -40,10 +40,10 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 	prompt := []int32{5, 9, 200, 31, 7}
 	for _, ln := range lanes() {
 		for _, ck := range checkpoints {
+			if ln.slow && ck == "demo" {
+				continue // the f64 reference lane takes the small fixtures only
+			}
 			t.Run(ln.name+"/"+filepath.Base(ck), func(t *testing.T) {
-				if ln.slow && ck == "demo" {
-					t.Skip("the reference lane runs the small fixtures only")
-				}
 				dev := ln.open(t)
 				defer dev.Close()
 				_, argmaxer := dev.(gpu.Argmaxer)
