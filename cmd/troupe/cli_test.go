@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/safetensors"
 	"github.com/troupe/troupe/scheduler"
@@ -151,6 +152,7 @@ func TestServeConfigFile(t *testing.T) {
 		`{"cluster":{"nmae":"x"}}`: "nmae", `{"max_seqs":-1}`: "--max-seqs", `{"kv_blocks":-5}`: "--kv-blocks",
 		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
+		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {
@@ -169,7 +171,7 @@ func FuzzServeConfig(f *testing.F) {
 	for _, seed := range []string{
 		`{"listen":"127.0.0.1:9000","replicas":3,"api_keys":["a"],"max_seqs":7}`,
 		`{"step_timeout":"1m30s","cluster":{"name":"x","route_listen":"10.0.0.1:6222","user":"u","password":"p"}}`,
-		`{"tp":2,"threads":4}`, `{"placement":"a,b;a","micro_batches":0}`, `{"kv_blocks":-5}`,
+		`{"tp":2,"threads":4}`, `{"placement":"a,b;a","micro_batches":0}`, `{"kv_blocks":-5}`, `{"placement":"a,b;b","group":"g"}`,
 		`{"trace_sample_ratio":1e400}`, `{"step_timeout":"-1s"}`, `[]`, `null`, `{"shards":1}{"shards":2}`,
 	} {
 		f.Add([]byte(seed))
@@ -193,6 +195,9 @@ func FuzzServeConfig(f *testing.F) {
 			if _, err := parsePlacements(cfg.Placement); err != nil {
 				t.Fatalf("accepted placement %q: %v", cfg.Placement, err)
 			}
+		}
+		if cfg.Group != "" && (cfg.Placement == "" || bus.Token(cfg.Group) != cfg.Group) {
+			t.Fatalf("accepted group %q with placement %q", cfg.Group, cfg.Placement)
 		}
 	})
 }

@@ -282,13 +282,19 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 	}()
 	var engines []scheduler.Engine
 	var names []string
+	var down []int
 	for p, nodes := range specs {
 		plan, err := scheduler.Plan(mc.Layers, nodes)
 		if err != nil {
 			return nil, fmt.Errorf("serve: --placement: %w", err)
 		}
 		g.plans = append(g.plans, plan)
-		if err := n.spawnPlacement(ctx, g, p, 2*time.Minute); err != nil {
+		// A placement with a node known dead (a node taking a group
+		// over after its scheduling node died) starts down; the watcher
+		// brings it up when the node is back.
+		if !n.mayReach(plan) {
+			down = append(down, p)
+		} else if err := n.spawnPlacement(ctx, g, p, 2*time.Minute); err != nil {
 			return nil, err
 		}
 		var subjects []string
@@ -318,6 +324,10 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 	}
 	g.fo.Switched = func(from, to string, err error) {
 		fmt.Fprintf(n.log, "replica %s: moved from placement %s to %s: %v\n", g.replica, from, to, err)
+	}
+	for _, p := range down {
+		g.fo.Down(p)
+		fmt.Fprintf(n.log, "replica %s: placement %s starts down: a node of it is not alive\n", g.replica, names[p])
 	}
 	kv, kvRef, err := n.startKV(ctx, g.replica)
 	if kvRef != nil {
@@ -386,6 +396,17 @@ func (n *node) spawnPlacement(ctx context.Context, g *group, p int, wait time.Du
 	return nil
 }
 
+// mayReach reports whether every node of plan is this one or alive, or
+// not heard of yet by a view too young to know (a cluster forming).
+func (n *node) mayReach(plan []scheduler.Stage) bool {
+	for _, st := range plan {
+		if st.Node != n.cfg.Node && !n.view.mayBeAlive(st.Node) {
+			return false
+		}
+	}
+	return true
+}
+
 // watchGroup marks a placement down as soon as one of its nodes stops
 // beating, and restores it when every node is back and its stages run
 // again.
@@ -421,17 +442,18 @@ func (n *node) watchGroup(ctx context.Context, g *group) {
 
 // clusterView follows node heartbeats and reads the registry.
 type clusterView struct {
-	reg  *actors.Registry
-	mu   sync.Mutex
-	seen map[string]actors.Heartbeat // by node; guarded by mu
-	at   map[string]time.Time        // local receipt time; guarded by mu
+	reg     *actors.Registry
+	started time.Time
+	mu      sync.Mutex
+	seen    map[string]actors.Heartbeat // by node; guarded by mu
+	at      map[string]time.Time        // local receipt time; guarded by mu
 }
 
 // deadAfter is how long a node may miss heartbeats before it counts dead.
 const deadAfter = 3 * time.Second
 
 func startClusterView(ctx context.Context, nc *nats.Conn, subj bus.Subjects, reg *actors.Registry, wg *sync.WaitGroup) (*clusterView, error) {
-	v := &clusterView{reg: reg, seen: map[string]actors.Heartbeat{}, at: map[string]time.Time{}}
+	v := &clusterView{reg: reg, started: time.Now(), seen: map[string]actors.Heartbeat{}, at: map[string]time.Time{}}
 	sub, err := bus.Subscribe(ctx, nc, subj.HeartbeatAll(), func(_ context.Context, hb actors.Heartbeat) {
 		v.mu.Lock()
 		v.seen[hb.Node], v.at[hb.Node] = hb, time.Now()
@@ -468,6 +490,18 @@ func (v *clusterView) aliveNodes() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// mayBeAlive is alive, or true for a node not heard of while the view is
+// younger than deadAfter.
+func (v *clusterView) mayBeAlive(node string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	at, ok := v.at[node]
+	if !ok {
+		return time.Since(v.started) < deadAfter
+	}
+	return time.Since(at) < deadAfter
 }
 
 func (v *clusterView) alive(node string) bool {

@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -64,23 +61,12 @@ func BenchmarkPipelineHosts(b *testing.B) {
 // lab, which stop at the end of b; host h0 schedules one replica, with
 // extra flags. It returns h0's URL once three hosts are live.
 func startPipelineHosts(b *testing.B, lab *netnsLab, bin string, extra ...string) string {
-	dir := b.TempDir()
-	const user, pass = "troupe", "bench-cluster-password"
 	threads := os.Getenv("TROUPE_THREADS")
 	if threads == "" {
 		threads = "1"
 	}
 	for i := 2; i >= 0; i-- {
-		var join []string
-		for j := 0; j < 3; j++ {
-			if j != i {
-				join = append(join, "nats-route://"+lab.ip(j)+":6222")
-			}
-		}
-		args := []string{"--node", fmt.Sprintf("h%d", i), "--listen", lab.ip(i) + ":8080",
-			"--route-listen", lab.ip(i) + ":6222", "--join", strings.Join(join, ","),
-			"--bus-user", user, "--bus-password", pass, "--store-dir", filepath.Join(dir, fmt.Sprint(i)),
-			"--threads", threads, "--max-seqs", "8", "--kv-blocks", "512"}
+		args := lab.nodeArgs(i, "--threads", threads, "--kv-blocks", "512")
 		if i == 0 {
 			args = append(args, "--placement", "h0")
 			args = append(args, extra...)
@@ -94,13 +80,7 @@ func startPipelineHosts(b *testing.B, lab *netnsLab, bin string, extra ...string
 		})
 	}
 	url := "http://" + lab.ip(0) + ":8080"
-	waitUntil(b, "host 0 serving", 90*time.Second, func() bool {
-		resp, err := http.Get(url + "/ready")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	waitReady(b, url)
 	waitUntil(b, "three live hosts", 30*time.Second, func() bool {
 		alive := 0
 		for _, nd := range clusterOf(b, url).Nodes {

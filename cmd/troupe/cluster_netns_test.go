@@ -32,6 +32,7 @@ type netnsLab struct {
 	prefix string
 	subnet string // e.g. 10.231.7
 	hosts  []string
+	dir    string // the hosts' store directories
 }
 
 func run(t testing.TB, args ...string) {
@@ -57,7 +58,7 @@ func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 	// Names and the subnet are unique per process and per lab, so that
 	// labs of repeated runs (-count) never meet a link still going away.
 	pid, lab := os.Getpid(), int(labs.Add(1))
-	l := &netnsLab{t: t, prefix: fmt.Sprintf("tr%d%c", pid%100000, 'a'+lab%26), subnet: fmt.Sprintf("10.%d.%d", 200+pid%50, (pid/50+lab)%250)}
+	l := &netnsLab{t: t, dir: t.TempDir(), prefix: fmt.Sprintf("tr%d%c", pid%100000, 'a'+lab%26), subnet: fmt.Sprintf("10.%d.%d", 200+pid%50, (pid/50+lab)%250)}
 	br := l.prefix + "br"
 	run(t, "ip", "link", "add", br, "type", "bridge")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", br).Run() })
@@ -82,6 +83,25 @@ func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 }
 
 func (l *netnsLab) ip(i int) string { return fmt.Sprintf("%s.%d", l.subnet, i+1) }
+
+// The bus credentials of a lab's nodes.
+const labUser, labPassword = "troupe", "s3cret-cluster-password"
+
+// nodeArgs are the serve flags of node hi on host i, joined to every
+// other host, then extra.
+func (l *netnsLab) nodeArgs(i int, extra ...string) []string {
+	var join []string
+	for j := range l.hosts {
+		if j != i {
+			join = append(join, "nats-route://"+l.ip(j)+":6222")
+		}
+	}
+	args := []string{"--node", fmt.Sprintf("h%d", i), "--listen", l.ip(i) + ":8080",
+		"--route-listen", l.ip(i) + ":6222", "--bus-listen", l.ip(i) + ":4222", "--join", strings.Join(join, ","),
+		"--bus-user", labUser, "--bus-password", labPassword, "--store-dir", filepath.Join(l.dir, fmt.Sprint(i)),
+		"--threads", "1", "--max-seqs", "8", "--kv-blocks", "256", "--step-timeout", "3s"}
+	return append(args, extra...)
+}
 
 // proc is a troupe process in a namespace.
 type proc struct {
@@ -190,6 +210,18 @@ func clusterOf(t testing.TB, url string) ClusterStatus {
 	return st
 }
 
+// waitReady waits until the server at url answers /ready.
+func waitReady(t testing.TB, url string) {
+	t.Helper()
+	waitUntil(t, url+" ready", 90*time.Second, func() bool {
+		resp, err := http.Get(url + "/ready")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+}
+
 func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -219,21 +251,8 @@ func TestClusterNetns(t *testing.T) {
 	})
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
-	dir := t.TempDir()
-	const user, pass = "troupe", "s3cret-cluster-password"
-	nodeArgs := func(i int, extra ...string) []string {
-		var join []string
-		for j := 0; j < 3; j++ {
-			if j != i {
-				join = append(join, "nats-route://"+lab.ip(j)+":6222")
-			}
-		}
-		args := []string{"--node", fmt.Sprintf("h%d", i), "--listen", lab.ip(i) + ":8080",
-			"--route-listen", lab.ip(i) + ":6222", "--bus-listen", lab.ip(i) + ":4222", "--join", strings.Join(join, ","),
-			"--bus-user", user, "--bus-password", pass, "--store-dir", filepath.Join(dir, fmt.Sprint(i)),
-			"--threads", "1", "--max-seqs", "8", "--kv-blocks", "256", "--step-timeout", "3s"}
-		return append(args, extra...)
-	}
+	const user, pass = labUser, labPassword
+	nodeArgs := lab.nodeArgs
 	procs := make([]*proc, 3)
 	for _, i := range []int{1, 2} {
 		procs[i] = lab.start(bin, i, nodeArgs(i, "--replicas", "0")...)
@@ -244,13 +263,7 @@ func TestClusterNetns(t *testing.T) {
 	procs[0] = lab.start(bin, 0, nodeArgs(0, "--placement", "h0,h1,h2;h0", "--micro-batches", "0")...)
 	url := "http://" + lab.ip(0) + ":8080"
 	began := time.Now()
-	waitUntil(t, "host 0 serving", 90*time.Second, func() bool {
-		resp, err := http.Get(url + "/ready")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	waitReady(t, url)
 	t.Logf("cluster of 3 up in %v", time.Since(began).Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

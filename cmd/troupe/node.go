@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,9 +59,12 @@ type node struct {
 	weights   map[[2]int]*sharedWeights // by layer range; guarded by weightsMu
 
 	// resizeMu is held across a whole resize, so that resizes run one at
-	// a time; it guards nextRep.
+	// a time; it guards nextRep and leading.
 	resizeMu sync.Mutex
 	nextRep  int // number of the next replica started
+	// leading, on a node of a named group, is the context of its holding
+	// the group's key: its replicas live within it. nil while it stands by.
+	leading context.Context
 
 	replicasMu sync.Mutex
 	replicas   []*replica // the replicas serving, oldest first; guarded by replicasMu
@@ -203,9 +207,20 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	n.backend = &backend{client: scheduler.NewClient(n.nc, n.subj, n.bundle.Name), maxQueue: cfg.MaxQueue, overBus: cfg.submitOverBus}
 	replicas := cfg.Replicas
 	if cfg.Placement != "" {
-		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
 		n.shape = shape{placement: cfg.Placement}
 		replicas = max(1, cfg.Replicas)
+		if cfg.Group != "" {
+			fmt.Fprintf(log, "loading %s (%s) on %s: placements %s of group %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement, cfg.Group)
+			n.publish(nil)
+			n.wg.Add(1)
+			go func() {
+				defer n.wg.Done()
+				e := actors.Entry{Kind: groupKind, ID: cfg.Group, Node: cfg.Node, Started: time.Now(), Status: actors.StatusRunning}
+				n.registry.Lead(runCtx, e, func(ctx context.Context) { n.leadGroups(ctx, replicas) })
+			}()
+			return n, nil
+		}
+		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
 	} else {
 		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
 		if cfg.Shards > mc.Layers {
@@ -255,8 +270,61 @@ func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replica
 }
 
 // replicaID names replica r scheduled by this node; node names keep it
-// unique in the cluster.
-func (n *node) replicaID(r int) string { return fmt.Sprintf("%s-r%d", n.cfg.Node, r) }
+// unique in the cluster. The replicas of a named group (--group) are
+// named for the group, whichever node schedules them, so that a node
+// taking the group over finds its stages running.
+func (n *node) replicaID(r int) string {
+	if n.cfg.Group != "" {
+		return fmt.Sprintf("%s-r%d", n.cfg.Group, r)
+	}
+	return fmt.Sprintf("%s-r%d", n.cfg.Node, r)
+}
+
+// groupKind is the registry kind of a named group's key: the node that
+// holds it schedules the group.
+const groupKind = "group"
+
+// leadGroups schedules replicas replica groups of the node's placements
+// while this node holds its group's key (ctx), then stops them here. It
+// leaves their stages running on their nodes for the next node that
+// takes the group over. A group that does not start gives the key up.
+func (n *node) leadGroups(ctx context.Context, replicas int) {
+	n.resizeMu.Lock()
+	n.leading, n.nextRep = ctx, 0
+	var reps []*replica
+	var err error
+	for r := 0; r < replicas && err == nil; r++ {
+		var rep *replica
+		if rep, err = n.startReplica(ctx, n.shape); err == nil {
+			reps = append(reps, rep)
+			n.publish(reps)
+		}
+	}
+	n.resizeMu.Unlock()
+	if err != nil {
+		fmt.Fprintf(n.log, "node %s: group %s: %v\n", n.cfg.Node, n.cfg.Group, err)
+	} else {
+		fmt.Fprintf(n.log, "node %s: schedules group %s\n", n.cfg.Node, n.cfg.Group)
+		<-ctx.Done()
+	}
+	n.resizeMu.Lock()
+	defer n.resizeMu.Unlock()
+	n.leading = nil
+	n.replicasMu.Lock()
+	reps = slices.Clone(n.replicas)
+	n.replicasMu.Unlock()
+	n.publish(nil)
+	// At once: another node may start the group a moment after this
+	// one's key lapses, on the same stages.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, rep := range reps {
+		n.retire(done, rep, false)
+	}
+	if err == nil {
+		fmt.Fprintf(n.log, "node %s: no longer schedules group %s\n", n.cfg.Node, n.cfg.Group)
+	}
+}
 
 // replica is a replica this node schedules: its scheduler and the actors
 // it started here.
@@ -277,7 +345,14 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 	id := n.replicaID(n.nextRep)
 	n.nextRep++
 	if sh.placement != "" {
-		return n.startGroup(ctx, n.runCtx, id, sh.placement)
+		runCtx := n.runCtx
+		if n.cfg.Group != "" {
+			if n.leading == nil {
+				return nil, fmt.Errorf("node %s stands by for group %s: its scheduling node changes it", n.cfg.Node, n.cfg.Group)
+			}
+			runCtx = n.leading
+		}
+		return n.startGroup(ctx, runCtx, id, sh.placement)
 	}
 	if n.tpd != nil {
 		return n.startTPReplica(ctx, n.runCtx, id)

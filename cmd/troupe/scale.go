@@ -162,7 +162,7 @@ func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error
 			r := stale[0]
 			stale = stale[1:]
 			n.publish(append(slices.Clone(stale), keep...))
-			n.retire(ctx, r)
+			n.retire(ctx, r, true)
 		}
 	}
 	for len(stale) > 0 || len(keep) > want.Replicas {
@@ -173,7 +173,7 @@ func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error
 			r, keep = keep[len(keep)-1], keep[:len(keep)-1]
 		}
 		n.publish(append(slices.Clone(stale), keep...))
-		n.retire(ctx, r)
+		n.retire(ctx, r, true)
 	}
 	n.replicasMu.Lock()
 	n.shape = sh
@@ -182,9 +182,10 @@ func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error
 }
 
 // retire drains replica rep, which no longer takes new requests, then
-// stops its scheduler, its stages and its KV-manager. When ctx ends
-// before its requests do, they end with a final frame.
-func (n *node) retire(ctx context.Context, rep *replica) {
+// stops its scheduler, its KV-manager and, with stages, a group's stages
+// on their nodes. When ctx ends before its requests do, they end with a
+// final frame.
+func (n *node) retire(ctx context.Context, rep *replica, stages bool) {
 	if err := rep.svc.Drain(ctx); err != nil {
 		fmt.Fprintf(n.log, "replica %s: %v: ending %d requests\n", rep.id, err, rep.svc.Active())
 	}
@@ -193,7 +194,9 @@ func (n *node) retire(ctx context.Context, rep *replica) {
 	if g := rep.group; g != nil {
 		g.stop()
 		<-g.done
-		n.stopStages(g)
+		if stages {
+			n.stopStages(g)
+		}
 	}
 	n.stopActors(rep)
 	fmt.Fprintf(n.log, "replica %s stopped\n", rep.id)

@@ -59,6 +59,11 @@ type serveConfig struct {
 	// separated by ';' in order of preference, each a ','-separated list of
 	// the nodes of its stages. Empty runs Replicas local replicas.
 	Placement string `json:"placement"`
+	// Group names the replica groups of Placement across nodes: every node
+	// started with the same Group (and the same Placement) campaigns to
+	// schedule them, one at a time, and the others stand by to take over
+	// when it is gone. Empty: this node schedules its groups alone.
+	Group string `json:"group"`
 	// StepTimeout bounds one stage's forward pass before the stage counts
 	// as dead; in a config file, a duration string such as "10s".
 	StepTimeout time.Duration `json:"step_timeout"`
@@ -159,6 +164,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.Cluster.StoreDir, "store-dir", c.Cluster.StoreDir, "JetStream store directory (default: a temporary one)")
 	fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "data-plane listen address (default: a free port on the route listener's host)")
 	fs.StringVar(&c.Placement, "placement", c.Placement, "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
+	fs.StringVar(&c.Group, "group", c.Group, "name of the replica groups of --placement, shared by the nodes that schedule them one at a time (default: none, this node alone)")
 	fs.DurationVar(&c.StepTimeout, "step-timeout", c.StepTimeout, "longest forward pass of one stage before it counts as dead")
 	fs.IntVar(&c.MicroBatches, "micro-batches", c.MicroBatches, "most micro-batches a pipelined step is cut into (0: one per stage, 1: off)")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow bus and data-plane listeners on the network without credentials")
@@ -234,6 +240,14 @@ func (c serveConfig) validate() error {
 	if c.Placement != "" {
 		if _, err := parsePlacements(c.Placement); err != nil {
 			return fmt.Errorf("serve: --placement: %w", err)
+		}
+	}
+	if c.Group != "" {
+		if c.Placement == "" {
+			return fmt.Errorf("serve: --group %s needs --placement", c.Group)
+		}
+		if bus.Token(c.Group) != c.Group {
+			return fmt.Errorf("serve: --group %q: want letters, digits, '-' or '_'", c.Group)
 		}
 	}
 	return checkExposure(c)

@@ -1,0 +1,155 @@
+package actors
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// campaigner is one node campaigning through Lead on its own connection.
+type campaigner struct {
+	name   string
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// TestLead: three nodes campaign for one key. One leads at a time; a
+// leader that stops gives the key up at once; a leader cut off from the
+// server stops leading before its entry expires, and another takes over
+// after it does.
+func TestLead(t *testing.T) {
+	node, _ := testBus(t, "server")
+	const ttl = time.Second
+	var mu sync.Mutex
+	leading := map[string]bool{}
+	var overlaps []string
+	lead := func(name string) func(context.Context) {
+		return func(ctx context.Context) {
+			mu.Lock()
+			for other := range leading {
+				overlaps = append(overlaps, other+" and "+name)
+			}
+			leading[name] = true
+			mu.Unlock()
+			<-ctx.Done()
+			mu.Lock()
+			delete(leading, name)
+			mu.Unlock()
+		}
+	}
+	leader := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		for name := range leading {
+			return name
+		}
+		return ""
+	}
+	var cs []*campaigner
+	for _, name := range []string{"a", "b", "c"} {
+		nc, err := node.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := DefaultRegistryConfig()
+		cfg.TTL = ttl
+		octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+		reg, err := OpenRegistry(octx, js, cfg)
+		ocancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		c := &campaigner{name: name, nc: nc, cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(c.done)
+			reg.Lead(ctx, Entry{Kind: "lease", ID: "group-g", Node: name, Status: StatusRunning}, lead(name))
+		}()
+		t.Cleanup(func() { cancel(); <-c.done })
+		cs = append(cs, c)
+	}
+	reader := testRegistry(t, node, ttl)
+	byName := func(name string) *campaigner {
+		for _, c := range cs {
+			if c.name == name {
+				return c
+			}
+		}
+		t.Fatalf("no campaigner %q", name)
+		return nil
+	}
+	holderIs := func(want string) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		got, err := reader.Holder(ctx, "lease", "group-g")
+		return err == nil && got == want
+	}
+
+	var first string
+	waitFor(t, "a leader", func() bool { first = leader(); return first != "" })
+	waitFor(t, "the registry naming the first leader", func() bool { return holderIs(first) })
+
+	// A leader that stops gives the key up: another leads well before
+	// the entry would have expired.
+	stopped := time.Now()
+	byName(first).cancel()
+	<-byName(first).done
+	var second string
+	waitFor(t, "a second leader", func() bool { second = leader(); return second != "" && second != first })
+	if took := time.Since(stopped); took >= ttl {
+		t.Errorf("the key passed on after %v: want well within the TTL of %v", took, ttl)
+	}
+	waitFor(t, "the registry naming the second leader", func() bool { return holderIs(second) })
+
+	// A leader cut off stops leading; the last campaigner takes over once
+	// the entry expires.
+	byName(second).nc.Close()
+	var third string
+	waitFor(t, "the third leader", func() bool { third = leader(); return third != "" && third != second })
+	waitFor(t, "the registry naming the third leader", func() bool { return holderIs(third) })
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(overlaps) > 0 {
+		t.Errorf("two leaders at once: %v", overlaps)
+	}
+}
+
+// TestLeadGivesUpWhenLeadReturns: a lead that returns by itself (it could
+// not start what it leads) gives the key up for others.
+func TestLeadGivesUpWhenLeadReturns(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	tries := make(chan struct{}, 16)
+	go func() {
+		defer close(done)
+		reg.Lead(ctx, Entry{Kind: "lease", ID: "g", Node: "a"}, func(context.Context) {
+			select {
+			case tries <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	// It campaigns again after each give-up: twice within a few TTL/4s,
+	// which an entry left behind (5 s to expire) would not allow.
+	for i := 0; i < 2; i++ {
+		select {
+		case <-tries:
+		case <-time.After(4 * time.Second):
+			t.Fatalf("lead ran %d times, want 2", i)
+		}
+	}
+}

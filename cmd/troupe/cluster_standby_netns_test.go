@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestClusterStandby runs a replica group that two hosts may schedule
+// (--group) on three hosts (network namespaces): placements h0,h2 and
+// h1,h2, and host 2 serving through the bus. One of hosts 0 and 1 takes
+// the group; the test SIGKILLs it, and the other takes the group over,
+// with the placement through the dead host down and the other's stages
+// found running; requests through host 2 give the reference text before
+// and after. The killed host, restarted, stands by.
+func TestClusterStandby(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		goleak.VerifyNone(t, ignore)
+	})
+	lab := newNetnsLab(t, 3)
+	bin := buildTroupe(t)
+	group := []string{"--placement", "h0,h2;h1,h2", "--group", "g"}
+	procs := []*proc{
+		lab.start(bin, 0, lab.nodeArgs(0, group...)...),
+		lab.start(bin, 1, lab.nodeArgs(1, group...)...),
+		lab.start(bin, 2, lab.nodeArgs(2, "--replicas", "0")...),
+	}
+	url := "http://" + lab.ip(2) + ":8080"
+	began := time.Now()
+	waitReady(t, url)
+	// holder is the node that holds group g's key, as host 2's cluster
+	// view shows it.
+	holder := func() string {
+		for _, a := range clusterOf(t, url).Actors {
+			if a.Kind == groupKind && a.ID == "g" && a.Alive {
+				return a.Node
+			}
+		}
+		return ""
+	}
+	var leader string
+	waitUntil(t, "a host scheduling group g", 90*time.Second, func() bool {
+		leader = holder()
+		return leader != ""
+	})
+	t.Logf("%s schedules group g, %v after the start", leader, time.Since(began).Round(time.Millisecond))
+	l := int(leader[1] - '0')
+	other := 1 - l
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ref := demoRefs(t)[0]
+	check := func(when string) {
+		t.Helper()
+		var got string
+		var err error
+		// The first requests after a change may find no scheduler yet.
+		waitUntil(t, "a completion "+when, 30*time.Second, func() bool {
+			got, err = completion(ctx, url, ref.Prompt, len(ref.GreedyIDs), nil)
+			return err == nil
+		})
+		if got != ref.Text {
+			t.Errorf("%s: got %q, want %q", when, got, ref.Text)
+		}
+	}
+	check("through host 2")
+	waitUntil(t, fmt.Sprintf("the leader h%d scheduling", l), 10*time.Second, func() bool {
+		return strings.Contains(procs[l].log(), fmt.Sprintf("node h%d: schedules group g", l))
+	})
+	if strings.Contains(procs[other].log(), "schedules group g") {
+		t.Fatalf("both hosts scheduled group g:\n%s", procs[other].log())
+	}
+
+	procs[l].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[l].done
+	killed := time.Now()
+	want := fmt.Sprintf("h%d", other)
+	waitUntil(t, "the standby taking the group over", 60*time.Second, func() bool { return holder() == want })
+	t.Logf("h%d took group g over %v after the kill", other, time.Since(killed).Round(100*time.Millisecond))
+	check("after the takeover")
+	log := procs[other].log()
+	for _, w := range []string{
+		fmt.Sprintf("node %s: schedules group g", want),
+		fmt.Sprintf("replica g-r0: placement h%d,h2 starts down", l),
+	} {
+		if !strings.Contains(log, w) {
+			t.Errorf("the new leader's log lacks %q:\n%s", w, log)
+		}
+	}
+	// The surviving placement's stages were the old leader's, found running.
+	if n := strings.Count(procs[2].log(), fmt.Sprintf("shard g-r0-p%d-s1 runs layers", other)); n != 1 {
+		t.Errorf("host 2 started the surviving placement's stage %d times, want once:\n%s", n, procs[2].log())
+	}
+
+	// The killed host comes back and stands by.
+	procs[l] = lab.start(bin, l, lab.nodeArgs(l, group...)...)
+	waitReady(t, "http://"+lab.ip(l)+":8080")
+	check("with the restarted host standing by")
+	if h := holder(); h != want {
+		t.Errorf("group g held by %q after the restart, want %s", h, want)
+	}
+	if strings.Contains(procs[l].log(), "schedules group g") {
+		t.Errorf("the restarted host took group g from a live leader:\n%s", procs[l].log())
+	}
+	// Only the scheduling host changes the group.
+	if _, _, err := runCLI(t, "", "scale", "--server", "http://"+lab.ip(l)+":8080", "--replicas", "2"); err == nil || !strings.Contains(err.Error(), "stands by for group g") {
+		t.Errorf("scaling through the standby: %v, want it refused", err)
+	}
+}
