@@ -186,7 +186,7 @@ func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error
 // on their nodes. When ctx ends before its requests do, they end with a
 // final frame.
 func (n *node) retire(ctx context.Context, rep *replica, stages bool) {
-	if err := rep.svc.Drain(ctx); err != nil {
+	if err := rep.svc.Drain(ctx); err != nil && rep.svc.Active() > 0 {
 		fmt.Fprintf(n.log, "replica %s: %v: ending %d requests\n", rep.id, err, rep.svc.Active())
 	}
 	rep.cancel()
