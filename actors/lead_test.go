@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // campaigner is one node campaigning through Lead on its own connection.
@@ -52,23 +51,7 @@ func TestLead(t *testing.T) {
 	}
 	var cs []*campaigner
 	for _, name := range []string{"a", "b", "c"} {
-		nc, err := node.Conn(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := DefaultRegistryConfig()
-		cfg.TTL = ttl
-		octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
-		reg, err := OpenRegistry(octx, js, cfg)
-		ocancel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		reg, nc := testRegistryConn(t, node, ttl)
 		ctx, cancel := context.WithCancel(context.Background())
 		c := &campaigner{name: name, nc: nc, cancel: cancel, done: make(chan struct{})}
 		go func() {

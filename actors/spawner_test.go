@@ -14,6 +14,14 @@ import (
 
 func testRegistry(t testing.TB, n *bus.Node, ttl time.Duration) *Registry {
 	t.Helper()
+	reg, _ := testRegistryConn(t, n, ttl)
+	return reg
+}
+
+// testRegistryConn opens the registry on a connection of its own, which it
+// also returns.
+func testRegistryConn(t testing.TB, n *bus.Node, ttl time.Duration) (*Registry, *nats.Conn) {
+	t.Helper()
 	nc, err := n.Conn(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +39,7 @@ func testRegistry(t testing.TB, n *bus.Node, ttl time.Duration) *Registry {
 	if err != nil {
 		t.Fatalf("OpenRegistry: %v", err)
 	}
-	return reg
+	return reg, nc
 }
 
 func echoFactory(ctx context.Context, sys *System, id string, args []byte) (Process, error) {

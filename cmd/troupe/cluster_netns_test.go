@@ -55,6 +55,13 @@ func newNetnsLab(t testing.TB, hosts int) *netnsLab {
 	if err := exec.Command("ip", "netns", "list").Run(); err != nil {
 		t.Skipf("multi-host test needs `ip netns`: %v", err)
 	}
+	// Cleanups run last-first: this one runs after every process of the
+	// lab is reaped, and finds no goroutine of the test left behind.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		goleak.VerifyNone(t, ignore)
+	})
 	// Names and the subnet are unique per process and per lab, so that
 	// labs of repeated runs (-count) never meet a link still going away.
 	pid, lab := os.Getpid(), int(labs.Add(1))
@@ -243,12 +250,6 @@ func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool)
 // stages change while serving, and nothing joins or subscribes
 // without the credentials.
 func TestClusterNetns(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	// Cleanups run last-first: this one runs after every process is reaped.
-	t.Cleanup(func() {
-		http.DefaultClient.CloseIdleConnections()
-		goleak.VerifyNone(t, ignore)
-	})
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
 	const user, pass = labUser, labPassword

@@ -3,13 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
 // TestClusterStandby runs a replica group that two hosts may schedule
@@ -20,11 +17,6 @@ import (
 // found running; requests through host 2 give the reference text before
 // and after. The killed host, restarted, stands by.
 func TestClusterStandby(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		http.DefaultClient.CloseIdleConnections()
-		goleak.VerifyNone(t, ignore)
-	})
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
 	group := []string{"--placement", "h0,h2;h1,h2", "--group", "g"}
