@@ -23,6 +23,7 @@ type Service struct {
 	s     *Scheduler
 	subs  []*bus.Subscription // the submit subscription first
 	svc   micro.Service
+	id    string // svc's instance id
 	detok func() generate.Detokenizer
 
 	// closingMu is held for reading by each submit handler and for
@@ -36,8 +37,28 @@ type Service struct {
 // detokenizer for each request.
 func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, newDetok func() generate.Detokenizer) (*Service, error) {
 	sv := &Service{nc: nc, subj: subj, s: s, detok: newDetok}
+	// The scheduler is a micro service like every actor kind: PING, INFO
+	// and STATS (with the scheduler's counters) come with it. It starts
+	// first: each submit's reply names it.
+	stats := func() StatsMsg {
+		st := s.Stats()
+		return StatsMsg{Waiting: st.Waiting, Running: st.Running, Steps: st.Steps, Tokens: st.Tokens, Preemptions: st.Preemptions, KV: st.KV}
+	}
+	var err error
+	sv.svc, err = micro.AddService(nc, micro.Config{
+		Name:         "scheduler",
+		Version:      "1.0.0",
+		Description:  "continuous batching for " + model,
+		Metadata:     map[string]string{"model": model},
+		StatsHandler: func(*micro.Endpoint) any { return stats() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: micro service: %w", err)
+	}
+	sv.id = sv.svc.Info().ID
 	sub, err := bus.Serve(ctx, nc, subj.Submit(model), "sched", sv.submit)
 	if err != nil {
+		sv.Close()
 		return nil, err
 	}
 	sv.subs = append(sv.subs, sub)
@@ -47,23 +68,6 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 		return nil, err
 	}
 	sv.subs = append(sv.subs, sub)
-	// The scheduler is a micro service like every actor kind: PING, INFO
-	// and STATS (with the scheduler's counters) come with it.
-	stats := func() StatsMsg {
-		st := s.Stats()
-		return StatsMsg{Waiting: st.Waiting, Running: st.Running, Steps: st.Steps, Tokens: st.Tokens, Preemptions: st.Preemptions, KV: st.KV}
-	}
-	sv.svc, err = micro.AddService(nc, micro.Config{
-		Name:         "scheduler",
-		Version:      "1.0.0",
-		Description:  "continuous batching for " + model,
-		Metadata:     map[string]string{"model": model},
-		StatsHandler: func(*micro.Endpoint) any { return stats() },
-	})
-	if err != nil {
-		sv.Close()
-		return nil, fmt.Errorf("scheduler: micro service: %w", err)
-	}
 	err = sv.svc.AddEndpoint("stats", micro.HandlerFunc(func(r micro.Request) {
 		data, err := bus.Encode(stats())
 		if err != nil {
@@ -190,7 +194,7 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 		}
 		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "%v", err)
 	}
-	return SubmitReply{Queued: sv.s.Stats().Waiting}, nil
+	return SubmitReply{Queued: sv.s.Stats().Waiting, Service: sv.id}, nil
 }
 
 // frameMsg is the message form of f.
@@ -210,6 +214,7 @@ type Client struct {
 	model string
 	local atomic.Pointer[[]*Service] // nil or empty: the bus
 	turn  atomic.Uint64              // where the next choice among equals starts
+	probe time.Duration              // Probe, unless a test sets it
 }
 
 // NewClient returns a client for model.
@@ -237,12 +242,58 @@ func (c *Client) Generate(ctx context.Context, m SubmitMsg, emit func(FrameMsg) 
 		return FrameMsg{}, fmt.Errorf("generate: %w", err)
 	}
 	defer sub.Unsubscribe()
-	if err := c.submit(ctx, m); err != nil {
+	rep, err := c.submit(ctx, m)
+	if err != nil {
 		return FrameMsg{}, err
 	}
 	next := nextFrame(sub)
+	if rep.Service != "" {
+		next = c.watched(next, rep.Service)
+	}
 	cancel := func() { _ = bus.Publish(context.Background(), c.nc, c.subj.Cancel(m.ID), CancelMsg{ID: m.ID}) }
 	return relay(ctx, next, cancel, emit)
+}
+
+// Probe is how long a request on the bus waits for its next frame before
+// it asks whether its scheduler still lives; three such waits that the
+// scheduler does not answer in, or one that nobody answers, end the
+// request with CodeUnavailable. Its frames would never come: the node
+// that ran it is gone.
+const Probe = 2 * time.Second
+
+// watched is next, with the scheduler of micro service id asked after
+// every c.probe without a frame.
+func (c *Client) watched(next func(context.Context) (FrameMsg, error), id string) func(context.Context) (FrameMsg, error) {
+	every := c.probe
+	if every <= 0 {
+		every = Probe
+	}
+	ping := "$SRV.PING.scheduler." + id
+	return func(ctx context.Context) (FrameMsg, error) {
+		for silent := 0; ; {
+			wctx, cancel := context.WithTimeout(ctx, every)
+			f, err := next(wctx)
+			cancel()
+			if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+				return f, err
+			}
+			pctx, cancel := context.WithTimeout(ctx, every)
+			_, err = c.nc.RequestWithContext(pctx, ping, nil)
+			cancel()
+			switch {
+			case err == nil:
+				silent = 0
+			case errors.Is(err, nats.ErrNoResponders):
+				return FrameMsg{}, bus.Errorf(bus.CodeUnavailable, "the scheduler running the request is gone")
+			case ctx.Err() != nil:
+				return FrameMsg{}, ctx.Err()
+			default:
+				if silent++; silent == 3 {
+					return FrameMsg{}, bus.Errorf(bus.CodeUnavailable, "the scheduler running the request does not answer: %v", err)
+				}
+			}
+		}
+	}
 }
 
 // relay passes a request's frames from next to emit in order until the
@@ -281,11 +332,14 @@ func relay(ctx context.Context, next func(context.Context) (FrameMsg, error), ca
 // submit hands m to one of the model's schedulers. A scheduler that is
 // draining refuses it, and nobody answers while the last one is replaced:
 // then it submits again, a few times, before giving up.
-func (c *Client) submit(ctx context.Context, m SubmitMsg) error {
-	return resubmit(ctx, func() error {
-		_, err := bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
+func (c *Client) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
+	var rep SubmitReply
+	err := resubmit(ctx, func() error {
+		var err error
+		rep, err = bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
 		return err
 	})
+	return rep, err
 }
 
 // resubmit calls submit until it does not fail with CodeUnavailable, a

@@ -34,6 +34,10 @@ func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submi
 // SubmitReply accepts a request.
 type SubmitReply struct {
 	Queued int `msgpack:"queued"` // requests waiting, this one included
+	// Service is the instance id of the scheduler's micro service, which
+	// answers PING while the scheduler lives: the client asks it when the
+	// frames stop coming.
+	Service string `msgpack:"service,omitempty"`
 }
 
 // Schema implements bus.Message.

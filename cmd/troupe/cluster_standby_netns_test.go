@@ -70,9 +70,23 @@ func TestClusterStandby(t *testing.T) {
 		t.Fatalf("both hosts scheduled group g:\n%s", procs[other].log())
 	}
 
-	procs[l].cmd.Process.Signal(syscall.SIGKILL)
+	// A request streaming through host 2 when the leader dies ends with an
+	// error soon after, rather than waiting for frames that never come.
+	var killed time.Time
+	_, err := completion(ctx, url, ref.Prompt, 1000, func(n int) {
+		if n == 5 {
+			procs[l].cmd.Process.Signal(syscall.SIGKILL)
+			killed = time.Now()
+		}
+	})
+	if killed.IsZero() {
+		t.Fatalf("the stream ended before the kill: %v", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "scheduler") {
+		t.Errorf("the request across the leader's death: %v, want an error naming the scheduler", err)
+	}
+	t.Logf("the request across the kill ended %v after it: %v", time.Since(killed).Round(100*time.Millisecond), err)
 	<-procs[l].done
-	killed := time.Now()
 	want := fmt.Sprintf("h%d", other)
 	waitUntil(t, "the standby taking the group over", 60*time.Second, func() bool { return holder() == want })
 	t.Logf("h%d took group g over %v after the kill", other, time.Since(killed).Round(100*time.Millisecond))
