@@ -42,7 +42,7 @@ type SubmitReply struct {
 
 // Schema implements bus.Message.
 func (SubmitReply) Schema() bus.Schema {
-	return bus.Schema{ID: "troupe.sched.submit_reply", Version: 1}
+	return bus.Schema{ID: "troupe.sched.submit_reply", Version: 2}
 }
 
 // CancelMsg ends a request.
