@@ -11,24 +11,37 @@ import (
 	"github.com/troupe/troupe/bus"
 )
 
-// Lead campaigns for the registry key of e (e.Kind/e.ID) against every other
-// node that campaigns for it, and runs lead while it holds the key: one
-// holder at a time in the whole cluster. The key is an ordinary entry, so
-// readers of the registry see who holds it.
+// Lead campaigns for the registry key of entry's kind and id against every
+// other node that campaigns for it, and runs lead while it holds the key:
+// one holder at a time in the whole cluster. The key is an ordinary entry,
+// so readers of the registry see who holds it; entry is called for each
+// write, so that its State can follow what the holder leads.
 //
 // The holder renews the entry four times per TTL. lead's context ends when
 // the key may be lost: a quarter of a TTL before the entry would expire
 // since the last renewal that succeeded, so that it has stopped before any
-// other node can take the key, or at once when another node holds it. When
-// lead returns while the key is held, the key is given up, so that another
-// node can try. Lead campaigns again after each loss, until ctx ends; it then
-// waits for lead to return, deletes the key if it still holds it, and
-// returns.
-func (r *Registry) Lead(ctx context.Context, e Entry, lead func(ctx context.Context)) {
+// other node can take the key, or at once when another node holds it. lead
+// also gets the last entry another holder wrote that this node read while
+// it stood by (zero if none): what to take over. When lead returns while
+// the key is held, the key is given up, so that another node can try.
+// Lead campaigns again after each loss, until ctx ends; it then waits for
+// lead to return, deletes the key if it still holds it, and returns.
+func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx context.Context, last Record)) {
 	every := r.ttl / 4
+	self := entry()
+	var last Record
 	for {
-		if rev, err := r.acquire(ctx, e); err == nil {
-			r.hold(ctx, e, rev, lead)
+		rev, err := r.acquire(ctx, entry())
+		switch {
+		case err == nil:
+			r.hold(ctx, entry, rev, func(ctx context.Context) { lead(ctx, last) })
+			last = Record{}
+		case errors.Is(err, jetstream.ErrKeyExists):
+			gctx, cancel := context.WithTimeout(ctx, every)
+			if rec, err := r.Get(gctx, self.Kind, self.ID); err == nil && rec.Node != self.Node {
+				last = rec
+			}
+			cancel()
 		}
 		select {
 		case <-ctx.Done():
@@ -51,12 +64,9 @@ func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, error) {
 
 // hold runs lead while it renews the entry at revision rev, and gives the
 // key up when lead returns or ctx ends.
-func (r *Registry) hold(ctx context.Context, e Entry, rev uint64, lead func(ctx context.Context)) {
+func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, lead func(ctx context.Context)) {
+	e := entry()
 	key := registryKey(e.Kind, e.ID)
-	data, err := bus.Encode(e)
-	if err != nil {
-		return
-	}
 	lctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -72,6 +82,11 @@ func (r *Registry) hold(ctx context.Context, e Entry, rev uint64, lead func(ctx 
 		select {
 		case <-lctx.Done():
 		case <-t.C:
+			data, err := bus.Encode(entry())
+			if err != nil {
+				stop() // given up below
+				break
+			}
 			// Past giveUp the entry may expire before a renewal lands.
 			giveUp := renewed.Add(r.ttl - every)
 			dl := time.Now().Add(every)

@@ -26,14 +26,16 @@ func TestLead(t *testing.T) {
 	const ttl = time.Second
 	var mu sync.Mutex
 	leading := map[string]bool{}
+	took := map[string]string{} // leader -> the state it took over
 	var overlaps []string
-	lead := func(name string) func(context.Context) {
-		return func(ctx context.Context) {
+	lead := func(name string) func(context.Context, Record) {
+		return func(ctx context.Context, last Record) {
 			mu.Lock()
 			for other := range leading {
 				overlaps = append(overlaps, other+" and "+name)
 			}
 			leading[name] = true
+			took[name] = last.State
 			mu.Unlock()
 			<-ctx.Done()
 			mu.Lock()
@@ -56,7 +58,10 @@ func TestLead(t *testing.T) {
 		c := &campaigner{name: name, nc: nc, cancel: cancel, done: make(chan struct{})}
 		go func() {
 			defer close(c.done)
-			reg.Lead(ctx, Entry{Kind: "lease", ID: "group-g", Node: name, Status: StatusRunning}, lead(name))
+			entry := func() Entry {
+				return Entry{Kind: "lease", ID: "group-g", Node: name, Status: StatusRunning, State: "led by " + name}
+			}
+			reg.Lead(ctx, entry, lead(name))
 		}()
 		t.Cleanup(func() { cancel(); <-c.done })
 		cs = append(cs, c)
@@ -106,6 +111,10 @@ func TestLead(t *testing.T) {
 	if len(overlaps) > 0 {
 		t.Errorf("two leaders at once: %v", overlaps)
 	}
+	// Each leader took over the state its predecessor wrote.
+	if took[first] != "" || took[second] != "led by "+first || took[third] != "led by "+second {
+		t.Errorf("states taken over: %q by %s, %q by %s, %q by %s; want none, then each predecessor's", took[first], first, took[second], second, took[third], third)
+	}
 }
 
 // TestLeadGivesUpWhenLeadReturns: a lead that returns by itself (it could
@@ -118,7 +127,7 @@ func TestLeadGivesUpWhenLeadReturns(t *testing.T) {
 	tries := make(chan struct{}, 16)
 	go func() {
 		defer close(done)
-		reg.Lead(ctx, Entry{Kind: "lease", ID: "g", Node: "a"}, func(context.Context) {
+		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a"} }, func(context.Context, Record) {
 			select {
 			case tries <- struct{}{}:
 			default:

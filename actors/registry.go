@@ -19,10 +19,13 @@ type Entry struct {
 	Subject string // prefix of the actor's endpoint subjects
 	Started time.Time
 	Status  Status
+	// State is what the holder of a key taken through Lead says of what it
+	// leads, for the node that takes the key over; empty for an actor.
+	State string `msgpack:",omitempty"`
 }
 
 // Schema implements bus.Message.
-func (Entry) Schema() bus.Schema { return bus.Schema{ID: "troupe.registry.entry", Version: 1} }
+func (Entry) Schema() bus.Schema { return bus.Schema{ID: "troupe.registry.entry", Version: 2} }
 
 // Record is an Entry as read back from the registry.
 type Record struct {

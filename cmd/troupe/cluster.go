@@ -527,6 +527,9 @@ type ClusterActor struct {
 	Status  string    `json:"status"`
 	Alive   bool      `json:"alive"`
 	Updated time.Time `json:"updated"`
+	// State is what a group's scheduling node says of the group (kind
+	// group): its replicas and placements, as `troupe scale` prints them.
+	State string `json:"state,omitempty"`
 }
 
 // ClusterPlacement is one placement of a replica group.
@@ -567,7 +570,12 @@ func (n *node) clusterStatus(ctx context.Context) ClusterStatus {
 	n.view.mu.Unlock()
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
 	for _, r := range recs {
-		st.Actors = append(st.Actors, ClusterActor{Kind: r.Kind, ID: r.ID, Node: r.Node, Status: string(r.Status), Alive: r.Alive, Updated: r.Updated.UTC()})
+		a := ClusterActor{Kind: r.Kind, ID: r.ID, Node: r.Node, Status: string(r.Status), Alive: r.Alive, Updated: r.Updated.UTC()}
+		var doc replicasDoc
+		if r.Kind == groupKind && json.Unmarshal([]byte(r.State), &doc) == nil {
+			a.State = doc.String()
+		}
+		st.Actors = append(st.Actors, a)
 	}
 	sort.Slice(st.Actors, func(i, j int) bool {
 		a, b := st.Actors[i], st.Actors[j]
@@ -649,6 +657,9 @@ func cmdCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		status := a.Status
 		if !a.Alive {
 			status += " (expired)"
+		}
+		if a.State != "" {
+			status += ": " + a.State
 		}
 		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", a.Node, a.Kind, a.ID, status)
 	}

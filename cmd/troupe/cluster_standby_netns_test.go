@@ -15,7 +15,9 @@ import (
 // the group; the test SIGKILLs it, and the other takes the group over,
 // with the placement through the dead host down and the other's stages
 // found running; requests through host 2 give the reference text before
-// and after. The killed host, restarted, stands by.
+// and after. The leader scaled to two replicas first: the new one runs
+// two. A request streaming across the kill ends with an error at once.
+// The killed host, restarted, stands by.
 func TestClusterStandby(t *testing.T) {
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
@@ -70,6 +72,21 @@ func TestClusterStandby(t *testing.T) {
 		t.Fatalf("both hosts scheduled group g:\n%s", procs[other].log())
 	}
 
+	// The leader runs two replicas of the group; the standby learns it from
+	// the group's key and takes both over.
+	const two = "2 replicas of 2 stages, placements h0,h2;h1,h2"
+	if got := scaleCLI(t, "http://"+lab.ip(l)+":8080", "--replicas", "2"); got != two {
+		t.Fatalf("scaling the group: got %q, want %q", got, two)
+	}
+	waitUntil(t, "the group's key saying two replicas", 30*time.Second, func() bool {
+		for _, a := range clusterOf(t, url).Actors {
+			if a.Kind == groupKind && a.ID == "g" && a.State == two {
+				return true
+			}
+		}
+		return false
+	})
+
 	// A request streaming through host 2 when the leader dies ends with an
 	// error soon after, rather than waiting for frames that never come.
 	var killed time.Time
@@ -93,16 +110,23 @@ func TestClusterStandby(t *testing.T) {
 	check("after the takeover")
 	log := procs[other].log()
 	for _, w := range []string{
+		fmt.Sprintf("node %s: takes group g over from h%d: %s", want, l, two),
 		fmt.Sprintf("node %s: schedules group g", want),
 		fmt.Sprintf("replica g-r0: placement h%d,h2 starts down", l),
+		fmt.Sprintf("replica g-r1: placement h%d,h2 starts down", l),
 	} {
 		if !strings.Contains(log, w) {
 			t.Errorf("the new leader's log lacks %q:\n%s", w, log)
 		}
 	}
-	// The surviving placement's stages were the old leader's, found running.
-	if n := strings.Count(procs[2].log(), fmt.Sprintf("shard g-r0-p%d-s1 runs layers", other)); n != 1 {
-		t.Errorf("host 2 started the surviving placement's stage %d times, want once:\n%s", n, procs[2].log())
+	// The surviving placements' stages were the old leader's, found running.
+	for r := range 2 {
+		if n := strings.Count(procs[2].log(), fmt.Sprintf("shard g-r%d-p%d-s1 runs layers", r, other)); n != 1 {
+			t.Errorf("host 2 started replica %d's surviving stage %d times, want once:\n%s", r, n, procs[2].log())
+		}
+	}
+	if got := scaleCLI(t, "http://"+lab.ip(other)+":8080"); got != two {
+		t.Errorf("the new leader runs %q, want %q", got, two)
 	}
 
 	// The killed host comes back and stands by.

@@ -86,7 +86,8 @@ func TestClusterCommand(t *testing.T) {
 			Node:       "h0",
 			Nodes:      []ClusterNode{{Name: "h0", Alive: true, LastSeen: seen, Actors: 3}, {Name: "h1", LastSeen: seen}},
 			Placements: []ClusterPlacement{{Replica: "h0-r0", Nodes: "h0,h1", Up: false}, {Replica: "h0-r0", Nodes: "h0", Up: true, Active: true}},
-			Actors:     []ClusterActor{{Kind: "shard", ID: "h0-r0-p1-s0", Node: "h0", Status: "running", Alive: true}, {Kind: "shard", ID: "h0-r0-p0-s1", Node: "h1", Status: "running"}},
+			Actors: []ClusterActor{{Kind: "shard", ID: "h0-r0-p1-s0", Node: "h0", Status: "running", Alive: true}, {Kind: "shard", ID: "h0-r0-p0-s1", Node: "h1", Status: "running"},
+				{Kind: "group", ID: "g", Node: "h0", Status: "running", Alive: true, State: "1 replicas of 2 stages, placements h0,h1;h0"}},
 		},
 		"/degraded/v1/cluster": {
 			Node:          "h0",
@@ -116,6 +117,7 @@ func TestClusterCommand(t *testing.T) {
 			"h0\talive\t", "h1\tdead\t",
 			"h0-r0\th0,h1\tdown\n", "h0-r0\th0\tup, active\n",
 			"h0\tshard\th0-r0-p1-s0\trunning\n", "h1\tshard\th0-r0-p0-s1\trunning (expired)\n",
+			"h0\tgroup\tg\trunning: 1 replicas of 2 stages, placements h0,h1;h0\n",
 		}},
 		{"/degraded", []string{"h1\tdead\t", "actors unknown: registry: list: context deadline exceeded\n"}},
 	} {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -215,8 +216,12 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 			n.wg.Add(1)
 			go func() {
 				defer n.wg.Done()
-				e := actors.Entry{Kind: groupKind, ID: cfg.Group, Node: cfg.Node, Started: time.Now(), Status: actors.StatusRunning}
-				n.registry.Lead(runCtx, e, func(ctx context.Context) { n.leadGroups(ctx, replicas) })
+				started := time.Now()
+				entry := func() actors.Entry {
+					st, _ := json.Marshal(n.state())
+					return actors.Entry{Kind: groupKind, ID: cfg.Group, Node: cfg.Node, Started: started, Status: actors.StatusRunning, State: string(st)}
+				}
+				n.registry.Lead(runCtx, entry, func(ctx context.Context, last actors.Record) { n.leadGroups(ctx, replicas, last) })
 			}()
 			return n, nil
 		}
@@ -285,11 +290,22 @@ func (n *node) replicaID(r int) string {
 const groupKind = "group"
 
 // leadGroups schedules replicas replica groups of the node's placements
-// while this node holds its group's key (ctx), then stops them here. It
-// leaves their stages running on their nodes for the next node that
-// takes the group over. A group that does not start gives the key up.
-func (n *node) leadGroups(ctx context.Context, replicas int) {
+// while this node holds its group's key (ctx), then stops them here; or,
+// taking the group over, as many and as placed as the last holder said in
+// last. It leaves their stages running on their nodes for the next node
+// that takes the group over. A group that does not start gives the key up.
+func (n *node) leadGroups(ctx context.Context, replicas int, last actors.Record) {
 	n.resizeMu.Lock()
+	var was replicasDoc
+	if json.Unmarshal([]byte(last.State), &was) == nil && was.Replicas > 0 && was.Placement != "" {
+		if _, err := parsePlacements(was.Placement); err == nil {
+			replicas = was.Replicas
+			n.replicasMu.Lock()
+			n.shape = shape{placement: was.Placement}
+			n.replicasMu.Unlock()
+			fmt.Fprintf(n.log, "node %s: takes group %s over from %s: %s\n", n.cfg.Node, n.cfg.Group, last.Node, was)
+		}
+	}
 	n.leading, n.nextRep = ctx, 0
 	var reps []*replica
 	var err error
