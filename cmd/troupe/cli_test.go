@@ -139,9 +139,9 @@ func TestServeConfigFile(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:9001" || cfg.Replicas != 3 || cfg.MaxSeqs != 7 || strings.Join(cfg.APIKeys, ",") != "b,c" || cfg.Shards != 1 {
 		t.Errorf("config %+v", cfg)
 	}
-	os.WriteFile(file, []byte(`{"step_timeout":"1m30s","cluster":{"name":"x"}}`), 0o644)
-	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.StepTimeout != 90*time.Second || cfg.Cluster.Name != "x" {
-		t.Errorf("step_timeout as a duration: %v, %v", cfg.StepTimeout, err)
+	os.WriteFile(file, []byte(`{"step_timeout":"1m30s","orphan_grace":"2m","cluster":{"name":"x"}}`), 0o644)
+	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.StepTimeout != 90*time.Second || cfg.OrphanGrace != 2*time.Minute || cfg.Cluster.Name != "x" {
+		t.Errorf("durations: step_timeout %v, orphan_grace %v, %v", cfg.StepTimeout, cfg.OrphanGrace, err)
 	}
 	os.WriteFile(file, []byte(`{"tp":2,"threads":4}`), 0o644)
 	if cfg, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err != nil || cfg.TP != 2 || cfg.Threads != 4 {
@@ -153,6 +153,7 @@ func TestServeConfigFile(t *testing.T) {
 		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
+		`{"orphan_grace":"1s"}`: "--orphan-grace", `{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {
@@ -187,6 +188,7 @@ func FuzzServeConfig(f *testing.F) {
 		}
 		if cfg.Shards < 1 || cfg.Replicas < 0 || cfg.Threads < 0 || cfg.MaxQueue < 1 || cfg.MaxBatchTokens < 1 ||
 			cfg.MaxSeqs < 1 || cfg.KVBlocks < 0 || cfg.TP < 1 || cfg.StepTimeout <= 0 ||
+			(cfg.OrphanGrace != 0 && cfg.OrphanGrace < minOrphanGrace) ||
 			cfg.MicroBatches < 0 || cfg.MicroBatches > scheduler.MaxMicroBatches ||
 			!(cfg.TraceSampleRatio >= 0 && cfg.TraceSampleRatio <= 1) {
 			t.Fatalf("accepted a config out of range: %+v", cfg)

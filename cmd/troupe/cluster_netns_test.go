@@ -110,25 +110,33 @@ func (l *netnsLab) nodeArgs(i int, extra ...string) []string {
 	return append(args, extra...)
 }
 
-// proc is a troupe process in a namespace.
+// syncBuffer is a log that may be written while it is read.
+type syncBuffer struct {
+	mu  sync.Mutex
+	out strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.out.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.out.String()
+}
+
+// proc is a troupe process in a namespace; it writes its output to its
+// buffer.
 type proc struct {
+	syncBuffer
 	cmd  *exec.Cmd
 	done chan struct{}
-	mu   sync.Mutex
-	out  strings.Builder
 }
 
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *proc) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+func (p *proc) log() string { return p.String() }
 
 func (l *netnsLab) start(bin string, host int, args ...string) *proc {
 	p := &proc{done: make(chan struct{})}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -8,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/scheduler"
+	"github.com/troupe/troupe/trace"
 )
 
 func TestCheckExposure(t *testing.T) {
@@ -138,5 +143,53 @@ func TestClusterCommand(t *testing.T) {
 	}
 	if _, _, err := runCLI(t, "", "cluster", "--server", srv.URL+"/whole"); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("without the key: %v, want the server's 401", err)
+	}
+}
+
+// TestReapOrphans: a stage whose replica has no scheduler anywhere (its
+// scheduling node died for good) is stopped after --orphan-grace, and its
+// memory freed; the stages of a live replica stay.
+func TestReapOrphans(t *testing.T) {
+	ctx := context.Background()
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.MaxBatchTokens, cfg.OrphanGrace = "test", 256, minOrphanGrace
+	tcfg := trace.DefaultConfig()
+	tcfg.NodeName = "test"
+	tp, err := trace.Setup(ctx, tcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Shutdown(ctx)
+	var log syncBuffer
+	n, err := startNode(ctx, cfg, tp, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	// What a spawn request from another node's scheduler starts.
+	mc := n.bundle.Config
+	args, err := bus.Encode(scheduler.ShardArgs{Model: n.bundle.Name, Replica: "gone-r0", Index: 1, First: 4, Last: mc.Layers, Blocks: 64, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.spawnShard(ctx, n.actors, "gone-r0-p0-s1", args); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	waitUntil(t, "the orphaned stage stopped", 3*minOrphanGrace, func() bool {
+		_, ok := n.actors.Lookup(scheduler.ShardKind, "gone-r0-p0-s1")
+		return !ok
+	})
+	if took := time.Since(began); took < minOrphanGrace {
+		t.Errorf("the orphan was stopped after %v, before its grace of %v", took, minOrphanGrace)
+	}
+	waitUntil(t, "its memory freed", 10*time.Second, func() bool {
+		return strings.Contains(log.String(), "shard gone-r0-p0-s1 stopped, memory freed")
+	})
+	if !strings.Contains(log.String(), "shard gone-r0-p0-s1: replica gone-r0 has had no scheduler for 10s: stopping it") {
+		t.Errorf("log lacks the reason:\n%s", log.String())
+	}
+	if _, ok := n.actors.Lookup(scheduler.ShardKind, scheduler.ShardID("test-r0", 0)); !ok {
+		t.Errorf("the live replica's stage was stopped too:\n%s", log.String())
 	}
 }

@@ -55,6 +55,7 @@ type node struct {
 
 	spawnedMu sync.Mutex
 	spawned   map[string]func() // resources of shards, by actor id, released after they stop
+	owners    map[string]string // the replica of each shard, by actor id; guarded by spawnedMu
 
 	weightsMu sync.Mutex
 	weights   map[[2]int]*sharedWeights // by layer range; guarded by weightsMu
@@ -104,7 +105,7 @@ func registryReplicas(cfg serveConfig) int {
 // startNode starts the bus, loads the model and starts every replica's
 // layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{spawned: map[string]func(){}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, tp: tp, log: log}
+	n := &node{spawned: map[string]func(){}, owners: map[string]string{}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -190,6 +191,13 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	}()
 	if err := n.startDataPlane(ctx, runCtx); err != nil {
 		return nil, err
+	}
+	if cfg.OrphanGrace > 0 {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.reapOrphans(runCtx, cfg.OrphanGrace)
+		}()
 	}
 	scfg := actors.DefaultSpawnerConfig()
 	scfg.Kinds[scheduler.ShardKind] = n.spawnShard
@@ -518,11 +526,71 @@ func (n *node) releaseStopped(ctx context.Context, evs *actors.Events) {
 	}
 }
 
+// reapOrphans stops the shards of this node whose replica has had no
+// KV-manager in the registry for grace: the node that scheduled it is
+// gone, and no other took its group over. A registry that cannot be read
+// stops nothing.
+func (n *node) reapOrphans(ctx context.Context, grace time.Duration) {
+	t := time.NewTicker(max(grace/4, 100*time.Millisecond))
+	defer t.Stop()
+	orphaned := map[string]time.Time{} // replica -> when it was first found without a KV-manager
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.spawnedMu.Lock()
+		byReplica := map[string][]string{}
+		for id, replica := range n.owners {
+			byReplica[replica] = append(byReplica[replica], id)
+		}
+		n.spawnedMu.Unlock()
+		for replica := range orphaned {
+			if byReplica[replica] == nil {
+				delete(orphaned, replica)
+			}
+		}
+		for replica, ids := range byReplica {
+			gctx, cancel := context.WithTimeout(ctx, time.Second)
+			rec, err := n.registry.Get(gctx, bus.KVManagerKind, replica)
+			cancel()
+			switch {
+			case err == nil && rec.Alive:
+				delete(orphaned, replica)
+				continue
+			case err != nil && !errors.Is(err, actors.ErrNotRegistered):
+				continue // the registry cannot tell
+			}
+			first, ok := orphaned[replica]
+			if !ok {
+				orphaned[replica] = time.Now()
+				continue
+			}
+			if time.Since(first) < grace {
+				continue
+			}
+			delete(orphaned, replica)
+			for _, id := range ids {
+				p, ok := n.actors.Lookup(scheduler.ShardKind, id)
+				if !ok {
+					continue
+				}
+				fmt.Fprintf(n.log, "node %s: shard %s: replica %s has had no scheduler for %v: stopping it\n", n.cfg.Node, id, replica, grace)
+				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				p.Stop(sctx)
+				cancel()
+			}
+		}
+	}
+}
+
 // release frees the resources of the stopped shard id, if it holds any.
 func (n *node) release(id string) bool {
 	n.spawnedMu.Lock()
 	f := n.spawned[id]
 	delete(n.spawned, id)
+	delete(n.owners, id)
 	n.spawnedMu.Unlock()
 	if f != nil {
 		f()

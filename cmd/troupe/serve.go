@@ -64,6 +64,11 @@ type serveConfig struct {
 	// schedule them, one at a time, and the others stand by to take over
 	// when it is gone. Empty: this node schedules its groups alone.
 	Group string `json:"group"`
+	// OrphanGrace is how long a stage on this node may have no scheduler
+	// (its replica's KV-manager gone from the registry) before the node
+	// stops it and frees its memory; 0 keeps orphans. In a config file, a
+	// duration string.
+	OrphanGrace time.Duration `json:"orphan_grace"`
 	// StepTimeout bounds one stage's forward pass before the stage counts
 	// as dead; in a config file, a duration string such as "10s".
 	StepTimeout time.Duration `json:"step_timeout"`
@@ -108,18 +113,26 @@ func (c *serveConfig) UnmarshalJSON(b []byte) error {
 	aux := struct {
 		*plain
 		StepTimeout *string `json:"step_timeout"`
+		OrphanGrace *string `json:"orphan_grace"`
 	}{plain: (*plain)(c)}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&aux); err != nil {
 		return err
 	}
-	if aux.StepTimeout != nil {
-		d, err := time.ParseDuration(*aux.StepTimeout)
-		if err != nil {
-			return fmt.Errorf("step_timeout: %w", err)
+	for _, f := range []struct {
+		key string
+		raw *string
+		to  *time.Duration
+	}{{"step_timeout", aux.StepTimeout, &c.StepTimeout}, {"orphan_grace", aux.OrphanGrace, &c.OrphanGrace}} {
+		if f.raw == nil {
+			continue
 		}
-		c.StepTimeout = d
+		d, err := time.ParseDuration(*f.raw)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.key, err)
+		}
+		*f.to = d
 	}
 	return nil
 }
@@ -130,7 +143,7 @@ func defaultServeConfig() serveConfig {
 		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1, TP: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
-		StepTimeout: 10 * time.Second, MicroBatches: scheduler.DefaultMicroBatches,
+		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,
 	}
 }
 
@@ -165,6 +178,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.DataListen, "data-listen", c.DataListen, "data-plane listen address (default: a free port on the route listener's host)")
 	fs.StringVar(&c.Placement, "placement", c.Placement, "stages of a replica group on nodes, e.g. \"a,b,c;a\" (default: --replicas local replicas)")
 	fs.StringVar(&c.Group, "group", c.Group, "name of the replica groups of --placement, shared by the nodes that schedule them one at a time (default: none, this node alone)")
+	fs.DurationVar(&c.OrphanGrace, "orphan-grace", c.OrphanGrace, "how long a stage here may have no scheduler before it is stopped (0: never)")
 	fs.DurationVar(&c.StepTimeout, "step-timeout", c.StepTimeout, "longest forward pass of one stage before it counts as dead")
 	fs.IntVar(&c.MicroBatches, "micro-batches", c.MicroBatches, "most micro-batches a pipelined step is cut into (0: one per stage, 1: off)")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow bus and data-plane listeners on the network without credentials")
@@ -210,6 +224,10 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	return cfg, cfg.validate()
 }
 
+// minOrphanGrace is the shortest --orphan-grace: twice the registry's TTL,
+// past which a live KV-manager's entry is always back.
+const minOrphanGrace = 10 * time.Second
+
 // validate checks every setting before anything starts, naming the flag
 // (or the config file's key) of the first that is out of range.
 func (c serveConfig) validate() error {
@@ -230,6 +248,9 @@ func (c serveConfig) validate() error {
 	}
 	if c.StepTimeout <= 0 {
 		return fmt.Errorf("serve: --step-timeout %v: want > 0", c.StepTimeout)
+	}
+	if c.OrphanGrace != 0 && c.OrphanGrace < minOrphanGrace {
+		return fmt.Errorf("serve: --orphan-grace %v: want 0 (never) or at least %v, so that a scheduler being replaced does not count as gone", c.OrphanGrace, minOrphanGrace)
 	}
 	if c.MicroBatches < 0 || c.MicroBatches > scheduler.MaxMicroBatches {
 		return fmt.Errorf("serve: --micro-batches %d: want 0 to %d", c.MicroBatches, scheduler.MaxMicroBatches)
