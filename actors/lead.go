@@ -21,8 +21,8 @@ import (
 // the key may be lost: a quarter of a TTL before the entry would expire
 // since the last renewal that succeeded, so that it has stopped before any
 // other node can take the key, or at once when another node holds it. lead
-// also gets the last entry another holder wrote that this node read while
-// it stood by (zero if none): what to take over. When lead returns while
+// also gets the last entry a holder wrote that this node read while it
+// stood by (zero if none): what to take over. When lead returns while
 // the key is held, the key is given up, so that another node can try.
 // Lead campaigns again after each loss, until ctx ends; it then waits for
 // lead to return, deletes the key if it still holds it, and returns.
@@ -38,7 +38,8 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 			last = Record{}
 		case errors.Is(err, jetstream.ErrKeyExists):
 			gctx, cancel := context.WithTimeout(ctx, every)
-			if rec, err := r.Get(gctx, self.Kind, self.ID); err == nil && rec.Node != self.Node {
+			// Its own entry too: one this node wrote before it restarted.
+			if rec, err := r.Get(gctx, self.Kind, self.ID); err == nil {
 				last = rec
 			}
 			cancel()
