@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/bus"
@@ -39,6 +40,7 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	subj, _ := bus.NewSubjects("test")
 	svcA := serveDemo(t, nc, subj, a)
 	client := NewClient(nc, subj, "demo")
+	client.submitWait = time.Second // the last submit finds no scheduler
 	if local {
 		client.Local(svcA)
 	}

@@ -36,7 +36,7 @@ func (c *Client) generateLocal(ctx context.Context, m SubmitMsg, emit func(Frame
 	// The request's spans continue the caller's trace, not its deadline.
 	trace := context.WithoutCancel(ctx)
 	var sv *Service
-	err := resubmit(ctx, func() error {
+	err := c.resubmit(ctx, func() error {
 		if err := ctx.Err(); err != nil {
 			return bus.Errorf(bus.CodeOf(err), "scheduler %s: %w", c.model, err)
 		}

@@ -215,6 +215,8 @@ type Client struct {
 	local atomic.Pointer[[]*Service] // nil or empty: the bus
 	turn  atomic.Uint64              // where the next choice among equals starts
 	probe time.Duration              // Probe, unless a test sets it
+	// submitWait is SubmitWait, unless a test sets it.
+	submitWait time.Duration
 }
 
 // NewClient returns a client for model.
@@ -330,11 +332,12 @@ func relay(ctx context.Context, next func(context.Context) (FrameMsg, error), ca
 }
 
 // submit hands m to one of the model's schedulers. A scheduler that is
-// draining refuses it, and nobody answers while the last one is replaced:
-// then it submits again, a few times, before giving up.
+// draining refuses it, and nobody answers while the last one is replaced
+// or a standby takes a group over: then it submits again, for up to
+// SubmitWait, before giving up.
 func (c *Client) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
 	var rep SubmitReply
-	err := resubmit(ctx, func() error {
+	err := c.resubmit(ctx, func() error {
 		var err error
 		rep, err = bus.Request[SubmitMsg, SubmitReply](ctx, c.nc, c.subj.Submit(c.model), m)
 		return err
@@ -342,16 +345,25 @@ func (c *Client) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
 	return rep, err
 }
 
-// resubmit calls submit until it does not fail with CodeUnavailable, a
-// few times, waiting longer each time.
-func resubmit(ctx context.Context, submit func() error) error {
-	const tries = 6
+// SubmitWait is how long a request waits for a scheduler of its model to
+// take it: long enough to ride over a standby taking a group over (the
+// registry's TTL and a start, docs/deploy.md).
+const SubmitWait = 20 * time.Second
+
+// resubmit calls submit until it does not fail with CodeUnavailable, or
+// for c's submit wait, waiting longer each time, up to half a second.
+func (c *Client) resubmit(ctx context.Context, submit func() error) error {
+	wait := c.submitWait
+	if wait <= 0 {
+		wait = SubmitWait
+	}
+	deadline := time.Now().Add(wait)
 	for i := 1; ; i++ {
 		err := submit()
-		if err == nil || bus.CodeOf(err) != bus.CodeUnavailable || i == tries {
+		if err == nil || bus.CodeOf(err) != bus.CodeUnavailable || !time.Now().Before(deadline) {
 			return err
 		}
-		t := time.NewTimer(time.Duration(i*i) * 10 * time.Millisecond)
+		t := time.NewTimer(min(time.Duration(i*i)*10*time.Millisecond, 500*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()

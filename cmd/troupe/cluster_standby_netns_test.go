@@ -16,7 +16,8 @@ import (
 // with the placement through the dead host down and the other's stages
 // found running; requests through host 2 give the reference text before
 // and after. The leader scaled to two replicas first: the new one runs
-// two. A request streaming across the kill ends with an error at once.
+// two. A request streaming across the kill ends with an error at once; one
+// sent during the takeover waits for it.
 // The killed host, restarted, stands by.
 func TestClusterStandby(t *testing.T) {
 	lab := newNetnsLab(t, 3)
@@ -104,6 +105,13 @@ func TestClusterStandby(t *testing.T) {
 	}
 	t.Logf("the request across the kill ended %v after it: %v", time.Since(killed).Round(100*time.Millisecond), err)
 	<-procs[l].done
+	// A request sent while no node schedules the group waits for the
+	// standby to take it over.
+	sent := time.Now()
+	if got, err := completion(ctx, url, ref.Prompt, len(ref.GreedyIDs), nil); err != nil || got != ref.Text {
+		t.Errorf("a request sent during the takeover: %q, %v; want %q", got, err, ref.Text)
+	}
+	t.Logf("a request sent %v after the kill was served after %v", sent.Sub(killed).Round(100*time.Millisecond), time.Since(sent).Round(100*time.Millisecond))
 	want := fmt.Sprintf("h%d", other)
 	waitUntil(t, "the standby taking the group over", 60*time.Second, func() bool { return holder() == want })
 	t.Logf("h%d took group g over %v after the kill", other, time.Since(killed).Round(100*time.Millisecond))
