@@ -12,7 +12,6 @@ import (
 
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/scheduler"
-	"github.com/troupe/troupe/trace"
 )
 
 func TestCheckExposure(t *testing.T) {
@@ -153,18 +152,9 @@ func TestReapOrphans(t *testing.T) {
 	ctx := context.Background()
 	cfg := defaultServeConfig()
 	cfg.Node, cfg.MaxBatchTokens, cfg.OrphanGrace = "test", 256, minOrphanGrace
-	tcfg := trace.DefaultConfig()
-	tcfg.NodeName = "test"
-	tp, err := trace.Setup(ctx, tcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tp.Shutdown(ctx)
 	var log syncBuffer
-	n, err := startNode(ctx, cfg, tp, &log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, tp := startTestNode(t, cfg, nil, &log)
+	defer tp.Shutdown(ctx)
 	defer n.Close()
 	// What a spawn request from another node's scheduler starts.
 	mc := n.bundle.Config

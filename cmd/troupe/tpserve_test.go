@@ -17,6 +17,7 @@ import (
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/scheduler"
 	"github.com/troupe/troupe/trace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
@@ -89,17 +90,8 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	ctx := context.Background()
 	cfg := defaultServeConfig()
 	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Replicas, cfg.Threads = "test", 256, 2, 2, 2
-	tcfg := trace.DefaultConfig()
-	tcfg.NodeName = "test"
-	tp, err := trace.Setup(ctx, tcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, tp := startTestNode(t, cfg, nil, io.Discard)
 	defer tp.Shutdown(ctx)
-	n, err := startNode(ctx, cfg, tp, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer n.Close()
 	devices := map[any]bool{}
 	for r := range 2 {
@@ -151,22 +143,30 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 // (--tp 2), its spans recorded in exp.
 func startTPNode(t *testing.T) (*node, *trace.Provider, *tracetest.InMemoryExporter) {
 	t.Helper()
-	ctx := context.Background()
 	exp := tracetest.NewInMemoryExporter()
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
+	n, tp := startTestNode(t, cfg, exp, io.Discard)
+	return n, tp, exp
+}
+
+// startTestNode starts a node of cfg, traced (its spans in exp, when not
+// nil), logging to log. The caller closes the node, then tp.
+func startTestNode(t *testing.T, cfg serveConfig, exp sdktrace.SpanExporter, log io.Writer) (*node, *trace.Provider) {
+	t.Helper()
+	ctx := context.Background()
 	tcfg := trace.DefaultConfig()
-	tcfg.NodeName, tcfg.SpanExporter = "test", exp
+	tcfg.NodeName, tcfg.SpanExporter = cfg.Node, exp
 	tp, err := trace.Setup(ctx, tcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := defaultServeConfig()
-	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
-	n, err := startNode(ctx, cfg, tp, io.Discard)
+	n, err := startNode(ctx, cfg, tp, log)
 	if err != nil {
 		tp.Shutdown(ctx)
 		t.Fatal(err)
 	}
-	return n, tp, exp
+	return n, tp
 }
 
 // TestServeTensorParallelQueued drives ranks that queue each step ahead of
