@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -277,7 +278,11 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 	rep := &replica{id: id, shape: shape{placement: spec}, group: g}
 	defer func() {
 		if err != nil {
-			n.stopStages(g)
+			// A named group's stages are the group's, whichever node
+			// schedules it: the next one uses them.
+			if n.cfg.Group == "" {
+				n.stopStages(g)
+			}
 			n.stopActors(rep)
 		}
 	}()
@@ -290,12 +295,16 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 			return nil, fmt.Errorf("serve: --placement: %w", err)
 		}
 		g.plans = append(g.plans, plan)
-		// A placement with a node known dead (a node taking a group
-		// over after its scheduling node died) starts down; the watcher
-		// brings it up when the node is back.
+		// A placement with a node known dead, or found dead while its
+		// stages start (a node taking a group over after its scheduling
+		// node died), starts down; the watcher brings it up when the node
+		// is back.
 		if !n.mayReach(plan) {
 			down = append(down, p)
-		} else if err := n.spawnPlacement(ctx, g, p, 2*time.Minute); err != nil {
+		} else if err := n.spawnPlacement(ctx, g, p, 2*time.Minute); errors.Is(err, errNodeDead) {
+			fmt.Fprintf(n.log, "replica %s: %v\n", g.replica, err)
+			down = append(down, p)
+		} else if err != nil {
 			return nil, err
 		}
 		var subjects []string
@@ -387,6 +396,9 @@ func (n *node) spawnPlacement(ctx context.Context, g *group, p int, wait time.Du
 			}
 			if c := bus.CodeOf(err); (c != bus.CodeUnavailable && c != bus.CodeDeadline) || wctx.Err() != nil {
 				return fmt.Errorf("serve: stage %d of placement %d on node %s: %w", s, p, st.Node, err)
+			}
+			if st.Node != n.cfg.Node && !n.view.mayBeAlive(st.Node) {
+				return fmt.Errorf("serve: stage %d of placement %d on node %s: %w", s, p, st.Node, errNodeDead)
 			}
 			select {
 			case <-wctx.Done():
@@ -493,6 +505,12 @@ func (v *clusterView) aliveNodes() []string {
 	return out
 }
 
+// forming reports whether the view is too young to know every live node.
+func (v *clusterView) forming() bool { return time.Since(v.started) < deadAfter }
+
+// errNodeDead says a node stopped beating while this one waited for it.
+var errNodeDead = errors.New("the node is dead")
+
 // mayBeAlive is alive, or true for a node not heard of while the view is
 // younger than deadAfter.
 func (v *clusterView) mayBeAlive(node string) bool {
@@ -500,7 +518,7 @@ func (v *clusterView) mayBeAlive(node string) bool {
 	defer v.mu.Unlock()
 	at, ok := v.at[node]
 	if !ok {
-		return time.Since(v.started) < deadAfter
+		return v.forming()
 	}
 	return time.Since(at) < deadAfter
 }

@@ -225,8 +225,14 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 			go func() {
 				defer n.wg.Done()
 				started := time.Now()
+				// The shape of the groups as they last ran here: giving the
+				// key up, they are gone a moment before it is.
+				var kept replicasDoc
 				entry := func() actors.Entry {
-					st, _ := json.Marshal(n.state())
+					if st := n.state(); st.Replicas > 0 {
+						kept = st
+					}
+					st, _ := json.Marshal(kept)
 					return actors.Entry{Kind: groupKind, ID: cfg.Group, Node: cfg.Node, Started: started, Status: actors.StatusRunning, State: string(st)}
 				}
 				n.registry.Lead(runCtx, entry, func(ctx context.Context, last actors.Record) { n.leadGroups(ctx, replicas, last) })
@@ -305,14 +311,20 @@ const groupKind = "group"
 func (n *node) leadGroups(ctx context.Context, replicas int, last actors.Record) {
 	n.resizeMu.Lock()
 	var was replicasDoc
-	if json.Unmarshal([]byte(last.State), &was) == nil && was.Replicas > 0 && was.Placement != "" {
-		if _, err := parsePlacements(was.Placement); err == nil {
-			replicas = was.Replicas
-			n.replicasMu.Lock()
-			n.shape = shape{placement: was.Placement}
-			n.replicasMu.Unlock()
-			fmt.Fprintf(n.log, "node %s: takes group %s over from %s: %s\n", n.cfg.Node, n.cfg.Group, last.Node, was)
+	switch err := json.Unmarshal([]byte(last.State), &was); {
+	case last.Node == "":
+	case err != nil || was.Replicas < 1 || was.Placement == "":
+		fmt.Fprintf(n.log, "node %s: group %s: %s left no shape (%q): starting as configured\n", n.cfg.Node, n.cfg.Group, last.Node, last.State)
+	default:
+		if _, err := parsePlacements(was.Placement); err != nil {
+			fmt.Fprintf(n.log, "node %s: group %s: the placement %s left: %v: starting as configured\n", n.cfg.Node, n.cfg.Group, last.Node, err)
+			break
 		}
+		replicas = was.Replicas
+		n.replicasMu.Lock()
+		n.shape = shape{placement: was.Placement}
+		n.replicasMu.Unlock()
+		fmt.Fprintf(n.log, "node %s: takes group %s over from %s: %s\n", n.cfg.Node, n.cfg.Group, last.Node, was)
 	}
 	n.leading, n.nextRep = ctx, 0
 	var reps []*replica
