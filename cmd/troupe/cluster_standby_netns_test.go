@@ -17,8 +17,8 @@ import (
 // found running; requests through host 2 give the reference text before
 // and after. The leader scaled to two replicas first: the new one runs
 // two. A request streaming across the kill ends with an error at once; one
-// sent during the takeover waits for it.
-// The killed host, restarted, stands by.
+// sent during the takeover waits for it. The killed host, restarted,
+// stands by, and takes the group over when the new leader stops.
 func TestClusterStandby(t *testing.T) {
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
@@ -150,5 +150,20 @@ func TestClusterStandby(t *testing.T) {
 	// Only the scheduling host changes the group.
 	if _, _, err := runCLI(t, "", "scale", "--server", "http://"+lab.ip(l)+":8080", "--replicas", "2"); err == nil || !strings.Contains(err.Error(), "stands by for group g") {
 		t.Errorf("scaling through the standby: %v, want it refused", err)
+	}
+
+	// The leader stops (SIGTERM): it gives the key up, and the restarted
+	// host takes the group over while the stopped one leaves the cluster.
+	procs[other].cmd.Process.Signal(syscall.SIGTERM)
+	termed := time.Now()
+	<-procs[other].done
+	back := fmt.Sprintf("h%d", l)
+	waitUntil(t, "the restarted host taking the group over", 60*time.Second, func() bool { return holder() == back })
+	t.Logf("h%d took group g over %v after h%d was asked to stop", l, time.Since(termed).Round(100*time.Millisecond), other)
+	check("after the leader stopped")
+	time.Sleep(2 * time.Second) // past the stopped node's departure from the registry's peers
+	check("a while after the leader stopped")
+	if log := procs[other].log(); !strings.Contains(log, fmt.Sprintf("node %s: no longer schedules group g", want)) {
+		t.Errorf("the stopped leader's log lacks its step-down:\n%s", log)
 	}
 }
