@@ -87,6 +87,9 @@ func TestClusterStandby(t *testing.T) {
 		}
 		return false
 	})
+	// A standby reads the key every quarter of the registry's TTL (1.25 s):
+	// give it two reads of the new shape before the leader dies.
+	time.Sleep(3 * time.Second)
 
 	// A request streaming through host 2 when the leader dies ends with an
 	// error soon after, rather than waiting for frames that never come.
