@@ -153,6 +153,7 @@ func TestServeConfigFile(t *testing.T) {
 		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
+		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name",
 		`{"orphan_grace":"1s"}`: "--orphan-grace", `{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
@@ -198,7 +199,7 @@ func FuzzServeConfig(f *testing.F) {
 				t.Fatalf("accepted placement %q: %v", cfg.Placement, err)
 			}
 		}
-		if cfg.Group != "" && (cfg.Placement == "" || bus.Token(cfg.Group) != cfg.Group) {
+		if cfg.Group != "" && (cfg.Placement == "" || bus.Token(cfg.Group) != cfg.Group || cfg.Group == cfg.Node) {
 			t.Fatalf("accepted group %q with placement %q", cfg.Group, cfg.Placement)
 		}
 	})

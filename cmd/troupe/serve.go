@@ -270,6 +270,9 @@ func (c serveConfig) validate() error {
 		if bus.Token(c.Group) != c.Group {
 			return fmt.Errorf("serve: --group %q: want letters, digits, '-' or '_'", c.Group)
 		}
+		if c.Group == c.Node {
+			return fmt.Errorf("serve: --group %s: the node's own name; a group's replicas (%s-r0, ...) would share the names of the node's own", c.Group, c.Group)
+		}
 	}
 	return checkExposure(c)
 }
