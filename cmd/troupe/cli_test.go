@@ -153,8 +153,8 @@ func TestServeConfigFile(t *testing.T) {
 		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
-		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name",
-		`{"orphan_grace":"1s"}`:                       "--orphan-grace", `{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace",
+		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name", `{"orphan_grace":"1s"}`: "--orphan-grace",
+		`{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {
