@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Node is a running embedded nats-server.
@@ -192,14 +193,75 @@ func (n *Node) NumRoutes() int { return n.srv.NumRoutes() }
 // server goroutine has returned or ctx ends. If ctx ends first the shutdown
 // still completes in the background and Shutdown returns ctx's error.
 // Calling Shutdown again waits for the same shutdown.
+// A clustered JetStream server first hands the streams it leads to their
+// other peers (HandOff), for up to a second.
 func (n *Node) Shutdown(ctx context.Context) error {
-	n.stopOnce.Do(func() { go n.shutdown() })
+	n.stopOnce.Do(func() {
+		hctx, cancel := context.WithTimeout(ctx, handOffWait)
+		n.HandOff(hctx)
+		cancel()
+		go n.shutdown()
+	})
 	select {
 	case <-n.done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("bus: shutdown %q: %w", n.cfg.Name, ctx.Err())
 	}
+}
+
+// handOffWait bounds how long Shutdown waits for the streams' new
+// leaders: an election among live peers takes well under a second.
+const handOffWait = time.Second
+
+// HandOff moves the leadership of each replicated stream this server
+// leads to another of its peers, and returns when each has a leader
+// elsewhere or ctx ends. A clustered server that stops while it leads a
+// stream stalls the stream's writes until its peers' election timeout
+// passes (seconds): a registry whose leases must be renewed within a TTL
+// cannot wait that long. A server that is not clustered does nothing.
+func (n *Node) HandOff(ctx context.Context) {
+	if !n.srv.JetStreamIsClustered() {
+		return
+	}
+	nc, err := n.Conn(ctx, nats.Name(n.cfg.Name+"-handoff"))
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return
+	}
+	acc := n.srv.GlobalAccount().Name
+	var led []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		if n.srv.JetStreamIsStreamLeader(acc, name) && n.srv.JetStreamStepdownStream(acc, name) == nil {
+			led = append(led, name)
+		}
+	}
+	for _, name := range led {
+		for n.srv.JetStreamIsStreamLeader(acc, name) || !ledElsewhere(ctx, js, name, n.cfg.Name) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// ledElsewhere reports whether stream name has a leader other than self.
+func ledElsewhere(ctx context.Context, js jetstream.JetStream, name, self string) bool {
+	ictx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	st, err := js.Stream(ictx, name)
+	if err != nil {
+		return false
+	}
+	c := st.CachedInfo().Cluster
+	return c != nil && c.Leader != "" && c.Leader != self
 }
 
 func (n *Node) shutdown() {

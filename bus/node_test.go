@@ -3,11 +3,14 @@ package bus
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startNode starts a node and shuts it down when the test ends.
@@ -242,4 +245,110 @@ func TestLoopbackConfig(t *testing.T) {
 		t.Fatalf("with the token: %v", err)
 	}
 	nc.Close()
+}
+
+// TestShutdownHandsStreamsOff: the server that leads a replicated stream
+// hands it to a peer as it stops, so that the stream takes writes the
+// moment the server is gone, not after its peers' election timeout.
+func TestShutdownHandsStreamsOff(t *testing.T) {
+	// Clustered JetStream servers become ready together: fixed route ports,
+	// started at once.
+	names := []string{"a", "b", "c"}
+	var routes []string
+	for range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, ln.Addr().String())
+		ln.Close()
+	}
+	nodes := map[string]*Node{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, name := range names {
+		cfg := DefaultConfig()
+		cfg.Name = name
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ClientAuth = Auth{Token: "client-token"}
+		cfg.JetStream.StoreDir = t.TempDir()
+		cfg.Cluster = Cluster{Name: "c1", Listen: routes[i], Auth: Auth{User: "route", Password: "pw"}}
+		for j, r := range routes {
+			if j != i {
+				cfg.Cluster.Routes = append(cfg.Cluster.Routes, r)
+			}
+		}
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			n, err := Start(sctx, cfg)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("Start %s: %v", name, err)
+				return
+			}
+			nodes[name] = n
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := n.Shutdown(ctx); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+			cancel()
+		}
+	})
+	if len(nodes) != len(names) {
+		t.FailNow()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := map[string]jetstream.JetStream{}
+	for name, n := range nodes {
+		j, err := jetstream.New(connect(t, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js[name] = j
+	}
+	var st jetstream.Stream
+	for {
+		var err error
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err = js["a"].CreateOrUpdateStream(cctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3})
+		ccancel()
+		if err == nil && st.CachedInfo().Cluster.Leader != "" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no replicated stream: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	leader := st.CachedInfo().Cluster.Leader
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if err := nodes[leader].Shutdown(sctx); err != nil {
+		t.Fatal(err)
+	}
+	other := "a"
+	if leader == "a" {
+		other = "b"
+	}
+	// Right away: a leader elsewhere, and a write that lands.
+	ictx, icancel := context.WithTimeout(ctx, time.Second)
+	defer icancel()
+	s, err := js[other].Stream(ictx, "S")
+	if err != nil {
+		t.Fatalf("stream info after %s stopped: %v", leader, err)
+	}
+	if l := s.CachedInfo().Cluster.Leader; l == "" || l == leader {
+		t.Errorf("stream S led by %q after its leader %s stopped", l, leader)
+	}
+	if _, err := js[other].Publish(ictx, "s", []byte("x")); err != nil {
+		t.Errorf("a write after the leader %s stopped: %v", leader, err)
+	}
 }
