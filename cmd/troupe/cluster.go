@@ -514,9 +514,7 @@ var errNodeDead = errors.New("the node is dead")
 // mayBeAlive is alive, or true for a node not heard of while the view is
 // younger than deadAfter.
 func (v *clusterView) mayBeAlive(node string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	at, ok := v.at[node]
+	at, ok := v.heard(node)
 	if !ok {
 		return v.forming()
 	}
@@ -524,10 +522,16 @@ func (v *clusterView) mayBeAlive(node string) bool {
 }
 
 func (v *clusterView) alive(node string) bool {
+	at, ok := v.heard(node)
+	return ok && time.Since(at) < deadAfter
+}
+
+// heard returns when node's last heartbeat came, if one did.
+func (v *clusterView) heard(node string) (time.Time, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	at, ok := v.at[node]
-	return ok && time.Since(at) < deadAfter
+	return at, ok
 }
 
 // ClusterNode is one node in the cluster view.

@@ -18,7 +18,8 @@ import (
 // and after. The leader scaled to two replicas first: the new one runs
 // two. A request streaming across the kill ends with an error at once; one
 // sent during the takeover waits for it. The killed host, restarted,
-// stands by, and takes the group over when the new leader stops.
+// stands by, and takes the group over when the new leader stops, which
+// finishes the requests it runs first: none is lost.
 func TestClusterStandby(t *testing.T) {
 	lab := newNetnsLab(t, 3)
 	bin := buildTroupe(t)
@@ -155,10 +156,29 @@ func TestClusterStandby(t *testing.T) {
 		t.Errorf("scaling through the standby: %v, want it refused", err)
 	}
 
-	// The leader stops (SIGTERM): it gives the key up, and the restarted
-	// host takes the group over while the stopped one leaves the cluster.
-	procs[other].cmd.Process.Signal(syscall.SIGTERM)
-	termed := time.Now()
+	// The leader stops (SIGTERM): it finishes the request streaming through
+	// host 2, then gives the key up, and the restarted host takes the group
+	// over while the stopped one leaves the cluster. A request sent during
+	// the hand-over waits for it.
+	var termed time.Time
+	got, err := completion(ctx, url, ref.Prompt, 200, func(n int) {
+		if n == 5 {
+			procs[other].cmd.Process.Signal(syscall.SIGTERM)
+			termed = time.Now()
+		}
+	})
+	if termed.IsZero() {
+		t.Fatalf("the stream ended before the SIGTERM: %v", err)
+	}
+	if err != nil || !strings.HasPrefix(got, ref.Text) {
+		t.Errorf("the request across the leader's SIGTERM: %q, %v; want it whole, from %q", got, err, ref.Text)
+	}
+	t.Logf("the request across the SIGTERM ended %v after it", time.Since(termed).Round(100*time.Millisecond))
+	sent = time.Now()
+	if got, err := completion(ctx, url, ref.Prompt, len(ref.GreedyIDs), nil); err != nil || got != ref.Text {
+		t.Errorf("a request sent during the hand-over: %q, %v; want %q", got, err, ref.Text)
+	}
+	t.Logf("a request sent %v after the SIGTERM was served after %v", sent.Sub(termed).Round(100*time.Millisecond), time.Since(sent).Round(100*time.Millisecond))
 	<-procs[other].done
 	back := fmt.Sprintf("h%d", l)
 	waitUntil(t, "the restarted host taking the group over", 60*time.Second, func() bool { return holder() == back })

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/scheduler"
 )
@@ -181,5 +182,32 @@ func TestReapOrphans(t *testing.T) {
 	}
 	if _, ok := n.actors.Lookup(scheduler.ShardKind, scheduler.ShardID("test-r0", 0)); !ok {
 		t.Errorf("the live replica's stage was stopped too:\n%s", log.String())
+	}
+}
+
+// TestCheckNames: a node refuses a name a live replica group has, and a
+// group a name a live node has; other names pass.
+func TestCheckNames(t *testing.T) {
+	ctx := context.Background()
+	cfg := defaultServeConfig()
+	cfg.Node = "test"
+	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	defer tp.Shutdown(ctx)
+	defer n.Close()
+	if err := n.registry.Put(ctx, actors.Entry{Kind: groupKind, ID: "g", Node: "test", Status: actors.StatusRunning}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		node, group, want string
+	}{
+		{"other", "", ""},
+		{"other", "g2", ""},
+		{"g", "", "--node g: a replica group of that name runs (scheduled by test)"},
+		{"other", "test", "--group test: a node of that name runs"},
+	} {
+		err := checkNames(ctx, n.registry, c.node, c.group)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("node %q, group %q: %v, want %q", c.node, c.group, err, c.want)
+		}
 	}
 }

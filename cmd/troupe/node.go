@@ -163,6 +163,9 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.registry, err = openRegistry(ctx, n.nc, n.subj, bc.JetStream.Replicas); err != nil {
 		return nil, err
 	}
+	if err := checkNames(ctx, n.registry, cfg.Node, cfg.Group); err != nil {
+		return nil, err
+	}
 	mc := n.bundle.Config
 	n.blocks = cfg.KVBlocks
 	if n.blocks <= 0 {
@@ -302,6 +305,27 @@ func (n *node) replicaID(r int) string {
 // groupKind is the registry kind of a named group's key: the node that
 // holds it schedules the group.
 const groupKind = "group"
+
+// checkNames refuses a node named as a live replica group, or a group
+// named as a live node: a group's replicas are named NAME-r0, NAME-r1, …
+// as a node's own are, and two schedulers of one replica name would share
+// its stages. A registry that does not answer within a second checks
+// nothing; nodes that start at the same moment are not checked against
+// each other.
+func checkNames(ctx context.Context, reg *actors.Registry, node, group string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if h, err := reg.Holder(ctx, groupKind, node); err == nil {
+		return fmt.Errorf("serve: --node %s: a replica group of that name runs (scheduled by %s): name the node otherwise", node, h)
+	}
+	if group == "" {
+		return nil
+	}
+	if _, err := reg.Holder(ctx, actors.SpawnerKind, group); err == nil {
+		return fmt.Errorf("serve: --group %s: a node of that name runs: name the group otherwise", group)
+	}
+	return nil
+}
 
 // leadGroups schedules replicas replica groups of the node's placements
 // while this node holds its group's key (ctx), then stops them here; or,
@@ -494,6 +518,38 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 }
 
 // Close stops the actors and releases everything, in reverse order.
+// groupDrain bounds the drain of a group's scheduling node: the requests
+// sent meanwhile wait for the standby that takes the group over once the
+// drain ends (for up to scheduler.SubmitWait, 20 s), so the drain, the
+// registry's TTL and the takeover's start must fit in that wait.
+const groupDrain = 10 * time.Second
+
+// drain finishes the requests this node's replicas took, for up to
+// timeout (groupDrain for a group), before the node stops. Each scheduler
+// takes no new request, which goes to another scheduler of the model, or
+// waits for a standby to take the group over, and ends those it has. A
+// group's key is held meanwhile: its standby takes the group over when
+// nothing is left to lose.
+func (n *node) drain(timeout time.Duration) {
+	if n.cfg.Group != "" {
+		timeout = min(timeout, groupDrain)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	n.replicasMu.Lock()
+	reps := slices.Clone(n.replicas)
+	n.replicasMu.Unlock()
+	var wg sync.WaitGroup
+	for _, rep := range reps {
+		wg.Go(func() {
+			if err := rep.svc.Drain(ctx); err != nil && rep.svc.Active() > 0 {
+				fmt.Fprintf(n.log, "replica %s: %v: ending %d requests\n", rep.id, err, rep.svc.Active())
+			}
+		})
+	}
+	wg.Wait()
+}
+
 func (n *node) Close() {
 	if n.cancel != nil {
 		n.cancel()
@@ -680,11 +736,20 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 		}
 		return fin, err
 	}
-	if final.Reason == "error" {
+	switch {
+	case final.Reason == "error":
 		return fin, errors.New(final.Err)
+	case final.Reason == "cancelled" && final.Err != "":
+		// The scheduler ended it (stopping past its drain), not the client:
+		// a cut request fails rather than passing for a whole one.
+		fin.Reason = gateway.FinishError
+		return fin, fmt.Errorf("%w: %s", errUnfinished, final.Err)
 	}
 	return fin, nil
 }
+
+// errUnfinished says a scheduler ended a request before it was done.
+var errUnfinished = errors.New("the request was ended unfinished")
 
 func (b *backend) Ready() (bool, string) {
 	scheds := b.schedulers()

@@ -370,6 +370,9 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	}
 	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))
 	err = gw.Serve(ctx, ln)
+	// The gateway has finished its own requests; the replicas finish those
+	// that came through other nodes' gateways before the node stops.
+	n.drain(gcfg.ShutdownTimeout)
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		return nil
 	}

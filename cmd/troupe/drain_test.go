@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe/troupe/gateway"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// streamUntilCut starts a long greedy request on n's backend and returns,
+// once its first token has come, a channel with its tokens and error.
+func streamUntilCut(t *testing.T, n *node) <-chan struct {
+	tokens int
+	err    error
+} {
+	t.Helper()
+	first := make(chan struct{}, 1)
+	res := make(chan struct {
+		tokens int
+		err    error
+	}, 1)
+	go func() {
+		got := 0
+		req := gateway.GenerateRequest{RequestID: "long", Model: demo.Name, Prompt: n.tok.Encode("The kernel"), MaxTokens: 400, IgnoreEOS: true}
+		_, err := n.backend.Generate(context.Background(), req, func(gateway.Token) error {
+			got++
+			select {
+			case first <- struct{}{}:
+			default:
+			}
+			return nil
+		})
+		res <- struct {
+			tokens int
+			err    error
+		}{got, err}
+	}()
+	select {
+	case <-first:
+	case <-time.After(time.Minute):
+		t.Fatal("no first token")
+	}
+	return res
+}
+
+// TestDrainFinishesRequests: a node that drains before it stops finishes
+// the requests its replicas run, whole, and takes no new one.
+func TestDrainFinishesRequests(t *testing.T) {
+	cfg := defaultServeConfig()
+	cfg.Node = "test"
+	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	defer tp.Shutdown(context.Background())
+	defer n.Close()
+	res := streamUntilCut(t, n)
+	n.drain(time.Minute)
+	r := <-res
+	if r.err != nil || r.tokens != 400 {
+		t.Errorf("the request across the drain: %d tokens, %v; want 400, no error", r.tokens, r.err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req := gateway.GenerateRequest{RequestID: "late", Model: demo.Name, Prompt: n.tok.Encode("The kernel"), MaxTokens: 4}
+	if _, err := n.backend.Generate(ctx, req, func(gateway.Token) error { return nil }); err == nil {
+		t.Error("a request after the drain was served")
+	}
+}
+
+// TestCutRequestFails: a request its scheduler ends as it stops (no drain,
+// or a drain past its time) fails with the reason, rather than ending as
+// if its client had cancelled it.
+func TestCutRequestFails(t *testing.T) {
+	cfg := defaultServeConfig()
+	cfg.Node = "test"
+	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	defer tp.Shutdown(context.Background())
+	defer n.Close()
+	res := streamUntilCut(t, n)
+	n.replicasMu.Lock()
+	rep := n.replicas[0]
+	n.replicasMu.Unlock()
+	now, cancel := context.WithCancel(context.Background())
+	cancel()
+	n.retire(now, rep, false)
+	r := <-res
+	if r.err == nil || !strings.Contains(r.err.Error(), "shutting down") || r.tokens >= 400 {
+		t.Errorf("the request its scheduler stopped: %d tokens, %v; want an error saying the server is shutting down", r.tokens, r.err)
+	}
+}
