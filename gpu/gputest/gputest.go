@@ -319,10 +319,16 @@ func (h *harness) attention(t *testing.T) {
 	// than 64 tokens in runs, which backends may run with a prompt kernel.
 	// The last batch decodes over long contexts of different lengths, which
 	// backends may split over the keys.
+	// Two decode batches of one token a sequence over up to 1,100 keys, so
+	// few that backends split each over many blocks (on an H200, a cluster
+	// of 16 for the MHA shapes): a sequence at position 0, one whose last
+	// key starts a tile, and one that fills about nine.
 	batches := []struct{ lens, news []int }{
 		{[]int{18, 41, 1}, []int{13, 1, 1}},
 		{[]int{150, 41, 1}, []int{140, 1, 1}},
 		{[]int{700, 130, 1}, []int{1, 2, 1}},
+		{[]int{1100, 1}, []int{1, 1}},
+		{[]int{513, 1025}, []int{1, 1}},
 	}
 	if h.o.Large {
 		// A decode batch of 48 sequences of 360 to 800 tokens: few splits
