@@ -94,16 +94,7 @@ func TestClusterStandby(t *testing.T) {
 
 	// A request streaming through host 2 when the leader dies ends with an
 	// error soon after, rather than waiting for frames that never come.
-	var killed time.Time
-	_, err := completion(ctx, url, ref.Prompt, 1000, func(n int) {
-		if n == 5 {
-			procs[l].cmd.Process.Signal(syscall.SIGKILL)
-			killed = time.Now()
-		}
-	})
-	if killed.IsZero() {
-		t.Fatalf("the stream ended before the kill: %v", err)
-	}
+	_, killed, err := signalMidStream(t, ctx, url, ref.Prompt, 1000, procs[l], syscall.SIGKILL)
 	if err == nil || !strings.Contains(err.Error(), "scheduler") {
 		t.Errorf("the request across the leader's death: %v, want an error naming the scheduler", err)
 	}
@@ -160,16 +151,7 @@ func TestClusterStandby(t *testing.T) {
 	// host 2, then gives the key up, and the restarted host takes the group
 	// over while the stopped one leaves the cluster. A request sent during
 	// the hand-over waits for it.
-	var termed time.Time
-	got, err := completion(ctx, url, ref.Prompt, 200, func(n int) {
-		if n == 5 {
-			procs[other].cmd.Process.Signal(syscall.SIGTERM)
-			termed = time.Now()
-		}
-	})
-	if termed.IsZero() {
-		t.Fatalf("the stream ended before the SIGTERM: %v", err)
-	}
+	got, termed, err := signalMidStream(t, ctx, url, ref.Prompt, 200, procs[other], syscall.SIGTERM)
 	if err != nil || !strings.HasPrefix(got, ref.Text) {
 		t.Errorf("the request across the leader's SIGTERM: %q, %v; want it whole, from %q", got, err, ref.Text)
 	}
@@ -189,4 +171,22 @@ func TestClusterStandby(t *testing.T) {
 	if log := procs[other].log(); !strings.Contains(log, fmt.Sprintf("node %s: no longer schedules group g", want)) {
 		t.Errorf("the stopped leader's log lacks its step-down:\n%s", log)
 	}
+}
+
+// signalMidStream streams a completion of max tokens through url and
+// sends p sig after its fifth chunk; it returns the text, when the signal
+// went and the request's error.
+func signalMidStream(t *testing.T, ctx context.Context, url, prompt string, max int, p *proc, sig syscall.Signal) (string, time.Time, error) {
+	t.Helper()
+	var at time.Time
+	got, err := completion(ctx, url, prompt, max, func(n int) {
+		if n == 5 {
+			p.cmd.Process.Signal(sig)
+			at = time.Now()
+		}
+	})
+	if at.IsZero() {
+		t.Fatalf("the stream ended before the %v: %v", sig, err)
+	}
+	return got, at, err
 }

@@ -11,18 +11,27 @@ import (
 	"github.com/troupe/troupe/models/demo"
 )
 
-// streamUntilCut starts a long greedy request on n's backend and returns,
-// once its first token has come, a channel with its tokens and error.
-func streamUntilCut(t *testing.T, n *node) <-chan struct {
+// streamed is how a request ended: the tokens it got and its error.
+type streamed struct {
 	tokens int
 	err    error
-} {
+}
+
+// longRequest starts a node serving the demo model, and on it a greedy
+// request of 400 tokens; it returns once the first token has come, with
+// the node and a channel that gets how the request ended. The node is
+// closed when the test ends.
+func longRequest(t *testing.T) (*node, <-chan streamed) {
 	t.Helper()
+	cfg := defaultServeConfig()
+	cfg.Node = "test"
+	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	t.Cleanup(func() {
+		n.Close()
+		tp.Shutdown(context.Background())
+	})
 	first := make(chan struct{}, 1)
-	res := make(chan struct {
-		tokens int
-		err    error
-	}, 1)
+	res := make(chan streamed, 1)
 	go func() {
 		got := 0
 		req := gateway.GenerateRequest{RequestID: "long", Model: demo.Name, Prompt: n.tok.Encode("The kernel"), MaxTokens: 400, IgnoreEOS: true}
@@ -34,31 +43,22 @@ func streamUntilCut(t *testing.T, n *node) <-chan struct {
 			}
 			return nil
 		})
-		res <- struct {
-			tokens int
-			err    error
-		}{got, err}
+		res <- streamed{got, err}
 	}()
 	select {
 	case <-first:
 	case <-time.After(time.Minute):
 		t.Fatal("no first token")
 	}
-	return res
+	return n, res
 }
 
 // TestDrainFinishesRequests: a node that drains before it stops finishes
 // the requests its replicas run, whole, and takes no new one.
 func TestDrainFinishesRequests(t *testing.T) {
-	cfg := defaultServeConfig()
-	cfg.Node = "test"
-	n, tp := startTestNode(t, cfg, nil, io.Discard)
-	defer tp.Shutdown(context.Background())
-	defer n.Close()
-	res := streamUntilCut(t, n)
+	n, res := longRequest(t)
 	n.drain(time.Minute)
-	r := <-res
-	if r.err != nil || r.tokens != 400 {
+	if r := <-res; r.err != nil || r.tokens != 400 {
 		t.Errorf("the request across the drain: %d tokens, %v; want 400, no error", r.tokens, r.err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -73,20 +73,14 @@ func TestDrainFinishesRequests(t *testing.T) {
 // or a drain past its time) fails with the reason, rather than ending as
 // if its client had cancelled it.
 func TestCutRequestFails(t *testing.T) {
-	cfg := defaultServeConfig()
-	cfg.Node = "test"
-	n, tp := startTestNode(t, cfg, nil, io.Discard)
-	defer tp.Shutdown(context.Background())
-	defer n.Close()
-	res := streamUntilCut(t, n)
+	n, res := longRequest(t)
 	n.replicasMu.Lock()
 	rep := n.replicas[0]
 	n.replicasMu.Unlock()
 	now, cancel := context.WithCancel(context.Background())
 	cancel()
 	n.retire(now, rep, false)
-	r := <-res
-	if r.err == nil || !strings.Contains(r.err.Error(), "shutting down") || r.tokens >= 400 {
+	if r := <-res; r.err == nil || !strings.Contains(r.err.Error(), "shutting down") || r.tokens >= 400 {
 		t.Errorf("the request its scheduler stopped: %d tokens, %v; want an error saying the server is shutting down", r.tokens, r.err)
 	}
 }
