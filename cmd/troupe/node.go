@@ -517,7 +517,6 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 	return nil
 }
 
-// Close stops the actors and releases everything, in reverse order.
 // groupDrain bounds the drain of a group's scheduling node: the requests
 // sent meanwhile wait for the standby that takes the group over once the
 // drain ends (for up to scheduler.SubmitWait, 20 s), so the drain, the
@@ -550,6 +549,7 @@ func (n *node) drain(timeout time.Duration) {
 	wg.Wait()
 }
 
+// Close stops the actors and releases everything, in reverse order.
 func (n *node) Close() {
 	if n.cancel != nil {
 		n.cancel()

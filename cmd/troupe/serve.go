@@ -369,10 +369,20 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		return fmt.Errorf("serve: gateway service: %w", err)
 	}
 	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))
+	// Asked to stop, the node's replicas finish the requests they run (those
+	// of other nodes' gateways too) while the gateway finishes its own, in
+	// the same time.
+	drained := make(chan struct{})
+	stopDrain := context.AfterFunc(ctx, func() {
+		defer close(drained)
+		n.drain(gcfg.ShutdownTimeout)
+	})
 	err = gw.Serve(ctx, ln)
-	// The gateway has finished its own requests; the replicas finish those
-	// that came through other nodes' gateways before the node stops.
-	n.drain(gcfg.ShutdownTimeout)
+	if stopDrain() {
+		n.drain(gcfg.ShutdownTimeout) // the listener failed
+	} else {
+		<-drained
+	}
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		return nil
 	}
