@@ -115,6 +115,43 @@ func testServiceDrainHandsOver(t *testing.T, local bool) {
 	}
 }
 
+// TestServiceDrainsAndClosesAtOnce: a service drained twice and closed at
+// the same moment (a node stopping while a resize retires the replica)
+// finishes its request and ends closed, without a race.
+func TestServiceDrainsAndClosesAtOnce(t *testing.T) {
+	samples := demoSamples(t)
+	h := start(t, 256, Config{MaxQueue: 64, MaxBatchTokens: 128, MaxSeqs: 8})
+	_, nc := testBus(t)
+	subj, _ := bus.NewSubjects("test")
+	svc := serveDemo(t, nc, subj, h)
+	client := NewClient(nc, subj, "demo")
+	client.submitWait = 200 * time.Millisecond
+	ctx := context.Background()
+	started, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var once sync.Once
+		_, err := client.Generate(ctx, SubmitMsg{ID: "r", Prompt: samples[0].PromptIDs, MaxTokens: len(samples[0].GreedyIDs), IgnoreEOS: true}, func(FrameMsg) error {
+			once.Do(func() { close(started) })
+			return nil
+		})
+		done <- err
+	}()
+	<-started
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { _ = svc.Drain(ctx) })
+	}
+	wg.Go(svc.Close)
+	wg.Wait()
+	if err := <-done; err != nil {
+		t.Errorf("the request across the drains: %v", err)
+	}
+	_, err := client.Generate(ctx, SubmitMsg{ID: "late", Prompt: samples[0].PromptIDs, MaxTokens: 4}, func(FrameMsg) error { return nil })
+	if bus.CodeOf(err) != bus.CodeUnavailable {
+		t.Errorf("after the drains: got %v, want an unavailable error", err)
+	}
+}
+
 // TestClientLocalLeastLoaded: among the schedulers of its process the
 // client submits to the least loaded one that takes requests.
 func TestClientLocalLeastLoaded(t *testing.T) {

@@ -27,7 +27,8 @@ type Service struct {
 	detok func() generate.Detokenizer
 
 	// closingMu is held for reading by each submit handler and for
-	// writing by Drain when it stops taking requests.
+	// writing by Drain when it stops taking requests, and by Close, which
+	// takes subs and svc: Drain and Close may run at once.
 	closingMu sync.RWMutex
 	closing   bool
 	active    atomic.Int64 // requests taken and not yet ended with a final frame
@@ -99,9 +100,15 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 // scheduler's Run).
 func (sv *Service) Drain(ctx context.Context) error {
 	var err error
+	sv.closingMu.RLock()
+	var sub *bus.Subscription
 	if len(sv.subs) > 0 {
-		err = sv.subs[0].Drain()
-		for err == nil && sv.subs[0].Valid() {
+		sub = sv.subs[0]
+	}
+	sv.closingMu.RUnlock()
+	if sub != nil {
+		err = sub.Drain()
+		for err == nil && sub.Valid() {
 			err = pause(ctx)
 		}
 	}
@@ -137,14 +144,14 @@ func pause(ctx context.Context) error {
 func (sv *Service) Close() {
 	sv.closingMu.Lock()
 	sv.closing = true
+	subs, svc := sv.subs, sv.svc
+	sv.subs, sv.svc = nil, nil
 	sv.closingMu.Unlock()
-	for _, s := range sv.subs {
+	for _, s := range subs {
 		s.Unsubscribe()
 	}
-	sv.subs = nil
-	if sv.svc != nil {
-		sv.svc.Stop()
-		sv.svc = nil
+	if svc != nil {
+		svc.Stop()
 	}
 }
 
