@@ -235,9 +235,11 @@ func (n *Node) HandOff(ctx context.Context) {
 	}
 	acc := n.srv.GlobalAccount().Name
 	var led []string
-	names := js.StreamNames(ctx)
-	for name := range names.Name() {
-		if n.srv.JetStreamIsStreamLeader(acc, name) && n.srv.JetStreamStepdownStream(acc, name) == nil {
+	streams := js.ListStreams(ctx)
+	for info := range streams.Info() {
+		name := info.Config.Name
+		// A stream of one replica has no peer to take it.
+		if info.Config.Replicas > 1 && n.srv.JetStreamIsStreamLeader(acc, name) && n.srv.JetStreamStepdownStream(acc, name) == nil {
 			led = append(led, name)
 		}
 	}
