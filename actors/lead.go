@@ -17,16 +17,17 @@ import (
 // so readers of the registry see who holds it; entry is called for each
 // write, so that its State can follow what the holder leads.
 //
-// The holder renews the entry four times per TTL. lead's context ends when
-// the key may be lost: a quarter of a TTL before the entry would expire
-// since the last renewal that succeeded, so that it has stopped before any
-// other node can take the key, or at once when another node holds it. lead
-// also gets the last entry a holder wrote that this node read while it
-// stood by (zero if none): what to take over. When lead returns while
-// the key is held, the key is given up, so that another node can try.
-// Lead campaigns again after each loss, until ctx ends; it then waits for
-// lead to return, deletes the key if it still holds it, and returns.
-func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx context.Context, last Record)) {
+// The holder renews the entry four times per TTL, and at once when lead
+// calls its Lease's Renew. lead's context ends when the key may be lost: a
+// quarter of a TTL before the entry would expire since the last renewal
+// that succeeded, so that it has stopped before any other node can take
+// the key, or at once when another node holds it. lead's Lease also holds
+// the last entry a holder wrote that this node read while it stood by
+// (zero if none): what to take over. When lead returns while the key is
+// held, the key is given up, so that another node can try. Lead campaigns
+// again after each loss, until ctx ends; it then waits for lead to return,
+// deletes the key if it still holds it, and returns.
+func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx context.Context, l *Lease)) {
 	every := r.ttl / 4
 	self := entry()
 	var last Record
@@ -34,7 +35,8 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 		rev, err := r.acquire(ctx, entry())
 		switch {
 		case err == nil:
-			r.hold(ctx, entry, rev, func(ctx context.Context) { lead(ctx, last) })
+			l := &Lease{Last: last, renew: make(chan struct{}, 1)}
+			r.hold(ctx, entry, rev, l.renew, func(ctx context.Context) { lead(ctx, l) })
 			last = Record{}
 		case errors.Is(err, jetstream.ErrKeyExists):
 			gctx, cancel := context.WithTimeout(ctx, every)
@@ -52,6 +54,25 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 	}
 }
 
+// Lease is what Lead gives the node that holds a key.
+type Lease struct {
+	// Last is the last entry written under the key that this node read
+	// before it took the key (its predecessor's, or its own from before
+	// a restart): what to take over. Zero if none.
+	Last  Record
+	renew chan struct{}
+}
+
+// Renew writes the key's entry at once, rather than at the next renewal:
+// call it when what the entry says has changed, so that a standby that
+// takes over after a crash knows it.
+func (l *Lease) Renew() {
+	select {
+	case l.renew <- struct{}{}:
+	default:
+	}
+}
+
 // acquire writes e's entry if no live one exists, and returns its revision.
 func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, error) {
 	data, err := bus.Encode(e)
@@ -63,9 +84,9 @@ func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, error) {
 	return r.kv.Create(actx, registryKey(e.Kind, e.ID), data)
 }
 
-// hold runs lead while it renews the entry at revision rev, and gives the
-// key up when lead returns or ctx ends.
-func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, lead func(ctx context.Context)) {
+// hold runs lead while it renews the entry at revision rev (at once on a
+// signal of now), and gives the key up when lead returns or ctx ends.
+func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, now <-chan struct{}, lead func(ctx context.Context)) {
 	e := entry()
 	key := registryKey(e.Kind, e.ID)
 	lctx, stop := context.WithCancel(ctx)
@@ -82,29 +103,31 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, lea
 	for held && lctx.Err() == nil {
 		select {
 		case <-lctx.Done():
+			continue
+		case <-now:
 		case <-t.C:
-			data, err := bus.Encode(entry())
-			if err != nil {
-				stop() // given up below
-				break
-			}
-			// Past giveUp the entry may expire before a renewal lands.
-			giveUp := renewed.Add(r.ttl - every)
-			dl := time.Now().Add(every)
-			if giveUp.Before(dl) {
-				dl = giveUp
-			}
-			rctx, cancel := context.WithDeadline(lctx, dl)
-			next, err := r.kv.Update(rctx, key, data, rev)
-			cancel()
-			switch {
-			case err == nil:
-				rev, renewed = next, time.Now()
-			case isWrongRevision(err):
-				held = false // another node holds it: the entry expired
-			case !time.Now().Before(giveUp):
-				held = false
-			}
+		}
+		data, err := bus.Encode(entry())
+		if err != nil {
+			stop() // given up below
+			continue
+		}
+		// Past giveUp the entry may expire before a renewal lands.
+		giveUp := renewed.Add(r.ttl - every)
+		dl := time.Now().Add(every)
+		if giveUp.Before(dl) {
+			dl = giveUp
+		}
+		rctx, cancel := context.WithDeadline(lctx, dl)
+		next, err := r.kv.Update(rctx, key, data, rev)
+		cancel()
+		switch {
+		case err == nil:
+			rev, renewed = next, time.Now()
+		case isWrongRevision(err):
+			held = false // another node holds it: the entry expired
+		case !time.Now().Before(giveUp):
+			held = false
 		}
 	}
 	t.Stop()

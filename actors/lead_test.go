@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,14 +29,14 @@ func TestLead(t *testing.T) {
 	leading := map[string]bool{}
 	took := map[string]string{} // leader -> the state it took over
 	var overlaps []string
-	lead := func(name string) func(context.Context, Record) {
-		return func(ctx context.Context, last Record) {
+	lead := func(name string) func(context.Context, *Lease) {
+		return func(ctx context.Context, l *Lease) {
 			mu.Lock()
 			for other := range leading {
 				overlaps = append(overlaps, other+" and "+name)
 			}
 			leading[name] = true
-			took[name] = last.State
+			took[name] = l.Last.State
 			mu.Unlock()
 			<-ctx.Done()
 			mu.Lock()
@@ -127,7 +128,7 @@ func TestLeadGivesUpWhenLeadReturns(t *testing.T) {
 	tries := make(chan struct{}, 16)
 	go func() {
 		defer close(done)
-		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a"} }, func(context.Context, Record) {
+		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a"} }, func(context.Context, *Lease) {
 			select {
 			case tries <- struct{}{}:
 			default:
@@ -143,5 +144,42 @@ func TestLeadGivesUpWhenLeadReturns(t *testing.T) {
 		case <-time.After(4 * time.Second):
 			t.Fatalf("lead ran %d times, want 2", i)
 		}
+	}
+}
+
+// TestLeaseRenew: a holder that changes what its entry says and renews
+// writes it at once, not at the next renewal (a quarter of the TTL, here
+// 5 s, away).
+func TestLeaseRenew(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	var state atomic.Value
+	state.Store("v1")
+	leases := make(chan *Lease, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a", State: state.Load().(string)} }, func(ctx context.Context, l *Lease) {
+			leases <- l
+			<-ctx.Done()
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	l := <-leases
+	state.Store("v2")
+	l.Renew()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		gctx, gcancel := context.WithTimeout(ctx, time.Second)
+		rec, err := reg.Get(gctx, "lease", "g")
+		gcancel()
+		if err == nil && rec.State == "v2" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the entry after Renew: %+v, %v; want state v2 within 2 s", rec, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -61,12 +61,13 @@ type node struct {
 	weights   map[[2]int]*sharedWeights // by layer range; guarded by weightsMu
 
 	// resizeMu is held across a whole resize, so that resizes run one at
-	// a time; it guards nextRep and leading.
+	// a time; it guards nextRep, leading and lease.
 	resizeMu sync.Mutex
 	nextRep  int // number of the next replica started
 	// leading, on a node of a named group, is the context of its holding
 	// the group's key: its replicas live within it. nil while it stands by.
 	leading context.Context
+	lease   *actors.Lease // the key's, while leading
 
 	replicasMu sync.Mutex
 	replicas   []*replica // the replicas serving, oldest first; guarded by replicasMu
@@ -238,7 +239,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 					st, _ := json.Marshal(kept)
 					return actors.Entry{Kind: groupKind, ID: cfg.Group, Node: cfg.Node, Started: started, Status: actors.StatusRunning, State: string(st)}
 				}
-				n.registry.Lead(runCtx, entry, func(ctx context.Context, last actors.Record) { n.leadGroups(ctx, replicas, last) })
+				n.registry.Lead(runCtx, entry, func(ctx context.Context, l *actors.Lease) { n.leadGroups(ctx, replicas, l) })
 			}()
 			return n, nil
 		}
@@ -328,11 +329,12 @@ func checkNames(ctx context.Context, reg *actors.Registry, node, group string) e
 }
 
 // leadGroups schedules replicas replica groups of the node's placements
-// while this node holds its group's key (ctx), then stops them here; or,
+// while this node holds its group's key (ctx, l), then stops them here; or,
 // taking the group over, as many and as placed as the last holder said in
-// last. It leaves their stages running on their nodes for the next node
+// l.Last. It leaves their stages running on their nodes for the next node
 // that takes the group over. A group that does not start gives the key up.
-func (n *node) leadGroups(ctx context.Context, replicas int, last actors.Record) {
+func (n *node) leadGroups(ctx context.Context, replicas int, l *actors.Lease) {
+	last := l.Last
 	n.resizeMu.Lock()
 	var was replicasDoc
 	switch err := json.Unmarshal([]byte(last.State), &was); {
@@ -350,7 +352,7 @@ func (n *node) leadGroups(ctx context.Context, replicas int, last actors.Record)
 		n.replicasMu.Unlock()
 		fmt.Fprintf(n.log, "node %s: takes group %s over from %s: %s\n", n.cfg.Node, n.cfg.Group, last.Node, was)
 	}
-	n.leading, n.nextRep = ctx, 0
+	n.leading, n.lease, n.nextRep = ctx, l, 0
 	var reps []*replica
 	var err error
 	for r := 0; r < replicas && err == nil; r++ {
@@ -369,7 +371,7 @@ func (n *node) leadGroups(ctx context.Context, replicas int, last actors.Record)
 	}
 	n.resizeMu.Lock()
 	defer n.resizeMu.Unlock()
-	n.leading = nil
+	n.leading, n.lease = nil, nil
 	n.replicasMu.Lock()
 	reps = slices.Clone(n.replicas)
 	n.replicasMu.Unlock()

@@ -126,6 +126,12 @@ func canonical(specs [][]string) string {
 func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error) {
 	n.resizeMu.Lock()
 	defer n.resizeMu.Unlock()
+	if n.lease != nil {
+		// The group's key says its new shape at once, not at the next
+		// renewal: a standby that takes the group over after a crash
+		// starts it as it is.
+		defer n.lease.Renew()
+	}
 	if n.tpd != nil {
 		// Two replicas at once would share the ranks' devices.
 		return n.state(), fmt.Errorf("scale: a node serving --tp %d does not resize", n.cfg.TP)
