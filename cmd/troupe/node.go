@@ -744,14 +744,10 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 	case final.Reason == "cancelled" && final.Err != "":
 		// The scheduler ended it (stopping past its drain), not the client:
 		// a cut request fails rather than passing for a whole one.
-		fin.Reason = gateway.FinishError
-		return fin, fmt.Errorf("%w: %s", errUnfinished, final.Err)
+		return fin, fmt.Errorf("the request was ended unfinished: %s", final.Err)
 	}
 	return fin, nil
 }
-
-// errUnfinished says a scheduler ended a request before it was done.
-var errUnfinished = errors.New("the request was ended unfinished")
 
 func (b *backend) Ready() (bool, string) {
 	scheds := b.schedulers()

@@ -317,12 +317,12 @@ func (h *harness) attention(t *testing.T) {
 	// Three sequences: a prefill after cached tokens, a decode at position
 	// 40 and a decode at position 0. The long prefill makes a step of more
 	// than 64 tokens in runs, which backends may run with a prompt kernel.
-	// The last batch decodes over long contexts of different lengths, which
-	// backends may split over the keys.
-	// Two decode batches of one token a sequence over up to 1,100 keys, so
-	// few that backends split each over many blocks (on an H200, a cluster
-	// of 16 for the MHA shapes): a sequence at position 0, one whose last
-	// key starts a tile, and one that fills about nine.
+	// The third batch decodes over long contexts of different lengths, which
+	// backends may split over the keys. The last two decode one token a
+	// sequence over up to 1,100 keys, so few tokens that backends split
+	// each over many blocks (on an H200, 16 to 18 splits for the MHA
+	// shapes): a sequence at position 0, one whose last key starts a tile
+	// of 64, and longer ones that fill several.
 	batches := []struct{ lens, news []int }{
 		{[]int{18, 41, 1}, []int{13, 1, 1}},
 		{[]int{150, 41, 1}, []int{140, 1, 1}},
