@@ -106,3 +106,51 @@ type SiLUMatMuler interface {
 type GatedMatVecer interface {
 	GatedMatVec(out, x, w Buffer, k, f int) error
 }
+
+// Stacker is a device that runs every layer of a post-norm decoder
+// (OLMo 2: the residual adds the normalised attention and MLP outputs,
+// QK-norm over the whole q and k projections, a gated SiLU MLP) over one
+// token as one operation, so that a batch-1 decode step streams its
+// weights without the gaps between separate kernels.
+type Stacker interface {
+	// Stack prepares layers to run as one. It fails, saying why, for
+	// shapes and element types the device does not run that way; the
+	// caller then issues the layers' operations one by one.
+	Stack(s StackSpec, layers []StackLayer) (LayerStack, error)
+}
+
+// StackSpec shapes a LayerStack.
+type StackSpec struct {
+	Hidden, Heads, KVHeads, HeadDim, Intermediate int
+	Eps                                           float32
+	// InvFreq ([HeadDim/2] f32) are RoPE's inverse frequencies, as for RoPE.
+	InvFreq Buffer
+	// BlockSize and MaxBlocks shape the caches' blocks and the block
+	// table's rows, as in AttnArgs.
+	BlockSize, MaxBlocks int
+}
+
+// StackLayer holds one layer's weights and its KV cache.
+type StackLayer struct {
+	// QKV is q, k and v's projections packed ([Heads*HeadDim +
+	// 2*KVHeads*HeadDim, Hidden]); GateUp the gate rows then the up rows
+	// ([2*Intermediate, Hidden]).
+	QKV, O, GateUp, Down Buffer
+	// QNorm and KNorm span the whole q and k projections; PostAttnNorm
+	// and PostFFNorm normalise the attention's and the MLP's outputs
+	// before they join the residual.
+	QNorm, KNorm, PostAttnNorm, PostFFNorm Buffer
+	K, V                                   Buffer
+}
+
+// LayerStack is a Stacker's prepared layers.
+type LayerStack interface {
+	// Decode runs every layer over x ([Hidden] f32, one token), in place:
+	// the token at position pos[0] of sequence seq[0] ([1] i32 each), its
+	// k and v stored at cache slot slots[0], its earlier keys found through
+	// row seq[0] of table (rows of MaxBlocks blocks). Results equal the
+	// layers' operations issued one by one, up to rounding.
+	Decode(x, pos, seq, slots, table Buffer) error
+	// Free releases what Stack allocated; the layers' buffers stay.
+	Free() error
+}
