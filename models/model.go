@@ -30,10 +30,6 @@ type Options struct {
 	// Eager issues every operation one by one even on a device that can
 	// record and replay steps (gpu.Grapher), for comparison and debugging.
 	Eager bool
-	// Layerwise issues each layer's operations of a one-token step even on
-	// a device that runs a post-norm model's layers as one (gpu.Stacker),
-	// for comparison.
-	Layerwise bool
 	// Shard makes the model one rank of a tensor-parallel group: it holds
 	// its slice of the heads and of the MLP and all-reduces the attention
 	// output and MLP down projections. LoadTP sets it; nil for a whole model.
@@ -81,7 +77,6 @@ type Model struct {
 	s        scratch
 	graphs   map[graphKey]gpu.Graph
 	graphErr error // why recording was given up; nil while it works
-	stackErr error // why gpu.Stacker refused the layers; nil if it did not
 }
 
 // scratch holds the activations of one Forward call.
@@ -512,10 +507,6 @@ type Cache struct {
 	dev                  gpu.Device
 	m                    *Model   // whose recorded steps use this cache
 	shards               []*Cache // tensor parallelism: the other ranks' caches, on rank 0's
-	// stack runs one-token steps' layers as one operation (gpu.Stacker),
-	// prepared at the first such step; stackTried says that was tried.
-	stack      gpu.LayerStack
-	stackTried bool
 }
 
 // NewCache allocates a KV cache of numBlocks blocks of blockSize tokens.
@@ -560,10 +551,6 @@ func (m *Model) BlockBytes(blockSize int) int64 {
 func (c *Cache) Close() {
 	if c.m != nil {
 		c.m.dropGraphs(c)
-	}
-	if c.stack != nil {
-		c.stack.Free()
-		c.stack, c.stackTried = nil, false
 	}
 	for _, b := range append(c.k, c.v...) {
 		c.dev.Free(b)
@@ -1160,14 +1147,6 @@ const qkvFuseTokens = 64
 // layersForward runs every layer over the n tokens in s.x.
 func (m *Model) layersForward(cache *Cache, n int) error {
 	c, s, d := &m.Config, &m.s, m.dev
-	if n == 1 {
-		if st := m.stack(cache); st != nil {
-			if err := st.Decode(s.x, s.idx.pos, s.idx.seq, s.idx.slots, s.idx.table); err != nil {
-				return fmt.Errorf("forward: layers: %w", err)
-			}
-			return nil
-		}
-	}
 	qw, kw := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	eps := float32(c.NormEps)
 	attn := gpu.AttnArgs{
@@ -1290,42 +1269,6 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 	}
 	return nil
 }
-
-// stack returns the layers prepared to run as one operation for one-token
-// steps over cache, or nil where the device, the model or the options
-// leave the layers to run one by one. It prepares them once per cache.
-func (m *Model) stack(cache *Cache) gpu.LayerStack {
-	if cache.stackTried {
-		return cache.stack
-	}
-	cache.stackTried = true
-	sk, ok := m.dev.(gpu.Stacker)
-	c := &m.Config
-	if !ok || m.opts.Layerwise || c.Arch != OLMo2 || m.opts.Shard != nil || m.opts.CacheDType != gpu.BF16 || len(m.layers) == 0 {
-		return nil
-	}
-	spec := gpu.StackSpec{Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Intermediate: c.Intermediate,
-		Eps: float32(c.NormEps), InvFreq: m.invFreq, BlockSize: cache.BlockSize, MaxBlocks: m.s.idx.maxBlocks}
-	layers := make([]gpu.StackLayer, len(m.layers))
-	for i, ly := range m.layers {
-		if ly.qkv == nil || ly.gateUp == nil || ly.moe != nil {
-			return nil
-		}
-		layers[i] = gpu.StackLayer{QKV: ly.qkv, O: ly.o, GateUp: ly.gateUp, Down: ly.down, QNorm: ly.qNorm, KNorm: ly.kNorm,
-			PostAttnNorm: ly.postAttnNorm, PostFFNorm: ly.postFFNorm, K: cache.k[i], V: cache.v[i]}
-	}
-	st, err := sk.Stack(spec, layers)
-	if err != nil {
-		m.stackErr = err
-		return nil
-	}
-	cache.stack = st
-	return st
-}
-
-// StackError says why one-token steps run their layers one by one on a
-// device that can run them as one (gpu.Stacker), or nil.
-func (m *Model) StackError() error { return m.stackErr }
 
 // mlp computes out = MLP(in) for n tokens.
 func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {

@@ -126,9 +126,6 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := l.model.GraphError(); err != nil {
 		fmt.Fprintf(stderr, "bench: steps ran operation by operation: %v\n", err)
 	}
-	if err := l.model.StackError(); err != nil {
-		fmt.Fprintf(stderr, "bench: one-token steps ran layer by layer: %v\n", err)
-	}
 	r.PrefillTokS = float64(r.Prompt) / r.PrefillSecs
 	r.DecodeTokS = float64(r.Gen) / r.DecodeSecs
 	r.DecodeMSPerTk = 1000 * r.DecodeSecs / float64(*gen) // per step

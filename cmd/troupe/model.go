@@ -68,7 +68,6 @@ type loadOptions struct {
 	tp            int
 	maxTokens     int
 	quiet         bool
-	layerwise     bool
 }
 
 // flags registers the model, device and thread flags.
@@ -77,7 +76,6 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
 	fs.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks: GPUs 0 to N-1 joined by peer memory (cuda only)")
-	fs.BoolVar(&o.layerwise, "layerwise", false, "issue each layer's operations of a one-token step, where the GPU would run an OLMo 2 model's layers as one kernel (for comparison)")
 }
 
 // load opens the bundle, the device and the model, reporting progress to
@@ -119,7 +117,7 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 	if !o.quiet {
 		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
 	}
-	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache, Layerwise: o.layerwise}
+	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache}
 	if l.tp != nil {
 		l.model, err = models.LoadTP(b.Config, b.Checkpoint, l.tp.gpuDevices(), l.tp.reducers(), mo)
 	} else {

@@ -13,7 +13,6 @@ const (
 	faultAttnBlock   = 4
 	faultMoEExpert   = 5
 	faultCollective  = 6
-	faultStackStall  = 7
 )
 
 // FaultError is a bad index a kernel refused to follow: an out-of-range
@@ -38,8 +37,6 @@ func (e *FaultError) Error() string {
 		return fmt.Sprintf("%s: token %d: block %d outside the cache", e.Op, e.Index, e.Value)
 	case faultMoEExpert:
 		return fmt.Sprintf("%s: routing slot %d: expert %d out of range", e.Op, e.Index, e.Value)
-	case faultStackStall:
-		return fmt.Sprintf("%s: block %d of %d gave up waiting at a grid barrier (the blocks were not all resident: another kernel or process held SMs)", e.Op, e.Index, e.Value)
 	case faultCollective:
 		return fmt.Sprintf("%s: rank %d gave up waiting for rank %d (a rank missed the collective, or issued a different one)", e.Op, e.Index, e.Value)
 	}
@@ -58,8 +55,6 @@ func faultOp(code int) string {
 		return "moe"
 	case faultCollective:
 		return "collective"
-	case faultStackStall:
-		return "layer stack"
 	}
 	return "cuda"
 }
