@@ -98,7 +98,12 @@ func TestAskBackpressureDeadlineAndStop(t *testing.T) {
 	// One in the actor's hand, waiting its turn, and one in the mailbox
 	// whose caller gives up.
 	second := ask(context.Background(), "second")
-	waitFor(t, "the actor to take the second call", func() bool { return ref.p.mb.puts.Load() == 1 && ref.Stats().Depth == 0 })
+	// Taken: counted, its send returned (no sender in flight, or the
+	// count could be ahead of the channel), and the channel empty.
+	waitFor(t, "the actor to take the second call", func() bool {
+		mb := ref.p.mb
+		return mb.puts.Load() == 1 && mb.inflight.Load() == 0 && ref.Stats().Depth == 0
+	})
 	gone, cancelGone := context.WithCancel(context.Background())
 	queued := ask(gone, "queued")
 	waitFor(t, "the mailbox to fill", func() bool { return ref.Stats().Depth == 1 })
