@@ -22,8 +22,9 @@ import (
 // quarter of a TTL before the entry would expire since the last renewal
 // that succeeded, so that it has stopped before any other node can take
 // the key, or at once when another node holds it. lead's Lease also holds
-// the last entry a holder wrote that this node read while it stood by
-// (zero if none): what to take over. When lead returns while the key is
+// the last entry a holder wrote, as this node read it while it stood by or,
+// when it took a key given up before it first tried, as the bucket keeps
+// it (zero if none): what to take over. When lead returns while the key is
 // held, the key is given up, so that another node can try. Lead campaigns
 // again after each loss, until ctx ends; it then waits for lead to return,
 // deletes the key if it still holds it, and returns.
@@ -35,6 +36,11 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 		rev, err := r.acquire(ctx, entry())
 		switch {
 		case err == nil:
+			if last.Node == "" {
+				// Not read while standing by (the holder gave the key up
+				// before this node first tried): the bucket's history.
+				last = r.before(ctx, self.Kind, self.ID, rev)
+			}
 			l := &Lease{Last: last, renew: make(chan struct{}, 1)}
 			r.hold(ctx, entry, rev, l.renew, func(ctx context.Context) { lead(ctx, l) })
 			last = Record{}
@@ -54,11 +60,31 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 	}
 }
 
+// before returns the newest entry written under kind/id before revision
+// rev that the bucket still keeps, or the zero Record.
+func (r *Registry) before(ctx context.Context, kind, id string, rev uint64) Record {
+	hctx, cancel := context.WithTimeout(ctx, r.ttl/4)
+	defer cancel()
+	hist, err := r.kv.History(hctx, registryKey(kind, id))
+	if err != nil {
+		return Record{}
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if h := hist[i]; h.Revision() < rev && h.Operation() == jetstream.KeyValuePut {
+			if rec, err := r.record(h); err == nil {
+				return rec
+			}
+		}
+	}
+	return Record{}
+}
+
 // Lease is what Lead gives the node that holds a key.
 type Lease struct {
-	// Last is the last entry written under the key that this node read
-	// before it took the key (its predecessor's, or its own from before
-	// a restart): what to take over. Zero if none.
+	// Last is the last entry written under the key before this node took
+	// it (its predecessor's, or its own from before a restart), as read
+	// while it stood by or from the bucket's history: what to take over.
+	// Zero if none.
 	Last  Record
 	renew chan struct{}
 }

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,6 +116,45 @@ func TestLead(t *testing.T) {
 	// Each leader took over the state its predecessor wrote.
 	if took[first] != "" || took[second] != "led by "+first || took[third] != "led by "+second {
 		t.Errorf("states taken over: %q by %s, %q by %s, %q by %s; want none, then each predecessor's", took[first], first, took[second], second, took[third], third)
+	}
+}
+
+// TestLeadTakesOverAfterStop: a node that starts campaigning only after
+// the holder stopped and gave the key up still takes over the state the
+// holder wrote last.
+func TestLeadTakesOverAfterStop(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 5*time.Second)
+	campaign := func(name string, state string, lead func(context.Context, *Lease)) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			reg.Lead(ctx, func() Entry {
+				return Entry{Kind: "lease", ID: "group-h", Node: name, Status: StatusRunning, State: state}
+			}, lead)
+		}()
+		return func() { cancel(); <-done }
+	}
+	led := make(chan *Lease, 2)
+	keep := func(ctx context.Context, l *Lease) { led <- l; <-ctx.Done() }
+	stopA := campaign("a", "shape 3", keep)
+	if l := <-led; l.Last.Node != "" {
+		t.Errorf("the first holder took over %+v, want nothing", l.Last)
+	}
+	stopA() // gives the key up: deletes its entry
+	if _, err := reg.Holder(context.Background(), "lease", "group-h"); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("after the holder stopped: %v, want not registered", err)
+	}
+	stopB := campaign("b", "shape 4", keep)
+	defer stopB()
+	select {
+	case l := <-led:
+		if l.Last.Node != "a" || l.Last.State != "shape 3" {
+			t.Errorf("the next holder took over %+v, want a's shape 3", l.Last)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not take the key")
 	}
 }
 

@@ -101,7 +101,10 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:         cfg.Bucket,
 		Description:    "troupe actor registry",
-		History:        1,
+		// A key's last three writes: a holder's last renewal and its
+		// deletion on giving the key up stay readable by the next holder
+		// (Lease.Last) after that one's own write.
+		History:        3,
 		TTL:            cfg.TTL,
 		LimitMarkerTTL: cfg.TTL,
 		Storage:        storage,

@@ -98,6 +98,8 @@ func TestActorEndpointsAndMicroVerbs(t *testing.T) {
 			t.Errorf("INFO endpoints = %+v, want %s and the stats endpoint", info.Endpoints, subj)
 		}
 	})
+	// The actor counts a call after its reply is sent.
+	waitFor(t, "the actor to count the calls", func() bool { st := ref.Stats(); return st.Processed == 4 && st.Errors == 1 })
 	t.Run("STATS", func(t *testing.T) {
 		// micro updates its endpoint counters after the reply is sent: poll.
 		var got Stats
