@@ -31,6 +31,10 @@ type ExchangeAll struct {
 // Schema implements Message.
 func (ExchangeAll) Schema() Schema { return Schema{ID: "troupe.exchange.all", Version: 1} }
 
+// closeFlush bounds how long Close waits for the server to take rank 0's
+// unsubscription.
+const closeFlush = 5 * time.Second
+
 // ExchangeConfig configures one rank of an Exchange.
 type ExchangeConfig struct {
 	// Subject is the exchange's subject, Subjects.Exchange(group): one per
@@ -130,7 +134,8 @@ func (e *Exchange) Rank() int { return e.cfg.Rank }
 func (e *Exchange) Ranks() int { return e.cfg.Ranks }
 
 // Close stops rank 0 answering; requests it holds get CodeUnavailable.
-// AllGathers in progress fail.
+// AllGathers in progress fail. It returns once the server has dropped
+// rank 0's subscription (or after closeFlush).
 func (e *Exchange) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -144,6 +149,13 @@ func (e *Exchange) Close() error {
 	var err error
 	if e.sub != nil {
 		err = e.sub.Unsubscribe()
+		if err == nil {
+			// Until the server has the unsubscription, it would deliver
+			// a later rank 0's requests (a group formed again on this
+			// subject) here, where they are dropped, instead of saying
+			// no one answers, which makes the rank ask again.
+			err = e.nc.FlushTimeout(closeFlush)
+		}
 	}
 	for _, rd := range rounds {
 		rd.fail(Errorf(CodeUnavailable, "exchange %s: rank 0 closed", e.cfg.Subject))
