@@ -98,12 +98,12 @@ func OpenRegistry(ctx context.Context, js jetstream.JetStream, cfg RegistryConfi
 	if cfg.Storage == bus.StorageFile {
 		storage = jetstream.FileStorage
 	}
+	// History keeps a key's last three writes: a holder's last renewal and
+	// its deletion on giving the key up stay readable by the next holder
+	// (Lease.Last) after that one's own write.
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:         cfg.Bucket,
 		Description:    "troupe actor registry",
-		// A key's last three writes: a holder's last renewal and its
-		// deletion on giving the key up stay readable by the next holder
-		// (Lease.Last) after that one's own write.
 		History:        3,
 		TTL:            cfg.TTL,
 		LimitMarkerTTL: cfg.TTL,

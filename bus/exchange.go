@@ -151,9 +151,9 @@ func (e *Exchange) Close() error {
 		err = e.sub.Unsubscribe()
 		if err == nil {
 			// Until the server has the unsubscription, it would deliver
-			// a later rank 0's requests (a group formed again on this
-			// subject) here, where they are dropped, instead of saying
-			// no one answers, which makes the rank ask again.
+			// requests meant for a later rank 0 (a group formed again on
+			// this subject) here, where they are dropped, instead of
+			// answering that no one listens, which makes a rank ask again.
 			err = e.nc.FlushTimeout(closeFlush)
 		}
 	}
