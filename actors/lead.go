@@ -41,8 +41,8 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 				// before this node first tried): the bucket's history.
 				last = r.before(ctx, self.Kind, self.ID, rev)
 			}
-			l := &Lease{Last: last, renew: make(chan struct{}, 1)}
-			r.hold(ctx, entry, rev, l.renew, func(ctx context.Context) { lead(ctx, l) })
+			l := &Lease{Last: last, renew: make(chan chan error, 1), ended: make(chan struct{})}
+			r.hold(ctx, entry, rev, l, func(ctx context.Context) { lead(ctx, l) })
 			last = Record{}
 		case errors.Is(err, jetstream.ErrKeyExists):
 			gctx, cancel := context.WithTimeout(ctx, every)
@@ -86,16 +86,50 @@ type Lease struct {
 	// while it stood by or from the bucket's history: what to take over.
 	// Zero if none.
 	Last  Record
-	renew chan struct{}
+	renew chan chan error // a write at once, and where to say how it went (or nil)
+	ended chan struct{}   // closed when the holder writes no more
 }
 
-// Renew writes the key's entry at once, rather than at the next renewal:
-// call it when what the entry says has changed, so that a standby that
-// takes over after a crash knows it.
+// ErrLeaseEnded is what Write returns once the holder writes the key no
+// more: it was lost, or given up.
+var ErrLeaseEnded = errors.New("registry: the key is no longer held")
+
+// Renew writes the key's entry at once, rather than at the next renewal,
+// without waiting: call it when what the entry says has changed, so that a
+// standby that takes over after a crash knows it.
 func (l *Lease) Renew() {
 	select {
-	case l.renew <- struct{}{}:
+	case l.renew <- nil:
 	default:
+	}
+}
+
+// Write writes the key's entry at once and returns when the write has
+// landed, or why it did not: the key was lost (ErrLeaseEnded, or another
+// node holding it), the registry did not answer in time, or ctx ended.
+// Call it before acting on what the entry now says, so that a standby
+// that takes over after a crash knows it.
+func (l *Lease) Write(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case l.renew <- done:
+	case <-l.ended:
+		return ErrLeaseEnded
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-l.ended:
+		select {
+		case err := <-done: // answered as the holder stopped
+			return err
+		default:
+			return ErrLeaseEnded
+		}
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -110,9 +144,11 @@ func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, error) {
 	return r.kv.Create(actx, registryKey(e.Kind, e.ID), data)
 }
 
-// hold runs lead while it renews the entry at revision rev (at once on a
-// signal of now), and gives the key up when lead returns or ctx ends.
-func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, now <-chan struct{}, lead func(ctx context.Context)) {
+// hold runs lead while it renews the entry at revision rev (at once when
+// l asks, answering a Write), and gives the key up when lead returns or
+// ctx ends. l.ended closes when it writes no more, before it waits for
+// lead, which may be waiting on a Write.
+func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *Lease, lead func(ctx context.Context)) {
 	e := entry()
 	key := registryKey(e.Kind, e.ID)
 	lctx, stop := context.WithCancel(ctx)
@@ -127,14 +163,25 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, now
 	t := time.NewTicker(every)
 	held := true
 	for held && lctx.Err() == nil {
+		var reply chan error
 		select {
 		case <-lctx.Done():
 			continue
-		case <-now:
+		case reply = <-l.renew:
 		case <-t.C:
+		}
+		answer := func(err error) {
+			if reply != nil {
+				reply <- err
+			}
+		}
+		if lctx.Err() != nil {
+			answer(ErrLeaseEnded) // lead returned meanwhile
+			continue
 		}
 		data, err := bus.Encode(entry())
 		if err != nil {
+			answer(fmt.Errorf("registry: %s: %w", key, err))
 			stop() // given up below
 			continue
 		}
@@ -150,13 +197,21 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, now
 		switch {
 		case err == nil:
 			rev, renewed = next, time.Now()
+			answer(nil)
 		case isWrongRevision(err):
 			held = false // another node holds it: the entry expired
-		case !time.Now().Before(giveUp):
-			held = false
+			answer(fmt.Errorf("registry: %s: another node holds it: %w", key, ErrLeaseEnded))
+		case lctx.Err() != nil:
+			answer(ErrLeaseEnded) // lead returned during the write
+		default:
+			answer(fmt.Errorf("registry: %s: %w", key, err))
+			if !time.Now().Before(giveUp) {
+				held = false
+			}
 		}
 	}
 	t.Stop()
+	close(l.ended)
 	stop()
 	wg.Wait()
 	if held {

@@ -223,3 +223,50 @@ func TestLeaseRenew(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestLeaseWrite: Write returns once the entry says what the holder says
+// now (read back at once, no renewal waited for), and after the holder
+// gave the key up it says so.
+func TestLeaseWrite(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	var state atomic.Value
+	state.Store("v1")
+	leases := make(chan *Lease, 1)
+	release := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a", State: state.Load().(string)} }, func(ctx context.Context, l *Lease) {
+			select {
+			case leases <- l:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	l := <-leases
+	for _, v := range []string{"v2", "v3"} {
+		state.Store(v)
+		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := l.Write(wctx)
+		wcancel()
+		if err != nil {
+			t.Fatalf("Write %s: %v", v, err)
+		}
+		if rec, err := reg.Get(ctx, "lease", "g"); err != nil || rec.State != v {
+			t.Fatalf("the entry once Write %s returned: %+v, %v", v, rec, err)
+		}
+	}
+	close(release) // lead returns: the key is given up
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := l.Write(wctx); !errors.Is(err, ErrLeaseEnded) {
+		t.Errorf("Write after the key was given up: %v, want ErrLeaseEnded", err)
+	}
+}

@@ -72,6 +72,10 @@ type node struct {
 	replicasMu sync.Mutex
 	replicas   []*replica // the replicas serving, oldest first; guarded by replicasMu
 	shape      shape      // what the replicas look like; guarded by replicasMu
+	// target is what a resize heads for, from before its first change to
+	// its end: what the group's key says meanwhile. nil otherwise; guarded
+	// by replicasMu.
+	target *replicasDoc
 }
 
 func busConfig(cfg serveConfig) bus.Config {
@@ -233,7 +237,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 				// key up, they are gone a moment before it is.
 				var kept replicasDoc
 				entry := func() actors.Entry {
-					if st := n.state(); st.Replicas > 0 {
+					if st := n.declared(); st.Replicas > 0 {
 						kept = st
 					}
 					st, _ := json.Marshal(kept)

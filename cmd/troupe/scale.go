@@ -48,13 +48,69 @@ func (d replicasDoc) String() string {
 func (n *node) state() replicasDoc {
 	n.replicasMu.Lock()
 	defer n.replicasMu.Unlock()
-	d := replicasDoc{Replicas: len(n.replicas), Stages: n.shape.stages, Placement: n.shape.placement}
+	return docOf(len(n.replicas), n.shape)
+}
+
+// declared is what the group's key says: the target of a resize under
+// way, else the replicas serving.
+func (n *node) declared() replicasDoc {
+	n.replicasMu.Lock()
+	t := n.target
+	n.replicasMu.Unlock()
+	if t != nil {
+		return *t
+	}
+	return n.state()
+}
+
+// docOf describes replicas replicas of shape sh.
+func docOf(replicas int, sh shape) replicasDoc {
+	d := replicasDoc{Replicas: replicas, Stages: sh.stages, Placement: sh.placement}
 	if d.Placement != "" {
 		first, _, _ := strings.Cut(d.Placement, ";")
 		d.Stages = strings.Count(first, ",") + 1
 	}
 	return d
 }
+
+// declare makes the group's key say that this node's replicas become
+// replicas of shape sh, before the first of them changes, and returns
+// once it does: a standby that takes the group over after a crash
+// midway starts it as asked. end, called when the resize ends, makes the
+// key say what then serves, and waits for that write too, so that a
+// scale's answer means its key is written. Without a key (no --group)
+// both do nothing.
+func (n *node) declare(ctx context.Context, replicas int, sh shape) (end func(), err error) {
+	l := n.lease
+	if l == nil {
+		return func() {}, nil
+	}
+	d := docOf(replicas, sh)
+	n.replicasMu.Lock()
+	n.target = &d
+	n.replicasMu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, keyWriteWait)
+	defer cancel()
+	if err := l.Write(wctx); err != nil {
+		n.replicasMu.Lock()
+		n.target = nil
+		n.replicasMu.Unlock()
+		return nil, fmt.Errorf("scale: the group's key could not say the new shape, nothing changed: %w", err)
+	}
+	return func() {
+		n.replicasMu.Lock()
+		n.target = nil
+		n.replicasMu.Unlock()
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyWriteWait)
+		defer cancel()
+		if err := l.Write(wctx); err != nil {
+			fmt.Fprintf(n.log, "node %s: group %s: the key after a resize: %v\n", n.cfg.Node, n.cfg.Group, err)
+		}
+	}, nil
+}
+
+// keyWriteWait bounds the wait for a write of a group's key.
+const keyWriteWait = 5 * time.Second
 
 // publish makes reps the replicas that serve and report.
 func (n *node) publish(reps []*replica) {
@@ -126,12 +182,6 @@ func canonical(specs [][]string) string {
 func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error) {
 	n.resizeMu.Lock()
 	defer n.resizeMu.Unlock()
-	if n.lease != nil {
-		// The group's key says its new shape at once, not at the next
-		// renewal: a standby that takes the group over after a crash
-		// starts it as it is.
-		defer n.lease.Renew()
-	}
 	if n.tpd != nil {
 		// Two replicas at once would share the ranks' devices.
 		return n.state(), fmt.Errorf("scale: a node serving --tp %d does not resize", n.cfg.TP)
@@ -146,6 +196,11 @@ func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error
 	if err != nil {
 		return n.state(), err
 	}
+	end, err := n.declare(ctx, want.Replicas, sh)
+	if err != nil {
+		return n.state(), err
+	}
+	defer end()
 	n.replicasMu.Lock()
 	old := slices.Clone(n.replicas)
 	n.replicasMu.Unlock()

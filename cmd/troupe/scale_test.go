@@ -184,3 +184,75 @@ func TestScaleStagesWhileServing(t *testing.T) {
 		}
 	}
 }
+
+// TestScaleGroupKey: a group's leader writes the group's key with the shape
+// a scale asks for before its first replica changes, so that a standby
+// taking the group over after a crash midway starts it as asked; and the
+// scale answers once the key says what then serves. The scale to two stages
+// waits while the old replica drains a long request: the key says two
+// stages all that while.
+func TestScaleGroupKey(t *testing.T) {
+	s := startServe(t, func(c *serveConfig) { c.Placement = "test"; c.Group = "g" })
+	key := func() string {
+		for _, a := range clusterOf(t, s.url).Actors {
+			if a.Kind == groupKind && a.ID == "g" && a.Alive {
+				return a.State
+			}
+		}
+		return ""
+	}
+	const before, after = "1 replicas of 1 stages, placements test", "1 replicas of 2 stages, placements test,test"
+	waitUntil(t, "the group's key", 30*time.Second, func() bool { return key() == before })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	streaming := make(chan struct{})
+	long := make(chan error, 1)
+	var once sync.Once
+	go func() {
+		_, err := completion(ctx, s.url, demoRefs(t)[0].Prompt, 900, func(int) { once.Do(func() { close(streaming) }) })
+		long <- err
+	}()
+	select {
+	case <-streaming:
+	case err := <-long:
+		t.Fatalf("the long request: %v", err)
+	}
+	scaled := make(chan string, 1)
+	go func() {
+		out, _, err := runCLI(t, "", "scale", "--server", s.url, "--stages", "2")
+		if err != nil {
+			out = err.Error()
+		}
+		scaled <- strings.TrimSpace(out)
+	}()
+	seen := false
+	for !seen {
+		select {
+		case out := <-scaled:
+			t.Fatalf("the scale answered %q before the key said %q", out, after)
+		case <-time.After(50 * time.Millisecond):
+		}
+		switch st := key(); st {
+		case after:
+			seen = true
+		case before, "": // not yet, or the view could not read the registry
+		default:
+			t.Fatalf("the key during the scale: %q, want %q or %q", st, before, after)
+		}
+	}
+	select {
+	case err := <-long:
+		t.Fatalf("the long request ended before the key was seen (%v): the scale did not wait on it", err)
+	default:
+	}
+	if out := <-scaled; out != after {
+		t.Fatalf("scale --stages 2: %q", out)
+	}
+	if st := key(); st != after {
+		t.Errorf("the key once the scale answered: %q, want %q", st, after)
+	}
+	if err := <-long; err != nil {
+		t.Errorf("the long request across the scale: %v", err)
+	}
+}
