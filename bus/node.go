@@ -24,13 +24,17 @@ type Node struct {
 }
 
 // Start validates cfg, starts the server and waits until it accepts
-// connections or ctx ends.
+// connections or ctx ends. It refuses (ErrNameTaken) the name of a node of
+// the cluster that a seed route leads to.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("bus: start %q: %w", cfg.Name, err)
+	}
+	if err := checkName(ctx, cfg); err != nil {
+		return nil, err
 	}
 	n := &Node{cfg: cfg, done: make(chan struct{})}
 	opts, err := n.options()

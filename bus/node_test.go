@@ -352,3 +352,34 @@ func TestShutdownHandsStreamsOff(t *testing.T) {
 		t.Errorf("a write after the leader %s stopped: %v", leader, err)
 	}
 }
+
+// TestStartRefusesTakenName: a node that joins the cluster through a seed
+// of its own name is refused before its server starts (the cluster would
+// refuse its routes and leave it alone), and says which seed; another name
+// joins, and the same name in another cluster is no conflict.
+func TestStartRefusesTakenName(t *testing.T) {
+	cfgOf := func(name, cluster string, routes ...string) Config {
+		cfg := DefaultConfig()
+		cfg.Name = name
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ClientAuth = Auth{Token: "client-token"}
+		cfg.JetStream.Enabled = false
+		cfg.Cluster = Cluster{Name: cluster, Listen: "127.0.0.1:0", Routes: routes, Auth: Auth{User: "route", Password: "pw"}}
+		return cfg
+	}
+	a := startNode(t, cfgOf("alpha", "c1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, cfgOf("alpha", "c1", a.RouteURL()))
+	if err == nil {
+		_ = n.Shutdown(ctx)
+		t.Fatal("a second node named alpha started")
+	}
+	host := a.RouteURL()[strings.LastIndex(a.RouteURL(), "/")+1:]
+	if !errors.Is(err, ErrNameTaken) || !strings.Contains(err.Error(), host) {
+		t.Errorf("the second alpha: %v; want ErrNameTaken naming %s", err, host)
+	}
+	b := startNode(t, cfgOf("beta", "c1", a.RouteURL()))
+	waitFor(t, "beta routed to alpha", func() bool { return a.NumRoutes() >= 1 && b.NumRoutes() >= 1 })
+	startNode(t, cfgOf("alpha", "c2", a.RouteURL()))
+}
