@@ -144,6 +144,38 @@ func (r *Registry) Put(ctx context.Context, e Entry) error {
 	return nil
 }
 
+// ErrClaimed is what Claim returns for a key with a live entry.
+var ErrClaimed = errors.New("claimed")
+
+// Claim writes e if kind/id has no live entry, atomically: of nodes that
+// claim a key at once, one writes it. Otherwise it returns the live entry
+// and ErrClaimed. An entry lives as long as it is written again (Put)
+// within each TTL; one that lapses is taken by the next Claim.
+func (r *Registry) Claim(ctx context.Context, e Entry) (Record, error) {
+	for {
+		_, err := r.acquire(ctx, e)
+		if err == nil {
+			return Record{}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return Record{}, fmt.Errorf("registry: claim %s/%s: %w", e.Kind, e.ID, err)
+		}
+		rec, err := r.Get(ctx, e.Kind, e.ID)
+		switch {
+		case err == nil && rec.Alive:
+			return rec, fmt.Errorf("registry: %s/%s: %w by %s", e.Kind, e.ID, ErrClaimed, rec.Node)
+		case err != nil && !errors.Is(err, ErrNotRegistered):
+			return Record{}, err
+		}
+		// Lapsed, and not yet removed (or removed since): again, soon.
+		select {
+		case <-ctx.Done():
+			return Record{}, fmt.Errorf("registry: claim %s/%s: %w", e.Kind, e.ID, ctx.Err())
+		case <-time.After(r.ttl / 20):
+		}
+	}
+}
+
 // Delete removes kind/id.
 func (r *Registry) Delete(ctx context.Context, kind, id string) error {
 	if err := r.kv.Delete(ctx, registryKey(kind, id)); err != nil {

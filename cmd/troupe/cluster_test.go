@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -185,29 +186,43 @@ func TestReapOrphans(t *testing.T) {
 	}
 }
 
-// TestCheckNames: a node refuses a name a live replica group has, and a
-// group a name a live node has; other names pass.
-func TestCheckNames(t *testing.T) {
+// TestClaimNames: a node refuses a name a live replica group has, and a
+// group a name a live node has; other names pass, the nodes of one group
+// share its name, and a node takes its own name over (a restart). Of a
+// node and a group of one name that claim it at once, exactly one wins.
+func TestClaimNames(t *testing.T) {
 	ctx := context.Background()
 	cfg := defaultServeConfig()
 	cfg.Node = "test"
 	n, tp := startTestNode(t, cfg, nil, io.Discard)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
-	if err := n.registry.Put(ctx, actors.Entry{Kind: groupKind, ID: "g", Node: "test", Status: actors.StatusRunning}); err != nil {
+	if err := n.registry.Put(ctx, actors.Entry{Kind: nameKind, ID: "g", Node: "test", Status: actors.StatusRunning, State: claimGroup}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		node, group, want string
 	}{
 		{"other", "", ""},
-		{"other", "g2", ""},
-		{"g", "", "--node g: a replica group of that name runs (scheduled by test)"},
-		{"other", "test", "--group test: a node of that name runs"},
+		{"other2", "g2", ""},
+		{"other3", "g", ""},
+		{"test", "", ""},
+		{"g", "", "--node g: name taken: a replica group of that name runs (on node test): name the node otherwise"},
+		{"other4", "test", "--group test: name taken: a node of that name runs: name the group otherwise"},
 	} {
-		err := checkNames(ctx, n.registry, c.node, c.group)
+		_, err := claimNames(ctx, n.registry, c.node, c.group, io.Discard)
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("node %q, group %q: %v, want %q", c.node, c.group, err, c.want)
+		}
+	}
+	for i := range 20 {
+		name := fmt.Sprintf("x%d", i)
+		errs := make(chan error, 2)
+		go func() { _, err := claimNames(ctx, n.registry, name, "", io.Discard); errs <- err }()
+		go func() { _, err := claimNames(ctx, n.registry, "y"+name, name, io.Discard); errs <- err }()
+		a, b := <-errs, <-errs
+		if (a == nil) == (b == nil) {
+			t.Errorf("node %s and group %s at once: %v and %v; want one error", name, name, a, b)
 		}
 	}
 }

@@ -168,7 +168,8 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.registry, err = openRegistry(ctx, n.nc, n.subj, bc.JetStream.Replicas); err != nil {
 		return nil, err
 	}
-	if err := checkNames(ctx, n.registry, cfg.Node, cfg.Group); err != nil {
+	names, err := claimNames(ctx, n.registry, cfg.Node, cfg.Group, log)
+	if err != nil {
 		return nil, err
 	}
 	mc := n.bundle.Config
@@ -188,6 +189,11 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	n.plane = xgmi.NewHost(cfg.Node)
 	runCtx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.runCtx = cancel, runCtx
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		names.keep(runCtx)
+	}()
 	// A shard stopped by anyone (a resize here, another node's scheduler
 	// through the spawner) gives its weights and cache back.
 	evs := n.actors.Subscribe(1024)
@@ -310,27 +316,6 @@ func (n *node) replicaID(r int) string {
 // groupKind is the registry kind of a named group's key: the node that
 // holds it schedules the group.
 const groupKind = "group"
-
-// checkNames refuses a node named as a live replica group, or a group
-// named as a live node: a group's replicas are named NAME-r0, NAME-r1, …
-// as a node's own are, and two schedulers of one replica name would share
-// its stages. A registry that does not answer within a second checks
-// nothing; nodes that start at the same moment are not checked against
-// each other.
-func checkNames(ctx context.Context, reg *actors.Registry, node, group string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if h, err := reg.Holder(ctx, groupKind, node); err == nil {
-		return fmt.Errorf("serve: --node %s: a replica group of that name runs (scheduled by %s): name the node otherwise", node, h)
-	}
-	if group == "" {
-		return nil
-	}
-	if _, err := reg.Holder(ctx, actors.SpawnerKind, group); err == nil {
-		return fmt.Errorf("serve: --group %s: a node of that name runs: name the group otherwise", group)
-	}
-	return nil
-}
 
 // leadGroups schedules replicas replica groups of the node's placements
 // while this node holds its group's key (ctx, l), then stops them here; or,
