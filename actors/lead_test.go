@@ -187,26 +187,41 @@ func TestLeadGivesUpWhenLeadReturns(t *testing.T) {
 	}
 }
 
+// holdLease leads key lease/g in reg, its entry's state what state holds
+// ("v1" at first), and returns the lease; release makes lead return (the
+// key is given up). The test's end stops campaigning.
+func holdLease(t *testing.T, reg *Registry, state *atomic.Value) (l *Lease, release func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	state.Store("v1")
+	leases := make(chan *Lease, 1)
+	released := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a", State: state.Load().(string)} }, func(ctx context.Context, l *Lease) {
+			select {
+			case leases <- l:
+			default:
+			}
+			select {
+			case <-released:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return <-leases, sync.OnceFunc(func() { close(released) })
+}
+
 // TestLeaseRenew: a holder that changes what its entry says and renews
 // writes it at once, not at the next renewal (a quarter of the TTL, here
 // 5 s, away).
 func TestLeaseRenew(t *testing.T) {
 	node, _ := testBus(t, "server")
 	reg := testRegistry(t, node, 20*time.Second)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	var state atomic.Value
-	state.Store("v1")
-	leases := make(chan *Lease, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a", State: state.Load().(string)} }, func(ctx context.Context, l *Lease) {
-			leases <- l
-			<-ctx.Done()
-		})
-	}()
-	defer func() { cancel(); <-done }()
-	l := <-leases
+	l, _ := holdLease(t, reg, &state)
 	state.Store("v2")
 	l.Renew()
 	deadline := time.Now().Add(2 * time.Second)
@@ -230,27 +245,9 @@ func TestLeaseRenew(t *testing.T) {
 func TestLeaseWrite(t *testing.T) {
 	node, _ := testBus(t, "server")
 	reg := testRegistry(t, node, 20*time.Second)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	var state atomic.Value
-	state.Store("v1")
-	leases := make(chan *Lease, 1)
-	release := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		reg.Lead(ctx, func() Entry { return Entry{Kind: "lease", ID: "g", Node: "a", State: state.Load().(string)} }, func(ctx context.Context, l *Lease) {
-			select {
-			case leases <- l:
-			default:
-			}
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		})
-	}()
-	defer func() { cancel(); <-done }()
-	l := <-leases
+	l, release := holdLease(t, reg, &state)
 	for _, v := range []string{"v2", "v3"} {
 		state.Store(v)
 		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -263,7 +260,7 @@ func TestLeaseWrite(t *testing.T) {
 			t.Fatalf("the entry once Write %s returned: %+v, %v", v, rec, err)
 		}
 	}
-	close(release) // lead returns: the key is given up
+	release() // lead returns: the key is given up
 	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer wcancel()
 	if err := l.Write(wctx); !errors.Is(err, ErrLeaseEnded) {
