@@ -248,8 +248,9 @@ func TestLoopbackConfig(t *testing.T) {
 }
 
 // TestShutdownHandsStreamsOff: the server that leads a replicated stream
-// hands it to a peer as it stops, so that the stream takes writes the
-// moment the server is gone, not after its peers' election timeout.
+// and JetStream's meta group hands both to peers as it stops, so that the
+// stream takes writes and the cluster creates streams the moment the
+// server is gone, not after its peers' election timeout.
 func TestShutdownHandsStreamsOff(t *testing.T) {
 	// Clustered JetStream servers become ready together: fixed route ports,
 	// started at once.
@@ -328,7 +329,34 @@ func TestShutdownHandsStreamsOff(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	leader := st.CachedInfo().Cluster.Leader
+	// The node to stop leads both the stream and JetStream's meta group
+	// (which creates and updates streams): the stream's leadership moves
+	// until it is there.
+	var leader string
+	waitFor(t, "a meta leader", func() bool {
+		for name, n := range nodes {
+			if n.srv.JetStreamIsLeader() {
+				leader = name
+			}
+		}
+		return leader != ""
+	})
+	acc := nodes[leader].srv.GlobalAccount().Name
+	for l := st.CachedInfo().Cluster.Leader; l != leader; {
+		if err := nodes[l].srv.JetStreamStepdownStream(acc, "S"); err != nil {
+			t.Fatalf("stream S's leader %s stepping down: %v", l, err)
+		}
+		waitFor(t, "a new leader of stream S", func() bool {
+			ictx, icancel := context.WithTimeout(ctx, time.Second)
+			defer icancel()
+			s, err := js[leader].Stream(ictx, "S")
+			if err != nil || s.CachedInfo().Cluster.Leader == "" || s.CachedInfo().Cluster.Leader == l {
+				return false
+			}
+			l = s.CachedInfo().Cluster.Leader
+			return true
+		})
+	}
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 	defer scancel()
 	if err := nodes[leader].Shutdown(sctx); err != nil {
@@ -338,7 +366,16 @@ func TestShutdownHandsStreamsOff(t *testing.T) {
 	if leader == "a" {
 		other = "b"
 	}
-	// Right away: a leader elsewhere, and a write that lands.
+	// Right away: a meta leader elsewhere (nats-server steps its raft
+	// leaders down as it shuts down), a stream leader elsewhere, and a
+	// write that lands.
+	metaAt := time.Now().Add(time.Second)
+	for !nodes[other].srv.JetStreamIsLeader() && !nodes[third(names, leader, other)].srv.JetStreamIsLeader() {
+		if time.Now().After(metaAt) {
+			t.Fatalf("no meta leader a second after the meta leader %s stopped", leader)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	ictx, icancel := context.WithTimeout(ctx, time.Second)
 	defer icancel()
 	s, err := js[other].Stream(ictx, "S")
@@ -351,6 +388,16 @@ func TestShutdownHandsStreamsOff(t *testing.T) {
 	if _, err := js[other].Publish(ictx, "s", []byte("x")); err != nil {
 		t.Errorf("a write after the leader %s stopped: %v", leader, err)
 	}
+}
+
+// third is the name of names that is neither a nor b.
+func third(names []string, a, b string) string {
+	for _, n := range names {
+		if n != a && n != b {
+			return n
+		}
+	}
+	return ""
 }
 
 // TestStartRefusesTakenName: a node that joins the cluster through a seed
