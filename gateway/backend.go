@@ -49,11 +49,14 @@ type GenerateRequest struct {
 	Prompt    []int32 // never empty
 	// MaxTokens bounds the completion; len(Prompt)+MaxTokens fits the context length.
 	MaxTokens         int
-	Temperature       float32 // 0 means greedy
-	TopP              float32 // in (0, 1]
-	TopK              int     // 0 means off
-	MinP              float32 // 0 means off
-	RepetitionPenalty float32 // 1 means off
+	Temperature       float32           // 0 means greedy
+	TopP              float32           // in (0, 1]
+	TopK              int               // 0 means off
+	MinP              float32           // 0 means off
+	RepetitionPenalty float32           // 1 means off
+	PresencePenalty   float32           // OpenAI's, in [-2, 2]; 0 means off
+	FrequencyPenalty  float32           // OpenAI's, in [-2, 2]; 0 means off
+	LogitBias         map[int32]float32 // token id → bias in [-100, 100]; ids within the vocabulary
 	Seed              *int64
 	Stop              []string // at most 4, none empty; the gateway applies them too
 	Logprobs          bool     // report the sampled token's log-probability

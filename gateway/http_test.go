@@ -106,8 +106,11 @@ func TestBadRequests(t *testing.T) {
 		{"logprobs too many", "/v1/completions", `{"model":"echo-1","prompt":"x","logprobs":6}`, 400, "logprobs", "invalid_value", []string{"0 to 5"}},
 		{"echo", "/v1/completions", `{"model":"echo-1","prompt":"x","echo":true}`, 400, "echo", "unsupported_parameter", nil},
 		{"stream_options without stream", "/v1/completions", `{"model":"echo-1","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "invalid_value", nil},
-		{"frequency penalty", "/v1/completions", `{"model":"echo-1","prompt":"x","frequency_penalty":1}`, 400, "frequency_penalty", "unsupported_parameter", nil},
-		{"logit bias", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"5":1}}`, 400, "logit_bias", "unsupported_parameter", nil},
+		{"frequency penalty", "/v1/completions", `{"model":"echo-1","prompt":"x","frequency_penalty":2.5}`, 400, "frequency_penalty", "invalid_value", []string{"-2 to 2"}},
+		{"logit bias key", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"a5":1}}`, 400, "logit_bias", "invalid_value", []string{"not a token id"}},
+		{"logit bias beyond the vocabulary", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"256":1}}`, 400, "logit_bias", "invalid_value", []string{"0 to 255"}},
+		{"logit bias value", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"5":101}}`, 400, "logit_bias", "invalid_value", []string{"-100 to 100"}},
+		{"logit bias of a string", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"5":"1"}}`, 400, "logit_bias", "invalid_value", []string{"-100 to 100"}},
 		{"max_completion_tokens over context", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1000}`, 400, "max_completion_tokens", "context_length_exceeded", []string{"256", "1000"}},
 		{"no messages", "/v1/chat/completions", `{"model":"echo-1","messages":[]}`, 400, "messages", "invalid_value", nil},
 		{"bad role", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"wizard","content":"x"}]}`, 400, "messages", "invalid_value", []string{"wizard"}},
@@ -140,6 +143,24 @@ func TestBadRequests(t *testing.T) {
 	}
 	if n := len(env.backend.requests()); n != 0 {
 		t.Errorf("backend saw %d requests, want none", n)
+	}
+}
+
+// TestPenaltiesReachTheBackend: presence and frequency penalties and a
+// logit bias arrive in the backend's request as given.
+func TestPenaltiesReachTheBackend(t *testing.T) {
+	env := newEnv(t, testConfig(), nil)
+	status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"ab","presence_penalty":0.5,"frequency_penalty":-1,"logit_bias":{"5":-100,"7":2.5}}`, nil)
+	if status != 200 {
+		t.Fatalf("status = %d, want 200; body %s", status, body)
+	}
+	reqs := env.backend.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("backend saw %d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r.PresencePenalty != 0.5 || r.FrequencyPenalty != -1 || len(r.LogitBias) != 2 || r.LogitBias[5] != -100 || r.LogitBias[7] != 2.5 {
+		t.Errorf("backend got presence %v, frequency %v, bias %v", r.PresencePenalty, r.FrequencyPenalty, r.LogitBias)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -16,6 +17,7 @@ const (
 	maxMessages     = 4096
 	maxTemperature  = 2
 	maxRepetitionPn = 10
+	maxLogitBias    = 1024
 )
 
 // stopList is the stop parameter: a string, an array of strings, or null.
@@ -336,13 +338,17 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 	for _, p := range []struct {
 		name string
 		v    *float64
-	}{{"presence_penalty", s.PresencePenalty}, {"frequency_penalty", s.FrequencyPenalty}} {
-		if p.v != nil && *p.v != 0 {
-			return badRequest(p.name, "unsupported_parameter", "%s is not supported (got %g); leave it 0 and use repetition_penalty", p.name, *p.v)
+		dst  *float32
+	}{{"presence_penalty", s.PresencePenalty, &b.PresencePenalty}, {"frequency_penalty", s.FrequencyPenalty, &b.FrequencyPenalty}} {
+		if p.v != nil {
+			if !(*p.v >= -2 && *p.v <= 2) {
+				return invalidParam(p.name, "%s is %g, want -2 to 2", p.name, *p.v)
+			}
+			*p.dst = float32(*p.v)
 		}
 	}
-	if len(s.LogitBias) > 0 {
-		return badRequest("logit_bias", "unsupported_parameter", "logit_bias is not supported")
+	if err := logitBias(s.LogitBias, m.VocabSize, b); err != nil {
+		return err
 	}
 	if len(s.Stop) > maxStops {
 		return invalidParam("stop", "stop has %d sequences, want at most %d", len(s.Stop), maxStops)
@@ -374,6 +380,30 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 		if json.Unmarshal(rf, &f) != nil || f.Type != "text" {
 			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; only {\"type\":\"text\"} is", truncate(string(rf), 80))
 		}
+	}
+	return nil
+}
+
+// logitBias validates OpenAI's logit_bias (token ids as strings, biases
+// from -100 to 100) into b.LogitBias; vocab 0 checks no upper bound.
+func logitBias(lb map[string]any, vocab int, b *GenerateRequest) *apiError {
+	if len(lb) == 0 {
+		return nil
+	}
+	if len(lb) > maxLogitBias {
+		return invalidParam("logit_bias", "logit_bias has %d tokens, want at most %d", len(lb), maxLogitBias)
+	}
+	b.LogitBias = make(map[int32]float32, len(lb))
+	for k, v := range lb {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 || vocab > 0 && id >= int64(vocab) {
+			return invalidParam("logit_bias", "logit_bias key %q is not a token id of this model (0 to %d)", truncate(k, 40), max(vocab-1, 0))
+		}
+		f, ok := v.(float64)
+		if !ok || !(f >= -100 && f <= 100) {
+			return invalidParam("logit_bias", "logit_bias of token %d is %v, want a number from -100 to 100", id, v)
+		}
+		b.LogitBias[int32(id)] = float32(f)
 	}
 	return nil
 }

@@ -270,9 +270,9 @@ func TestSDKErrors(t *testing.T) {
 			return err
 		}, 400, "max_tokens", "invalid_value", []string{"at least 1"}},
 		{"presence penalty", func() error {
-			_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, Messages: msgs, PresencePenalty: openai.Float(0.5)})
+			_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, Messages: msgs, PresencePenalty: openai.Float(-2.5)})
 			return err
-		}, 400, "presence_penalty", "unsupported_parameter", []string{"repetition_penalty"}},
+		}, 400, "presence_penalty", "invalid_value", []string{"-2 to 2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -171,7 +171,8 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 // accept a request: the errors are those the bus client gets.
 func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg)) (SubmitReply, error) {
 	p := generate.Params{
-		Params:    sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty},
+		Params: sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty,
+			PresencePenalty: m.PresencePenalty, FrequencyPenalty: m.FrequencyPenalty, LogitBias: m.LogitBias},
 		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, Logprobs: m.Logprobs, TopLogprobs: m.TopLogprobs,
 	}
 	if m.HasSeed {

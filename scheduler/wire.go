@@ -11,25 +11,28 @@ import (
 // or an error with code overloaded or bad_request. Frames follow on the
 // request's tokens subject, which the client subscribes to before sending.
 type SubmitMsg struct {
-	ID                string   `msgpack:"id"`
-	Tenant            string   `msgpack:"tenant"`
-	Prompt            []int32  `msgpack:"prompt"`
-	MaxTokens         int      `msgpack:"max_tokens"`
-	Temperature       float32  `msgpack:"temperature"`
-	TopP              float32  `msgpack:"top_p"`
-	TopK              int      `msgpack:"top_k"`
-	MinP              float32  `msgpack:"min_p"`
-	RepetitionPenalty float32  `msgpack:"repetition_penalty"`
-	HasSeed           bool     `msgpack:"has_seed"`
-	Seed              int64    `msgpack:"seed"`
-	Stop              []string `msgpack:"stop"`
-	IgnoreEOS         bool     `msgpack:"ignore_eos"`
-	Logprobs          bool     `msgpack:"logprobs"`
-	TopLogprobs       int      `msgpack:"top_logprobs"`
+	ID                string            `msgpack:"id"`
+	Tenant            string            `msgpack:"tenant"`
+	Prompt            []int32           `msgpack:"prompt"`
+	MaxTokens         int               `msgpack:"max_tokens"`
+	Temperature       float32           `msgpack:"temperature"`
+	TopP              float32           `msgpack:"top_p"`
+	TopK              int               `msgpack:"top_k"`
+	MinP              float32           `msgpack:"min_p"`
+	RepetitionPenalty float32           `msgpack:"repetition_penalty"`
+	PresencePenalty   float32           `msgpack:"presence_penalty"`
+	FrequencyPenalty  float32           `msgpack:"frequency_penalty"`
+	LogitBias         map[int32]float32 `msgpack:"logit_bias"`
+	HasSeed           bool              `msgpack:"has_seed"`
+	Seed              int64             `msgpack:"seed"`
+	Stop              []string          `msgpack:"stop"`
+	IgnoreEOS         bool              `msgpack:"ignore_eos"`
+	Logprobs          bool              `msgpack:"logprobs"`
+	TopLogprobs       int               `msgpack:"top_logprobs"`
 }
 
 // Schema implements bus.Message.
-func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 1} }
+func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 2} }
 
 // SubmitReply accepts a request.
 type SubmitReply struct {

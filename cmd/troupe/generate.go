@@ -21,6 +21,10 @@ func cmdGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	seed := fs.Int64("seed", -1, "random seed (-1: random)")
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-sequence tokens")
+	repetition := fs.Float64("repetition-penalty", 0, "divide the logits of tokens already seen, prompt included (0 or 1: off)")
+	presence := fs.Float64("presence-penalty", 0, "subtract from the logits of tokens the output holds (-2 to 2)")
+	frequency := fs.Float64("frequency-penalty", 0, "subtract from each token's logit once per time the output holds it (-2 to 2)")
+	biasFlag := fs.String("logit-bias", "", "comma-separated id:bias pairs added to those tokens' logits (bias -100 to 100)")
 	asJSON := fs.Bool("json", false, "print one JSON object (the default; kept for scripts)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -30,7 +34,14 @@ func cmdGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("generate: --prompt-ids: %w", err)
 	}
-	p := generate.Params{MaxTokens: *maxTokens, IgnoreEOS: *ignoreEOS, Params: sample.Params{Temperature: float32(*temp)}}
+	bias, err := parseBias(*biasFlag)
+	if err != nil {
+		return fmt.Errorf("generate: --logit-bias: %w", err)
+	}
+	p := generate.Params{MaxTokens: *maxTokens, IgnoreEOS: *ignoreEOS, Params: sample.Params{
+		Temperature: float32(*temp), RepetitionPenalty: float32(*repetition),
+		PresencePenalty: float32(*presence), FrequencyPenalty: float32(*frequency), LogitBias: bias,
+	}}
 	if *seed >= 0 {
 		p.Seed = seed
 	}
@@ -63,6 +74,27 @@ func cmdGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		IDs  []int32 `json:"ids"`
 		Text string  `json:"text"`
 	}{ids, text.String()})
+}
+
+// parseBias reads id:bias pairs separated by commas; "" is none.
+func parseBias(s string) (map[int32]float32, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[int32]float32{}
+	for _, f := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(f), ":")
+		id, err := strconv.ParseInt(k, 10, 32)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("%q is not id:bias", f)
+		}
+		b, err := strconv.ParseFloat(v, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not id:bias", f)
+		}
+		out[int32(id)] = float32(b)
+	}
+	return out, nil
 }
 
 func parseIDs(s string) ([]int32, error) {

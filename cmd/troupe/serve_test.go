@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -289,5 +291,64 @@ func TestServeMicroServices(t *testing.T) {
 	}
 	if _, err := nats.Connect("nats://" + addr); err == nil {
 		t.Error("a client without credentials connected")
+	}
+}
+
+// TestServePenaltiesMatchGenerate: presence and frequency penalties and a
+// logit bias sent through the OpenAI SDK give the text troupe generate
+// gives with the same settings (the model's own loop, not the scheduler's),
+// which differs from the plain greedy text and never holds the banned token.
+func TestServePenaltiesMatchGenerate(t *testing.T) {
+	s := startServe(t, nil)
+	type gen struct {
+		IDs  []int32 `json:"ids"`
+		Text string  `json:"text"`
+	}
+	generate := func(args ...string) gen {
+		t.Helper()
+		out, _, err := runCLI(t, "", append([]string{"generate", "--prompt-ids", "473,623", "--max-tokens", "24", "--ignore-eos"}, args...)...)
+		if err != nil {
+			t.Fatalf("generate %v: %v", args, err)
+		}
+		var g gen
+		if err := json.Unmarshal([]byte(out), &g); err != nil {
+			t.Fatalf("generate %v: %q: %v", args, out, err)
+		}
+		return g
+	}
+	plain := generate()
+	banned := plain.IDs[0]
+	want := generate("--frequency-penalty", "1.5", "--presence-penalty", "0.5", "--logit-bias", fmt.Sprintf("%d:-100", banned))
+	if slices.Equal(want.IDs, plain.IDs) {
+		t.Fatalf("the penalties changed nothing: %v", want.IDs)
+	}
+	if slices.Contains(want.IDs, banned) {
+		t.Errorf("the banned token %d came: %v", banned, want.IDs)
+	}
+	c := s.client()
+	resp, err := c.Completions.New(context.Background(), openai.CompletionNewParams{
+		Model:            openai.CompletionNewParamsModel(demo.Name),
+		Prompt:           openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{473, 623}},
+		MaxTokens:        openai.Int(24),
+		Temperature:      openai.Float(0),
+		FrequencyPenalty: openai.Float(1.5),
+		PresencePenalty:  openai.Float(0.5),
+		LogitBias:        map[string]int64{fmt.Sprint(banned): -100},
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Choices[0].Text; got != want.Text {
+		t.Errorf("served %q, want %q (troupe generate, same settings; plain greedy %q)", got, want.Text, plain.Text)
+	}
+	// Out of range: refused, naming the parameter.
+	_, err = c.Completions.New(context.Background(), openai.CompletionNewParams{
+		Model:            openai.CompletionNewParamsModel(demo.Name),
+		Prompt:           openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")},
+		FrequencyPenalty: openai.Float(2.5),
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "frequency_penalty" {
+		t.Errorf("frequency_penalty 2.5: %v, want a 400 naming frequency_penalty", err)
 	}
 }

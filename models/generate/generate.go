@@ -73,8 +73,10 @@ type State struct {
 	eos     map[int32]bool
 	dec     Detokenizer
 	sampler *sample.Sampler
-	seen    []int32
-	held    string // text withheld because it may begin a stop string
+	seen    []int32         // the distinct tokens of the prompt and the output, for a repetition penalty
+	seenSet map[int32]bool  // seen's tokens
+	counts  map[int32]int32 // the output's tokens, for presence and frequency penalties
+	held    string          // text withheld because it may begin a stop string
 	n       int
 	done    bool
 }
@@ -86,9 +88,23 @@ func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 		s.eos[id] = true
 	}
 	if p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1 {
-		s.seen = append(s.seen, prompt...)
+		s.seenSet = map[int32]bool{}
+		for _, id := range prompt {
+			s.see(id)
+		}
+	}
+	if p.Counting() {
+		s.counts = map[int32]int32{}
 	}
 	return s
+}
+
+// see adds id to the distinct tokens seen.
+func (s *State) see(id int32) {
+	if !s.seenSet[id] {
+		s.seenSet[id] = true
+		s.seen = append(s.seen, id)
+	}
 }
 
 // Done reports whether the generation has finished.
@@ -98,11 +114,10 @@ func (s *State) Done() bool { return s.done }
 func (s *State) Generated() int { return s.n }
 
 // Greedy reports whether the next token is the most likely one of the raw
-// logits, with nothing else read from them (no repetition penalty, no
+// logits, with nothing else read from them (no penalty or bias, no
 // log-probabilities): then a device-side argmax may choose it (Accept).
 func (s *State) Greedy() bool {
-	rp := s.p.RepetitionPenalty
-	return s.sampler.Greedy() && (rp == 0 || rp == 1) && !s.p.Logprobs && s.p.TopLogprobs == 0
+	return s.sampler.Greedy() && !s.p.Adjusts() && !s.p.Logprobs && s.p.TopLogprobs == 0
 }
 
 // Drawable reports whether the next token may be drawn where the logits
@@ -122,7 +137,7 @@ func (s *State) NextRow() gpu.SampleRow { return s.sampler.NextRow() }
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
-	id := s.sampler.Sample(logits, s.seen)
+	id := s.sampler.Sample(logits, s.seen, s.counts)
 	st := Step{ID: id}
 	if s.p.Logprobs || s.p.TopLogprobs > 0 {
 		st.Logprob = sample.LogProb(logits, int(id))
@@ -140,8 +155,11 @@ func (s *State) Accept(id int32, logprob float32) Step {
 
 func (s *State) accept(st Step) Step {
 	s.n++
-	if s.seen != nil {
-		s.seen = append(s.seen, st.ID)
+	if s.seenSet != nil {
+		s.see(st.ID)
+	}
+	if s.counts != nil {
+		s.counts[st.ID]++
 	}
 	if s.eos[st.ID] && !s.p.IgnoreEOS {
 		st.Text = s.held + s.dec.Flush()

@@ -90,11 +90,34 @@ func TestGreedy(t *testing.T) {
 		{"penalty 1", Params{MaxTokens: 4, Params: sample.Params{RepetitionPenalty: 1}}, true},
 		{"temperature", Params{MaxTokens: 4, Params: sample.Params{Temperature: 0.7}}, false},
 		{"penalty", Params{MaxTokens: 4, Params: sample.Params{RepetitionPenalty: 1.2}}, false},
+		{"presence", Params{MaxTokens: 4, Params: sample.Params{PresencePenalty: 0.5}}, false},
+		{"frequency", Params{MaxTokens: 4, Params: sample.Params{FrequencyPenalty: -0.5}}, false},
+		{"bias", Params{MaxTokens: 4, Params: sample.Params{LogitBias: map[int32]float32{3: 1}}}, false},
 		{"logprobs", Params{MaxTokens: 4, Logprobs: true}, false},
 		{"top logprobs", Params{MaxTokens: 4, TopLogprobs: 2}, false},
 	} {
 		if got := New(c.p, nil, nil, nil).Greedy(); got != c.want {
 			t.Errorf("%s: Greedy() = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestPenaltiesFollowTheSequence: the repetition penalty reaches each
+// distinct token of the prompt and the output once; the frequency and
+// presence penalties the output's tokens by their counts, not the prompt's.
+func TestPenaltiesFollowTheSequence(t *testing.T) {
+	table := []string{"a", "b", "c", "d"}
+	s := New(Params{MaxTokens: 8, Params: sample.Params{RepetitionPenalty: 2}}, []int32{1, 1, 1}, nil, &letters{table})
+	l := []float32{0, 8, 0, 0}
+	if st := s.Next(l); st.ID != 1 || l[1] != 4 {
+		t.Errorf("repetition penalty: token %d, logit %v; want 1 and 8/2 (once for three in the prompt)", st.ID, l[1])
+	}
+	s = New(Params{MaxTokens: 8, Params: sample.Params{PresencePenalty: 1, FrequencyPenalty: 0.5}}, []int32{2, 2}, nil, &letters{table})
+	for range 2 {
+		s.Accept(3, 0)
+	}
+	l = []float32{0, 0, 5, 5}
+	if st := s.Next(l); st.ID != 2 || l[2] != 5 || l[3] != 5-1-2*0.5 {
+		t.Errorf("presence and frequency penalties: token %d, logits %v; want 2, the prompt's token untouched, 3 at 5-1-2·0.5", st.ID, l)
 	}
 }

@@ -20,8 +20,15 @@ type Params struct {
 	// MinP drops tokens less likely than MinP times the most likely; 0 keeps all.
 	MinP float32
 	// RepetitionPenalty divides positive (multiplies negative) logits of
-	// tokens already seen; 0 or 1 disables it.
+	// tokens already seen, in the prompt or the output; 0 or 1 disables it.
 	RepetitionPenalty float32
+	// PresencePenalty is subtracted from the logit of each token the output
+	// holds, FrequencyPenalty once for each time it holds it (OpenAI's
+	// penalties, in [-2, 2]; negative values favour repeats).
+	PresencePenalty, FrequencyPenalty float32
+	// LogitBias is added to the logits of its tokens (in [-100, 100]: -100
+	// all but bans a token, 100 all but forces it).
+	LogitBias map[int32]float32
 	// Seed makes draws reproducible; nil seeds from the runtime.
 	Seed *int64
 }
@@ -39,8 +46,65 @@ func (p Params) Validate() error {
 		return fmt.Errorf("min_p %v outside [0, 1]", p.MinP)
 	case p.RepetitionPenalty < 0 || p.RepetitionPenalty > 10 || math.IsNaN(float64(p.RepetitionPenalty)):
 		return fmt.Errorf("repetition_penalty %v outside [0, 10]", p.RepetitionPenalty)
+	case !(p.PresencePenalty >= -2 && p.PresencePenalty <= 2):
+		return fmt.Errorf("presence_penalty %v outside [-2, 2]", p.PresencePenalty)
+	case !(p.FrequencyPenalty >= -2 && p.FrequencyPenalty <= 2):
+		return fmt.Errorf("frequency_penalty %v outside [-2, 2]", p.FrequencyPenalty)
+	case len(p.LogitBias) > MaxLogitBias:
+		return fmt.Errorf("logit_bias has %d tokens, at most %d", len(p.LogitBias), MaxLogitBias)
+	}
+	for id, b := range p.LogitBias {
+		if id < 0 || !(b >= -100 && b <= 100) {
+			return fmt.Errorf("logit_bias: token %d, bias %v: want a token id and a bias in [-100, 100]", id, b)
+		}
 	}
 	return nil
+}
+
+// MaxLogitBias is the most tokens a logit bias names.
+const MaxLogitBias = 1024
+
+// Adjusts reports whether p changes logits before a draw (Adjust): then
+// the draw needs the sequence's tokens, not the logits alone.
+func (p Params) Adjusts() bool {
+	rp := p.RepetitionPenalty
+	return rp != 0 && rp != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || len(p.LogitBias) > 0
+}
+
+// Counting reports whether Adjust reads the output's token counts.
+func (p Params) Counting() bool { return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 }
+
+// Adjust applies p to logits in place: the repetition penalty to the
+// tokens of seen (the distinct tokens of the prompt and the output: a
+// token is penalised once however often it repeats, as Hugging Face's
+// RepetitionPenaltyLogitsProcessor does), then the presence and frequency
+// penalties by the output's counts of each token, then the logit bias.
+// Ids outside logits are skipped.
+func (p Params) Adjust(logits []float32, seen []int32, counts map[int32]int32) {
+	in := func(id int32) bool { return id >= 0 && int(id) < len(logits) }
+	if rp := p.RepetitionPenalty; rp > 0 && rp != 1 {
+		for _, id := range seen {
+			if in(id) {
+				if l := logits[id]; l > 0 {
+					logits[id] = l / rp
+				} else {
+					logits[id] = l * rp
+				}
+			}
+		}
+	}
+	if p.Counting() {
+		for id, c := range counts {
+			if in(id) && c > 0 {
+				logits[id] -= p.PresencePenalty + float32(c)*p.FrequencyPenalty
+			}
+		}
+	}
+	for id, b := range p.LogitBias {
+		if in(id) {
+			logits[id] += b
+		}
+	}
 }
 
 // Sampler draws tokens for one sequence.
@@ -68,31 +132,20 @@ func New(p Params) *Sampler {
 // Greedy reports whether the sampler always picks the most likely token.
 func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 
-// Sample picks a token from logits, penalising tokens in seen. It modifies
-// logits when a repetition penalty is set; LogProb gives the chosen token's
-// log-probability under them. The draw is gpu.SampleHost's.
-func (s *Sampler) Sample(logits []float32, seen []int32) int32 {
-	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 {
-		for _, id := range seen {
-			if id >= 0 && int(id) < len(logits) {
-				if l := logits[id]; l > 0 {
-					logits[id] = l / rp
-				} else {
-					logits[id] = l * rp
-				}
-			}
-		}
-	}
+// Sample picks a token from logits after Params.Adjust (seen: the
+// distinct prompt and output tokens, counts: the output's count of each
+// token). It
+// modifies logits where an adjustment is set; LogProb gives the chosen
+// token's log-probability under them. The draw is gpu.SampleHost's.
+func (s *Sampler) Sample(logits []float32, seen []int32, counts map[int32]int32) int32 {
+	s.p.Adjust(logits, seen, counts)
 	return gpu.SampleHost(logits, s.Row(), &s.scratch)
 }
 
 // Drawable reports whether the next token can be drawn from its row of
 // logits alone (gpu.SampleHost, or a device's gpu.Sampler, with Row): no
-// repetition penalty, which needs the sequence's tokens.
-func (s *Sampler) Drawable() bool {
-	rp := s.p.RepetitionPenalty
-	return rp == 0 || rp == 1
-}
+// adjustment, which needs the sequence's tokens (Params.Adjusts).
+func (s *Sampler) Drawable() bool { return !s.p.Adjusts() }
 
 // Row returns the draw of the next token as a device makes it, taking its
 // uniform number from the sampler's generator (none for greedy): the same
