@@ -78,16 +78,25 @@ func greeting(ctx context.Context, hostport string) (name, cluster string, err e
 	if err != nil {
 		return "", "", fmt.Errorf("greeting of %s: %w", hostport, err)
 	}
+	name, cluster, err = parseGreeting(line)
+	if err != nil {
+		return "", "", fmt.Errorf("greeting of %s: %w", hostport, err)
+	}
+	return name, cluster, nil
+}
+
+// parseGreeting reads a server's name and cluster from its INFO line.
+func parseGreeting(line []byte) (name, cluster string, err error) {
 	rest, ok := strings.CutPrefix(string(line), "INFO ")
 	if !ok {
-		return "", "", fmt.Errorf("greeting of %s: not an INFO line", hostport)
+		return "", "", errors.New("not an INFO line")
 	}
 	var info struct {
 		Name    string `json:"server_name"`
 		Cluster string `json:"cluster"`
 	}
 	if err := json.Unmarshal([]byte(strings.TrimSpace(rest)), &info); err != nil {
-		return "", "", fmt.Errorf("greeting of %s: %w", hostport, err)
+		return "", "", err
 	}
 	return info.Name, info.Cluster, nil
 }

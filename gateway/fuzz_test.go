@@ -38,6 +38,14 @@ func checkJob(t *testing.T, v *validator, j *job) {
 			t.Fatal("empty stop string escaped validation")
 		}
 	}
+	if !(b.PresencePenalty >= -2 && b.PresencePenalty <= 2 && b.FrequencyPenalty >= -2 && b.FrequencyPenalty <= 2) || len(b.LogitBias) > maxLogitBias {
+		t.Fatalf("penalties escaped validation: %+v", b)
+	}
+	for id, bias := range b.LogitBias {
+		if id < 0 || (j.model.VocabSize > 0 && int(id) >= j.model.VocabSize) || !(bias >= -100 && bias <= 100) {
+			t.Fatalf("logit_bias %d: %v escaped validation", id, bias)
+		}
+	}
 }
 
 func FuzzChatRequest(f *testing.F) {
@@ -88,6 +96,8 @@ func FuzzCompletionRequest(f *testing.F) {
 		`{"model":"echo-1","prompt":[99999999999]}`,
 		`{"model":"echo-1","prompt":["a",[1]]}`,
 		`{"model":"echo-1","prompt":{}}`,
+		`{"model":"echo-1","prompt":"x","presence_penalty":-2,"frequency_penalty":1.5,"logit_bias":{"5":-100,"17":3.5}}`,
+		`{"model":"echo-1","prompt":"x","logit_bias":{"-1":1,"1e3":2,"5":null}}`,
 	} {
 		f.Add([]byte(s))
 	}
