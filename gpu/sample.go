@@ -17,10 +17,45 @@ import (
 // the first whose cumulative probability (among the TopK) reaches TopP.
 // The draw walks the kept tokens from the most likely down, or, with no
 // filter at all, every token in index order. NaN logits count as -Inf.
+// Adjust changes logits of the row first (AdjustLogits), each token at
+// most once: penalties and biases that depend on the sequence.
 type SampleRow struct {
 	Temperature, TopP, MinP float32
 	TopK                    int32
 	U                       float64
+	Adjust                  []LogitAdjust `msgpack:",omitempty"`
+}
+
+// Equal reports whether r and o draw alike.
+func (r SampleRow) Equal(o SampleRow) bool {
+	return r.Temperature == o.Temperature && r.TopP == o.TopP && r.MinP == o.MinP && r.TopK == o.TopK && r.U == o.U &&
+		slices.Equal(r.Adjust, o.Adjust)
+}
+
+// LogitAdjust changes one token's logit l before a draw: l/Scale where
+// l > 0 and l·Scale otherwise (a repetition penalty; Scale 1 keeps l),
+// then plus Add (presence and frequency penalties, a bias), each in
+// float32.
+type LogitAdjust struct {
+	ID         int32
+	Scale, Add float32
+}
+
+// AdjustLogits applies adj to logits in place; ids outside logits are
+// skipped.
+func AdjustLogits(logits []float32, adj []LogitAdjust) {
+	for _, a := range adj {
+		if a.ID < 0 || int(a.ID) >= len(logits) {
+			continue
+		}
+		l := logits[a.ID]
+		if l > 0 {
+			l /= a.Scale
+		} else {
+			l *= a.Scale
+		}
+		logits[a.ID] = l + a.Add
+	}
 }
 
 // MaxSampleTopK is the most tokens a device-side draw keeps as
@@ -57,6 +92,11 @@ func (r SampleRow) Validate() error {
 		return fmt.Errorf("sample: top_p %v, min_p %v, top_k %d", r.TopP, r.MinP, r.TopK)
 	case !(r.U >= 0 && r.U < 1):
 		return fmt.Errorf("sample: draw %v outside [0, 1)", r.U)
+	}
+	for _, a := range r.Adjust {
+		if !(a.Scale > 0) || math.IsInf(float64(a.Scale), 0) || math.IsNaN(float64(a.Add)) || math.IsInf(float64(a.Add), 0) {
+			return fmt.Errorf("sample: token %d: scale %v, add %v", a.ID, a.Scale, a.Add)
+		}
 	}
 	return nil
 }
@@ -112,9 +152,10 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 // definition the devices' Sample follows. Top-p and min-p over the whole
 // row add up probabilities a bucket of logits at a time where they can
 // (whole), so they draw the tokens that summing them one by one in sorted
-// order would, up to the order of float64 sums. It may rewrite NaN logits
-// as -Inf.
+// order would, up to the order of float64 sums. It applies r.Adjust to
+// logits first and may rewrite NaN logits as -Inf.
 func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
+	AdjustLogits(logits, r.Adjust)
 	n := len(logits)
 	for i, l := range logits {
 		if l != l {

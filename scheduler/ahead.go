@@ -147,7 +147,7 @@ func (a *aheadStep) rowsOf(b *models.Batch, rows []gpu.SampleRow) ([]int, bool) 
 		for ; j < len(a.pos); j++ {
 			u := a.tables[a.seq[j]]
 			if b.Pos[i] == a.pos[j] && b.Tokens[i] == a.fed[j] && len(t) >= len(u) && slices.Equal(t[:len(u)], u) &&
-				(rows == nil || rows[i] == a.rows[j]) {
+				(rows == nil || rows[i].Equal(a.rows[j])) {
 				break
 			}
 		}

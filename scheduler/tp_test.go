@@ -190,7 +190,7 @@ func TestLockstep(t *testing.T) {
 	}
 	for range refs {
 		m := <-seen
-		if !m.Continues || !slices.Equal(m.Sample, rows) || !slices.Equal(m.NextSample, next) || m.Argmax {
+		if !m.Continues || !slices.EqualFunc(m.Sample, rows, gpu.SampleRow.Equal) || !slices.EqualFunc(m.NextSample, next, gpu.SampleRow.Equal) || m.Argmax {
 			t.Errorf("a rank's drawn plan: continues %v, sample %v, next %v, argmax %v", m.Continues, m.Sample, m.NextSample, m.Argmax)
 		}
 	}

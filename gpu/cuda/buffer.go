@@ -192,6 +192,12 @@ func (d *Device) Write(b gpu.Buffer, off int, src []byte) error {
 	if err := span("write", cb, off, len(src)); err != nil {
 		return err
 	}
+	return d.write(cb, off, src)
+}
+
+// write copies src to cb from element off, stream-ordered (Write's
+// checks done). d.mu held.
+func (d *Device) write(cb *Buffer, off int, src []byte) error {
 	if d.capture {
 		return fmt.Errorf("write: not allowed while recording a graph (write before Launch instead)")
 	}

@@ -49,6 +49,11 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 			return fmt.Errorf("%s: row %d: top_k %d of %d tokens: the device keeps at most %d", op, r, sr.TopK, width, gpu.MaxSampleTopK)
 		}
 	}
+	logitsArg := arg{kind: argBuf, name: "logits", buf: b[1], dt: gpu.F32, n: n * width}
+	adj, err := d.adjustLogits(logitsArg, width, rows)
+	if err != nil {
+		return err
+	}
 	kern := d.k("sample_rows")
 	for lo := 0; lo < n; lo += sampleRows {
 		cnt := min(sampleRows, n-lo)
@@ -69,5 +74,41 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 			return err
 		}
 	}
+	if adj != nil {
+		return d.launch(d.k("adjust_restore"), grid1(ceilDiv(adj.n/5, 256)), grid1(256), 0, logitsArg, i32Arg(width), *adj, i32Arg(adj.n/5))
+	}
 	return nil
+}
+
+// adjustLogits applies the rows' logit adjustments (gpu.LogitAdjust) in
+// place with adjust_apply, which keeps each logit it changes; the
+// returned entries, when not nil, are for adjust_restore to put them back
+// after the draw. Rows name each token at most once.
+func (d *Device) adjustLogits(logits arg, width int, rows []gpu.SampleRow) (*arg, error) {
+	var raw []byte
+	for r, sr := range rows {
+		for _, a := range sr.Adjust {
+			raw = binary.LittleEndian.AppendUint32(raw, uint32(r))
+			raw = binary.LittleEndian.AppendUint32(raw, uint32(a.ID))
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(a.Scale))
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(a.Add))
+			raw = binary.LittleEndian.AppendUint32(raw, 0)
+		}
+	}
+	if raw == nil {
+		return nil, nil
+	}
+	words := len(raw) / 4
+	e, err := d.scratchBuf("adjust", gpu.I32, words)
+	if err != nil {
+		return nil, fmt.Errorf("sample: %w", err)
+	}
+	if err := d.write(e, 0, raw); err != nil {
+		return nil, fmt.Errorf("sample: logit adjustments: %w", err)
+	}
+	ea := arg{kind: argBuf, name: "adjust", buf: e, dt: gpu.I32, n: words}
+	if err := d.launch(d.k("adjust_apply"), grid1(ceilDiv(words/5, 256)), grid1(256), 0, logits, i32Arg(width), ea, i32Arg(words/5)); err != nil {
+		return nil, err
+	}
+	return &ea, nil
 }

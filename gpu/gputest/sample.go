@@ -54,6 +54,16 @@ func (h *harness) sample(t *testing.T) {
 					r.U = 0.999999999
 				}
 			}
+			if i%4 == 3 {
+				// Penalties and biases on some tokens (gpu.LogitAdjust),
+				// one of them raised to the top.
+				for j := range 1 + i%9 {
+					id := int32((j*104729 + i*31) % width)
+					r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: id, Scale: 1 + float32(j%3)*0.4, Add: float32(j%5) - 2})
+				}
+				r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width - 1), Scale: 1, Add: 9})
+				r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width + 5), Scale: 2, Add: 1}) // outside: skipped
+			}
 			rows, peaked = append(rows, r.SampleRow), append(peaked, r.peaked)
 		}
 		n := len(rows)
@@ -76,6 +86,16 @@ func (h *harness) sample(t *testing.T) {
 		got := make([]int32, n)
 		if err := h.dev.Read(gpu.I32Bytes(got), out.d, 0); err != nil {
 			t.Fatal(err)
+		}
+		// The logits read as they were: adjustments are for the draw.
+		after := make([]float32, n*width)
+		if err := h.dev.Read(gpu.F32Bytes(after), logits.d, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i := range after {
+			if math.Float32bits(after[i]) != math.Float32bits(v[i]) {
+				t.Fatalf("width %d: logit %d of row %d changed by the draw: %v, was %v", width, i%width, i/width, after[i], v[i])
+			}
 		}
 		var sc gpu.SampleScratch
 		host := func(r int, row gpu.SampleRow) int32 {
@@ -107,6 +127,11 @@ func (h *harness) sample(t *testing.T) {
 		bad[0].U = 1
 		if err := s.Sample(out.d, logits.d, n, width, bad); err == nil {
 			t.Errorf("width %d: a draw of 1 was taken", width)
+		}
+		bad = append([]gpu.SampleRow(nil), rows...)
+		bad[1].Adjust = []gpu.LogitAdjust{{ID: 1, Scale: 0}}
+		if err := s.Sample(out.d, logits.d, n, width, bad); err == nil {
+			t.Errorf("width %d: a logit scaled by 0 was taken", width)
 		}
 		if err := s.Sample(out.d, logits.d, n, width, rows[1:]); err == nil {
 			t.Errorf("width %d: %d draws for %d rows were taken", width, n-1, n)

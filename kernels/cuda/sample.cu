@@ -807,3 +807,35 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   if (pick == NO_INDEX) pick = kk - 1;
   if (tid == pick) out[blockIdx.x] = idx;
 }
+
+// Logit adjustments before a draw (gpu.LogitAdjust): entry i of e is five
+// words, {row, token, scale, add, saved}. adjust_apply keeps each entry's
+// logit in saved and sets it to l/scale where l > 0, l*scale otherwise,
+// plus add (float32 arithmetic, as gpu.AdjustLogits); adjust_restore puts
+// the kept logits back after the draw, so the rows read as they were (a
+// row left to the host is drawn from its own logits). Entries name
+// distinct (row, token) pairs; tokens outside [0, width) are skipped.
+extern "C" __global__ void __launch_bounds__(256) adjust_apply(float* __restrict__ logits, int width,
+                                                               int* __restrict__ e, int n) {
+  pdl_begin();
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int* p = e + 5 * i;
+  int id = p[1];
+  if (id < 0 || id >= width) return;
+  float* l = logits + (long)p[0] * width + id;
+  float x = *l, scale = __int_as_float(p[2]), add = __int_as_float(p[3]);
+  p[4] = __float_as_int(x);
+  *l = __fadd_rn(x > 0.f ? __fdiv_rn(x, scale) : __fmul_rn(x, scale), add);
+}
+
+extern "C" __global__ void __launch_bounds__(256) adjust_restore(float* __restrict__ logits, int width,
+                                                                 const int* __restrict__ e, int n) {
+  pdl_begin();
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int* p = e + 5 * i;
+  int id = p[1];
+  if (id < 0 || id >= width) return;
+  logits[(long)p[0] * width + id] = __int_as_float(p[4]);
+}

@@ -121,18 +121,28 @@ func (s *State) Greedy() bool {
 }
 
 // Drawable reports whether the next token may be drawn where the logits
-// are (gpu.SampleRow, then Accept): no log-probabilities to report and a
-// draw from the logits alone (sample.Sampler.Drawable).
+// are (Row, then Accept): no log-probabilities to report.
 func (s *State) Drawable() bool {
-	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.sampler.Drawable()
+	return !s.p.Logprobs && s.p.TopLogprobs == 0
 }
 
 // Row is the next token's draw, to be made where the logits are, taking
-// the uniform number Next would take.
-func (s *State) Row() gpu.SampleRow { return s.sampler.Row() }
+// the uniform number Next would take, with the penalties and bias that
+// the sequence so far gives (sample.Params.Adjustments).
+func (s *State) Row() gpu.SampleRow {
+	r := s.sampler.Row()
+	r.Adjust = s.p.Adjustments(s.seen, s.counts)
+	return r
+}
+
+// Chains reports whether NextRow knows the draw after the next one
+// before the next token is chosen: not when penalties or a bias depend
+// on the tokens.
+func (s *State) Chains() bool { return !s.p.Adjusts() }
 
 // NextRow is the draw Row makes next, without making it
-// (sample.Sampler.NextRow): after a step's Row, the next step's.
+// (sample.Sampler.NextRow): after a step's Row, the next step's. Only
+// where Chains.
 func (s *State) NextRow() gpu.SampleRow { return s.sampler.NextRow() }
 
 // Next samples a token from logits (which it may modify) and returns it.

@@ -1,9 +1,11 @@
 package sample
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -74,37 +76,51 @@ func (p Params) Adjusts() bool {
 // Counting reports whether Adjust reads the output's token counts.
 func (p Params) Counting() bool { return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 }
 
-// Adjust applies p to logits in place: the repetition penalty to the
-// tokens of seen (the distinct tokens of the prompt and the output: a
-// token is penalised once however often it repeats, as Hugging Face's
-// RepetitionPenaltyLogitsProcessor does), then the presence and frequency
-// penalties by the output's counts of each token, then the logit bias.
-// Ids outside logits are skipped.
-func (p Params) Adjust(logits []float32, seen []int32, counts map[int32]int32) {
-	in := func(id int32) bool { return id >= 0 && int(id) < len(logits) }
+// Adjustments are p's changes to the logits of the next draw, a token at
+// most once (gpu.LogitAdjust): the repetition penalty on the tokens of
+// seen (the distinct tokens of the prompt and the output: a token is
+// penalised once however often it repeats, as Hugging Face's
+// RepetitionPenaltyLogitsProcessor does), the presence and frequency
+// penalties by the output's counts of each token, and the logit bias,
+// added after the penalties. Nil when p changes nothing.
+func (p Params) Adjustments(seen []int32, counts map[int32]int32) []gpu.LogitAdjust {
+	if !p.Adjusts() {
+		return nil
+	}
+	at := map[int32]int{}
+	var adj []gpu.LogitAdjust
+	get := func(id int32) *gpu.LogitAdjust {
+		i, ok := at[id]
+		if !ok {
+			i = len(adj)
+			at[id] = i
+			adj = append(adj, gpu.LogitAdjust{ID: id, Scale: 1})
+		}
+		return &adj[i]
+	}
 	if rp := p.RepetitionPenalty; rp > 0 && rp != 1 {
 		for _, id := range seen {
-			if in(id) {
-				if l := logits[id]; l > 0 {
-					logits[id] = l / rp
-				} else {
-					logits[id] = l * rp
-				}
-			}
+			get(id).Scale = rp
 		}
 	}
 	if p.Counting() {
 		for id, c := range counts {
-			if in(id) && c > 0 {
-				logits[id] -= p.PresencePenalty + float32(c)*p.FrequencyPenalty
+			if c > 0 {
+				get(id).Add = -(p.PresencePenalty + float32(c)*p.FrequencyPenalty)
 			}
 		}
 	}
 	for id, b := range p.LogitBias {
-		if in(id) {
-			logits[id] += b
-		}
+		a := get(id)
+		a.Add += b
 	}
+	slices.SortFunc(adj, func(a, b gpu.LogitAdjust) int { return cmp.Compare(a.ID, b.ID) })
+	return adj
+}
+
+// Adjust applies p's Adjustments to logits in place.
+func (p Params) Adjust(logits []float32, seen []int32, counts map[int32]int32) {
+	gpu.AdjustLogits(logits, p.Adjustments(seen, counts))
 }
 
 // Sampler draws tokens for one sequence.
@@ -138,14 +154,10 @@ func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 // modifies logits where an adjustment is set; LogProb gives the chosen
 // token's log-probability under them. The draw is gpu.SampleHost's.
 func (s *Sampler) Sample(logits []float32, seen []int32, counts map[int32]int32) int32 {
-	s.p.Adjust(logits, seen, counts)
-	return gpu.SampleHost(logits, s.Row(), &s.scratch)
+	r := s.Row()
+	r.Adjust = s.p.Adjustments(seen, counts)
+	return gpu.SampleHost(logits, r, &s.scratch)
 }
-
-// Drawable reports whether the next token can be drawn from its row of
-// logits alone (gpu.SampleHost, or a device's gpu.Sampler, with Row): no
-// adjustment, which needs the sequence's tokens (Params.Adjusts).
-func (s *Sampler) Drawable() bool { return !s.p.Adjusts() }
 
 // Row returns the draw of the next token as a device makes it, taking its
 // uniform number from the sampler's generator (none for greedy): the same

@@ -166,7 +166,7 @@ func TestNextRowKeepsTheSequence(t *testing.T) {
 			continue
 		}
 		want, got := plain.Row(), ahead.Row()
-		if got != want {
+		if !got.Equal(want) {
 			t.Fatalf("draw %d: Row %+v after NextRow, %+v without", i, got, want)
 		}
 		if i%3 != 2 && got.U != next {
