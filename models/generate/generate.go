@@ -2,6 +2,7 @@ package generate
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/troupe/troupe/gpu"
@@ -73,9 +74,12 @@ type State struct {
 	eos     map[int32]bool
 	dec     Detokenizer
 	sampler *sample.Sampler
-	seen    []int32         // the distinct tokens of the prompt and the output, for a repetition penalty
-	seenSet map[int32]bool  // seen's tokens
-	counts  map[int32]int32 // the output's tokens, for presence and frequency penalties
+	// adj are the next draw's changes to the logits, a token at most once,
+	// kept as the sequence grows (when the params set penalties or a bias);
+	// adjAt is each token's entry and counts the output's count of each.
+	adj    []gpu.LogitAdjust
+	adjAt  map[int32]int
+	counts map[int32]int32
 	held    string          // text withheld because it may begin a stop string
 	n       int
 	done    bool
@@ -87,23 +91,51 @@ func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 	for _, id := range eos {
 		s.eos[id] = true
 	}
-	if p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1 {
-		s.seenSet = map[int32]bool{}
-		for _, id := range prompt {
-			s.see(id)
+	if p.Adjusts() {
+		s.adjAt, s.counts = map[int32]int{}, map[int32]int32{}
+		for id, b := range p.LogitBias {
+			s.entry(id).Add = b
 		}
-	}
-	if p.Counting() {
-		s.counts = map[int32]int32{}
+		if s.repeats() {
+			for _, id := range prompt {
+				s.entry(id).Scale = p.RepetitionPenalty
+			}
+		}
 	}
 	return s
 }
 
-// see adds id to the distinct tokens seen.
-func (s *State) see(id int32) {
-	if !s.seenSet[id] {
-		s.seenSet[id] = true
-		s.seen = append(s.seen, id)
+// repeats reports whether a repetition penalty is set.
+func (s *State) repeats() bool { return s.p.RepetitionPenalty > 0 && s.p.RepetitionPenalty != 1 }
+
+// entry is token id's change, added unchanging (scale 1, add 0) if new.
+func (s *State) entry(id int32) *gpu.LogitAdjust {
+	i, ok := s.adjAt[id]
+	if !ok {
+		i = len(s.adj)
+		s.adjAt[id] = i
+		s.adj = append(s.adj, gpu.LogitAdjust{ID: id, Scale: 1})
+	}
+	return &s.adj[i]
+}
+
+// saw updates the changes for a token the output gained: the repetition
+// penalty reaches it; the presence and frequency penalties by its count,
+// then its bias, added to theirs.
+func (s *State) saw(id int32) {
+	if s.adjAt == nil {
+		return
+	}
+	if s.repeats() {
+		s.entry(id).Scale = s.p.RepetitionPenalty
+	}
+	if s.p.Counting() {
+		s.counts[id]++
+		add := -(s.p.PresencePenalty + float32(s.counts[id])*s.p.FrequencyPenalty)
+		if b, ok := s.p.LogitBias[id]; ok {
+			add += b
+		}
+		s.entry(id).Add = add
 	}
 }
 
@@ -128,10 +160,12 @@ func (s *State) Drawable() bool {
 
 // Row is the next token's draw, to be made where the logits are, taking
 // the uniform number Next would take, with the penalties and bias that
-// the sequence so far gives (sample.Params.Adjustments).
+// the sequence so far gives: the repetition penalty on each distinct
+// token of the prompt and the output, the presence and frequency
+// penalties by the output's counts, and the bias added after them.
 func (s *State) Row() gpu.SampleRow {
 	r := s.sampler.Row()
-	r.Adjust = s.p.Adjustments(s.seen, s.counts)
+	r.Adjust = slices.Clone(s.adj)
 	return r
 }
 
@@ -147,7 +181,7 @@ func (s *State) NextRow() gpu.SampleRow { return s.sampler.NextRow() }
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
-	id := s.sampler.Sample(logits, s.seen, s.counts)
+	id := s.sampler.Sample(logits, s.adj)
 	st := Step{ID: id}
 	if s.p.Logprobs || s.p.TopLogprobs > 0 {
 		st.Logprob = sample.LogProb(logits, int(id))
@@ -165,12 +199,7 @@ func (s *State) Accept(id int32, logprob float32) Step {
 
 func (s *State) accept(st Step) Step {
 	s.n++
-	if s.seenSet != nil {
-		s.see(st.ID)
-	}
-	if s.counts != nil {
-		s.counts[st.ID]++
-	}
+	s.saw(st.ID)
 	if s.eos[st.ID] && !s.p.IgnoreEOS {
 		st.Text = s.held + s.dec.Flush()
 		st.Reason = Stop

@@ -1,9 +1,11 @@
 package generate
 
 import (
+	"math"
 	"strings"
 	"testing"
 
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/sample"
 )
 
@@ -102,22 +104,89 @@ func TestGreedy(t *testing.T) {
 	}
 }
 
-// TestPenaltiesFollowTheSequence: the repetition penalty reaches each
-// distinct token of the prompt and the output once; the frequency and
-// presence penalties the output's tokens by their counts, not the prompt's.
-func TestPenaltiesFollowTheSequence(t *testing.T) {
+// TestAdjustmentsFollowTheSequence: the draw's changes at every step equal
+// a float64 oracle's: the repetition penalty on each distinct token of the
+// prompt and the output once, the presence and frequency penalties by the
+// output's counts (the prompt's do not count), then the bias; and the host
+// draw (Next) uses them as the device's (Row) would.
+func TestAdjustmentsFollowTheSequence(t *testing.T) {
+	const vocab = 12
+	table := make([]string, vocab)
+	for i := range table {
+		table[i] = string(rune('a' + i))
+	}
+	prompt := []int32{1, 1, 4, 9, 1}
+	out := []int32{4, 7, 4, 4, 2, 7}
+	for _, p := range []sample.Params{
+		{RepetitionPenalty: 1.3},
+		{PresencePenalty: 0.7, FrequencyPenalty: 0.4},
+		{FrequencyPenalty: -0.6, LogitBias: map[int32]float32{2: 3, 9: -100, 5: 0.25}},
+		{RepetitionPenalty: 0.8, PresencePenalty: -1.5, FrequencyPenalty: 2, LogitBias: map[int32]float32{4: 1.5, 11: -2}},
+	} {
+		s := New(Params{MaxTokens: 64, Params: p}, prompt, nil, &letters{table})
+		for step := 0; step <= len(out); step++ {
+			raw := make([]float32, vocab)
+			for i := range raw {
+				raw[i] = float32(i%5) - 1.7 + float32(step)*0.1
+			}
+			want := oracle(p, raw, prompt, out[:step])
+			got := append([]float32(nil), raw...)
+			gpu.AdjustLogits(got, s.Row().Adjust)
+			for i := range want {
+				if d := math.Abs(float64(got[i]) - want[i]); d > 1e-5*max(1, math.Abs(want[i])) {
+					t.Fatalf("%+v, step %d: logit %d = %v, oracle %v", p, step, i, got[i], want[i])
+				}
+			}
+			if step == len(out) {
+				break
+			}
+			s.Accept(out[step], 0)
+		}
+	}
+}
+
+// oracle is the adjusted logits in float64.
+func oracle(p sample.Params, raw []float32, prompt, out []int32) []float64 {
+	seen, count := map[int32]bool{}, map[int32]int{}
+	for _, id := range prompt {
+		seen[id] = true
+	}
+	for _, id := range out {
+		seen[id] = true
+		count[id]++
+	}
+	l := make([]float64, len(raw))
+	for i, x := range raw {
+		v := float64(x)
+		if rp := float64(p.RepetitionPenalty); rp > 0 && rp != 1 && seen[int32(i)] {
+			if v > 0 {
+				v /= rp
+			} else {
+				v *= rp
+			}
+		}
+		if c := count[int32(i)]; c > 0 {
+			v -= float64(p.PresencePenalty) + float64(c)*float64(p.FrequencyPenalty)
+		}
+		l[i] = v + float64(p.LogitBias[int32(i)])
+	}
+	return l
+}
+
+// TestNextDrawsAdjusted: the host draw (Next) applies the same changes, so
+// a bias can force the token and a presence penalty steer away from one.
+func TestNextDrawsAdjusted(t *testing.T) {
 	table := []string{"a", "b", "c", "d"}
-	s := New(Params{MaxTokens: 8, Params: sample.Params{RepetitionPenalty: 2}}, []int32{1, 1, 1}, nil, &letters{table})
-	l := []float32{0, 8, 0, 0}
-	if st := s.Next(l); st.ID != 1 || l[1] != 4 {
-		t.Errorf("repetition penalty: token %d, logit %v; want 1 and 8/2 (once for three in the prompt)", st.ID, l[1])
+	s := New(Params{MaxTokens: 8, Params: sample.Params{PresencePenalty: 2}}, []int32{2, 2}, nil, &letters{table})
+	l := []float32{0, 0, 5, 4}
+	if st := s.Next(l); st.ID != 2 {
+		t.Errorf("the prompt's tokens are not penalised: got %d, want 2", st.ID)
 	}
-	s = New(Params{MaxTokens: 8, Params: sample.Params{PresencePenalty: 1, FrequencyPenalty: 0.5}}, []int32{2, 2}, nil, &letters{table})
-	for range 2 {
-		s.Accept(3, 0)
+	if st := s.Next([]float32{0, 0, 5, 4}); st.ID != 3 {
+		t.Errorf("presence penalty 2 after token 2: got %d, want 3", st.ID)
 	}
-	l = []float32{0, 0, 5, 5}
-	if st := s.Next(l); st.ID != 2 || l[2] != 5 || l[3] != 5-1-2*0.5 {
-		t.Errorf("presence and frequency penalties: token %d, logits %v; want 2, the prompt's token untouched, 3 at 5-1-2·0.5", st.ID, l)
+	s = New(Params{MaxTokens: 8, Params: sample.Params{LogitBias: map[int32]float32{0: 100}}}, nil, nil, &letters{table})
+	if st := s.Next([]float32{-50, 0, 5, 4}); st.ID != 0 {
+		t.Errorf("logit_bias 100: got %d, want 0", st.ID)
 	}
 }

@@ -1,11 +1,9 @@
 package sample
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -22,14 +20,16 @@ type Params struct {
 	// MinP drops tokens less likely than MinP times the most likely; 0 keeps all.
 	MinP float32
 	// RepetitionPenalty divides positive (multiplies negative) logits of
-	// tokens already seen, in the prompt or the output; 0 or 1 disables it.
+	// tokens already seen, in the prompt or the output, each distinct token
+	// once however often it repeats (as Hugging Face's
+	// RepetitionPenaltyLogitsProcessor); 0 or 1 disables it.
 	RepetitionPenalty float32
 	// PresencePenalty is subtracted from the logit of each token the output
 	// holds, FrequencyPenalty once for each time it holds it (OpenAI's
 	// penalties, in [-2, 2]; negative values favour repeats).
 	PresencePenalty, FrequencyPenalty float32
-	// LogitBias is added to the logits of its tokens (in [-100, 100]: -100
-	// all but bans a token, 100 all but forces it).
+	// LogitBias is added to the logits of its tokens after the penalties
+	// (in [-100, 100]: -100 all but bans a token, 100 all but forces it).
 	LogitBias map[int32]float32
 	// Seed makes draws reproducible; nil seeds from the runtime.
 	Seed *int64
@@ -66,62 +66,15 @@ func (p Params) Validate() error {
 // MaxLogitBias is the most tokens a logit bias names.
 const MaxLogitBias = 1024
 
-// Adjusts reports whether p changes logits before a draw (Adjust): then
-// the draw needs the sequence's tokens, not the logits alone.
+// Adjusts reports whether p changes logits before a draw (penalties, a
+// bias): then the draw needs the sequence's tokens, not the logits alone.
 func (p Params) Adjusts() bool {
 	rp := p.RepetitionPenalty
 	return rp != 0 && rp != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || len(p.LogitBias) > 0
 }
 
-// Counting reports whether Adjust reads the output's token counts.
+// Counting reports whether the penalties read the output's token counts.
 func (p Params) Counting() bool { return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 }
-
-// Adjustments are p's changes to the logits of the next draw, a token at
-// most once (gpu.LogitAdjust): the repetition penalty on the tokens of
-// seen (the distinct tokens of the prompt and the output: a token is
-// penalised once however often it repeats, as Hugging Face's
-// RepetitionPenaltyLogitsProcessor does), the presence and frequency
-// penalties by the output's counts of each token, and the logit bias,
-// added after the penalties. Nil when p changes nothing.
-func (p Params) Adjustments(seen []int32, counts map[int32]int32) []gpu.LogitAdjust {
-	if !p.Adjusts() {
-		return nil
-	}
-	at := map[int32]int{}
-	var adj []gpu.LogitAdjust
-	get := func(id int32) *gpu.LogitAdjust {
-		i, ok := at[id]
-		if !ok {
-			i = len(adj)
-			at[id] = i
-			adj = append(adj, gpu.LogitAdjust{ID: id, Scale: 1})
-		}
-		return &adj[i]
-	}
-	if rp := p.RepetitionPenalty; rp > 0 && rp != 1 {
-		for _, id := range seen {
-			get(id).Scale = rp
-		}
-	}
-	if p.Counting() {
-		for id, c := range counts {
-			if c > 0 {
-				get(id).Add = -(p.PresencePenalty + float32(c)*p.FrequencyPenalty)
-			}
-		}
-	}
-	for id, b := range p.LogitBias {
-		a := get(id)
-		a.Add += b
-	}
-	slices.SortFunc(adj, func(a, b gpu.LogitAdjust) int { return cmp.Compare(a.ID, b.ID) })
-	return adj
-}
-
-// Adjust applies p's Adjustments to logits in place.
-func (p Params) Adjust(logits []float32, seen []int32, counts map[int32]int32) {
-	gpu.AdjustLogits(logits, p.Adjustments(seen, counts))
-}
 
 // Sampler draws tokens for one sequence.
 type Sampler struct {
@@ -148,14 +101,13 @@ func New(p Params) *Sampler {
 // Greedy reports whether the sampler always picks the most likely token.
 func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 
-// Sample picks a token from logits after Params.Adjust (seen: the
-// distinct prompt and output tokens, counts: the output's count of each
-// token). It
-// modifies logits where an adjustment is set; LogProb gives the chosen
-// token's log-probability under them. The draw is gpu.SampleHost's.
-func (s *Sampler) Sample(logits []float32, seen []int32, counts map[int32]int32) int32 {
+// Sample picks a token from logits after the changes adj (the sequence's
+// penalties and bias, which generate.State keeps). It modifies logits
+// where adj does; LogProb gives the chosen token's log-probability under
+// them. The draw is gpu.SampleHost's.
+func (s *Sampler) Sample(logits []float32, adj []gpu.LogitAdjust) int32 {
 	r := s.Row()
-	r.Adjust = s.p.Adjustments(seen, counts)
+	r.Adjust = adj
 	return gpu.SampleHost(logits, r, &s.scratch)
 }
 

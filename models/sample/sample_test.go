@@ -3,6 +3,8 @@ package sample
 import (
 	"math"
 	"testing"
+
+	"github.com/troupe/troupe/gpu"
 )
 
 func seed(v int64) *int64 { return &v }
@@ -12,7 +14,7 @@ func draws(p Params, logits []float32, n int) map[int32]int {
 	got := map[int32]int{}
 	for range n {
 		l := append([]float32(nil), logits...)
-		id := s.Sample(l, nil, nil)
+		id := s.Sample(l, nil)
 		got[id]++
 	}
 	return got
@@ -20,7 +22,7 @@ func draws(p Params, logits []float32, n int) map[int32]int {
 
 func TestGreedyAndTies(t *testing.T) {
 	s := New(Params{})
-	if id := s.Sample([]float32{1, 3, 3, 2}, nil, nil); id != 1 {
+	if id := s.Sample([]float32{1, 3, 3, 2}, nil); id != 1 {
 		t.Errorf("got %d, want 1: the first of equal maxima", id)
 	}
 }
@@ -30,8 +32,8 @@ func TestSeedReproducible(t *testing.T) {
 	p := Params{Temperature: 1, Seed: seed(7)}
 	a, b := New(p), New(p)
 	for i := range 50 {
-		x := a.Sample(append([]float32(nil), logits...), nil, nil)
-		y := b.Sample(append([]float32(nil), logits...), nil, nil)
+		x := a.Sample(append([]float32(nil), logits...), nil)
+		y := b.Sample(append([]float32(nil), logits...), nil)
 		if x != y {
 			t.Fatalf("draw %d: %d != %d with the same seed", i, x, y)
 		}
@@ -58,46 +60,19 @@ func TestFilters(t *testing.T) {
 	}
 }
 
-func TestRepetitionPenalty(t *testing.T) {
-	s := New(Params{RepetitionPenalty: 2})
-	logits := []float32{4, 3, -1}
-	if id := s.Sample(logits, []int32{0}, nil); id != 1 {
-		t.Errorf("got %d, want 1 once token 0 is penalised", id)
-	}
-	if logits[0] != 2 {
-		t.Errorf("penalised logit %v, want 2", logits[0])
-	}
-}
-
-// TestAdjust: each adjustment's exact effect, in order: the repetition
-// penalty on the distinct tokens seen, presence and frequency penalties by
-// the output's counts, then the bias; ids outside the row are skipped.
-func TestAdjust(t *testing.T) {
-	p := Params{RepetitionPenalty: 2, PresencePenalty: 0.5, FrequencyPenalty: 0.25, LogitBias: map[int32]float32{4: -100, 2: 1.5, 9: 3}}
-	logits := []float32{4, 3, -1, 0.5, 2}
-	p.Adjust(logits, []int32{0, 2, 7}, map[int32]int32{0: 2, 3: 1, 8: 4})
-	want := []float32{
-		4.0/2 - 0.5 - 2*0.25, // seen, and in the output twice
-		3,                    // untouched
-		-1*2 + 1.5,           // seen (negative: multiplied), biased
-		0.5 - 0.5 - 0.25,     // in the output once
-		2 - 100,              // biased
-	}
-	for i := range want {
-		if logits[i] != want[i] {
-			t.Errorf("logit %d = %v, want %v", i, logits[i], want[i])
-		}
-	}
-	if !p.Adjusts() || !p.Counting() || (Params{}).Adjusts() || (Params{RepetitionPenalty: 1}).Adjusts() {
-		t.Error("Adjusts or Counting wrong")
-	}
-	// Greedy under a bias takes the biased token; under a presence penalty
-	// the next best once the best is in the output.
-	if id := New(Params{LogitBias: map[int32]float32{1: 2}}).Sample([]float32{2, 1, 0}, nil, nil); id != 1 {
+// TestSampleAdjusted: the draw applies its changes first: greedy under a
+// bias takes the biased token, under a penalty the next best.
+func TestSampleAdjusted(t *testing.T) {
+	if id := New(Params{}).Sample([]float32{2, 1, 0}, []gpu.LogitAdjust{{ID: 1, Scale: 1, Add: 2}}); id != 1 {
 		t.Errorf("greedy with bias: %d, want 1", id)
 	}
-	if id := New(Params{PresencePenalty: 1.5}).Sample([]float32{2, 1, 0}, nil, map[int32]int32{0: 1}); id != 1 {
-		t.Errorf("greedy with presence penalty: %d, want 1", id)
+	l := []float32{2, 1.5, 0}
+	if id := New(Params{}).Sample(l, []gpu.LogitAdjust{{ID: 0, Scale: 2, Add: -0.5}}); id != 1 || l[0] != 0.5 {
+		t.Errorf("greedy with a penalty: %d, logit %v; want 1 and 2/2-0.5", id, l[0])
+	}
+	p := Params{RepetitionPenalty: 1.2, LogitBias: map[int32]float32{3: 1}}
+	if !p.Adjusts() || p.Counting() || (Params{}).Adjusts() || (Params{RepetitionPenalty: 1}).Adjusts() || !(Params{FrequencyPenalty: -1}).Counting() {
+		t.Error("Adjusts or Counting wrong")
 	}
 }
 
@@ -159,7 +134,7 @@ func TestNextRowKeepsTheSequence(t *testing.T) {
 			}
 		}
 		if i%4 == 1 {
-			x, y := plain.Sample(append([]float32(nil), logits...), nil, nil), ahead.Sample(append([]float32(nil), logits...), nil, nil)
+			x, y := plain.Sample(append([]float32(nil), logits...), nil), ahead.Sample(append([]float32(nil), logits...), nil)
 			if x != y {
 				t.Fatalf("draw %d: Sample drew %d after NextRow, %d without", i, y, x)
 			}
