@@ -80,9 +80,9 @@ type State struct {
 	adj    []gpu.LogitAdjust
 	adjAt  map[int32]int
 	counts map[int32]int32
-	held    string          // text withheld because it may begin a stop string
-	n       int
-	done    bool
+	held   string // text withheld because it may begin a stop string
+	n      int
+	done   bool
 }
 
 // New starts a generation after prompt.
