@@ -234,3 +234,30 @@ func TestForwardArgmaxWire(t *testing.T) {
 		t.Fatalf("reply decoded as %+v, %v", r, err)
 	}
 }
+
+// TestDrawsWire round-trips a drawn step's plan, its draws' logit changes
+// included, and a submit with penalties and a bias, through the bus codec.
+func TestDrawsWire(t *testing.T) {
+	rows := []gpu.SampleRow{
+		{Temperature: 0.8, TopK: 40, U: 0.25, Adjust: []gpu.LogitAdjust{{ID: 7, Scale: 1.2, Add: -0.5}, {ID: 90000, Scale: 1, Add: 3}}},
+		{Temperature: 0, U: 0},
+	}
+	msg := ForwardMsg{Step: 3, Tokens: []int32{1, 2}, Pos: []int32{4, 9}, Seq: []int32{0, 1}, Tables: [][]int32{{3}, {4}}, Logits: []int32{0, 1},
+		Sample: rows, Continues: true}
+	raw, err := bus.Encode(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got ForwardMsg
+	if err := bus.Decode(raw, &got); err != nil || !slices.EqualFunc(got.Sample, rows, gpu.SampleRow.Equal) || got.NextSample != nil {
+		t.Fatalf("decoded %+v, %v; want the draws %+v", got.Sample, err, rows)
+	}
+	sub := SubmitMsg{ID: "r", Prompt: []int32{1}, MaxTokens: 4, PresencePenalty: -1.5, FrequencyPenalty: 0.25, LogitBias: map[int32]float32{5: -100, 6: 2}}
+	if raw, err = bus.Encode(sub); err != nil {
+		t.Fatal(err)
+	}
+	var s SubmitMsg
+	if err := bus.Decode(raw, &s); err != nil || s.PresencePenalty != -1.5 || s.FrequencyPenalty != 0.25 || len(s.LogitBias) != 2 || s.LogitBias[5] != -100 || s.LogitBias[6] != 2 {
+		t.Fatalf("submit decoded as %+v, %v", s, err)
+	}
+}
