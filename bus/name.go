@@ -16,87 +16,137 @@ import (
 // the name it was given.
 var ErrNameTaken = errors.New("bus: a node of the cluster goes by this name")
 
-// seedWait bounds the wait for a seed's greeting.
-const seedWait = time.Second
+// seedWait bounds the wait for a seed's greeting; recheckWait how long a
+// started server keeps asking the seeds that were silent before it.
+const (
+	seedWait    = time.Second
+	recheckWait = time.Second
+)
 
-// checkName refuses the name of a node that cfg joins through. Routes
-// between servers of one name never form: the cluster refuses the second
-// one's routes over and over, and it would run alone, its registry and
-// subjects apart from the cluster's. Every route port greets a connection
-// with an INFO line (the NATS protocol's first message, before TLS or
-// credentials) that carries its server's name and cluster, so each seed is
-// asked before this node's server starts. Seeds that do not answer within
-// a second are skipped: nodes start in any order, and a seed may be this
-// node itself. Nodes reached only through others, and nodes that start at
-// the same moment, are not checked.
-func checkName(ctx context.Context, cfg Config) error {
-	if cfg.Cluster.Listen == "" || len(cfg.Cluster.Routes) == 0 {
+// Routes between servers of one name never form: the cluster refuses the
+// second one's routes over and over, and it would run alone, its registry
+// and subjects apart from the cluster's. Every route port greets a
+// connection with an INFO line (the NATS protocol's first message, before
+// TLS or credentials) that carries its server's id, name and cluster, so
+// Start asks each seed before the server starts (checkName) and, for a
+// second after, the seeds that were silent (recheckName): of two nodes of
+// one name that start at the same moment, whichever finds the other up
+// refuses. A seed that is this node itself answers with its own server
+// id. Nodes reached only through others are not checked.
+
+// seedHosts are the host:port of cfg's seed routes.
+func seedHosts(cfg Config) []string {
+	if cfg.Cluster.Listen == "" {
 		return nil
 	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		taken string
-	)
+	var hosts []string
 	for _, r := range cfg.Cluster.Routes {
-		u, err := routeURL(r, Auth{})
-		if err != nil {
-			return err // Validate refuses it first
+		if u, err := routeURL(r, Auth{}); err == nil { // Validate refuses the others
+			hosts = append(hosts, u.Host)
 		}
+	}
+	return hosts
+}
+
+// askSeeds asks each of hosts at once for its greeting. It returns a host
+// whose server goes by cfg's name in cfg's cluster and is not server self
+// (if any), and the hosts that did not answer.
+func askSeeds(ctx context.Context, cfg Config, hosts []string, self string) (taken string, silent []string) {
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
+	for _, h := range hosts {
 		wg.Go(func() {
-			name, cluster, err := greeting(ctx, u.Host)
-			if err == nil && name == cfg.Name && cluster == cfg.Cluster.Name {
-				mu.Lock()
-				taken = u.Host
-				mu.Unlock()
+			g, err := greeting(ctx, h)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				silent = append(silent, h)
+			case g.name == cfg.Name && g.cluster == cfg.Cluster.Name && g.id != self:
+				taken = h
 			}
 		})
 	}
 	wg.Wait()
+	return taken, silent
+}
+
+// checkName refuses the name of a node that cfg joins through, before the
+// server starts; it returns the seeds that did not answer.
+func checkName(ctx context.Context, cfg Config) (silent []string, err error) {
+	taken, silent := askSeeds(ctx, cfg, seedHosts(cfg), "")
 	if taken != "" {
-		return fmt.Errorf("%w: %q answers at %s, in cluster %q: give this node another name", ErrNameTaken, cfg.Name, taken, cfg.Cluster.Name)
+		return nil, nameTaken(cfg, taken)
+	}
+	return silent, nil
+}
+
+// recheckName asks the seeds that were silent before server self started
+// again, a fifth of recheckWait apart, until each has answered or
+// recheckWait has passed.
+func recheckName(ctx context.Context, cfg Config, silent []string, self string) error {
+	end := time.Now().Add(recheckWait)
+	for len(silent) > 0 && time.Now().Before(end) {
+		var taken string
+		if taken, silent = askSeeds(ctx, cfg, silent, self); taken != "" {
+			return nameTaken(cfg, taken)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(recheckWait / 5):
+		}
 	}
 	return nil
 }
 
-// greeting reads the INFO line the server at hostport sends first and
-// returns the server's name and cluster.
-func greeting(ctx context.Context, hostport string) (name, cluster string, err error) {
+func nameTaken(cfg Config, host string) error {
+	return fmt.Errorf("%w: %q answers at %s, in cluster %q: give this node another name", ErrNameTaken, cfg.Name, host, cfg.Cluster.Name)
+}
+
+// greetingInfo is what a server's greeting says of it.
+type greetingInfo struct{ id, name, cluster string }
+
+// greeting reads the INFO line the server at hostport sends first.
+func greeting(ctx context.Context, hostport string) (greetingInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, seedWait)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", hostport)
 	if err != nil {
-		return "", "", err
+		return greetingInfo{}, err
 	}
 	defer c.Close()
 	dl, _ := ctx.Deadline()
 	if err := c.SetReadDeadline(dl); err != nil {
-		return "", "", err
+		return greetingInfo{}, err
 	}
 	line, err := bufio.NewReaderSize(c, 4096).ReadSlice('\n')
 	if err != nil {
-		return "", "", fmt.Errorf("greeting of %s: %w", hostport, err)
+		return greetingInfo{}, fmt.Errorf("greeting of %s: %w", hostport, err)
 	}
-	name, cluster, err = parseGreeting(line)
+	g, err := parseGreeting(line)
 	if err != nil {
-		return "", "", fmt.Errorf("greeting of %s: %w", hostport, err)
+		return greetingInfo{}, fmt.Errorf("greeting of %s: %w", hostport, err)
 	}
-	return name, cluster, nil
+	return g, nil
 }
 
-// parseGreeting reads a server's name and cluster from its INFO line.
-func parseGreeting(line []byte) (name, cluster string, err error) {
+// parseGreeting reads a server's id, name and cluster from its INFO line.
+func parseGreeting(line []byte) (greetingInfo, error) {
 	rest, ok := strings.CutPrefix(string(line), "INFO ")
 	if !ok {
-		return "", "", errors.New("not an INFO line")
+		return greetingInfo{}, errors.New("not an INFO line")
 	}
 	var info struct {
+		ID      string `json:"server_id"`
 		Name    string `json:"server_name"`
 		Cluster string `json:"cluster"`
 	}
 	if err := json.Unmarshal([]byte(strings.TrimSpace(rest)), &info); err != nil {
-		return "", "", err
+		return greetingInfo{}, err
 	}
-	return info.Name, info.Cluster, nil
+	return greetingInfo{id: info.ID, name: info.Name, cluster: info.Cluster}, nil
 }

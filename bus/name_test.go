@@ -13,19 +13,19 @@ func FuzzGreeting(f *testing.F) {
 	f.Add([]byte("-ERR 'Authorization Violation'\r\n"))
 	f.Add([]byte("INFO {\"server_name\":1}\n"))
 	f.Fuzz(func(t *testing.T, line []byte) {
-		name, cluster, err := parseGreeting(line)
+		g, err := parseGreeting(line)
 		if err == nil && !strings.HasPrefix(string(line), "INFO ") {
-			t.Fatalf("%q parsed as a greeting (%q, %q)", line, name, cluster)
+			t.Fatalf("%q parsed as a greeting %+v", line, g)
 		}
 	})
 }
 
 func TestParseGreeting(t *testing.T) {
-	name, cluster, err := parseGreeting([]byte("INFO {\"server_id\":\"N1\",\"server_name\":\"alpha\",\"cluster\":\"c1\"} \r\n"))
-	if err != nil || name != "alpha" || cluster != "c1" {
-		t.Errorf("got %q, %q, %v", name, cluster, err)
+	g, err := parseGreeting([]byte("INFO {\"server_id\":\"N1\",\"server_name\":\"alpha\",\"cluster\":\"c1\"} \r\n"))
+	if err != nil || g != (greetingInfo{id: "N1", name: "alpha", cluster: "c1"}) {
+		t.Errorf("got %+v, %v", g, err)
 	}
-	if _, _, err := parseGreeting([]byte("PING\r\n")); err == nil {
+	if _, err := parseGreeting([]byte("PING\r\n")); err == nil {
 		t.Error("PING parsed as a greeting")
 	}
 }

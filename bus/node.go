@@ -25,7 +25,8 @@ type Node struct {
 
 // Start validates cfg, starts the server and waits until it accepts
 // connections or ctx ends. It refuses (ErrNameTaken) the name of a node of
-// the cluster that a seed route leads to.
+// the cluster that a seed route leads to, and, for a second after the
+// server starts, of one that starts at the same moment (bus/name.go).
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -33,7 +34,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("bus: start %q: %w", cfg.Name, err)
 	}
-	if err := checkName(ctx, cfg); err != nil {
+	silent, err := checkName(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, done: make(chan struct{})}
@@ -56,6 +58,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			n.stopOnce.Do(n.shutdown)
 			return nil, fmt.Errorf("bus: server %q not ready: %w", cfg.Name, err)
 		}
+	}
+	if err := recheckName(ctx, cfg, silent, srv.ID()); err != nil {
+		n.stopOnce.Do(n.shutdown)
+		return nil, err
 	}
 	return n, nil
 }

@@ -369,10 +369,12 @@ func TestShutdownHandsStreamsOff(t *testing.T) {
 	// Right away: a meta leader elsewhere (nats-server steps its raft
 	// leaders down as it shuts down), a stream leader elsewhere, and a
 	// write that lands.
-	metaAt := time.Now().Add(time.Second)
+	// An election without the handoff takes 4 s at least (nats-server's
+	// shortest election timeout).
+	metaAt := time.Now().Add(2 * time.Second)
 	for !nodes[other].srv.JetStreamIsLeader() && !nodes[third(names, leader, other)].srv.JetStreamIsLeader() {
 		if time.Now().After(metaAt) {
-			t.Fatalf("no meta leader a second after the meta leader %s stopped", leader)
+			t.Fatalf("no meta leader 2 s after the meta leader %s stopped", leader)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -429,4 +431,59 @@ func TestStartRefusesTakenName(t *testing.T) {
 	b := startNode(t, cfgOf("beta", "c1", a.RouteURL()))
 	waitFor(t, "beta routed to alpha", func() bool { return a.NumRoutes() >= 1 && b.NumRoutes() >= 1 })
 	startNode(t, cfgOf("alpha", "c2", a.RouteURL()))
+}
+
+// TestStartAtOnceRefusesOneName: of two nodes of one name that start at
+// the same moment, each the other's seed, one at least refuses once it
+// finds the other up. A seed that is the node itself is no conflict.
+func TestStartAtOnceRefusesOneName(t *testing.T) {
+	var routes []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, ln.Addr().String())
+		ln.Close()
+	}
+	cfgOf := func(listen string, seeds ...string) Config {
+		cfg := DefaultConfig()
+		cfg.Name = "alpha"
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ClientAuth = Auth{Token: "client-token"}
+		cfg.JetStream.Enabled = false
+		cfg.Cluster = Cluster{Name: "c1", Listen: listen, Routes: seeds, Auth: Auth{User: "route", Password: "pw"}}
+		return cfg
+	}
+	errs := make(chan error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			n, err := Start(ctx, cfgOf(routes[i], routes...)) // itself among its seeds
+			if err == nil {
+				// Up for as long as the other may ask it.
+				time.Sleep(2 * recheckWait)
+				_ = n.Shutdown(ctx)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	refused := 0
+	for err := range errs {
+		switch {
+		case errors.Is(err, ErrNameTaken):
+			refused++
+		case err != nil:
+			t.Errorf("Start: %v", err)
+		}
+	}
+	if refused == 0 {
+		t.Error("two nodes named alpha started at once, each the other's seed, and neither was refused")
+	}
+	// Alone, with itself among its seeds: it starts.
+	startNode(t, cfgOf(routes[0], routes[0]))
 }
