@@ -18,7 +18,7 @@ import (
 // write, so that its State can follow what the holder leads.
 //
 // The holder renews the entry four times per TTL, and at once when lead
-// calls its Lease's Renew. lead's context ends when the key may be lost: a
+// calls its Lease's Write. lead's context ends when the key may be lost: a
 // quarter of a TTL before the entry would expire since the last renewal
 // that succeeded, so that it has stopped before any other node can take
 // the key, or at once when another node holds it. lead's Lease also holds
@@ -86,23 +86,13 @@ type Lease struct {
 	// while it stood by or from the bucket's history: what to take over.
 	// Zero if none.
 	Last  Record
-	renew chan chan error // a write at once, and where to say how it went (or nil)
+	renew chan chan error // a write at once, and where to say how it went
 	ended chan struct{}   // closed when the holder writes no more
 }
 
 // ErrLeaseEnded is what Write returns once the holder writes the key no
 // more: it was lost, or given up.
 var ErrLeaseEnded = errors.New("registry: the key is no longer held")
-
-// Renew writes the key's entry at once, rather than at the next renewal,
-// without waiting: call it when what the entry says has changed, so that a
-// standby that takes over after a crash knows it.
-func (l *Lease) Renew() {
-	select {
-	case l.renew <- nil:
-	default:
-	}
-}
 
 // Write writes the key's entry at once and returns when the write has
 // landed, or why it did not: the key was lost (ErrLeaseEnded, or another

@@ -213,32 +213,6 @@ func holdLease(t *testing.T, reg *Registry, state *atomic.Value) (l *Lease, rele
 	return <-leases, sync.OnceFunc(func() { close(released) })
 }
 
-// TestLeaseRenew: a holder that changes what its entry says and renews
-// writes it at once, not at the next renewal (a quarter of the TTL, here
-// 5 s, away).
-func TestLeaseRenew(t *testing.T) {
-	node, _ := testBus(t, "server")
-	reg := testRegistry(t, node, 20*time.Second)
-	ctx := context.Background()
-	var state atomic.Value
-	l, _ := holdLease(t, reg, &state)
-	state.Store("v2")
-	l.Renew()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		gctx, gcancel := context.WithTimeout(ctx, time.Second)
-		rec, err := reg.Get(gctx, "lease", "g")
-		gcancel()
-		if err == nil && rec.State == "v2" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the entry after Renew: %+v, %v; want state v2 within 2 s", rec, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestLeaseWrite: Write returns once the entry says what the holder says
 // now (read back at once, no renewal waited for), and after the holder
 // gave the key up it says so.
