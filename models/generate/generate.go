@@ -96,7 +96,7 @@ func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 		for id, b := range p.LogitBias {
 			s.entry(id).Add = b
 		}
-		if s.repeats() {
+		if s.p.Repeats() {
 			for _, id := range prompt {
 				s.entry(id).Scale = p.RepetitionPenalty
 			}
@@ -104,9 +104,6 @@ func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 	}
 	return s
 }
-
-// repeats reports whether a repetition penalty is set.
-func (s *State) repeats() bool { return s.p.RepetitionPenalty > 0 && s.p.RepetitionPenalty != 1 }
 
 // entry is token id's change, added unchanging (scale 1, add 0) if new.
 func (s *State) entry(id int32) *gpu.LogitAdjust {
@@ -126,7 +123,7 @@ func (s *State) saw(id int32) {
 	if s.adjAt == nil {
 		return
 	}
-	if s.repeats() {
+	if s.p.Repeats() {
 		s.entry(id).Scale = s.p.RepetitionPenalty
 	}
 	if s.p.Counting() {

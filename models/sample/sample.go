@@ -69,9 +69,11 @@ const MaxLogitBias = 1024
 // Adjusts reports whether p changes logits before a draw (penalties, a
 // bias): then the draw needs the sequence's tokens, not the logits alone.
 func (p Params) Adjusts() bool {
-	rp := p.RepetitionPenalty
-	return rp != 0 && rp != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || len(p.LogitBias) > 0
+	return p.Repeats() || p.Counting() || len(p.LogitBias) > 0
 }
+
+// Repeats reports whether a repetition penalty is set.
+func (p Params) Repeats() bool { return p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1 }
 
 // Counting reports whether the penalties read the output's token counts.
 func (p Params) Counting() bool { return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 }
