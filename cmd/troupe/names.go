@@ -28,8 +28,14 @@ const (
 type nameClaims struct {
 	reg    *actors.Registry
 	log    io.Writer
-	claims []actors.Entry
-	held   []bool
+	claims []nameClaim
+}
+
+// nameClaim is one name: its entry, whether this node holds it, and
+// whether a conflict found after the start has been reported.
+type nameClaim struct {
+	e              actors.Entry
+	held, reported bool
 }
 
 // claimNames claims node's name and, with a group, the group's: one of
@@ -48,32 +54,32 @@ func claimNames(ctx context.Context, reg *actors.Registry, node, group string, l
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for i := range c.claims {
-		if err := c.claim(cctx, i); err != nil {
+		n := &c.claims[i]
+		if err := c.claim(cctx, n); err != nil {
 			if !errors.Is(err, errNameConflict) {
 				fmt.Fprintf(log, "node %s: names not checked: %v\n", node, err)
 				continue
 			}
 			flag := "--node"
-			if c.claims[i].State == claimGroup {
+			if n.e.State == claimGroup {
 				flag = "--group"
 			}
-			return nil, fmt.Errorf("serve: %s %s: %w: name the %s otherwise", flag, c.claims[i].ID, err, c.claims[i].State)
+			return nil, fmt.Errorf("serve: %s %s: %w: name the %s otherwise", flag, n.e.ID, err, n.e.State)
 		}
 	}
 	return c, nil
 }
 
 func (c *nameClaims) add(name, node, what string) {
-	c.claims = append(c.claims, actors.Entry{Kind: nameKind, ID: name, Node: node, Status: actors.StatusRunning, State: what})
-	c.held = append(c.held, false)
+	c.claims = append(c.claims, nameClaim{e: actors.Entry{Kind: nameKind, ID: name, Node: node, Status: actors.StatusRunning, State: what}})
 }
 
 // errNameConflict: a name is held by what it may not name at once.
 var errNameConflict = errors.New("name taken")
 
-// claim takes claim i, or says who holds it.
-func (c *nameClaims) claim(ctx context.Context, i int) error {
-	e := c.claims[i]
+// claim takes n, or says who holds it.
+func (c *nameClaims) claim(ctx context.Context, n *nameClaim) error {
+	e := n.e
 	rec, err := c.reg.Claim(ctx, e)
 	switch {
 	case err == nil:
@@ -88,7 +94,7 @@ func (c *nameClaims) claim(ctx context.Context, i int) error {
 	default:
 		return fmt.Errorf("%w: a node of that name runs", errNameConflict)
 	}
-	c.held[i] = true
+	n.held = true
 	return nil
 }
 
@@ -98,17 +104,17 @@ func (c *nameClaims) claim(ctx context.Context, i int) error {
 func (c *nameClaims) keep(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	reported := make([]bool, len(c.claims))
 	for {
-		for i, e := range c.claims {
+		for i := range c.claims {
+			n := &c.claims[i]
 			wctx, cancel := context.WithTimeout(ctx, time.Second)
 			switch {
-			case c.held[i]:
-				_ = c.reg.Put(wctx, e) // a miss is made up a second later
-			case !reported[i]:
-				if err := c.claim(wctx, i); errors.Is(err, errNameConflict) {
-					reported[i] = true
-					fmt.Fprintf(c.log, "node %s: %s %s: %v: its replicas share their names\n", e.Node, e.State, e.ID, err)
+			case n.held:
+				_ = c.reg.Put(wctx, n.e) // a miss is made up a second later
+			case !n.reported:
+				if err := c.claim(wctx, n); errors.Is(err, errNameConflict) {
+					n.reported = true
+					fmt.Fprintf(c.log, "node %s: %s %s: %v: its replicas share their names\n", n.e.Node, n.e.State, n.e.ID, err)
 				}
 			}
 			cancel()
@@ -125,10 +131,10 @@ func (c *nameClaims) keep(ctx context.Context) {
 // release gives the node's own name back as it stops, so that a group
 // may take it at once; a group's name lapses when its last node stops.
 func (c *nameClaims) release() {
-	for i, e := range c.claims {
-		if c.held[i] && e.State == claimNode {
+	for _, n := range c.claims {
+		if n.held && n.e.State == claimNode {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = c.reg.Delete(ctx, nameKind, e.ID)
+			_ = c.reg.Delete(ctx, nameKind, n.e.ID)
 			cancel()
 		}
 	}
