@@ -85,22 +85,21 @@ func (n *node) declare(ctx context.Context, replicas int, sh shape) (end func(),
 	if l == nil {
 		return func() {}, nil
 	}
+	setTarget := func(t *replicasDoc) {
+		n.replicasMu.Lock()
+		n.target = t
+		n.replicasMu.Unlock()
+	}
 	d := docOf(replicas, sh)
-	n.replicasMu.Lock()
-	n.target = &d
-	n.replicasMu.Unlock()
+	setTarget(&d)
 	wctx, cancel := context.WithTimeout(ctx, keyWriteWait)
 	defer cancel()
 	if err := l.Write(wctx); err != nil {
-		n.replicasMu.Lock()
-		n.target = nil
-		n.replicasMu.Unlock()
+		setTarget(nil)
 		return nil, fmt.Errorf("scale: the group's key could not say the new shape, nothing changed: %w", err)
 	}
 	return func() {
-		n.replicasMu.Lock()
-		n.target = nil
-		n.replicasMu.Unlock()
+		setTarget(nil)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyWriteWait)
 		defer cancel()
 		if err := l.Write(wctx); err != nil {
