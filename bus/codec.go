@@ -44,6 +44,7 @@ func Encode[T Message](msg T) ([]byte, error) {
 	s := msg.Schema()
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true) // an integer takes the fewest bytes its value needs
 	err := enc.EncodeArrayLen(3)
 	if err == nil {
 		err = enc.EncodeString(s.ID)

@@ -17,45 +17,130 @@ import (
 // the first whose cumulative probability (among the TopK) reaches TopP.
 // The draw walks the kept tokens from the most likely down, or, with no
 // filter at all, every token in index order. NaN logits count as -Inf.
-// Adjust changes logits of the row first (AdjustLogits), each token at
-// most once: penalties and biases that depend on the sequence.
+//
+// Adjust changes logits of the row first, as Penalties say
+// (AdjustLogits): a token at most once, the tokens the sequence has seen
+// and those with a bias. A row that Follows carries no list: its list is
+// the one its row of the previous draw into the same buffer used, after
+// that draw's token (Saw). Only a device that keeps the lists takes such
+// rows, in a step fed by the one before (FollowRows).
 type SampleRow struct {
 	Temperature, TopP, MinP float32
 	TopK                    int32
 	U                       float64
+	Penalties               Penalties     `msgpack:",omitempty"`
 	Adjust                  []LogitAdjust `msgpack:",omitempty"`
+	Follows                 bool          `msgpack:",omitempty"`
 }
 
 // Equal reports whether r and o draw alike.
 func (r SampleRow) Equal(o SampleRow) bool {
 	return r.Temperature == o.Temperature && r.TopP == o.TopP && r.MinP == o.MinP && r.TopK == o.TopK && r.U == o.U &&
-		slices.Equal(r.Adjust, o.Adjust)
+		r.Penalties == o.Penalties && r.Follows == o.Follows && slices.Equal(r.Adjust, o.Adjust)
 }
 
-// LogitAdjust changes one token's logit l before a draw: l/Scale where
-// l > 0 and l·Scale otherwise (a repetition penalty; Scale 1 keeps l),
-// then plus Add (presence and frequency penalties, a bias), each in
-// float32.
+// Penalties are a sequence's penalties on the tokens it has seen: the
+// repetition penalty (Hugging Face's: a seen token's logit l becomes
+// l/Repetition where l > 0 and l·Repetition otherwise; 0 and 1 leave it)
+// and OpenAI's presence and frequency penalties (Presence +
+// Count·Frequency taken from the logit of a token the output holds Count
+// times).
+type Penalties struct {
+	_msgpack                        struct{} `msgpack:",as_array"`
+	Repetition, Presence, Frequency float32
+}
+
+// Repeats reports whether the repetition penalty changes logits.
+func (p Penalties) Repeats() bool { return p.Repetition != 0 && p.Repetition != 1 }
+
+// Counting reports whether the presence and frequency penalties do.
+func (p Penalties) Counting() bool { return p.Presence != 0 || p.Frequency != 0 }
+
+// Active reports whether the adjustments change as the output grows
+// (Saw).
+func (p Penalties) Active() bool { return p.Repeats() || p.Counting() }
+
+// LogitAdjust is what a draw's adjustments know of one token: whether the
+// sequence has seen it (in the prompt, where a repetition penalty reads
+// it, or in the output), how many times the output holds it, and its
+// bias.
 type LogitAdjust struct {
-	ID         int32
-	Scale, Add float32
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       int32
+	Seen     bool
+	Count    int32
+	Bias     float32
 }
 
-// AdjustLogits applies adj to logits in place; ids outside logits are
-// skipped.
-func AdjustLogits(logits []float32, adj []LogitAdjust) {
+// Saw counts one more of a's token in the output.
+func (a *LogitAdjust) Saw() { a.Seen, a.Count = true, a.Count+1 }
+
+// Adjust is logit l of a's token as p change it: divided by the
+// repetition penalty where l > 0, multiplied otherwise, if seen; then
+// minus Presence + Count·Frequency if the output holds it; then plus
+// the bias. Each operation is rounded to float32, as the devices do.
+func (p Penalties) Adjust(l float32, a LogitAdjust) float32 {
+	if a.Seen && p.Repeats() {
+		if l > 0 {
+			l /= p.Repetition
+		} else {
+			l *= p.Repetition
+		}
+	}
+	add := a.Bias
+	if a.Count > 0 && p.Counting() {
+		f := float32(float32(a.Count) * p.Frequency)
+		add = float32(-float32(p.Presence+f)) + a.Bias
+	}
+	return l + add
+}
+
+// AdjustLogits applies adj to logits in place as p say; ids outside
+// logits are skipped.
+func AdjustLogits(logits []float32, p Penalties, adj []LogitAdjust) {
 	for _, a := range adj {
-		if a.ID < 0 || int(a.ID) >= len(logits) {
+		if a.ID >= 0 && int(a.ID) < len(logits) {
+			logits[a.ID] = p.Adjust(logits[a.ID], a)
+		}
+	}
+}
+
+// Saw updates r's adjustments for a token its output gained, when its
+// penalties read the output (Penalties.Active): the token's entry counts
+// one more, or is added at the end.
+func (r *SampleRow) Saw(id int32) {
+	if !r.Penalties.Active() {
+		return
+	}
+	for i := range r.Adjust {
+		if r.Adjust[i].ID == id {
+			r.Adjust[i].Saw()
+			return
+		}
+	}
+	r.Adjust = append(r.Adjust, LogitAdjust{ID: id, Seen: true, Count: 1})
+}
+
+// FollowRows resolves rows, the draws of a step fed by the one before,
+// whose draws were prev and whose tokens were ids: a row that Follows
+// takes its row of prev's list, after ids (Saw). The others are kept.
+func FollowRows(prev []SampleRow, ids []int32, rows []SampleRow) ([]SampleRow, error) {
+	out := slices.Clone(rows)
+	for i, r := range rows {
+		if !r.Follows {
 			continue
 		}
-		l := logits[a.ID]
-		if l > 0 {
-			l /= a.Scale
-		} else {
-			l *= a.Scale
+		if i >= len(prev) || i >= len(ids) || prev[i].Follows {
+			return nil, fmt.Errorf("sample: row %d follows a draw of %d rows that is not known", i, len(prev))
 		}
-		logits[a.ID] = l + a.Add
+		if ids[i] < 0 {
+			return nil, fmt.Errorf("sample: row %d follows a draw left to the host", i)
+		}
+		r.Follows, r.Adjust = false, slices.Clone(prev[i].Adjust)
+		r.Saw(ids[i])
+		out[i] = r
 	}
+	return out, nil
 }
 
 // MaxSampleTopK is the most tokens a device-side draw keeps as
@@ -93,13 +178,21 @@ func (r SampleRow) Validate() error {
 	case !(r.U >= 0 && r.U < 1):
 		return fmt.Errorf("sample: draw %v outside [0, 1)", r.U)
 	}
+	if p := r.Penalties; !(p.Repetition >= 0) || !finite(p.Repetition) || !finite(p.Presence) || !finite(p.Frequency) {
+		return fmt.Errorf("sample: penalties %v, %v, %v", p.Repetition, p.Presence, p.Frequency)
+	}
+	if r.Follows && len(r.Adjust) > 0 {
+		return fmt.Errorf("sample: a row that follows the draw before carries %d adjustments", len(r.Adjust))
+	}
 	for _, a := range r.Adjust {
-		if !(a.Scale > 0) || math.IsInf(float64(a.Scale), 0) || math.IsNaN(float64(a.Add)) || math.IsInf(float64(a.Add), 0) {
-			return fmt.Errorf("sample: token %d: scale %v, add %v", a.ID, a.Scale, a.Add)
+		if a.Count < 0 || !finite(a.Bias) {
+			return fmt.Errorf("sample: token %d: count %d, bias %v", a.ID, a.Count, a.Bias)
 		}
 	}
 	return nil
 }
+
+func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
 
 // SampleScratch is SampleHost's working memory, reused between draws.
 // Parallel, when set, runs f(0) … f(n-1) at once and returns when all are
@@ -152,10 +245,10 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 // definition the devices' Sample follows. Top-p and min-p over the whole
 // row add up probabilities a bucket of logits at a time where they can
 // (whole), so they draw the tokens that summing them one by one in sorted
-// order would, up to the order of float64 sums. It applies r.Adjust to
+// order would, up to the order of float64 sums. It applies r's adjustments to
 // logits first and may rewrite NaN logits as -Inf.
 func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
-	AdjustLogits(logits, r.Adjust)
+	AdjustLogits(logits, r.Penalties, r.Adjust)
 	n := len(logits)
 	for i, l := range logits {
 		if l != l {

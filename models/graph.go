@@ -40,7 +40,7 @@ const (
 // step issues one step's operations, replaying (and first recording) a
 // graph where the device and the shape allow.
 func (m *Model) step(cache *Cache, n, r int, argmax bool, from tokenSource) error {
-	m.s.chosen = 0
+	m.s.chosen, m.s.drew = 0, false
 	if argmax {
 		m.s.chosen = r
 	}

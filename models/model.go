@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,7 @@ type scratch struct {
 	packedRows                    int
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
 	chosen                        int        // rows of next the last step chose (0: it chose none)
+	drew                          bool       // and whether it drew them (gpu.Sampler): draws may follow them
 	// A vocabulary-parallel LM head writes this rank's columns of each row
 	// into logitsPart ([rows, Vocab/ranks]), and an all-gather per row
 	// assembles the row (views rowPart[i] -> rowFull[i]).
@@ -701,6 +703,9 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 		if err := row.Validate(); err != nil {
 			return fmt.Errorf("forward: row %d: %w", i, err)
 		}
+		if row.Follows {
+			return fmt.Errorf("forward: row %d follows the draw before, which only a step fed by it takes (IssueStep)", i)
+		}
 	}
 	onDevice := m.samples() && (m.group == nil || m.Chains()) // a group reads its ranks' choices late
 	for _, row := range rows {
@@ -822,6 +827,9 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 		}
 		from = fromPrevious
 	}
+	if slices.ContainsFunc(rows, func(r gpu.SampleRow) bool { return r.Follows }) && (!previous || !m.s.drew) {
+		return nil, fmt.Errorf("forward: draws that follow the step before need a step fed by a drawn one")
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -841,7 +849,7 @@ func (m *Model) issueChoices(cache *Cache, b *Batch, rows []gpu.SampleRow, from 
 			return err
 		}
 		if rows != nil && chain {
-			rk.s.chosen = r
+			rk.s.chosen, rk.s.drew = r, true
 		}
 		return nil
 	}

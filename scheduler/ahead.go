@@ -26,7 +26,11 @@ import (
 // one position past what its sequences hold, and whatever the scheduler
 // runs next on those positions overwrites them, after it on the device.
 // The ranks of a Lockstep get the same plans, so they decide alike, and
-// the collectives of their queued steps pair up.
+// the collectives of their queued steps pair up. A draw whose penalties
+// and bias depend on the tokens follows the step before
+// (gpu.SampleRow.Follows): the device keeps and updates its list, and the
+// shard works out on the host, once it reads a step's tokens, what the
+// queued step's lists were, to match them with the plan's.
 
 // aheadStep is a step queued before it was asked for.
 type aheadStep struct {
@@ -72,8 +76,18 @@ func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleR
 		s.dropAhead()
 		return how, err
 	}
-	if s.ahead != nil {
-		s.ahead.fed = append(s.ahead.fed[:0], ids[:len(b.Logits)]...)
+	if a := s.ahead; a != nil {
+		a.fed = append(a.fed[:0], ids[:len(b.Logits)]...)
+		if a.rows != nil {
+			// The queued draws' lists, where they follow this step's
+			// (updated on the device), are now known.
+			r, err := gpu.FollowRows(rows, a.fed, a.rows)
+			if err != nil {
+				s.dropAhead()
+				return how, nil
+			}
+			a.rows = r
+		}
 	}
 	return how, nil
 }

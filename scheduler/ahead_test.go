@@ -147,16 +147,57 @@ func TestShardQueuesAhead(t *testing.T) {
 	drawNext(0.2, -1)
 	ids = step("no next draws", dr)
 	expect("no next draws", 6, 3, false)
+	// Draws with penalties and a bias: the next step's draws follow this
+	// step's lists (kept with the device's tokens), and the plan after
+	// carries them resolved, as the scheduler's sequences keep them; a
+	// plan whose lists differ drops the queued step.
+	pen := gpu.Penalties{Repetition: 1.3, Presence: 0.4, Frequency: 0.6}
+	dr.Sample = []gpu.SampleRow{
+		{Temperature: 0.9, U: 0.3, Penalties: pen, Adjust: []gpu.LogitAdjust{{ID: 5, Seen: true}, {ID: 9, Bias: 2}}},
+		{Temperature: 1.1, U: 0.7, Adjust: []gpu.LogitAdjust{{ID: 3, Bias: -100}}},
+	}
+	follow := func(u float64) []gpu.SampleRow {
+		next := slices.Clone(dr.Sample)
+		for i := range next {
+			next[i].Adjust, next[i].Follows, next[i].U = nil, true, u
+		}
+		return next
+	}
+	penNext := func(u float64) {
+		resolved, err := gpu.FollowRows(dr.Sample, ids, dr.NextSample)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dr.Tokens, dr.Pos = slices.Clone(ids), []int32{dr.Pos[0] + 1, dr.Pos[1] + 1}
+		dr.Sample, dr.NextSample = resolved, follow(u)
+	}
+	dr.Tokens, dr.Pos, dr.NextSample = slices.Clone(ids), []int32{dr.Pos[0] + 1, dr.Pos[1] + 1}, nil
+	dr.NextSample = follow(0.45)
+	ids = step("penalised 1", dr)
+	expect("a penalised step", 6, 3, true)
+	for i := 2; i <= 3; i++ {
+		penNext(0.1 * float64(i))
+		ids = step(fmt.Sprint("penalised ", i), dr)
+	}
+	expect("steady penalised drawing", 8, 3, true)
+	if n := len(dr.Sample[0].Adjust); n < 3 {
+		t.Fatalf("the penalised row's list holds %d tokens after three steps", n)
+	}
+	penNext(0.9)
+	dr.Sample[1].Adjust[0].Bias = -50 // not the list the queued step drew with
+	dr.NextSample = nil
+	ids = step("another list", dr)
+	expect("another list", 8, 4, false)
 	// A sequence that ended leaves the next plan: the queued step answers
 	// the other's row, and nothing is queued after it.
 	both := ForwardMsg{Tokens: slices.Clone(ids), Pos: []int32{dr.Pos[0] + 1, dr.Pos[1] + 1}, Seq: []int32{0, 1}, Tables: tables,
 		Logits: []int32{0, 1}, Argmax: true, Continues: true}
 	ids = step("both", both)
-	expect("both", 6, 3, true)
+	expect("both", 8, 4, true)
 	one := ForwardMsg{Tokens: []int32{ids[1]}, Pos: []int32{both.Pos[1] + 1}, Seq: []int32{0}, Tables: [][]int32{tables[1]},
 		Logits: []int32{0}, Argmax: true, Continues: true}
 	step("one left", one)
-	expect("one left", 7, 3, false)
+	expect("one left", 9, 4, false)
 	// Each greedy or drawn step's span says how it was met.
 	var how []string
 	for _, sp := range rec.Ended() {
@@ -167,7 +208,7 @@ func TestShardQueuesAhead(t *testing.T) {
 		}
 	}
 	want := []string{"issued", "issued", "answered", "answered", "answered", "dropped", "answered", "issued", "issued",
-		"issued", "answered", "dropped", "answered", "issued", "answered"}
+		"issued", "answered", "dropped", "answered", "issued", "answered", "answered", "dropped", "issued", "answered"}
 	if !slices.Equal(how, want) {
 		t.Errorf("shard.ahead of the steps: %v, want %v", how, want)
 	}

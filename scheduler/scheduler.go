@@ -434,7 +434,7 @@ plan:
 		for _, q := range sampled {
 			s.rows = append(s.rows, q.gen.Row())
 		}
-		if b.Continues && chains(sampled) {
+		if b.Continues {
 			// The next step's draws, taken now so that an engine may queue it.
 			for _, q := range sampled {
 				s.next = append(s.next, q.gen.NextRow())
@@ -577,16 +577,4 @@ func (s *Scheduler) shutdown() {
 		s.finish(q, "cancelled", "server shutting down")
 	}
 	s.publishStats()
-}
-
-// chains reports whether every sequence's draw after the next is known
-// before the next token is (generate.State.Chains), so that an engine may
-// queue that step ahead.
-func chains(seqs []*seq) bool {
-	for _, q := range seqs {
-		if !q.gen.Chains() {
-			return false
-		}
-	}
-	return true
 }

@@ -235,22 +235,38 @@ func TestForwardArgmaxWire(t *testing.T) {
 	}
 }
 
-// TestDrawsWire round-trips a drawn step's plan, its draws' logit changes
-// included, and a submit with penalties and a bias, through the bus codec.
+// TestDrawsWire round-trips a drawn step's plan, its draws' penalties and
+// lists included, the next step's draws that follow them, and a submit
+// with penalties and a bias, through the bus codec; a list's entry takes
+// at most 13 bytes.
 func TestDrawsWire(t *testing.T) {
+	pen := gpu.Penalties{Repetition: 1.2, Presence: 0.5, Frequency: -0.25}
 	rows := []gpu.SampleRow{
-		{Temperature: 0.8, TopK: 40, U: 0.25, Adjust: []gpu.LogitAdjust{{ID: 7, Scale: 1.2, Add: -0.5}, {ID: 90000, Scale: 1, Add: 3}}},
+		{Temperature: 0.8, TopK: 40, U: 0.25, Penalties: pen, Adjust: []gpu.LogitAdjust{{ID: 7, Seen: true, Count: 2, Bias: -0.5}, {ID: 90000, Bias: 3}}},
 		{Temperature: 0, U: 0},
 	}
+	next := []gpu.SampleRow{{Temperature: 0.8, TopK: 40, U: 0.5, Penalties: pen, Follows: true}, {}}
 	msg := ForwardMsg{Step: 3, Tokens: []int32{1, 2}, Pos: []int32{4, 9}, Seq: []int32{0, 1}, Tables: [][]int32{{3}, {4}}, Logits: []int32{0, 1},
-		Sample: rows, Continues: true}
+		Sample: rows, NextSample: next, Continues: true}
 	raw, err := bus.Encode(msg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got ForwardMsg
-	if err := bus.Decode(raw, &got); err != nil || !slices.EqualFunc(got.Sample, rows, gpu.SampleRow.Equal) || got.NextSample != nil {
-		t.Fatalf("decoded %+v, %v; want the draws %+v", got.Sample, err, rows)
+	if err := bus.Decode(raw, &got); err != nil || !slices.EqualFunc(got.Sample, rows, gpu.SampleRow.Equal) || !slices.EqualFunc(got.NextSample, next, gpu.SampleRow.Equal) {
+		t.Fatalf("decoded %+v, %+v, %v; want the draws %+v, %+v", got.Sample, got.NextSample, err, rows, next)
+	}
+	long := msg
+	long.Sample = slices.Clone(rows)
+	for id := range int32(1000) {
+		long.Sample[1].Adjust = append(long.Sample[1].Adjust, gpu.LogitAdjust{ID: 100000 + id, Seen: true, Count: id % 3})
+	}
+	longRaw, err := bus.Encode(long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if extra := len(longRaw) - len(raw); extra > 13*1000+16 { // and the list's name and length
+		t.Errorf("1,000 entries of a list take %d bytes on the wire", extra)
 	}
 	sub := SubmitMsg{ID: "r", Prompt: []int32{1}, MaxTokens: 4, PresencePenalty: -1.5, FrequencyPenalty: 0.25, LogitBias: map[int32]float32{5: -100, 6: 2}}
 	if raw, err = bus.Encode(sub); err != nil {

@@ -119,7 +119,7 @@ type ForwardMsg struct {
 }
 
 // Schema implements bus.Message.
-func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 2} }
+func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 3} }
 
 // ForwardReply names a shard's output: activations, or logits from the last stage.
 type ForwardReply struct {

@@ -3,8 +3,10 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/host"
 )
 
 // elemGrain is the least number of elements worth handing to another
@@ -295,7 +297,8 @@ var _ gpu.Sampler = (*Device)(nil)
 // Sample implements gpu.Sampler: gpu.SampleHost on a copy of each row,
 // the rows spread over the pool's threads, or, with fewer rows than
 // threads, each row's exponentials spread over them in pieces (the same
-// tokens either way).
+// tokens either way). A row that follows the draw before (SampleRow.Follows)
+// takes its list from the draws kept with out, after the token out holds.
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
 	if len(rows) != n {
@@ -310,6 +313,19 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 			return fmt.Errorf("%s: row %d: %w", op, r, err)
 		}
 	}
+	ob, err := host.Of(op, out)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(rows, func(r gpu.SampleRow) bool { return r.Follows }) {
+		if len(ob.Drawn) != n {
+			return fmt.Errorf("%s: rows follow a draw of %d rows into out, not %d", op, len(ob.Drawn), n)
+		}
+		if rows, err = gpu.FollowRows(ob.Drawn, o, rows); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	defer func() { ob.Drawn = slices.Clone(rows) }()
 	type scratch struct {
 		row []float32
 		s   gpu.SampleScratch

@@ -150,6 +150,11 @@ func (d *Device) Free(b gpu.Buffer) {
 func (d *Device) freeNow(b *Buffer) {
 	b.freed = true
 	delete(d.bufs, b)
+	if l := d.drawn[b]; l != nil {
+		delete(d.drawn, b)
+		d.freeNow(l.e)
+		d.freeNow(l.meta)
+	}
 	if b.ptr == 0 {
 		return
 	}

@@ -54,7 +54,8 @@ type Device struct {
 	bufs    map[*Buffer]struct{}
 	graphs  map[*Graph]struct{}
 	scratch map[string]*Buffer
-	retired []*Buffer // scratch outgrown while graphs may still use it
+	retired []*Buffer               // scratch outgrown while graphs may still use it
+	drawn   map[*Buffer]*drawnLists // logit adjustments kept with a buffer of tokens (Sample)
 	// rounded names the x whose 16-bit copy the last product left in
 	// scratch; any other operation, or a product writing over x, forgets it.
 	rounded roundedX
@@ -108,6 +109,7 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		bufs:    map[*Buffer]struct{}{},
 		graphs:  map[*Graph]struct{}{},
 		scratch: map[string]*Buffer{},
+		drawn:   map[*Buffer]*drawnLists{},
 		kern:    map[string]*kernel{},
 	}
 	ready := make(chan error, 1)

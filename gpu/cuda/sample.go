@@ -50,7 +50,7 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 		}
 	}
 	logitsArg := arg{kind: argBuf, name: "logits", buf: b[1], dt: gpu.F32, n: n * width}
-	adj, err := d.adjustLogits(logitsArg, width, rows)
+	adj, err := d.adjustLogits(b[0], logitsArg, width, rows)
 	if err != nil {
 		return err
 	}
@@ -75,40 +75,176 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 		}
 	}
 	if adj != nil {
-		return d.launch(d.k("adjust_restore"), grid1(ceilDiv(adj.n/5, 256)), grid1(256), 0, logitsArg, i32Arg(width), *adj, i32Arg(adj.n/5))
+		return d.launch(d.k("adjust_restore"), grid1(ceilDiv(adj.bound, 256)), grid1(256), 0, logitsArg, i32Arg(width), adj.entries(), adj.metaArg())
 	}
 	return nil
 }
 
-// adjustLogits applies the rows' logit adjustments (gpu.LogitAdjust) in
-// place with adjust_apply, which keeps each logit it changes; the
-// returned entries, when not nil, are for adjust_restore to put them back
-// after the draw. Rows name each token at most once.
-func (d *Device) adjustLogits(logits arg, width int, rows []gpu.SampleRow) (*arg, error) {
-	var raw []byte
+// adjEntryWords and adjRowWords are the 32-bit words of AdjEntry and
+// AdjRow in kernels/cuda/sample.cu.
+const (
+	adjEntryWords = 6
+	adjRowWords   = 4
+)
+
+// drawnLists are the logit adjustments of the last Sample into a buffer
+// of tokens, kept on the device for draws that follow it
+// (gpu.SampleRow.Follows).
+type drawnLists struct {
+	rows  int     // the rows of that draw
+	e     *Buffer // its entries (AdjEntry)
+	meta  *Buffer // the entries in use, then a flag a row (AdjEntry's meta)
+	bound int     // at least the entries in use
+}
+
+func (l *drawnLists) entries() arg {
+	return arg{kind: argBuf, name: "adjust", buf: l.e, dt: gpu.I32, n: l.e.n}
+}
+
+func (l *drawnLists) metaArg() arg {
+	return arg{kind: argBuf, name: "meta", buf: l.meta, dt: gpu.I32, n: l.meta.n}
+}
+
+// adjustLogits applies the rows' logit adjustments in place with
+// adjust_apply, which keeps each logit it changes, and returns the lists,
+// when there are any, for adjust_restore to put them back after the draw.
+// The lists stay with out: rows that follow take theirs from the last
+// Sample into out, updated on the device for the tokens out holds
+// (adjust_follow, adjust_append); the others' come from the host.
+func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.SampleRow) (*drawnLists, error) {
+	const op = "sample"
+	l := d.drawn[out]
+	follows, adjusts := 0, false
+	var host, rowp []byte
 	for r, sr := range rows {
-		for _, a := range sr.Adjust {
-			raw = binary.LittleEndian.AppendUint32(raw, uint32(r))
-			raw = binary.LittleEndian.AppendUint32(raw, uint32(a.ID))
-			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(a.Scale))
-			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(a.Add))
-			raw = binary.LittleEndian.AppendUint32(raw, 0)
+		if sr.Follows {
+			follows++
+			if l == nil || l.rows != len(rows) {
+				return nil, fmt.Errorf("%s: row %d follows a draw into out that is not known", op, r)
+			}
 		}
+		adjusts = adjusts || sr.Follows || len(sr.Adjust) > 0 || sr.Penalties.Active()
+		for _, a := range sr.Adjust {
+			host = binary.LittleEndian.AppendUint32(host, uint32(r))
+			host = binary.LittleEndian.AppendUint32(host, uint32(a.ID))
+			host = binary.LittleEndian.AppendUint32(host, uint32(b2i(a.Seen)))
+			host = binary.LittleEndian.AppendUint32(host, uint32(a.Count))
+			host = binary.LittleEndian.AppendUint32(host, math.Float32bits(a.Bias))
+			host = binary.LittleEndian.AppendUint32(host, 0)
+		}
+		p := sr.Penalties
+		rowp = binary.LittleEndian.AppendUint32(rowp, uint32(b2i(sr.Follows)))
+		rowp = binary.LittleEndian.AppendUint32(rowp, math.Float32bits(p.Repetition))
+		rowp = binary.LittleEndian.AppendUint32(rowp, math.Float32bits(p.Presence))
+		rowp = binary.LittleEndian.AppendUint32(rowp, math.Float32bits(p.Frequency))
 	}
-	if raw == nil {
+	if !adjusts {
+		if l != nil {
+			l.rows, l.bound = len(rows), 0
+		}
 		return nil, nil
 	}
-	words := len(raw) / 4
-	e, err := d.scratchBuf("adjust", gpu.I32, words)
+	base := 0 // the kept entries that carry over
+	if follows > 0 {
+		base = l.bound
+	}
+	h := len(host) / 4 / adjEntryWords
+	bound := base + follows + h
+	if err := d.keepLists(out, len(rows), base, bound); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	l = d.drawn[out]
+	if bound == 0 {
+		return nil, nil // nothing to change yet; the lists start empty
+	}
+	rb, err := d.scratchBuf("adjust rows", gpu.I32, len(rowp)/4)
 	if err != nil {
-		return nil, fmt.Errorf("sample: %w", err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	if err := d.write(e, 0, raw); err != nil {
-		return nil, fmt.Errorf("sample: logit adjustments: %w", err)
+	if err := d.write(rb, 0, rowp); err != nil {
+		return nil, fmt.Errorf("%s: logit adjustments: %w", op, err)
 	}
-	ea := arg{kind: argBuf, name: "adjust", buf: e, dt: gpu.I32, n: words}
-	if err := d.launch(d.k("adjust_apply"), grid1(ceilDiv(words/5, 256)), grid1(256), 0, logits, i32Arg(width), ea, i32Arg(words/5)); err != nil {
+	rowArg := arg{kind: argBuf, name: "rows", buf: rb, dt: gpu.I32, n: len(rowp) / 4}
+	hostArg := rowArg // a placeholder the kernel does not read when h is 0
+	if h > 0 {
+		hb, err := d.scratchBuf("adjust host", gpu.I32, len(host)/4)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if err := d.write(hb, 0, host); err != nil {
+			return nil, fmt.Errorf("%s: logit adjustments: %w", op, err)
+		}
+		hostArg = arg{kind: argBuf, name: "host", buf: hb, dt: gpu.I32, n: len(host) / 4}
+	}
+	outArg := arg{kind: argBuf, name: "out", buf: out, dt: gpu.I32, n: len(rows)}
+	if follows > 0 && base > 0 {
+		if err := d.launch(d.k("adjust_follow"), grid1(min(ceilDiv(base, 256), 1024)), grid1(256), 0,
+			l.entries(), l.metaArg(), outArg, rowArg, i32Arg(base)); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.launch(d.k("adjust_append"), grid1(1), grid1(256), 0,
+		l.entries(), l.metaArg(), outArg, rowArg, i32Arg(len(rows)), hostArg, i32Arg(h), i32Arg(base)); err != nil {
 		return nil, err
 	}
-	return &ea, nil
+	if err := d.launch(d.k("adjust_apply"), grid1(ceilDiv(bound, 256)), grid1(256), 0,
+		logits, i32Arg(width), l.entries(), l.metaArg(), rowArg); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// keepLists sizes out's kept lists for rows rows and bound entries, the
+// first base of them carried over from the last draw.
+func (d *Device) keepLists(out *Buffer, rows, base, bound int) error {
+	l := d.drawn[out]
+	if l == nil {
+		l = &drawnLists{}
+	}
+	if l.meta == nil || l.meta.n < 1+rows {
+		meta, err := d.alloc("adjust meta", gpu.I32, 1+max(rows, 64), true)
+		if err != nil {
+			return err
+		}
+		if l.meta != nil {
+			// Carried-over entries need the count, and the flags are clear.
+			if err := d.copyD(meta, l.meta, 4); err != nil {
+				return err
+			}
+			d.freeNow(l.meta)
+		}
+		l.meta = meta
+	}
+	if l.e == nil || l.e.n < bound*adjEntryWords {
+		e, err := d.alloc("adjust entries", gpu.I32, max(2*bound, 1024)*adjEntryWords, false)
+		if err != nil {
+			return err
+		}
+		if l.e != nil {
+			if base > 0 {
+				if err := d.copyD(e, l.e, base*adjEntryWords*4); err != nil {
+					return err
+				}
+			}
+			d.freeNow(l.e)
+		}
+		l.e = e
+	}
+	l.rows, l.bound = rows, bound
+	d.drawn[out] = l
+	return nil
+}
+
+// copyD copies the first n bytes of src to dst, in stream order.
+func (d *Device) copyD(dst, src *Buffer, n int) error {
+	return d.do(func() error {
+		return d.drv.cuMemcpyDtoDAsync_v2.call(uintptr(dst.ptr), uintptr(src.ptr), uintptr(n), d.stream)
+	})
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

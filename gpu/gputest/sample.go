@@ -1,7 +1,9 @@
 package gputest
 
 import (
+	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"testing"
 
@@ -55,14 +57,20 @@ func (h *harness) sample(t *testing.T) {
 				}
 			}
 			if i%4 == 3 {
-				// Penalties and biases on some tokens (gpu.LogitAdjust),
-				// one of them raised to the top.
+				// Penalties and biases on some tokens (gpu.LogitAdjust);
+				// on half of these rows one token raised to the top.
+				r.Penalties = gpu.Penalties{Repetition: []float32{1.3, 0, 0.8, 1}[i%16/4], Presence: float32(i%5)/4 - 0.5, Frequency: float32(i%3) / 3}
 				for j := range 1 + i%9 {
 					id := int32((j*104729 + i*31) % width)
-					r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: id, Scale: 1 + float32(j%3)*0.4, Add: float32(j%5) - 2})
+					r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: id, Seen: j%2 == 0, Count: int32(j % 4), Bias: float32(j%5) - 2})
 				}
-				r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width - 1), Scale: 1, Add: 9})
-				r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width + 5), Scale: 2, Add: 1}) // outside: skipped
+				if i%8 == 3 {
+					r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width - 1), Bias: 9})
+				}
+				r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: int32(width + 5), Seen: true, Count: 2, Bias: 1}) // outside: skipped
+			}
+			if i%8 == 1 {
+				r.Penalties = gpu.Penalties{Presence: 0.5, Frequency: 0.25} // no list until a draw follows
 			}
 			rows, peaked = append(rows, r.SampleRow), append(peaked, r.peaked)
 		}
@@ -80,46 +88,80 @@ func (h *harness) sample(t *testing.T) {
 			}
 		}
 		logits, out := h.f32(v), h.alloc(gpu.I32, n)
-		if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
-			t.Fatalf("width %d: %v", width, err)
-		}
-		got := make([]int32, n)
-		if err := h.dev.Read(gpu.I32Bytes(got), out.d, 0); err != nil {
-			t.Fatal(err)
-		}
-		// The logits read as they were: adjustments are for the draw.
-		after := make([]float32, n*width)
-		if err := h.dev.Read(gpu.F32Bytes(after), logits.d, 0); err != nil {
-			t.Fatal(err)
-		}
-		for i := range after {
-			if math.Float32bits(after[i]) != math.Float32bits(v[i]) {
-				t.Fatalf("width %d: logit %d of row %d changed by the draw: %v, was %v", width, i%width, i/width, after[i], v[i])
-			}
-		}
 		var sc gpu.SampleScratch
 		host := func(r int, row gpu.SampleRow) int32 {
 			l := append([]float32(nil), v[r*width:(r+1)*width]...)
 			return gpu.SampleHost(l, row, &sc)
 		}
+		// draw samples rows, whose lists are resolved's, and checks the
+		// tokens against the host's and that the logits read as they were.
 		left := 0
-		for r, row := range rows {
-			if got[r] == -1 {
-				if !row.Whole(width) || settles(v[r*width:(r+1)*width], row) {
-					t.Errorf("width %d row %d %+v: left to the host, though %d tokens settle it", width, r, row, gpu.MaxSampleTopK)
+		draw := func(what string, rows, resolved []gpu.SampleRow) []int32 {
+			t.Helper()
+			if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
+				t.Fatalf("width %d, %s: %v", width, what, err)
+			}
+			got := make([]int32, n)
+			if err := h.dev.Read(gpu.I32Bytes(got), out.d, 0); err != nil {
+				t.Fatal(err)
+			}
+			// The logits read as they were: adjustments are for the draw.
+			after := make([]float32, n*width)
+			if err := h.dev.Read(gpu.F32Bytes(after), logits.d, 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := range after {
+				if math.Float32bits(after[i]) != math.Float32bits(v[i]) {
+					t.Fatalf("width %d, %s: logit %d of row %d changed by the draw: %v, was %v", width, what, i%width, i/width, after[i], v[i])
 				}
-				left++
-				continue
 			}
-			want := host(r, row)
-			if got[r] == want {
-				continue
+			for r, row := range resolved {
+				if got[r] == -1 {
+					if !row.Whole(width) || settles(v[r*width:(r+1)*width], row) {
+						t.Errorf("width %d, %s, row %d %+v: left to the host, though %d tokens settle it", width, what, r, row, gpu.MaxSampleTopK)
+					}
+					left++
+					continue
+				}
+				want := host(r, row)
+				if got[r] == want {
+					continue
+				}
+				lo, hi := row, row
+				lo.U, hi.U = max(0, row.U-1e-9), min(math.Nextafter(1, 0), row.U+1e-9)
+				if got[r] != host(r, lo) && got[r] != host(r, hi) {
+					t.Errorf("width %d, %s, row %d %+v: drew %d, the host %d", width, what, r, row, got[r], want)
+				}
 			}
-			lo, hi := row, row
-			lo.U, hi.U = max(0, row.U-1e-9), min(math.Nextafter(1, 0), row.U+1e-9)
-			if got[r] != host(r, lo) && got[r] != host(r, hi) {
-				t.Errorf("width %d row %d %+v: drew %d, the host %d", width, r, row, got[r], want)
+			return got
+		}
+		// Rows that follow before any draw into a buffer are refused.
+		follow := slices.Clone(rows)
+		follow[3].Adjust, follow[3].Follows = nil, true
+		if err := s.Sample(out.d, logits.d, n, width, follow); err == nil {
+			t.Errorf("width %d: a row that follows no draw was taken", width)
+		}
+		got := draw("fresh lists", rows, rows)
+		// Twice more, the adjusted rows following the draw before: their
+		// lists are the last ones after the tokens drawn (gpu.FollowRows),
+		// kept and updated where the device keeps them.
+		resolved := rows
+		for k := range 2 {
+			follow = slices.Clone(rows)
+			for r := range follow {
+				follow[r].U = h.rng.Float64()
+				if follow[r].Temperature == 0 {
+					follow[r].U = 0
+				}
+				if (len(rows[r].Adjust) > 0 || rows[r].Penalties.Active()) && got[r] >= 0 && !rows[r].Whole(width) {
+					follow[r].Adjust, follow[r].Follows = nil, true
+				}
 			}
+			next, err := gpu.FollowRows(resolved, got, follow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, resolved = draw(fmt.Sprintf("following %d", k+1), follow, next), next
 		}
 		t.Logf("width %d: %d rows, %d left to the host", width, n, left)
 		// Refused: a draw outside [0, 1), and rows that do not match n.
@@ -129,9 +171,9 @@ func (h *harness) sample(t *testing.T) {
 			t.Errorf("width %d: a draw of 1 was taken", width)
 		}
 		bad = append([]gpu.SampleRow(nil), rows...)
-		bad[1].Adjust = []gpu.LogitAdjust{{ID: 1, Scale: 0}}
+		bad[1].Penalties.Repetition = -1
 		if err := s.Sample(out.d, logits.d, n, width, bad); err == nil {
-			t.Errorf("width %d: a logit scaled by 0 was taken", width)
+			t.Errorf("width %d: a negative repetition penalty was taken", width)
 		}
 		if err := s.Sample(out.d, logits.d, n, width, rows[1:]); err == nil {
 			t.Errorf("width %d: %d draws for %d rows were taken", width, n-1, n)

@@ -15,6 +15,9 @@ type Buffer struct {
 	n        int
 	raw      []byte
 	readOnly bool
+	// Drawn are the draws (gpu.SampleRow, each row's list resolved) whose
+	// tokens a device's Sample last wrote here, for rows that follow them.
+	Drawn []gpu.SampleRow
 }
 
 // DType implements gpu.Buffer.

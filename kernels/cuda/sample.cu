@@ -808,34 +808,110 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   if (tid == pick) out[blockIdx.x] = idx;
 }
 
-// Logit adjustments before a draw (gpu.LogitAdjust): entry i of e is five
-// words, {row, token, scale, add, saved}. adjust_apply keeps each entry's
-// logit in saved and sets it to l/scale where l > 0, l*scale otherwise,
-// plus add (float32 arithmetic, as gpu.AdjustLogits); adjust_restore puts
-// the kept logits back after the draw, so the rows read as they were (a
-// row left to the host is drawn from its own logits). Entries name
-// distinct (row, token) pairs; tokens outside [0, width) are skipped.
+// Logit adjustments before a draw (gpu.SampleRow's Penalties and
+// Adjust). A list of entries (AdjEntry: the row, the token, whether the
+// sequence saw it, its count in the output, its bias, and the logit kept
+// while the draw runs) lives on the device between the draws into one
+// buffer of tokens, so that a step fed by the one before can update it
+// there (gpu.SampleRow.Follows). meta[0] counts the entries in use (at
+// most the bound the host passes, which it knows), meta[1 + r] marks that
+// adjust_follow found row r's token. Each row's AdjRow says whether it
+// follows and its penalties.
+struct AdjEntry {
+  int row, token, seen, count;
+  float bias, saved;
+};
+struct AdjRow {
+  int follows;
+  float rep, pres, freq;
+};
+
+DEV bool adj_active(const AdjRow& p) { return (p.rep != 0.f && p.rep != 1.f) || p.pres != 0.f || p.freq != 0.f; }
+
+// adj_value is gpu.Penalties.Adjust, each operation rounded to float32.
+DEV float adj_value(float x, const AdjEntry& a, const AdjRow& p) {
+  float add = a.bias;
+  if (a.count > 0 && (p.pres != 0.f || p.freq != 0.f))
+    add = __fadd_rn(-__fadd_rn(p.pres, __fmul_rn((float)a.count, p.freq)), a.bias);
+  if (a.seen && p.rep != 0.f && p.rep != 1.f) x = x > 0.f ? __fdiv_rn(x, p.rep) : __fmul_rn(x, p.rep);
+  return __fadd_rn(x, add);
+}
+
+// adjust_follow updates the entries of the previous draw for the token it
+// drew (out): the entry of a following row's token is seen and counts one
+// more (gpu.LogitAdjust.Saw); the entries of rows that do not follow are
+// dropped.
+extern "C" __global__ void __launch_bounds__(256) adjust_follow(AdjEntry* __restrict__ e, int* __restrict__ meta,
+                                                                const int* __restrict__ out,
+                                                                const AdjRow* __restrict__ rows, int bound) {
+  pdl_begin();
+  int n = min(meta[0], bound);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    AdjEntry a = e[i];
+    if (a.token < 0) continue;
+    const AdjRow p = rows[a.row];
+    if (!p.follows) {
+      e[i].token = -1;
+    } else if (adj_active(p) && a.token == out[a.row]) {
+      e[i].seen = 1;
+      e[i].count = a.count + 1;
+      meta[1 + a.row] = 1;
+    }
+  }
+}
+
+// adjust_append, one block, adds the entries adjust_follow did not find
+// (a following row's new token, in row order) after the first
+// min(meta[0], bound) entries, then the host's h entries, and counts them.
+extern "C" __global__ void __launch_bounds__(256) adjust_append(AdjEntry* __restrict__ e, int* __restrict__ meta,
+                                                                const int* __restrict__ out,
+                                                                const AdjRow* __restrict__ rows, int nrows,
+                                                                const AdjEntry* __restrict__ host, int h, int bound) {
+  pdl_begin();
+  __shared__ int base;
+  if (threadIdx.x == 0) {
+    int n = min(meta[0], bound);
+    for (int r = 0; r < nrows; r++) {
+      const AdjRow p = rows[r];
+      if (p.follows && adj_active(p) && !meta[1 + r] && out[r] >= 0) {
+        AdjEntry a = {r, out[r], 1, 1, 0.f, 0.f};
+        e[n++] = a;
+      }
+      meta[1 + r] = 0;
+    }
+    base = n;
+    meta[0] = n + h;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < h; i += blockDim.x) e[base + i] = host[i];
+}
+
+// adjust_apply keeps each entry's logit in saved and changes it
+// (adj_value); adjust_restore puts the kept logits back after the draw,
+// so the rows read as they were (a row left to the host is drawn from its
+// own logits). Entries name distinct (row, token) pairs; tokens outside
+// [0, width) are skipped.
 extern "C" __global__ void __launch_bounds__(256) adjust_apply(float* __restrict__ logits, int width,
-                                                               int* __restrict__ e, int n) {
+                                                               AdjEntry* __restrict__ e, const int* __restrict__ meta,
+                                                               const AdjRow* __restrict__ rows) {
   pdl_begin();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  int* p = e + 5 * i;
-  int id = p[1];
-  if (id < 0 || id >= width) return;
-  float* l = logits + (long)p[0] * width + id;
-  float x = *l, scale = __int_as_float(p[2]), add = __int_as_float(p[3]);
-  p[4] = __float_as_int(x);
-  *l = __fadd_rn(x > 0.f ? __fdiv_rn(x, scale) : __fmul_rn(x, scale), add);
+  if (i >= meta[0]) return;
+  const AdjEntry a = e[i];
+  if (a.token < 0 || a.token >= width) return;
+  float* l = logits + (long)a.row * width + a.token;
+  float x = *l;
+  e[i].saved = x;
+  *l = adj_value(x, a, rows[a.row]);
 }
 
 extern "C" __global__ void __launch_bounds__(256) adjust_restore(float* __restrict__ logits, int width,
-                                                                 const int* __restrict__ e, int n) {
+                                                                 const AdjEntry* __restrict__ e,
+                                                                 const int* __restrict__ meta) {
   pdl_begin();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int* p = e + 5 * i;
-  int id = p[1];
-  if (id < 0 || id >= width) return;
-  logits[(long)p[0] * width + id] = __int_as_float(p[4]);
+  if (i >= meta[0]) return;
+  const AdjEntry a = e[i];
+  if (a.token < 0 || a.token >= width) return;
+  logits[(long)a.row * width + a.token] = a.saved;
 }

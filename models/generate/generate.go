@@ -74,12 +74,11 @@ type State struct {
 	eos     map[int32]bool
 	dec     Detokenizer
 	sampler *sample.Sampler
-	// adj are the next draw's changes to the logits, a token at most once,
-	// kept as the sequence grows (when the params set penalties or a bias);
-	// adjAt is each token's entry and counts the output's count of each.
-	adj    []gpu.LogitAdjust
-	adjAt  map[int32]int
-	counts map[int32]int32
+	// adj is what the next draw's penalties and bias know of the tokens
+	// (when the params set any), a token at most once, kept as the
+	// sequence grows; adjAt is each token's entry.
+	adj   []gpu.LogitAdjust
+	adjAt map[int32]int
 	held   string // text withheld because it may begin a stop string
 	n      int
 	done   bool
@@ -92,47 +91,35 @@ func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 		s.eos[id] = true
 	}
 	if p.Adjusts() {
-		s.adjAt, s.counts = map[int32]int{}, map[int32]int32{}
+		s.adjAt = map[int32]int{}
 		for id, b := range p.LogitBias {
-			s.entry(id).Add = b
+			s.entry(id).Bias = b
 		}
-		if s.p.Repeats() {
+		if p.Penalties().Repeats() {
 			for _, id := range prompt {
-				s.entry(id).Scale = p.RepetitionPenalty
+				s.entry(id).Seen = true
 			}
 		}
 	}
 	return s
 }
 
-// entry is token id's change, added unchanging (scale 1, add 0) if new.
+// entry is token id's entry, added (unseen, no bias) if new.
 func (s *State) entry(id int32) *gpu.LogitAdjust {
 	i, ok := s.adjAt[id]
 	if !ok {
 		i = len(s.adj)
 		s.adjAt[id] = i
-		s.adj = append(s.adj, gpu.LogitAdjust{ID: id, Scale: 1})
+		s.adj = append(s.adj, gpu.LogitAdjust{ID: id})
 	}
 	return &s.adj[i]
 }
 
-// saw updates the changes for a token the output gained: the repetition
-// penalty reaches it; the presence and frequency penalties by its count,
-// then its bias, added to theirs.
+// saw counts a token the output gained, where the penalties read the
+// output (gpu.SampleRow.Saw, which the devices follow).
 func (s *State) saw(id int32) {
-	if s.adjAt == nil {
-		return
-	}
-	if s.p.Repeats() {
-		s.entry(id).Scale = s.p.RepetitionPenalty
-	}
-	if s.p.Counting() {
-		s.counts[id]++
-		add := -(s.p.PresencePenalty + float32(s.counts[id])*s.p.FrequencyPenalty)
-		if b, ok := s.p.LogitBias[id]; ok {
-			add += b
-		}
-		s.entry(id).Add = add
+	if s.adjAt != nil && s.p.Penalties().Active() {
+		s.entry(id).Saw()
 	}
 }
 
@@ -166,15 +153,15 @@ func (s *State) Row() gpu.SampleRow {
 	return r
 }
 
-// Chains reports whether NextRow knows the draw after the next one
-// before the next token is chosen: not when penalties or a bias depend
-// on the tokens.
-func (s *State) Chains() bool { return !s.p.Adjusts() }
-
 // NextRow is the draw Row makes next, without making it
-// (sample.Sampler.NextRow): after a step's Row, the next step's. Only
-// where Chains.
-func (s *State) NextRow() gpu.SampleRow { return s.sampler.NextRow() }
+// (sample.Sampler.NextRow): after a step's Row, the next step's. Its list
+// of penalties and bias, which the next token changes, is left to follow
+// the step's own (gpu.SampleRow.Follows).
+func (s *State) NextRow() gpu.SampleRow {
+	r := s.sampler.NextRow()
+	r.Follows = s.adjAt != nil
+	return r
+}
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {

@@ -108,7 +108,9 @@ func TestGreedy(t *testing.T) {
 // a float64 oracle's: the repetition penalty on each distinct token of the
 // prompt and the output once, the presence and frequency penalties by the
 // output's counts (the prompt's do not count), then the bias; and the host
-// draw (Next) uses them as the device's (Row) would.
+// draw (Next) uses them as the device's (Row) would; and each step's list
+// is the one before after its token, as a device that keeps the lists
+// updates them for a draw that follows (gpu.FollowRows, NextRow).
 func TestAdjustmentsFollowTheSequence(t *testing.T) {
 	const vocab = 12
 	table := make([]string, vocab)
@@ -124,6 +126,7 @@ func TestAdjustmentsFollowTheSequence(t *testing.T) {
 		{RepetitionPenalty: 0.8, PresencePenalty: -1.5, FrequencyPenalty: 2, LogitBias: map[int32]float32{4: 1.5, 11: -2}},
 	} {
 		s := New(Params{MaxTokens: 64, Params: p}, prompt, nil, &letters{table})
+		var followed gpu.SampleRow
 		for step := 0; step <= len(out); step++ {
 			raw := make([]float32, vocab)
 			for i := range raw {
@@ -131,7 +134,11 @@ func TestAdjustmentsFollowTheSequence(t *testing.T) {
 			}
 			want := oracle(p, raw, prompt, out[:step])
 			got := append([]float32(nil), raw...)
-			gpu.AdjustLogits(got, s.Row().Adjust)
+			row := s.Row()
+			if step > 0 && !row.Equal(followed) {
+				t.Fatalf("%+v, step %d: the draw %+v, following the step before %+v", p, step, row, followed)
+			}
+			gpu.AdjustLogits(got, row.Penalties, row.Adjust)
 			for i := range want {
 				if d := math.Abs(float64(got[i]) - want[i]); d > 1e-5*max(1, math.Abs(want[i])) {
 					t.Fatalf("%+v, step %d: logit %d = %v, oracle %v", p, step, i, got[i], want[i])
@@ -140,7 +147,16 @@ func TestAdjustmentsFollowTheSequence(t *testing.T) {
 			if step == len(out) {
 				break
 			}
+			next := s.NextRow()
+			if !next.Follows || next.Adjust != nil {
+				t.Fatalf("%+v, step %d: the next draw %+v does not follow this one", p, step, next)
+			}
 			s.Accept(out[step], 0)
+			f, err := gpu.FollowRows([]gpu.SampleRow{row}, out[step:step+1], []gpu.SampleRow{next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			followed = f[0]
 		}
 	}
 }

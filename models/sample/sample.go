@@ -69,14 +69,13 @@ const MaxLogitBias = 1024
 // Adjusts reports whether p changes logits before a draw (penalties, a
 // bias): then the draw needs the sequence's tokens, not the logits alone.
 func (p Params) Adjusts() bool {
-	return p.Repeats() || p.Counting() || len(p.LogitBias) > 0
+	return p.Penalties().Active() || len(p.LogitBias) > 0
 }
 
-// Repeats reports whether a repetition penalty is set.
-func (p Params) Repeats() bool { return p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1 }
-
-// Counting reports whether the penalties read the output's token counts.
-func (p Params) Counting() bool { return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 }
+// Penalties are p's penalties as a draw takes them.
+func (p Params) Penalties() gpu.Penalties {
+	return gpu.Penalties{Repetition: p.RepetitionPenalty, Presence: p.PresencePenalty, Frequency: p.FrequencyPenalty}
+}
 
 // Sampler draws tokens for one sequence.
 type Sampler struct {
@@ -103,10 +102,10 @@ func New(p Params) *Sampler {
 // Greedy reports whether the sampler always picks the most likely token.
 func (s *Sampler) Greedy() bool { return s.p.Temperature == 0 }
 
-// Sample picks a token from logits after the changes adj (the sequence's
-// penalties and bias, which generate.State keeps). It modifies logits
-// where adj does; LogProb gives the chosen token's log-probability under
-// them. The draw is gpu.SampleHost's.
+// Sample picks a token from logits after the penalties and bias adj
+// says of the sequence's tokens (which generate.State keeps). It modifies
+// logits where adj does; LogProb gives the chosen token's log-probability
+// under them. The draw is gpu.SampleHost's.
 func (s *Sampler) Sample(logits []float32, adj []gpu.LogitAdjust) int32 {
 	r := s.Row()
 	r.Adjust = adj
@@ -150,7 +149,7 @@ func (s *Sampler) u() float64 {
 }
 
 func (s *Sampler) row() gpu.SampleRow {
-	return gpu.SampleRow{Temperature: s.p.Temperature, TopP: s.p.TopP, MinP: s.p.MinP, TopK: int32(min(s.p.TopK, math.MaxInt32))}
+	return gpu.SampleRow{Temperature: s.p.Temperature, TopP: s.p.TopP, MinP: s.p.MinP, TopK: int32(min(s.p.TopK, math.MaxInt32)), Penalties: s.p.Penalties()}
 }
 
 // Argmax returns the index of the largest value, the lowest on ties.

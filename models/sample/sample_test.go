@@ -63,15 +63,19 @@ func TestFilters(t *testing.T) {
 // TestSampleAdjusted: the draw applies its changes first: greedy under a
 // bias takes the biased token, under a penalty the next best.
 func TestSampleAdjusted(t *testing.T) {
-	if id := New(Params{}).Sample([]float32{2, 1, 0}, []gpu.LogitAdjust{{ID: 1, Scale: 1, Add: 2}}); id != 1 {
+	if id := New(Params{}).Sample([]float32{2, 1, 0}, []gpu.LogitAdjust{{ID: 1, Bias: 2}}); id != 1 {
 		t.Errorf("greedy with bias: %d, want 1", id)
 	}
 	l := []float32{2, 1.5, 0}
-	if id := New(Params{}).Sample(l, []gpu.LogitAdjust{{ID: 0, Scale: 2, Add: -0.5}}); id != 1 || l[0] != 0.5 {
+	if id := New(Params{RepetitionPenalty: 2}).Sample(l, []gpu.LogitAdjust{{ID: 0, Seen: true, Bias: -0.5}}); id != 1 || l[0] != 0.5 {
 		t.Errorf("greedy with a penalty: %d, logit %v; want 1 and 2/2-0.5", id, l[0])
 	}
+	l = []float32{2, 1.5, 0}
+	if id := New(Params{PresencePenalty: 0.25, FrequencyPenalty: 0.5}).Sample(l, []gpu.LogitAdjust{{ID: 0, Seen: true, Count: 2}}); id != 1 || l[0] != 0.75 {
+		t.Errorf("greedy with presence and frequency penalties: %d, logit %v; want 1 and 2-0.25-2·0.5", id, l[0])
+	}
 	p := Params{RepetitionPenalty: 1.2, LogitBias: map[int32]float32{3: 1}}
-	if !p.Adjusts() || p.Counting() || (Params{}).Adjusts() || (Params{RepetitionPenalty: 1}).Adjusts() || !(Params{FrequencyPenalty: -1}).Counting() {
+	if !p.Adjusts() || p.Penalties().Counting() || (Params{}).Adjusts() || (Params{RepetitionPenalty: 1}).Adjusts() || !(Params{FrequencyPenalty: -1}).Penalties().Counting() {
 		t.Error("Adjusts or Counting wrong")
 	}
 }
