@@ -79,9 +79,9 @@ type State struct {
 	// sequence grows; adjAt is each token's entry.
 	adj   []gpu.LogitAdjust
 	adjAt map[int32]int
-	held   string // text withheld because it may begin a stop string
-	n      int
-	done   bool
+	held  string // text withheld because it may begin a stop string
+	n     int
+	done  bool
 }
 
 // New starts a generation after prompt.
