@@ -3,6 +3,7 @@ package synth
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -36,6 +37,36 @@ var presets = map[string]map[string]Preset{
 			return p
 		}(),
 	},
+	"llama": {
+		// Llama-3.2-1B.
+		"1b": Llama(2048, 16, 32, 8, 64, 8192, true, 32),
+		// Llama-3.2-3B.
+		"3b": Llama(3072, 28, 24, 8, 128, 8192, true, 32),
+		// Llama-3.1-8B.
+		"8b": Llama(4096, 32, 32, 8, 128, 14336, false, 8),
+	},
+	"qwen3": {
+		// Qwen3-0.6B.
+		"0.6b": Qwen3(1024, 28, 16, 8, 3072, true),
+		// Qwen3-1.7B.
+		"1.7b": Qwen3(2048, 28, 16, 8, 6144, true),
+		// Qwen3-8B.
+		"8b": Qwen3(4096, 36, 32, 8, 12288, false),
+	},
+	"qwen3moe": {
+		// Qwen3-30B-A3B.
+		"30b-a3b": Qwen3MoE(2048, 48, 32, 4, 768, 128, 8),
+	},
+}
+
+// Archs lists the architectures with presets.
+func Archs() []string {
+	var out []string
+	for a := range presets {
+		out = append(out, a)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // OLMo2 is an OLMo 2 shape of the given widths, with OLMo 2's vocabulary
@@ -52,6 +83,44 @@ func OLMo2(hidden, layers, heads, ffn int) Preset {
 	}
 }
 
+// Llama is a Llama 3 shape (grouped-query attention, Llama 3's vocabulary
+// and its RoPE scaling by factor, as the 3.1 and 3.2 models set it).
+func Llama(hidden, layers, heads, kvHeads, headDim, ffn int, tied bool, factor float64) Preset {
+	return Preset{
+		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+		"num_key_value_heads": kvHeads, "head_dim": headDim, "intermediate_size": ffn, "vocab_size": 128256,
+		"max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+		"rope_scaling": map[string]any{"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+			"high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+		"tie_word_embeddings": tied, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
+		"attention_bias": false, "mlp_bias": false, "torch_dtype": "bfloat16",
+	}
+}
+
+// Qwen3 is a Qwen3 shape (per-head QK-norm, heads of 128, Qwen's
+// vocabulary).
+func Qwen3(hidden, layers, heads, kvHeads, ffn int, tied bool) Preset {
+	return Preset{
+		"architectures": []string{"Qwen3ForCausalLM"}, "model_type": "qwen3",
+		"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+		"num_key_value_heads": kvHeads, "head_dim": 128, "intermediate_size": ffn, "vocab_size": 151936,
+		"max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+		"tie_word_embeddings": tied, "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+		"attention_bias": false, "torch_dtype": "bfloat16",
+	}
+}
+
+// Qwen3MoE is a Qwen3-MoE shape: every layer's MLP is experts experts of
+// width expertFFN, topK of them a token, their weights renormalised.
+func Qwen3MoE(hidden, layers, heads, kvHeads, expertFFN, experts, topK int) Preset {
+	p := Qwen3(hidden, layers, heads, kvHeads, 6144, false)
+	p["architectures"], p["model_type"] = []string{"Qwen3MoeForCausalLM"}, "qwen3_moe"
+	p["moe_intermediate_size"], p["num_experts"], p["num_experts_per_tok"] = expertFFN, experts, topK
+	p["norm_topk_prob"], p["decoder_sparse_step"], p["mlp_only_layers"] = true, 1, []int{}
+	return p
+}
+
 // Names lists the presets of an architecture.
 func Names(arch string) []string {
 	var out []string
@@ -66,11 +135,23 @@ func Names(arch string) []string {
 type Progress func(written, total int64)
 
 // Write writes config.json and a sharded bf16 checkpoint of the named
-// preset to dir, as Preset.Write does.
-func Write(dir, arch, preset string, seed uint64, progress Progress) (*models.Config, error) {
+// preset to dir, as Preset.Write does; layers > 0 keeps only that many of
+// its layers (a quicker benchmark of a large shape: a token's time is
+// about proportional to them).
+func Write(dir, arch, preset string, layers int, seed uint64, progress Progress) (*models.Config, error) {
+	if presets[arch] == nil {
+		return nil, fmt.Errorf("synth: no architecture %q (have %v)", arch, Archs())
+	}
 	p, ok := presets[arch][preset]
 	if !ok {
 		return nil, fmt.Errorf("synth: no preset %q for %q (have %v)", preset, arch, Names(arch))
+	}
+	if n := p["num_hidden_layers"].(int); layers < 0 || layers > n {
+		return nil, fmt.Errorf("synth: %d layers of %s %s's %d", layers, arch, preset, n)
+	}
+	if layers > 0 {
+		p = maps.Clone(p)
+		p["num_hidden_layers"] = layers
 	}
 	return p.Write(dir, seed, progress)
 }
