@@ -27,10 +27,10 @@ func suffix(dt gpu.DType) string {
 // all, so a stale artifact fails at Open, not mid-model.
 func kernelNames() []string {
 	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine",
-		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "sample_rows", "adjust_follow", "adjust_append", "adjust_apply", "adjust_restore"}
+		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_route", "moe_combine", "sample_rows", "adjust_follow", "adjust_append", "adjust_apply", "adjust_restore"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "allreduce_twoshot_ipc_"+s, "allreduce_ll_"+s, "allreduce_add_rmsnorm_"+s, "allreduce_rmsnorm_add_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
-			"gemv_"+s, "gemm_"+s, "moe_route_"+s, "moe_gateup_"+s, "moe_down_"+s)
+			"gemv_"+s, "gemm_"+s, "moe_gateup_"+s, "moe_down_"+s, "moe_gateup1_"+s, "moe_down1_"+s)
 		for _, hd := range []int{64, 128, 256} {
 			names = append(names, fmt.Sprintf("attn_split_%s_hd%d", s, hd))
 		}
@@ -898,9 +898,12 @@ func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
 // tables travel as kernel parameters.
 const maxExperts = 128
 
-// MoE implements gpu.Ops: routing (logits, softmax, top-k) on the device,
-// then per token and chosen expert a gate/up GEMV with SwiGLU and a down
-// GEMV weighted and summed over the chosen experts.
+// MoE implements gpu.Ops: routing on the device (the router's logits by
+// matmul, then softmax and top-k), the chosen (token, expert) slots
+// grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
+// and a down product a tile, so that an expert's rows are read once for
+// up to four of its tokens, and the weighted sum over each token's experts
+// (moe_combine).
 func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if err := d.enter("moe"); err != nil {
 		return err
@@ -939,48 +942,59 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		}
 		gate, up, down = append(gate, w[0]), append(up, w[1]), append(down, w[2])
 	}
-	if a.N*a.TopK > 65535 || a.N > 65535 {
+	// Tiles of up to four slots of an expert (moe_gateup_*, moe_down_*), or
+	// of one for a lone token (whose experts are distinct: *1_*). At most a
+	// full tile a tile's worth of slots and one part-filled tile an expert.
+	slots, tile, sfx := a.N*a.TopK, 4, ""
+	if a.N == 1 {
+		tile, sfx = 1, "1"
+	}
+	bound := min(slots, slots/tile+min(a.Experts, slots))
+	if a.N > 65535 || bound > 65535 {
 		return fmt.Errorf("moe: %d tokens: grid too large", a.N)
 	}
-	kr, err := d.typed("moe", "router", "moe_route", dt)
-	if err != nil {
-		return err
-	}
 	suf := suffix(dt)
-	slots := a.N * a.TopK
-	ids, err := d.scratchBuf("moe.ids", gpu.I32, slots)
-	if err != nil {
-		return err
+	scratch := func(name string, dt gpu.DType, n int) (arg, error) {
+		buf, err := d.scratchBuf("moe."+name, dt, n)
+		return bufArg(name, buf, dt, n), err
 	}
-	wts, err := d.scratchBuf("moe.wts", gpu.F32, slots)
-	if err != nil {
-		return err
+	var sc [8]arg
+	for i, s := range []struct {
+		name string
+		dt   gpu.DType
+		n    int
+	}{{"logits", gpu.F32, a.N * a.Experts}, {"ids", gpu.I32, slots}, {"wts", gpu.F32, slots}, {"order", gpu.I32, slots},
+		{"tiles", gpu.I32, 4 * bound}, {"ntiles", gpu.I32, 1}, {"h", gpu.F32, slots * a.Inter}, {"y", gpu.F32, slots * a.Dim}} {
+		if sc[i], err = scratch(s.name, s.dt, s.n); err != nil {
+			return err
+		}
 	}
-	h, err := d.scratchBuf("moe.h", gpu.F32, slots*a.Inter)
-	if err != nil {
-		return err
-	}
+	logits, ids, wts, order, tiles, ntiles, h, y := sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]
 	norm := 0
 	if a.NormTopK {
 		norm = 1
 	}
-	err = d.launch(kr, grid1(a.N), grid1(256), 0,
-		bufArg("ids", ids, gpu.I32, slots), bufArg("wts", wts, gpu.F32, slots), bufArg("x", b[1], gpu.F32, a.N*a.Dim),
-		bufArg("router", b[2], dt, a.Experts*a.Dim), i32Arg(a.N), i32Arg(a.Dim), i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm))
-	if err != nil {
+	// The router's logits are a product like the model's others.
+	if err := d.matmul(logits.buf, b[1], b[2], a.N, a.Dim, a.Experts); err != nil {
+		return fmt.Errorf("moe: router: %w", err)
+	}
+	if err := d.launch(d.k("moe_route"), grid1(1), grid1(1024), 0, ids, wts, logits, i32Arg(a.N), i32Arg(a.Experts),
+		i32Arg(a.TopK), i32Arg(norm), i32Arg(tile), order, tiles, ntiles, devPtrArg(d.faultDev)); err != nil {
 		return err
 	}
-	err = d.launch(d.k("moe_gateup_"+suf), dim3{uint32(ceilDiv(a.Inter, 8)), uint32(slots), 1}, grid1(256), 0,
-		bufArg("h", h, gpu.F32, slots*a.Inter), bufArg("x", b[1], gpu.F32, a.N*a.Dim), bufArg("ids", ids, gpu.I32, slots),
-		tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
-		i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter), i32Arg(a.Experts), devPtrArg(d.faultDev))
-	if err != nil {
+	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
+	// 256 threads: eight warps of two gate|up rows, or of four down rows.
+	if err := d.launch(d.k("moe_gateup"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(bound), 1}, grid1(256), tile*a.Dim*4,
+		h, xa, order, tiles, ntiles, tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
+		i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
 		return err
 	}
-	return d.launch(d.k("moe_down_"+suf), dim3{uint32(ceilDiv(a.Dim, 8)), uint32(a.N), 1}, grid1(256), 0,
-		bufArg("out", b[0], gpu.F32, a.N*a.Dim), bufArg("h", h, gpu.F32, slots*a.Inter), bufArg("ids", ids, gpu.I32, slots),
-		bufArg("wts", wts, gpu.F32, slots), tableArg("down", down, dt, a.Dim*a.Inter, maxExperts),
-		i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter), i32Arg(a.Experts))
+	if err := d.launch(d.k("moe_down"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Dim, 32)), uint32(bound), 1}, grid1(256), tile*a.Inter*4,
+		y, h, order, tiles, ntiles, tableArg("down", down, dt, a.Dim*a.Inter, maxExperts), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
+		return err
+	}
+	return d.launch(d.k("moe_combine"), dim3{uint32(ceilDiv(a.Dim, 256)), uint32(a.N), 1}, grid1(256), 0,
+		bufArg("out", b[0], gpu.F32, a.N*a.Dim), y, ids, wts, i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Experts))
 }
 
 // Argmax implements gpu.Argmaxer: ties go to the lowest index, NaNs are

@@ -412,9 +412,19 @@ func (h *harness) attentionBatch(cdt gpu.DType, heads, kvHeads, hd, bs int, lens
 }
 
 func (h *harness) moe(t *testing.T) {
-	for _, dt := range h.o.WeightDTypes {
-		for _, norm := range []bool{true, false} {
-			a := gpu.MoEArgs{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2, NormTopK: norm}
+	// Shapes: a few tokens; one token of many experts; many tokens sharing
+	// experts (several tiles of one expert), widths that are not whole
+	// 16-byte pieces.
+	shapes := []gpu.MoEArgs{
+		{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2},
+		{N: 1, Dim: 256, Inter: 96, Experts: 128, TopK: 8},
+		{N: 37, Dim: 136, Inter: 44, Experts: 16, TopK: 4},
+		{N: 23, Dim: 60, Inter: 20, Experts: 4, TopK: 3},
+	}
+	for i, dt := range h.o.WeightDTypes {
+		for j, norm := range []bool{true, false} {
+			a := shapes[(2*i+j)%len(shapes)]
+			a.NormTopK = norm
 			ra := a
 			router := h.weights(dt, h.randF32(a.Experts*a.Dim, 0.3))
 			a.Router, ra.Router = router.d, router.r
@@ -429,7 +439,7 @@ func (h *harness) moe(t *testing.T) {
 			}
 			x := h.f32(h.randF32(a.N*a.Dim, 1))
 			out := h.alloc(gpu.F32, a.N*a.Dim)
-			what := fmt.Sprintf("moe %s norm=%v", dt, norm)
+			what := fmt.Sprintf("moe %s norm=%v, %d tokens of width %d, %d experts of %d, top %d", dt, norm, a.N, a.Dim, a.Experts, a.Inter, a.TopK)
 			if h.check(what, h.dev.MoE(out.d, x.d, a), h.ref.MoE(out.r, x.r, ra)) {
 				h.compare(what, out)
 			}
