@@ -30,13 +30,13 @@ func kernelNames() []string {
 		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_route", "moe_combine", "sample_rows", "adjust_follow", "adjust_append", "adjust_apply", "adjust_restore"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "allreduce_twoshot_ipc_"+s, "allreduce_ll_"+s, "allreduce_add_rmsnorm_"+s, "allreduce_rmsnorm_add_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
-			"gemv_"+s, "gemm_"+s, "moe_gateup_"+s, "moe_down_"+s, "moe_gateup1_"+s, "moe_down1_"+s)
+			"gemv_"+s, "gemm_"+s, "moe_logits_"+s, "moe_gateup_"+s, "moe_down_"+s, "moe_gateup1_"+s, "moe_down1_"+s)
 		for _, hd := range []int{64, 128, 256} {
 			names = append(names, fmt.Sprintf("attn_split_%s_hd%d", s, hd))
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s",
+		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "moe_mm_"+s,
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
 			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128", skinnyName(s, skinnyRows, false))
 		for _, n := range []int{8, 16, skinnyExactRows} {
@@ -898,8 +898,8 @@ func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
 // tables travel as kernel parameters.
 const maxExperts = 128
 
-// MoE implements gpu.Ops: routing on the device (the router's logits by
-// matmul, then softmax and top-k), the chosen (token, expert) slots
+// MoE implements gpu.Ops: routing on the device (the router's logits
+// from x in f32, then softmax and top-k), the chosen (token, expert) slots
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
 // and a down product a tile, so that an expert's rows are read once for
 // up to four of its tokens, and the weighted sum over each token's experts
@@ -942,11 +942,17 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		}
 		gate, up, down = append(gate, w[0]), append(up, w[1]), append(down, w[2])
 	}
-	// Tiles of up to four slots of an expert (moe_gateup_*, moe_down_*), or
-	// of one for a lone token (whose experts are distinct: *1_*). At most a
-	// full tile a tile's worth of slots and one part-filled tile an expert.
+	// Tiles of slots of one expert: of up to 64 on the tensor cores
+	// (moe_mm_*: 16-bit weights, more than one token), of up to four on the
+	// CUDA cores (moe_gateup_*, moe_down_*), or of one for a lone token,
+	// whose experts are distinct (*1_*). At most a full tile a tile's worth
+	// of slots and one part-filled tile an expert.
 	slots, tile, sfx := a.N*a.TopK, 4, ""
-	if a.N == 1 {
+	tc := a.N > 1 && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0
+	switch {
+	case tc:
+		tile = 64
+	case a.N == 1:
 		tile, sfx = 1, "1"
 	}
 	bound := min(slots, slots/tile+min(a.Experts, slots))
@@ -958,13 +964,17 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		buf, err := d.scratchBuf("moe."+name, dt, n)
 		return bufArg(name, buf, dt, n), err
 	}
+	hdt, hn := gpu.F32, slots*a.Inter // the SwiGLU rows: f32, or rounded for the tensor cores
+	if tc {
+		hdt = dt
+	}
 	var sc [8]arg
 	for i, s := range []struct {
 		name string
 		dt   gpu.DType
 		n    int
 	}{{"logits", gpu.F32, a.N * a.Experts}, {"ids", gpu.I32, slots}, {"wts", gpu.F32, slots}, {"order", gpu.I32, slots},
-		{"tiles", gpu.I32, 4 * bound}, {"ntiles", gpu.I32, 1}, {"h", gpu.F32, slots * a.Inter}, {"y", gpu.F32, slots * a.Dim}} {
+		{"tiles", gpu.I32, 4 * bound}, {"ntiles", gpu.I32, 1}, {"h." + hdt.String(), hdt, hn}, {"y", gpu.F32, slots * a.Dim}} {
 		if sc[i], err = scratch(s.name, s.dt, s.n); err != nil {
 			return err
 		}
@@ -974,24 +984,62 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if a.NormTopK {
 		norm = 1
 	}
-	// The router's logits are a product like the model's others.
-	if err := d.matmul(logits.buf, b[1], b[2], a.N, a.Dim, a.Experts); err != nil {
-		return fmt.Errorf("moe: router: %w", err)
+	// The router's logits from x in f32, so that the experts chosen are the
+	// CPU lane's: by the GEMVs and the exact skinny product, which keep x
+	// in f32, or by moe_logits.
+	if a.N <= 8 || (a.Dim%8 == 0 && exactSkinny(a.N, a.Dim)) {
+		if err := d.matmul(logits.buf, b[1], b[2], a.N, a.Dim, a.Experts); err != nil {
+			return fmt.Errorf("moe: router: %w", err)
+		}
+	} else if err := d.launch(d.k("moe_logits_"+suf), dim3{uint32(ceilDiv(a.Experts, 8)), uint32(a.N), 1}, grid1(256), 0,
+		logits, bufArg("x", b[1], gpu.F32, a.N*a.Dim), bufArg("router", b[2], dt, a.Experts*a.Dim),
+		i32Arg(a.N), i32Arg(a.Dim), i32Arg(a.Experts)); err != nil {
+		return err
 	}
 	if err := d.launch(d.k("moe_route"), grid1(1), grid1(1024), 0, ids, wts, logits, i32Arg(a.N), i32Arg(a.Experts),
 		i32Arg(a.TopK), i32Arg(norm), i32Arg(tile), order, tiles, ntiles, devPtrArg(d.faultDev)); err != nil {
 		return err
 	}
 	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
-	// 256 threads: eight warps of two gate|up rows, or of four down rows.
-	if err := d.launch(d.k("moe_gateup"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(bound), 1}, grid1(256), tile*a.Dim*4,
-		h, xa, order, tiles, ntiles, tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
-		i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
-		return err
-	}
-	if err := d.launch(d.k("moe_down"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Dim, 32)), uint32(bound), 1}, grid1(256), tile*a.Inter*4,
-		y, h, order, tiles, ntiles, tableArg("down", down, dt, a.Dim*a.Inter, maxExperts), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
-		return err
+	gt, ut, dn := tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
+		tableArg("down", down, dt, a.Dim*a.Inter, maxExperts)
+	if tc {
+		// x rounded; gate|up a product of 2·inter columns; silu(gate)·up
+		// rounded; down.
+		x16, err := scratch("x16."+dt.String(), dt, a.N*a.Dim)
+		if err != nil {
+			return err
+		}
+		gu, err := scratch("gu", gpu.F32, slots*2*a.Inter)
+		if err != nil {
+			return err
+		}
+		const mmShmem = 4 * (64 + 64) * 32 * 2 // stages of 64 rows of each side, 32 of k
+		if err := d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(a.N*a.Dim, 8), 256)), grid1(256), 0, x16, xa, i64Arg(a.N*a.Dim)); err != nil {
+			return err
+		}
+		mm := d.k("moe_mm_" + suf)
+		if err := d.launch(mm, dim3{uint32(ceilDiv(2*a.Inter, 64)), uint32(bound), 1}, grid1(128), mmShmem,
+			gu, x16, order, tiles, ntiles, gt, ut, i32Arg(a.Inter), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(2*a.Inter)); err != nil {
+			return err
+		}
+		if err := d.siluRows(h.buf, gu.buf, slots, a.Inter); err != nil {
+			return err
+		}
+		if err := d.launch(mm, dim3{uint32(ceilDiv(a.Dim, 64)), uint32(bound), 1}, grid1(128), mmShmem,
+			y, h, order, tiles, ntiles, dn, dn, i32Arg(a.Dim), i32Arg(1), i32Arg(a.Inter), i32Arg(a.Dim)); err != nil {
+			return err
+		}
+	} else {
+		// 256 threads: eight warps of two gate|up rows, or of four down rows.
+		if err := d.launch(d.k("moe_gateup"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(bound), 1}, grid1(256), tile*a.Dim*4,
+			h, xa, order, tiles, ntiles, gt, ut, i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
+			return err
+		}
+		if err := d.launch(d.k("moe_down"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Dim, 32)), uint32(bound), 1}, grid1(256), tile*a.Inter*4,
+			y, h, order, tiles, ntiles, dn, i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
+			return err
+		}
 	}
 	return d.launch(d.k("moe_combine"), dim3{uint32(ceilDiv(a.Dim, 256)), uint32(a.N), 1}, grid1(256), 0,
 		bufArg("out", b[0], gpu.F32, a.N*a.Dim), y, ids, wts, i32Arg(a.N), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Experts))

@@ -413,18 +413,20 @@ func (h *harness) attentionBatch(cdt gpu.DType, heads, kvHeads, hd, bs int, lens
 
 func (h *harness) moe(t *testing.T) {
 	// Shapes: a few tokens; one token of many experts; many tokens sharing
-	// experts (several tiles of one expert), widths that are not whole
-	// 16-byte pieces.
+	// experts (several tiles of one expert, on the tensor cores where the
+	// weights are 16-bit and the widths whole 16-byte pieces), and widths
+	// that are not.
 	shapes := []gpu.MoEArgs{
 		{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2},
 		{N: 1, Dim: 256, Inter: 96, Experts: 128, TopK: 8},
+		{N: 300, Dim: 128, Inter: 72, Experts: 4, TopK: 2},
 		{N: 37, Dim: 136, Inter: 44, Experts: 16, TopK: 4},
 		{N: 23, Dim: 60, Inter: 20, Experts: 4, TopK: 3},
 	}
-	for i, dt := range h.o.WeightDTypes {
-		for j, norm := range []bool{true, false} {
-			a := shapes[(2*i+j)%len(shapes)]
-			a.NormTopK = norm
+	for _, dt := range h.o.WeightDTypes {
+		for j, a := range shapes {
+			a.NormTopK = j%2 == 0
+			norm := a.NormTopK
 			ra := a
 			router := h.weights(dt, h.randF32(a.Experts*a.Dim, 0.3))
 			a.Router, ra.Router = router.d, router.r

@@ -2,21 +2,54 @@
 // tables of device pointers passed by value, so a recorded graph needs no
 // device-side table.
 //
-// A token's k-th choice is slot t·topk + k. With the router's logits (a
-// product like any other), moe_route chooses each token's experts and
-// weights and groups the slots by expert into tiles of up to 4 slots of
-// one expert (one, for a lone token); moe_gateup and moe_down run a tile's
-// slots against rows of its expert's weights, so that each row is read
-// once a tile, not once a slot (prompts and decode batches share experts),
-// with every (row, slot) product summed in the same order whatever the
-// tile; moe_combine adds each token's weighted products in choice order.
-#include "common.cuh"
+// A token's k-th choice is slot t·topk + k. With the router's logits
+// (moe_logits, in f32), moe_route chooses each token's experts and
+// weights and groups the slots by expert into tiles of one expert's
+// slots. moe_mm runs tiles of up to 64 slots on the tensor cores (16-bit
+// weights, more than one token); moe_gateup and moe_down tiles of up to 4
+// (one, for a lone token) on the CUDA cores. Either way each row of an
+// expert is read once a tile, not once a slot (prompts and decode batches
+// share experts), and every (row, slot) product is summed in the same
+// order whatever the tile; moe_combine adds each token's weighted products
+// in choice order.
+#include "mma.cuh"
 
 #define MAX_EXPERTS 128
 
 struct Ptrs {
   const void* p[MAX_EXPERTS];
 };
+
+// moe_logits_*: grid (ceil(experts / 8), n), 256 threads; logits[t, e] =
+// router[e]·x[t], a warp an expert, in f32 from x's f32 rows, so that the
+// choice of experts is the CPU lane's, not one moved by x's rounding.
+template <typename T>
+DEV void moe_logits(float* __restrict__ logits, const float* __restrict__ x,
+                    const typename Elem<T>::raw* __restrict__ router, int n, int dim, int experts) {
+  pdl_begin();
+  int t = blockIdx.y, e = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (t >= n || e >= experts) return;
+  const typename Elem<T>::raw* w = router + (long)e * dim;
+  const float* xr = x + (long)t * dim;
+  constexpr int VEC = 16 / sizeof(typename Elem<T>::raw);
+  int lane = threadIdx.x & 31, kv = dim % VEC == 0 ? dim : 0;
+  float s = 0.f;
+#pragma unroll 4
+  for (int i = lane * VEC; i < kv; i += 32 * VEC) {
+    uint4 u = ld_stream(w + i);
+    float f[8];
+    if constexpr (VEC == 8) {
+      unpack8<T>(u, f);
+    } else {
+      f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y); f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; j++) s = fmaf(f[j], xr[i + j], s);
+  }
+  for (int i = kv + lane; i < dim; i += 32) s = fmaf(Elem<T>::load(w, i), xr[i], s);
+  s = warp_sum(s);
+  if (lane == 0) logits[(long)t * experts + e] = s;
+}
 
 // topk: warp-wide, for token t of the router's logits (n rows of experts,
 // lg the warp's MAX_EXPERTS floats of shared memory): softmax, the top k
@@ -264,6 +297,104 @@ DEV void moe_down(float* y, const float* h, const int* order, const int4* tiles,
                          });
 }
 
+// moe_mm_{bf16,f16}: the expert products of prompts and decode batches on
+// the tensor cores, with gemm_pipe's pipeline (gemm.cu): a block of four
+// warps takes a tile of up to 64 slots of one expert (the A side: row
+// order[first + r] / div of a, 16-bit: x rounded, or the rounded SwiGLU
+// of the gate|up product) and 64 rows of the expert's weights (rows below
+// m1 of table w0, the others of w1 from row m1: gate then up, or down
+// twice), and writes out[slot, col] (f32) for its columns of m. k % 8 == 0.
+template <typename T>
+DEV void moe_mm(float* __restrict__ out, const uint16_t* __restrict__ a, const int* __restrict__ order,
+                const int4* __restrict__ tiles, const int* __restrict__ ntiles, Ptrs w0, Ptrs w1, int m1, int div,
+                int k, int m) {
+  pdl_begin();
+  constexpr int PM = 64, PN = 64, PWN = 2, NT = 128, STAGES = 4, BK = 32;
+  constexpr int TM = 32, TN = 32, MI = TM / 16, NJ = TN / 8;
+  constexpr int STAGE = (PM + PN) * BK;
+  extern __shared__ __align__(16) uint16_t smem[];
+  if ((int)blockIdx.y >= *ntiles) return;
+  const int4 tl = tiles[blockIdx.y];
+  const int e = tl.x, first = tl.y, cnt = tl.z;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, wm = warp / PWN, wn = warp % PWN;
+  const int col0 = blockIdx.x * PN, c8 = (t & 3) * 8;
+  // This thread's two rows of each side's stages: (t >> 2) and + 32.
+  const uint16_t* ap[2];
+  const uint16_t* bp[2];
+  bool aok[2], bok[2];
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    int r = (t >> 2) + 32 * j, gr = col0 + r;
+    aok[j] = r < cnt;
+    ap[j] = aok[j] ? a + (long)(order[first + r] / div) * k : a;
+    bok[j] = gr < m;
+    const uint16_t* w = static_cast<const uint16_t*>(gr < m1 ? w0.p[e] : w1.p[e]);
+    bp[j] = bok[j] ? w + (long)(gr < m1 ? gr : gr - m1) * k : a;
+  }
+  const int kt = (k + BK - 1) / BK;
+  auto load = [&](int stage, int k0) {
+    uint16_t* as = smem + stage * STAGE;
+    uint16_t* bs = as + PM * BK;
+    int gc = k0 + c8;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      int r = (t >> 2) + 32 * j;
+      cp_async16(as + swz<4>(r, t & 3), aok[j] && gc < k ? ap[j] + gc : a, aok[j] && gc < k);
+      cp_async16(bs + swz<4>(r, t & 3), bok[j] && gc < k ? bp[j] + gc : a, bok[j] && gc < k);
+    }
+  };
+  float acc[MI][NJ][4];
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; st++) {
+    if (st < kt) load(st, st * BK);
+    cp_async_commit();
+  }
+  for (int it = 0; it < kt; it++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int nx = it + STAGES - 1;
+    if (nx < kt) load(nx % STAGES, nx * BK);
+    cp_async_commit();
+    const uint16_t* as = smem + (it % STAGES) * STAGE;
+    const uint16_t* bs = as + PM * BK;
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      uint32_t af[MI][4], bfr[NJ / 2][4];
+#pragma unroll
+      for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + swz<4>(wm * TM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < NJ / 2; j++)
+        ldmatrix_x4(bfr[j], bs + swz<4>(wn * TN + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) mma16816<T>(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
+    }
+  }
+  cp_async_wait<0>();
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int r = wm * TM + i * 16 + g + h * 8;
+      if (r >= cnt) continue;
+      float* o = out + (long)order[first + r] * m;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        int c = col0 + wn * TN + j * 8 + q * 2;
+        if (c < m) o[c] = acc[i][j][h * 2];
+        if (c + 1 < m) o[c + 1] = acc[i][j][h * 2 + 1];
+      }
+    }
+}
+
 // moe_combine: grid (ceil(dim / 256), n), 256 threads; out[t, r] = the sum
 // over k in order of wts[t, k] · y[t·topk + k, r], skipping slots without
 // an expert.
@@ -301,3 +432,20 @@ MOE(F16, f16, 4, , 2)
 MOE(float, f32, 1, 1, 4)
 MOE(BF16, bf16, 1, 1, 4)
 MOE(F16, f16, 1, 1, 4)
+#define MOE_LOGITS(T, name)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(256) moe_logits_##name(float* logits, const float* x,              \
+                                                                      const Elem<T>::raw* router, int n, int dim,   \
+                                                                      int experts) {                                \
+    moe_logits<T>(logits, x, router, n, dim, experts);                                                            \
+  }
+MOE_LOGITS(float, f32)
+MOE_LOGITS(BF16, bf16)
+MOE_LOGITS(F16, f16)
+#define MOE_MM(T, name)                                                                                           \
+  extern "C" __global__ void __launch_bounds__(128) moe_mm_##name(float* out, const uint16_t* a, const int* order,  \
+                                                                  const int4* tiles, const int* ntiles, Ptrs w0,    \
+                                                                  Ptrs w1, int m1, int div, int k, int m) {         \
+    moe_mm<T>(out, a, order, tiles, ntiles, w0, w1, m1, div, k, m);                                                \
+  }
+MOE_MM(BF16, bf16)
+MOE_MM(F16, f16)
