@@ -245,3 +245,68 @@ func TestSampleHostParallel(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSampleRowAdjust builds draws with penalties and lists from arbitrary
+// bytes: a row Validate takes draws a token of the row from logits that
+// its list changes (ids outside the row skipped), the list's entries read
+// as Penalties.Adjust says, and a row that follows it resolves
+// (FollowRows) with the token counted, all without panicking.
+func FuzzSampleRowAdjust(f *testing.F) {
+	f.Add([]byte{3, 1, 0, 2, 9, 1, 200, 7, 0, 5})
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{255, 255, 255, 255, 255, 255, 128, 1, 2})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		at := func(i int) byte {
+			if i < len(raw) {
+				return raw[i]
+			}
+			return 0
+		}
+		r := SampleRow{Temperature: float32(at(0)%4) / 2, TopK: int32(at(1) % 8), U: float64(at(2)) / 256,
+			Penalties: Penalties{Repetition: float32(at(3)%5) / 2, Presence: float32(int8(at(4))) / 32, Frequency: float32(int8(at(5))) / 32}}
+		for i := 6; i+2 < len(raw) && len(r.Adjust) < 64; i += 3 {
+			id := int32(int8(raw[i])) // negative and past the row too
+			if slices.ContainsFunc(r.Adjust, func(a LogitAdjust) bool { return a.ID == id }) {
+				continue
+			}
+			r.Adjust = append(r.Adjust, LogitAdjust{ID: id, Seen: raw[i+1]&1 == 1, Count: int32(raw[i+1] >> 1), Bias: float32(int8(raw[i+2])) / 4})
+		}
+		if r.Validate() != nil {
+			return
+		}
+		logits := make([]float32, 40)
+		for i := range logits {
+			logits[i] = float32(i%7) - 3
+		}
+		want := slices.Clone(logits)
+		for _, a := range r.Adjust {
+			if a.ID >= 0 && int(a.ID) < len(want) {
+				want[a.ID] = r.Penalties.Adjust(want[a.ID], a)
+			}
+		}
+		got := slices.Clone(logits)
+		AdjustLogits(got, r.Penalties, r.Adjust)
+		if !slices.Equal(got, want) {
+			t.Fatalf("adjusted %v, want %v", got, want)
+		}
+		var sc SampleScratch
+		id := SampleHost(slices.Clone(logits), r, &sc)
+		if id < 0 || int(id) >= len(logits) {
+			t.Fatalf("drew %d of %d", id, len(logits))
+		}
+		next := r
+		next.Adjust, next.Follows = nil, true
+		res, err := FollowRows([]SampleRow{r}, []int32{id}, []SampleRow{next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Penalties.Active() {
+			i := slices.IndexFunc(res[0].Adjust, func(a LogitAdjust) bool { return a.ID == id })
+			if i < 0 || !res[0].Adjust[i].Seen || res[0].Adjust[i].Count < 1 {
+				t.Fatalf("token %d drawn, the list that follows %+v", id, res[0].Adjust)
+			}
+		} else if !slices.Equal(res[0].Adjust, r.Adjust) {
+			t.Fatalf("a list without penalties changed: %+v to %+v", r.Adjust, res[0].Adjust)
+		}
+	})
+}
