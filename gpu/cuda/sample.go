@@ -80,12 +80,9 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 	return nil
 }
 
-// adjEntryWords and adjRowWords are the 32-bit words of AdjEntry and
-// AdjRow in kernels/cuda/sample.cu.
-const (
-	adjEntryWords = 6
-	adjRowWords   = 4
-)
+// adjEntryWords is the 32-bit words of AdjEntry in kernels/cuda/sample.cu
+// (an AdjRow is four: follows and the three penalties).
+const adjEntryWords = 6
 
 // drawnLists are the logit adjustments of the last Sample into a buffer
 // of tokens, kept on the device for draws that follow it
