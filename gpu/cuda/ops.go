@@ -27,7 +27,7 @@ func suffix(dt gpu.DType) string {
 // all, so a stale artifact fails at Open, not mid-model.
 func kernelNames() []string {
 	names := []string{"add_f32", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine",
-		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_route", "moe_combine", "sample_rows", "adjust_follow", "adjust_append", "adjust_apply", "adjust_restore"}
+		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_topk", "moe_route", "moe_combine", "sample_rows", "adjust_follow", "adjust_append", "adjust_apply", "adjust_restore"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "allreduce_twoshot_ipc_"+s, "allreduce_ll_"+s, "allreduce_add_rmsnorm_"+s, "allreduce_rmsnorm_add_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
 			"gemv_"+s, "gemm_"+s, "moe_logits_"+s, "moe_gateup_"+s, "moe_down_"+s, "moe_gateup1_"+s, "moe_down1_"+s)
@@ -996,8 +996,18 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		i32Arg(a.N), i32Arg(a.Dim), i32Arg(a.Experts)); err != nil {
 		return err
 	}
+	// moe_route chooses a few tokens' experts itself; a prompt's, a warp a
+	// token over many blocks (moe_topk).
+	chosen := 0
+	if a.N > 64 {
+		chosen = 1
+		if err := d.launch(d.k("moe_topk"), grid1(ceilDiv(a.N, 8)), grid1(256), 0, ids, wts, logits,
+			i32Arg(a.N), i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm)); err != nil {
+			return err
+		}
+	}
 	if err := d.launch(d.k("moe_route"), grid1(1), grid1(1024), 0, ids, wts, logits, i32Arg(a.N), i32Arg(a.Experts),
-		i32Arg(a.TopK), i32Arg(norm), i32Arg(tile), order, tiles, ntiles, devPtrArg(d.faultDev)); err != nil {
+		i32Arg(a.TopK), i32Arg(norm), i32Arg(chosen), i32Arg(tile), order, tiles, ntiles, devPtrArg(d.faultDev)); err != nil {
 		return err
 	}
 	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)

@@ -112,23 +112,35 @@ DEV int scan32(int v, int* all) {
   return x - v;
 }
 
-// moe_route, one block of 1024 threads: each warp chooses the experts of
-// tokens warp, warp + 32, ... (topk), then the block groups the n·topk
-// slots by expert. order lists them expert by expert (in any order within
+// moe_topk: grid ceil(n / 8), 256 threads; topk a warp a token, for
+// prompts, whose tokens one block would choose in turn.
+extern "C" __global__ void __launch_bounds__(256) moe_topk(int* __restrict__ ids, float* __restrict__ wts,
+                                                           const float* __restrict__ logits, int n, int experts,
+                                                           int k_, int norm) {
+  pdl_begin();
+  __shared__ float lgs[8][MAX_EXPERTS];
+  int warp = threadIdx.x >> 5, t = blockIdx.x * 8 + warp;
+  if (t < n) topk(ids, wts, logits, lgs[warp], t, experts, k_, norm);
+}
+
+// moe_route, one block of 1024 threads: unless moe_topk has (chosen), each
+// warp chooses the experts of tokens warp, warp + 32, ... (topk), then the
+// block groups the n·topk slots by expert. order lists them expert by expert (in any order within
 // one: each slot's products are its own), tiles (ntiles of them) the runs
 // of up to bn slots of one expert as {expert, first index into order,
 // count}. A slot without an expert (its router logits NaN) records a fault
 // and is left out.
 extern "C" __global__ void __launch_bounds__(1024) moe_route(int* __restrict__ ids, float* __restrict__ wts,
                                                              const float* __restrict__ logits, int n, int experts,
-                                                             int k_, int norm, int bn, int* __restrict__ order,
-                                                             int4* __restrict__ tiles, int* __restrict__ ntiles,
-                                                             unsigned* fault) {
+                                                             int k_, int norm, int chosen, int bn,
+                                                             int* __restrict__ order, int4* __restrict__ tiles,
+                                                             int* __restrict__ ntiles, unsigned* fault) {
   pdl_begin();
   __shared__ float lgs[32][MAX_EXPERTS];
   __shared__ int cnt[MAX_EXPERTS], off[MAX_EXPERTS], toff[MAX_EXPERTS], cur[MAX_EXPERTS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, slots = n * k_;
-  for (int t = warp; t < n; t += 32) topk(ids, wts, logits, lgs[warp], t, experts, k_, norm);
+  if (!chosen)
+    for (int t = warp; t < n; t += 32) topk(ids, wts, logits, lgs[warp], t, experts, k_, norm);
   for (int e = tid; e < experts; e += blockDim.x) cnt[e] = 0, cur[e] = 0;
   __syncthreads();  // ids are written, and visible to the block
   for (int s = tid; s < slots; s += blockDim.x) {
