@@ -35,8 +35,8 @@ type LateReader interface {
 
 // Sampler is a device that draws tokens from logits itself: out[r] (I32)
 // is the token drawn from row r of logits (n rows of width) as rows[r]
-// says (SampleRow, SampleHost: its Adjust applied first, the logits left
-// as they were), for rows a device takes
+// says (SampleRow, SampleHost: its penalties and list applied first, the
+// logits left as they were), for rows a device takes
 // (SampleRow.OnDevice). A whole-row draw (SampleRow.Whole) whose filters
 // the row's MaxSampleTopK most likely tokens do not settle may be left to
 // the caller: out[r] is then -1, and the caller draws that row on the

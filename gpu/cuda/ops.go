@@ -341,6 +341,13 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 	return ceilDiv(k, chunk), chunk
 }
 
+// roundX writes the first count elements of x (f32) rounded to xs's
+// 16-bit type into xs (round_x).
+func (d *Device) roundX(xs, x *Buffer, count int) error {
+	return d.launch(d.k("round_x_"+suffix(xs.dt)), grid1(ceilDiv(ceilDiv(count, 8), 256)), grid1(256), 0,
+		bufArg("out", xs, xs.dt, count), bufArg("x", x, gpu.F32, count), i64Arg(count))
+}
+
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
 // batches of up to skinnyExactRows rows run gemm_skinny_*_exact on x in
 // f32 (SiLUMatMul forms their f32 rows itself); otherwise x is rounded to w's type once and the product runs on
@@ -365,9 +372,7 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 			return err
 		}
 	} else if d.rounded != key {
-		err = d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
-			bufArg("out", xs, w.dt, n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
-		if err != nil {
+		if err := d.roundX(xs, x, n*k); err != nil {
 			d.rounded = roundedX{}
 			return err
 		}
@@ -902,8 +907,8 @@ const maxExperts = 128
 // from x in f32, then softmax and top-k), the chosen (token, expert) slots
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
 // and a down product a tile, so that an expert's rows are read once for
-// up to four of its tokens, and the weighted sum over each token's experts
-// (moe_combine).
+// a tile of its tokens (up to 64 on the tensor cores), and the weighted
+// sum over each token's experts (moe_combine).
 func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if err := d.enter("moe"); err != nil {
 		return err
@@ -987,7 +992,7 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	// The router's logits from x in f32, so that the experts chosen are the
 	// CPU lane's: by the GEMVs and the exact skinny product, which keep x
 	// in f32, or by moe_logits.
-	if a.N <= 8 || (a.Dim%8 == 0 && exactSkinny(a.N, a.Dim)) {
+	if a.N <= 8 || exactSkinny(a.N, a.Dim) {
 		if err := d.matmul(logits.buf, b[1], b[2], a.N, a.Dim, a.Experts); err != nil {
 			return fmt.Errorf("moe: router: %w", err)
 		}
@@ -1025,7 +1030,7 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 			return err
 		}
 		const mmShmem = 4 * (64 + 64) * 32 * 2 // stages of 64 rows of each side, 32 of k
-		if err := d.launch(d.k("round_x_"+suf), grid1(ceilDiv(ceilDiv(a.N*a.Dim, 8), 256)), grid1(256), 0, x16, xa, i64Arg(a.N*a.Dim)); err != nil {
+		if err := d.roundX(x16.buf, b[1], a.N*a.Dim); err != nil {
 			return err
 		}
 		mm := d.k("moe_mm_" + suf)

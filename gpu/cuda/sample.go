@@ -147,10 +147,10 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 	}
 	h := len(host) / 4 / adjEntryWords
 	bound := base + follows + h
-	if err := d.keepLists(out, len(rows), base, bound); err != nil {
+	l, err := d.keepLists(out, len(rows), base, bound)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	l = d.drawn[out]
 	if bound == 0 {
 		return nil, nil // nothing to change yet; the lists start empty
 	}
@@ -192,8 +192,8 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 }
 
 // keepLists sizes out's kept lists for rows rows and bound entries, the
-// first base of them carried over from the last draw.
-func (d *Device) keepLists(out *Buffer, rows, base, bound int) error {
+// first base of them carried over from the last draw, and returns them.
+func (d *Device) keepLists(out *Buffer, rows, base, bound int) (*drawnLists, error) {
 	l := d.drawn[out]
 	if l == nil {
 		l = &drawnLists{}
@@ -201,12 +201,12 @@ func (d *Device) keepLists(out *Buffer, rows, base, bound int) error {
 	if l.meta == nil || l.meta.n < 1+rows {
 		meta, err := d.alloc("adjust meta", gpu.I32, 1+max(rows, 64), true)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if l.meta != nil {
 			// Carried-over entries need the count, and the flags are clear.
 			if err := d.copyD(meta, l.meta, 4); err != nil {
-				return err
+				return nil, err
 			}
 			d.freeNow(l.meta)
 		}
@@ -215,12 +215,12 @@ func (d *Device) keepLists(out *Buffer, rows, base, bound int) error {
 	if l.e == nil || l.e.n < bound*adjEntryWords {
 		e, err := d.alloc("adjust entries", gpu.I32, max(2*bound, 1024)*adjEntryWords, false)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if l.e != nil {
 			if base > 0 {
 				if err := d.copyD(e, l.e, base*adjEntryWords*4); err != nil {
-					return err
+					return nil, err
 				}
 			}
 			d.freeNow(l.e)
@@ -229,7 +229,7 @@ func (d *Device) keepLists(out *Buffer, rows, base, bound int) error {
 	}
 	l.rows, l.bound = rows, bound
 	d.drawn[out] = l
-	return nil
+	return l, nil
 }
 
 // copyD copies the first n bytes of src to dst, in stream order.

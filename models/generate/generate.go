@@ -118,7 +118,7 @@ func (s *State) entry(id int32) *gpu.LogitAdjust {
 // saw counts a token the output gained, where the penalties read the
 // output (gpu.SampleRow.Saw, which the devices follow).
 func (s *State) saw(id int32) {
-	if s.adjAt != nil && s.p.Penalties().Active() {
+	if s.p.Penalties().Active() {
 		s.entry(id).Saw()
 	}
 }
@@ -159,7 +159,7 @@ func (s *State) Row() gpu.SampleRow {
 // the step's own (gpu.SampleRow.Follows).
 func (s *State) NextRow() gpu.SampleRow {
 	r := s.sampler.NextRow()
-	r.Follows = s.adjAt != nil
+	r.Follows = s.p.Adjusts()
 	return r
 }
 
