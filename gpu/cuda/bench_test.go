@@ -363,29 +363,52 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 func BenchmarkAttentionDecode(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(4, 4))
-	const heads, hd, bs = 16, 128, 16
-	for _, c := range []struct{ n, ctx int }{{1, 512}, {1, 4096}, {64, 512}, {64, 520}} {
-		blocks := (c.ctx + bs - 1) / bs
-		kw := heads * hd
-		kc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
-		vc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
-		kc.readOnly, vc.readOnly = false, false
-		table := make([]int32, c.n*blocks)
-		for i := range table {
-			table[i] = int32(i)
+	const bs = 16
+	// Query heads, KV heads and head dim of OLMo-2-1B (MHA), Llama-3.2-1B,
+	// Qwen3-0.6B, Qwen3-30B-A3B and the 8B GQA shapes.
+	for _, h := range [][3]int{{16, 16, 128}, {32, 8, 64}, {16, 8, 128}, {32, 4, 128}, {32, 8, 128}} {
+		heads, kvHeads, hd := h[0], h[1], h[2]
+		for _, c := range []struct{ n, ctx int }{{1, 512}, {1, 4096}, {4, 512}, {8, 512}, {16, 512}, {64, 512}, {64, 520}} {
+			if heads == kvHeads && c.n > 1 && c.n < 64 {
+				continue
+			}
+			blocks := (c.ctx + bs - 1) / bs
+			kw := kvHeads * hd
+			kc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
+			vc := weights(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, c.n*blocks*bs*kw, 1))).(*Buffer)
+			kc.readOnly, vc.readOnly = false, false
+			table := make([]int32, c.n*blocks)
+			for i := range table {
+				table[i] = int32(i)
+			}
+			pos, seq := make([]int32, c.n), make([]int32, c.n)
+			for i := range pos {
+				pos[i], seq[i] = int32(c.ctx-1), int32(i)
+			}
+			a := gpu.AttnArgs{N: c.n, Heads: heads, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks, Runs: c.n,
+				Scale: float32(1 / math.Sqrt(float64(hd))), Pos: i32buf(b, d, pos), Seq: i32buf(b, d, seq), BlockTable: i32buf(b, d, table)}
+			q := f32buf(b, d, randF32(r, c.n*heads*hd, 1))
+			out := alloc(b, d, gpu.F32, c.n*heads*hd)
+			bytes := float64(2 * c.n * c.ctx * kw * 2)
+			// The kernel Attention picks, then each other: -1 picks, 0 is the
+			// tensor-core kernel, g > 0 the CUDA-core one with g query heads a
+			// block.
+			for _, g := range []int{-1, 0, 1, 2} {
+				if g > 0 && (heads/kvHeads)%g != 0 || g == 0 && heads == kvHeads {
+					continue
+				}
+				name := "auto"
+				if g >= 0 {
+					name = fmt.Sprintf("g%d", g)
+				}
+				b.Run(fmt.Sprintf("h%d-kv%d-hd%d/n%d-ctx%d/%s", heads, kvHeads, hd, c.n, c.ctx, name), func(b *testing.B) {
+					graphRate(b, d, 8, bytes, func() error { return repeat(8, func() error { return d.attention(out, q, kc, vc, a, g) }) })
+				})
+			}
+			for _, buf := range []gpu.Buffer{kc, vc, q, out, a.Pos, a.Seq, a.BlockTable} {
+				d.Free(buf)
+			}
 		}
-		pos, seq := make([]int32, c.n), make([]int32, c.n)
-		for i := range pos {
-			pos[i], seq[i] = int32(c.ctx-1), int32(i)
-		}
-		a := gpu.AttnArgs{N: c.n, Heads: heads, KVHeads: heads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks, Runs: c.n,
-			Scale: float32(1 / math.Sqrt(hd)), Pos: i32buf(b, d, pos), Seq: i32buf(b, d, seq), BlockTable: i32buf(b, d, table)}
-		q := f32buf(b, d, randF32(r, c.n*kw, 1))
-		out := alloc(b, d, gpu.F32, c.n*kw)
-		bytes := float64(2 * c.n * c.ctx * kw * 2)
-		b.Run(fmt.Sprintf("n%d-ctx%d", c.n, c.ctx), func(b *testing.B) {
-			graphRate(b, d, 8, bytes, func() error { return repeat(8, func() error { return d.Attention(out, q, kc, vc, a) }) })
-		})
 	}
 }
 

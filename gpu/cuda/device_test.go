@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -40,13 +41,30 @@ func open(t testing.TB) *Device {
 	return d
 }
 
+// attentionKernels are the decode attention kernels Attention does not
+// pick for a shape: the tensor-core kernel, and the CUDA-core one with 1 or
+// 2 query heads a block.
+func attentionKernels(d *Device) map[string]gputest.AttentionFunc {
+	m := map[string]gputest.AttentionFunc{}
+	for _, g := range []int{0, 1, 2} {
+		m[fmt.Sprintf("heads=%d", g)] = func(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
+			cache := kc.DType()
+			if g == attnHeads(a) || g > 0 && (a.Heads/a.KVHeads)%g != 0 || cache == gpu.F32 || a.HeadDim > 128 || usePrefillAttention(a, cache) {
+				return gputest.ErrNotApplicable
+			}
+			return d.attention(out, q, kc, vc, a, g)
+		}
+	}
+	return m
+}
+
 func TestConformance(t *testing.T) {
 	d := open(t)
 	t.Log(d.Name())
 	// The suite as a whole: bf16/f16 weights round x for the tensor cores
 	// (n > 8) and bf16 caches round k, v: 1e-2 bounds those paths.
 	t.Run("all", func(t *testing.T) {
-		gputest.Run(t, d, gputest.Options{Tol: 1e-2, CacheDTypes: []gpu.DType{gpu.F32, gpu.BF16}, Large: true})
+		gputest.Run(t, d, gputest.Options{Tol: 1e-2, CacheDTypes: []gpu.DType{gpu.F32, gpu.BF16}, Large: true, Attention: attentionKernels(d)})
 	})
 	// f32 weights and caches: f32 arithmetic throughout.
 	t.Run("f32", func(t *testing.T) {
@@ -55,7 +73,7 @@ func TestConformance(t *testing.T) {
 	// 16-bit weights with f32 caches, at the tolerance the GEMM's rounding of
 	// x allows (f16 caches included).
 	t.Run("16bit", func(t *testing.T) {
-		gputest.Run(t, d, gputest.Options{Tol: 5e-3, CacheDTypes: []gpu.DType{gpu.F16}, WeightDTypes: []gpu.DType{gpu.BF16, gpu.F16}, Large: true})
+		gputest.Run(t, d, gputest.Options{Tol: 5e-3, CacheDTypes: []gpu.DType{gpu.F16}, WeightDTypes: []gpu.DType{gpu.BF16, gpu.F16}, Large: true, Attention: attentionKernels(d)})
 	})
 }
 

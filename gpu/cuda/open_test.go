@@ -255,15 +255,19 @@ func TestLaunchConfigLayout(t *testing.T) {
 }
 
 // TestDecodeAttentionPlan: which kernel a decode step's attention takes,
-// its grid and splits. MHA with a 16-bit cache streams keys on the CUDA
-// cores, GQA runs on the tensor cores, both combining their own splits;
+// its grid and splits. MHA with a 16-bit cache, and GQA over one token,
+// stream keys on the CUDA cores; larger GQA steps run on the tensor cores;
+// both combine their own splits;
 // f32 caches and head dim 256 take the split kernel and attn_combine.
 func TestDecodeAttentionPlan(t *testing.T) {
 	const sms = 132
 	olmo1B := gpu.AttnArgs{N: 1, Heads: 16, KVHeads: 16, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
 	b64 := olmo1B
 	b64.N = 64
-	gqa := gpu.AttnArgs{N: 3, Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocks: 8}
+	gqa := gpu.AttnArgs{N: 1, Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocks: 8}
+	gqa3 := gqa
+	gqa3.N = 3
+	qwen3 := gpu.AttnArgs{N: 1, Heads: 16, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
 	for _, c := range []struct {
 		name  string
 		a     gpu.AttnArgs
@@ -274,8 +278,13 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		// 64 keys); over 64 tokens' 16 heads, one.
 		{"1B", olmo1B, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{33, 16, 1}, splits: 33, blocks: 16, selfCombine: true}},
 		{"1B x64", b64, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{1, 16, 64}, splits: 1, blocks: 1024, selfCombine: true}},
-		// 4 query heads a KV head share a block; 128 keys at most: 2 tiles.
-		{"gqa", gqa, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
+		// A GQA token takes the CUDA-core kernel: two query heads a block at
+		// head dim 64 (128 keys at most: 2 tiles), one at 128.
+		{"gqa", gqa, gpu.F16, decodeAttention{kernel: "attn_mha2_f16_hd64", grid: dim3{2, 16, 1}, splits: 2, blocks: 16, selfCombine: true}},
+		{"qwen3", qwen3, gpu.BF16, decodeAttention{kernel: "attn_mha_bf16_hd128", grid: dim3{33, 16, 1}, splits: 33, blocks: 16, selfCombine: true}},
+		// More tokens take the tensor cores, the query heads of a KV head
+		// sharing a block.
+		{"gqa x3", gqa3, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
 		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},
 	} {
 		got, err := planDecodeAttention(c.a, c.cache, sms)

@@ -38,7 +38,12 @@ func kernelNames() []string {
 	for _, s := range []string{"bf16", "f16"} {
 		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "moe_mm_"+s,
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
-			"attn_mha_"+s+"_hd64", "attn_mha_"+s+"_hd128", skinnyName(s, skinnyRows, false))
+			skinnyName(s, skinnyRows, false))
+		for _, hd := range []int{64, 128} {
+			for _, g := range []int{1, 2} {
+				names = append(names, mhaName(s, hd, g))
+			}
+		}
 		for _, n := range []int{8, 16, skinnyExactRows} {
 			names = append(names, skinnyName(s, n, true))
 		}
@@ -775,6 +780,13 @@ func attnParams(a gpu.AttnArgs, cacheSlots, splits, btRows int) []byte {
 // shape, the share of each split on the token's position, so a graph
 // recorded once serves any context length.
 func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
+	return d.attention(out, q, kc, vc, a, -1)
+}
+
+// attention is Attention with g query heads a block of a decode step's
+// CUDA-core kernel, 0 for the tensor-core kernel, or -1 for attnHeads'
+// choice.
+func (d *Device) attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs, g int) error {
 	if err := d.enter("attention"); err != nil {
 		return err
 	}
@@ -818,7 +830,10 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 			dim3{uint32(ceilDiv(a.N, 64)), uint32(a.Heads), 1}, grid1(128), 4*64*hd*2,
 			append([]arg{bufArg("out", b[0], gpu.F32, a.N*qw)}, inputs(1)...)...)
 	}
-	pl, err := planDecodeAttention(a, b[2].dt, d.info.SMs)
+	if g < 0 {
+		g = attnHeads(a)
+	}
+	pl, err := planAttention(a, b[2].dt, d.info.SMs, g)
 	if err != nil {
 		return err
 	}
@@ -859,24 +874,63 @@ type decodeAttention struct {
 	selfCombine   bool // the kernel combines its splits (given counters)
 }
 
-// planDecodeAttention picks the decode attention for a cache type: 16-bit
-// caches with head dim 64 or 128 run on the tensor cores, up to 16 query
-// heads of a KV head per block, or with one query head a KV head (MHA) on
-// the CUDA cores, streaming the keys; these combine the splits themselves.
-// The others run on the CUDA cores, up to 8 query heads a block, and
-// attn_combine merges their splits. Keys are split for about perSM blocks
-// per SM on sms SMs, in tiles of tile keys. The MHA kernel's perSM of 4
-// was measured best on an H200 (OLMo-2-1B shapes, docs/cuda.md): against
-// 8, 64 sequences of 512 tokens take one split instead of two (3.16 to
-// 3.00 ms a step), and one sequence of 3,000 half as many.
+// planDecodeAttention picks the decode attention for a cache type (see
+// attnHeads) and its grid.
 func planDecodeAttention(a gpu.AttnArgs, cache gpu.DType, sms int) (decodeAttention, error) {
+	return planAttention(a, cache, sms, attnHeads(a))
+}
+
+// attnHeads is how many query heads a block of the CUDA-core kernel
+// (attn_mha) takes, or 0 for the tensor-core kernel (attn_decode), for a
+// 16-bit cache with head dim 64 or 128 (the others take attn_split and
+// attn_combine, whatever it returns). MHA takes one head a block. A GQA
+// step of one token is bound by the kernel's chain of latencies, not by
+// the cache's bytes: it takes the CUDA-core kernel, one head a block (more
+// blocks) at head dim 128, two at 64. Larger GQA steps take the tensor
+// cores, the query heads of a KV head sharing a block. Measured on an H200
+// (docs/cuda.md): one token over 512 keys of Qwen3-0.6B's shape in 5.1 µs
+// where the tensor cores take 8.0; 2 to 16 tokens gained in some shapes
+// and lost in others.
+func attnHeads(a gpu.AttnArgs) int {
+	group := a.Heads / a.KVHeads
+	switch {
+	case group == 1:
+		return 1
+	case a.N > 1:
+		return 0
+	case a.HeadDim == 64 && group%2 == 0:
+		return 2
+	}
+	return 1
+}
+
+// mhaName is attn_mha's kernel for g query heads a block.
+func mhaName(cache string, hd, g int) string {
+	if g == 1 {
+		return fmt.Sprintf("attn_mha_%s_hd%d", cache, hd)
+	}
+	return fmt.Sprintf("attn_mha%d_%s_hd%d", g, cache, hd)
+}
+
+// planAttention is the decode attention's plan with g query heads a block
+// of attn_mha, or the tensor-core kernel for g = 0. Keys are split for
+// about perSM blocks per SM on sms SMs, in tiles of tile keys. The MHA
+// kernel's perSM of 4 was measured best on an H200 (OLMo-2-1B shapes,
+// docs/cuda.md): against 8, 64 sequences of 512 tokens take one split
+// instead of two (3.16 to 3.00 ms a step), and one sequence of 3,000 half
+// as many.
+func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention, error) {
 	hd, suf := a.HeadDim, suffix(cache)
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
 	rows, tile, perSM := 8, 32, 2
 	switch {
-	case cache != gpu.F32 && hd <= 128 && a.Heads == a.KVHeads:
-		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_mha_%s_hd%d", suf, hd), 1, 64, 4, true
-	case cache != gpu.F32 && hd <= 128:
+	case cache == gpu.F32 || hd > 128:
+	case g > 0:
+		if g > 2 || (a.Heads/a.KVHeads)%g != 0 {
+			return p, fmt.Errorf("attention: %d query heads a block, %d a KV head", g, a.Heads/a.KVHeads)
+		}
+		p.kernel, rows, tile, perSM, p.selfCombine = mhaName(suf, hd, g), g, 64, 4, true
+	default:
 		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 4, true
 		p.shmem = 4 * 64 * hd * 2
 	}

@@ -2,7 +2,9 @@ package gputest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -23,7 +25,18 @@ type Options struct {
 	// Sizes scales the problem sizes: small for slow devices, large to
 	// cover multi-block kernels.
 	Large bool
+	// Attention holds a device's other ways of running Attention (kernels
+	// it picks for other shapes), each checked as Attention is. One returns
+	// ErrNotApplicable for a shape it does not take.
+	Attention map[string]AttentionFunc
 }
+
+// AttentionFunc is a way of running gpu.Ops.Attention.
+type AttentionFunc func(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error
+
+// ErrNotApplicable is an Options.Attention variant's answer to a shape it
+// does not take.
+var ErrNotApplicable = errors.New("not applicable")
 
 // Run checks every operation of the device returned by open.
 func Run(t *testing.T, dev gpu.Device, o Options) {
@@ -313,7 +326,7 @@ func (h *harness) rope(t *testing.T) {
 
 func (h *harness) attention(t *testing.T) {
 	type cfg struct{ heads, kvHeads, hd, bs int }
-	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}}
+	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}, {8, 4, 128, 16}, {16, 4, 64, 16}}
 	// Three sequences: a prefill after cached tokens, a decode at position
 	// 40 and a decode at position 0. The long prefill makes a step of more
 	// than 64 tokens in runs, which backends may run with a prompt kernel.
@@ -406,8 +419,21 @@ func (h *harness) attentionBatch(cdt gpu.DType, heads, kvHeads, hd, bs int, lens
 		return a
 	}
 	what = fmt.Sprintf("attention %s heads=%d kv=%d dim=%d block=%d tokens=%d", cdt, heads, kvHeads, hd, bs, n)
-	if h.check(what, h.dev.Attention(out.d, q.d, kc.d, vc.d, args(true)), h.ref.Attention(out.r, q.r, kc.r, vc.r, args(false))) {
-		h.compare(what, out)
+	if !h.check(what, h.dev.Attention(out.d, q.d, kc.d, vc.d, args(true)), h.ref.Attention(out.r, q.r, kc.r, vc.r, args(false))) {
+		return
+	}
+	h.compare(what, out)
+	for _, name := range slices.Sorted(maps.Keys(h.o.Attention)) {
+		if err := h.dev.Write(out.d, 0, make([]byte, n*heads*hd*4)); err != nil {
+			h.t.Fatalf("write: %v", err)
+		}
+		err := h.o.Attention[name](out.d, q.d, kc.d, vc.d, args(true))
+		if errors.Is(err, ErrNotApplicable) {
+			continue
+		}
+		if h.check(what+" "+name, err, nil) {
+			h.compare(what+" "+name, out)
+		}
 	}
 }
 

@@ -19,9 +19,9 @@
 // and the last split of a (token, KV head) to finish combines the others
 // (attn_combine's work, through a counter), unless no counters are given.
 //
-// attn_mha: grid (splits, Heads, N), 128 threads: attn_decode's work when
-// each query head has its own KV head, on the CUDA cores, keys streamed
-// into registers (see the kernel).
+// attn_mha: grid (splits, Heads / G, N), 128 threads: attn_decode's work
+// on the CUDA cores, G = 1 or 2 query heads of a KV head a block (MHA, and
+// GQA steps of one token), keys streamed into registers (see the kernel).
 //
 // attn_prefill: grid (ceil(N/64), Heads), 128 threads: tensor-core
 // attention for prompts (FlashAttention-2 style) over the paged cache with
@@ -807,33 +807,37 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
 DECODE(BF16, bf16, 64) DECODE(BF16, bf16, 128)
 DECODE(F16, f16, 64) DECODE(F16, f16, 128)
 
-// attn_mha: decode attention for 16-bit caches when every query head has
-// its own KV head (G = 1, where attn_decode's mma rows would be 1/16
-// used). grid (splits, Heads, N), 128 threads, static shared memory only.
-// A key row is HD/8 chunks of 16 bytes, one a thread: TPR threads take a
-// row, RP rows a pass, and U passes (64 keys) are loaded at once straight
-// into registers. Scores are reduced over a row's threads by shuffles;
-// each row's threads keep a running max, sum and their 8 output dims,
-// merged over the rows in shared memory at the end. Splits, partials, the
-// combine and the early copies are as in attn_decode.
-template <typename T, int HD>
+// attn_mha: decode attention for 16-bit caches on the CUDA cores, a block
+// taking G query heads of one KV head (MHA, or GQA where attn_decode's mma
+// rows would be mostly empty). grid (splits, KVHeads * group / G, N), 128
+// threads, static shared memory only. A key row is HD/8 chunks of 16
+// bytes, one a thread: TPR threads take a row, RP rows a pass, and U
+// passes (64 keys) are loaded at once straight into registers, then
+// scored against each of the G heads. Scores are reduced over a row's
+// threads by shuffles; each row's threads keep a running max, sum and
+// their 8 output dims a head, merged over the rows in shared memory at the
+// end. Splits, partials, the combine and the early copies are as in
+// attn_decode.
+template <typename T, int HD, int G>
 DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                   const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
                   const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
                   float* __restrict__ out, unsigned* cnt) {
   constexpr int TPR = HD / 8, RP = 128 / TPR, U = DKV / RP;
   const float NEG = -__int_as_float(0x7f800000);
-  __shared__ float ms[RP], lsum[RP];
-  __shared__ __align__(16) float accs[RP][HD];
-  __shared__ float tail[512];  // combine_tail's scratch: 2 · used ≤ 2 · 256
+  __shared__ float ms[G][RP], lsum[G][RP];
+  __shared__ __align__(16) float accs[G][RP][HD];
+  __shared__ float tail[512 * G];  // combine_tail's scratch: 2 · G · used ≤ 2 · G · 256
   int tid = threadIdx.x, c = tid % TPR, r = tid / TPR;
-  int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+  int split = blockIdx.x, t = blockIdx.z;
+  int group = a.heads / a.kv_heads;
+  int h0 = blockIdx.y * G, kh = h0 / group;  // G divides group
   long kw = (long)a.kv_heads * HD;
   // Before pdl_begin, as in attn_decode: the step's inputs, and the cache
   // rows of keys below p - 63.
   int p = pos[t], s = seq[t];
   bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
-  if (bad && tid == 0 && split == 0 && h == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
+  if (bad && tid == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
   int len = bad ? 0 : p + 1;
   int chunk = (len + a.splits - 1) / a.splits;
   chunk = (chunk + DKV - 1) / DKV * DKV;
@@ -865,7 +869,7 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
 #pragma unroll
     for (int u = 0; u < U; u++) {
       ok[u] = sl[u] >= 0;
-      long off = (long)sl[u] * kw + (long)h * HD + c * 8;
+      long off = (long)sl[u] * kw + (long)kh * HD + c * 8;
       kr[u] = ok[u] ? ld_cg16(kc + off) : make_uint4(0, 0, 0, 0);
       vr[u] = ok[u] ? ld_cg16(vc + off) : make_uint4(0, 0, 0, 0);
     }
@@ -877,80 +881,109 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
   if (!pre && j1 > j0) fetch();
 
   const float sl2 = a.scale * 1.4426950408889634f;  // logits in base 2
-  float qf[8];
-  {
-    const float4* qp = reinterpret_cast<const float4*>(q + ((long)t * a.heads + h) * HD + c * 8);
-    float4 x0 = qp[0], x1 = qp[1];
-    qf[0] = x0.x * sl2; qf[1] = x0.y * sl2; qf[2] = x0.z * sl2; qf[3] = x0.w * sl2;
-    qf[4] = x1.x * sl2; qf[5] = x1.y * sl2; qf[6] = x1.z * sl2; qf[7] = x1.w * sl2;
-  }
-  float m = NEG, l = 0.f, acc[8];
+  float qf[G][8];
 #pragma unroll
-  for (int e = 0; e < 8; e++) acc[e] = 0.f;
+  for (int g = 0; g < G; g++) {
+    const float4* qp = reinterpret_cast<const float4*>(q + ((long)t * a.heads + h0 + g) * HD + c * 8);
+    float4 x0 = qp[0], x1 = qp[1];
+    qf[g][0] = x0.x * sl2; qf[g][1] = x0.y * sl2; qf[g][2] = x0.z * sl2; qf[g][3] = x0.w * sl2;
+    qf[g][4] = x1.x * sl2; qf[g][5] = x1.y * sl2; qf[g][6] = x1.z * sl2; qf[g][7] = x1.w * sl2;
+  }
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = NEG;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+  }
   for (int kb = j0; kb < j1; kb += DKV) {
     if (kb != j0) fetch();
     if (kb + DKV < j1) lookup(kb + DKV);
-    float sc[U];
-    float mx = m;
+    float sc[G][U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       float kf[8];
       unpack8<T>(kr[u], kf);
-      float d = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; e++) d = fmaf(qf[e], kf[e], d);
+      for (int g = 0; g < G; g++) {
+        float d = 0.f;
 #pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      sc[u] = ok[u] ? d : NEG;
-      mx = fmaxf(mx, sc[u]);
+        for (int e = 0; e < 8; e++) d = fmaf(qf[g][e], kf[e], d);
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[g][u] = ok[u] ? d : NEG;
+      }
     }
-    if (mx == NEG) continue;  // no keys of this row in the pass
-    float corr = exp2f(m - mx);
-    l *= corr;
+    // Whether the pass holds keys of this row, or earlier passes did: the
+    // same for every head.
+    bool any = false;
 #pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] *= corr;
+    for (int g = 0; g < G; g++) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; u++) mx = fmaxf(mx, sc[g][u]);
+      any = mx != NEG;
+      if (!any) break;
+      float corr = exp2f(m[g] - mx);
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        sc[g][u] = exp2f(sc[g][u] - mx);  // the key's weight
+        l[g] += sc[g][u];
+      }
+      m[g] = mx;
+    }
+    if (!any) continue;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      float pw = exp2f(sc[u] - mx);
       float vf[8];
       unpack8<T>(vr[u], vf);
-      l += pw;
 #pragma unroll
-      for (int e = 0; e < 8; e++) acc[e] = fmaf(pw, vf[e], acc[e]);
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = fmaf(sc[g][u], vf[e], acc[g][e]);
     }
-    m = mx;
   }
   // Merge the RP rows' results.
-  if (c == 0) {
-    ms[r] = m;
-    lsum[r] = l;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (c == 0) {
+      ms[g][r] = m[g];
+      lsum[g][r] = l[g];
+    }
+    *reinterpret_cast<float4*>(&accs[g][r][c * 8]) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    *reinterpret_cast<float4*>(&accs[g][r][c * 8 + 4]) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
   }
-  *reinterpret_cast<float4*>(&accs[r][c * 8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  *reinterpret_cast<float4*>(&accs[r][c * 8 + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
   __syncthreads();
-  if (tid < HD) {
+  for (int i = tid; i < G * HD; i += 128) {
+    int g = i / HD, d = i % HD;
     float M = NEG;
 #pragma unroll
-    for (int i = 0; i < RP; i++) M = fmaxf(M, ms[i]);
+    for (int j = 0; j < RP; j++) M = fmaxf(M, ms[g][j]);
     float A = 0.f, L = 0.f;
 #pragma unroll
-    for (int i = 0; i < RP; i++) {
-      float e = ms[i] == NEG ? 0.f : exp2f(ms[i] - M);
-      A += e * accs[i][tid];
-      L += e * lsum[i];
+    for (int j = 0; j < RP; j++) {
+      float e = ms[g][j] == NEG ? 0.f : exp2f(ms[g][j] - M);
+      A += e * accs[g][j][d];
+      L += e * lsum[g][j];
     }
-    store_split<HD>(out, part_acc, part_ml, a, t, h, split, tid, A, M, L, cnt != nullptr && used == 1);
+    store_split<HD>(out, part_acc, part_ml, a, t, h0 + g, split, d, A, M, L, cnt != nullptr && used == 1);
   }
   if (cnt == nullptr || used == 1) return;
-  combine_tail<HD>(out, part_acc, part_ml, cnt, tail, a, t, h, 1, used);
+  combine_tail<HD>(out, part_acc, part_ml, cnt, tail, a, t, h0, G, used);
 }
 
-#define MHA(T, name, HD)                                                                                       \
+// attn_mha_* take one query head a block, attn_mha2_* two.
+#define MHA(T, name, HD, G, suffix)                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
-      attn_mha_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,            \
-                               const uint16_t* vc, const int* pos, const int* seq, const int* bt, AttnParams a,  \
-                               unsigned* fault, float* out, unsigned* cnt) {                                   \
-    attn_mha<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                           \
+      attn_mha##suffix##_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,  \
+                                         const uint16_t* vc, const int* pos, const int* seq, const int* bt,    \
+                                         AttnParams a, unsigned* fault, float* out, unsigned* cnt) {           \
+    attn_mha<T, HD, G>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                        \
   }
-MHA(BF16, bf16, 64) MHA(BF16, bf16, 128)
-MHA(F16, f16, 64) MHA(F16, f16, 128)
+#define MHAS(T, name, HD) MHA(T, name, HD, 1, ) MHA(T, name, HD, 2, 2)
+MHAS(BF16, bf16, 64) MHAS(BF16, bf16, 128)
+MHAS(F16, f16, 64) MHAS(F16, f16, 128)
