@@ -640,6 +640,34 @@ DEV uint4 ld_cg16(const void* p) {
 
 #define DKV 64  // keys per tile of attn_decode (16 per warp)
 
+// KeySplit is a decode block's share of its token's keys: j0 .. j1 - 1 of
+// the keys 0 .. p, used the number of splits that hold keys, btr the
+// sequence's block table.
+struct KeySplit {
+  int p, j0, j1, used;
+  const int* btr;
+};
+
+// key_split divides token t's keys into a.splits chunks of whole tiles and
+// returns split's; a bad position or sequence (recorded once, from the
+// grid's first block) leaves no keys.
+DEV KeySplit key_split(const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a,
+                       unsigned* fault, int t, int split) {
+  int p = pos[t], s = seq[t];
+  bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
+  if (bad && threadIdx.x == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
+  int len = bad ? 0 : p + 1;
+  int chunk = (len + a.splits - 1) / a.splits;
+  chunk = (chunk + DKV - 1) / DKV * DKV;
+  KeySplit k;
+  k.p = p;
+  k.j0 = split * chunk;
+  k.j1 = min(len, k.j0 + chunk);
+  k.used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
+  k.btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
+  return k;
+}
+
 template <typename T, int HD>
 DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                      const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
@@ -665,19 +693,13 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   // step's inputs, and the cache rows of keys below p - 63 were written by
   // earlier steps (a step holds at most 64 tokens of a sequence through
   // this kernel), so those are read before the wait.
-  int p = pos[t], s = seq[t];
-  bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
-  if (bad && tid == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
-  int len = bad ? 0 : p + 1;
-  int chunk = (len + a.splits - 1) / a.splits;
-  chunk = (chunk + DKV - 1) / DKV * DKV;
-  int j0 = split * chunk, j1 = min(len, j0 + chunk);
+  const KeySplit ks = key_split(pos, seq, bt, a, fault, t, split);
+  const int p = ks.p, j0 = ks.j0, j1 = ks.j1, used = ks.used;
+  const int* btr = ks.btr;
   int ntiles = j1 > j0 ? (j1 - j0 + DKV - 1) / DKV : 0;
   // The splits that hold keys; with the combine here (cnt set) the others
   // have nothing to do.
-  int used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
   if (cnt != nullptr && split >= used) return;
-  const int* btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
 
   // Tile copies: thread tid moves chunk tid % CH of rows tid / CH + RPI·i.
   constexpr int RPI = 128 / CH, NI = DKV / RPI;
@@ -835,16 +857,10 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
   long kw = (long)a.kv_heads * HD;
   // Before pdl_begin, as in attn_decode: the step's inputs, and the cache
   // rows of keys below p - 63.
-  int p = pos[t], s = seq[t];
-  bool bad = p < 0 || p >= a.max_blocks * a.block_size || s < 0 || s >= a.bt_rows;
-  if (bad && tid == 0 && split == 0 && blockIdx.y == 0) record_fault(fault, FAULT_ATTN_POS, t, p);
-  int len = bad ? 0 : p + 1;
-  int chunk = (len + a.splits - 1) / a.splits;
-  chunk = (chunk + DKV - 1) / DKV * DKV;
-  int j0 = split * chunk, j1 = min(len, j0 + chunk);
-  int used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
+  const KeySplit ks = key_split(pos, seq, bt, a, fault, t, split);
+  const int p = ks.p, j0 = ks.j0, j1 = ks.j1, used = ks.used;
+  const int* btr = ks.btr;
   if (cnt != nullptr && split >= used) return;
-  const int* btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
 
   uint4 kr[U], vr[U];
   bool ok[U];

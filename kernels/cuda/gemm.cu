@@ -301,9 +301,10 @@ DEV void gemm_pipe(float* __restrict__ out, const uint16_t* __restrict__ x, cons
   int kt = (kend - kbeg + PBK - 1) / PBK;
   out += (long)blockIdx.z * n * m;
 
-  auto load = [&](int stage, int k0) {
+  auto load = [&](int stage, int tile) {
     uint16_t* as = smem + stage * STAGE;
     uint16_t* bs = as + PM * PBK;
+    int k0 = kbeg + tile * PBK;
 #pragma unroll
     for (int i = t; i < PM * 4; i += NT) {
       int r = i >> 2, c = i & 3;
@@ -319,43 +320,8 @@ DEV void gemm_pipe(float* __restrict__ out, const uint16_t* __restrict__ x, cons
       cp_async16(bs + swz<4>(r, c), ok ? w + (long)gr * k + gc : w, ok);
     }
   };
-
   float acc[MI][NJ][4];
-#pragma unroll
-  for (int i = 0; i < MI; i++)
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
-    if (s < kt) load(s, kbeg + s * PBK);
-    cp_async_commit();
-  }
-  for (int it = 0; it < kt; it++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    int nx = it + STAGES - 1;
-    if (nx < kt) load(nx % STAGES, kbeg + nx * PBK);
-    cp_async_commit();
-    const uint16_t* as = smem + (it % STAGES) * STAGE;
-    const uint16_t* bs = as + PM * PBK;
-#pragma unroll
-    for (int kk = 0; kk < 2; kk++) {
-      uint32_t af[MI][4], bfr[NJ / 2][4];
-#pragma unroll
-      for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + swz<4>(wm * TM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-      for (int j = 0; j < NJ / 2; j++)
-        ldmatrix_x4(bfr[j], bs + swz<4>(wn * TN + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-      for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++) mma16816<T>(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
-    }
-  }
-  cp_async_wait<0>();
+  mma_pipe<T, PM, STAGE, STAGES, MI, NJ, TM, TN>(acc, smem, kt, load, wm, wn, lane);
 
   int g = lane >> 2, q = lane & 3;
   bool pairs = (m & 1) == 0;

@@ -51,3 +51,47 @@ template <int CHUNKS> DEV int swz(int r, int c) {
   if constexpr (CHUNKS == 4) return r * 32 + ((c ^ ((r >> 1) & 3)) << 3);
   else return r * (CHUNKS * 8) + ((c ^ (r & 7)) << 3);
 }
+
+// mma_pipe is the k loop of a tile product through STAGES stages of shared
+// memory from smem, each PM rows of A then the rows of B, 32 k a row
+// (swz<4>): load(stage, tile) requests k tile `tile` (of kt) into stage
+// `stage`, its copies in one commit group with the loop's. Warp (wm, wn)
+// sums its TM × TN part of the tile, MI × NJ mma tiles, into acc, which
+// starts at zero. It leaves no copies in flight.
+template <typename T, int PM, int STAGE, int STAGES, int MI, int NJ, int TM, int TN, typename Load>
+DEV void mma_pipe(float (&acc)[MI][NJ][4], const uint16_t* smem, int kt, Load load, int wm, int wn, int lane) {
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < kt) load(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < kt; it++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int nx = it + STAGES - 1;
+    if (nx < kt) load(nx % STAGES, nx);
+    cp_async_commit();
+    const uint16_t* as = smem + (it % STAGES) * STAGE;
+    const uint16_t* bs = as + PM * 32;
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      uint32_t af[MI][4], bfr[NJ / 2][4];
+#pragma unroll
+      for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + swz<4>(wm * TM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < NJ / 2; j++)
+        ldmatrix_x4(bfr[j], bs + swz<4>(wn * TN + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) mma16816<T>(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
+    }
+  }
+  cp_async_wait<0>();
+}

@@ -344,10 +344,10 @@ DEV void moe_mm(float* __restrict__ out, const uint16_t* __restrict__ a, const i
     bp[j] = bok[j] ? w + (long)(gr < m1 ? gr : gr - m1) * k : a;
   }
   const int kt = (k + BK - 1) / BK;
-  auto load = [&](int stage, int k0) {
+  auto load = [&](int stage, int tile) {
     uint16_t* as = smem + stage * STAGE;
     uint16_t* bs = as + PM * BK;
-    int gc = k0 + c8;
+    int gc = tile * BK + c8;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
       int r = (t >> 2) + 32 * j;
@@ -356,40 +356,7 @@ DEV void moe_mm(float* __restrict__ out, const uint16_t* __restrict__ a, const i
     }
   };
   float acc[MI][NJ][4];
-#pragma unroll
-  for (int i = 0; i < MI; i++)
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; st++) {
-    if (st < kt) load(st, st * BK);
-    cp_async_commit();
-  }
-  for (int it = 0; it < kt; it++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    int nx = it + STAGES - 1;
-    if (nx < kt) load(nx % STAGES, nx * BK);
-    cp_async_commit();
-    const uint16_t* as = smem + (it % STAGES) * STAGE;
-    const uint16_t* bs = as + PM * BK;
-#pragma unroll
-    for (int kk = 0; kk < 2; kk++) {
-      uint32_t af[MI][4], bfr[NJ / 2][4];
-#pragma unroll
-      for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + swz<4>(wm * TM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-      for (int j = 0; j < NJ / 2; j++)
-        ldmatrix_x4(bfr[j], bs + swz<4>(wn * TN + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-      for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++) mma16816<T>(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
-    }
-  }
-  cp_async_wait<0>();
+  mma_pipe<T, PM, STAGE, STAGES, MI, NJ, TM, TN>(acc, smem, kt, load, wm, wn, lane);
   const int g = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < MI; i++)

@@ -886,6 +886,15 @@ extern "C" __global__ void __launch_bounds__(256) adjust_append(AdjEntry* __rest
   for (int i = threadIdx.x; i < h; i += blockDim.x) e[base + i] = host[i];
 }
 
+// adj_entry loads this thread's entry (the i-th) into a and returns the
+// logit it names, or null past the entries or for a token outside
+// [0, width).
+DEV float* adj_entry(float* logits, int width, const AdjEntry* e, const int* meta, int i, AdjEntry& a) {
+  if (i >= meta[0]) return nullptr;
+  a = e[i];
+  return a.token < 0 || a.token >= width ? nullptr : logits + (long)a.row * width + a.token;
+}
+
 // adjust_apply keeps each entry's logit in saved and changes it
 // (adj_value); adjust_restore puts the kept logits back after the draw,
 // so the rows read as they were (a row left to the host is drawn from its
@@ -896,10 +905,9 @@ extern "C" __global__ void __launch_bounds__(256) adjust_apply(float* __restrict
                                                                const AdjRow* __restrict__ rows) {
   pdl_begin();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= meta[0]) return;
-  const AdjEntry a = e[i];
-  if (a.token < 0 || a.token >= width) return;
-  float* l = logits + (long)a.row * width + a.token;
+  AdjEntry a;
+  float* l = adj_entry(logits, width, e, meta, i, a);
+  if (l == nullptr) return;
   float x = *l;
   e[i].saved = x;
   *l = adj_value(x, a, rows[a.row]);
@@ -909,9 +917,7 @@ extern "C" __global__ void __launch_bounds__(256) adjust_restore(float* __restri
                                                                  const AdjEntry* __restrict__ e,
                                                                  const int* __restrict__ meta) {
   pdl_begin();
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= meta[0]) return;
-  const AdjEntry a = e[i];
-  if (a.token < 0 || a.token >= width) return;
-  logits[(long)a.row * width + a.token] = a.saved;
+  AdjEntry a;
+  float* l = adj_entry(logits, width, e, meta, blockIdx.x * blockDim.x + threadIdx.x, a);
+  if (l != nullptr) *l = a.saved;
 }
