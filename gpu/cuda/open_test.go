@@ -268,6 +268,8 @@ func TestDecodeAttentionPlan(t *testing.T) {
 	gqa3 := gqa
 	gqa3.N = 3
 	qwen3 := gpu.AttnArgs{N: 1, Heads: 16, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
+	qwen3x64 := qwen3
+	qwen3x64.N = 64
 	for _, c := range []struct {
 		name  string
 		a     gpu.AttnArgs
@@ -285,6 +287,8 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		// More tokens take the tensor cores, the query heads of a KV head
 		// sharing a block.
 		{"gqa x3", gqa3, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
+		// Split for two blocks an SM: 64 tokens' 8 KV heads, one split.
+		{"qwen3 x64", qwen3x64, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd128", grid: dim3{1, 8, 64}, shmem: 4 * 64 * 128 * 2, splits: 1, blocks: 512, selfCombine: true}},
 		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},
 	} {
 		got, err := planDecodeAttention(c.a, c.cache, sms)

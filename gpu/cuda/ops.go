@@ -914,11 +914,12 @@ func mhaName(cache string, hd, g int) string {
 
 // planAttention is the decode attention's plan with g query heads a block
 // of attn_mha, or the tensor-core kernel for g = 0. Keys are split for
-// about perSM blocks per SM on sms SMs, in tiles of tile keys. The MHA
-// kernel's perSM of 4 was measured best on an H200 (OLMo-2-1B shapes,
-// docs/cuda.md): against 8, 64 sequences of 512 tokens take one split
-// instead of two (3.16 to 3.00 ms a step), and one sequence of 3,000 half
-// as many.
+// about perSM blocks per SM on sms SMs, in tiles of tile keys. Measured
+// best on an H200 (docs/cuda.md): the CUDA-core kernel's 4 (OLMo-2-1B
+// shapes: against 8, 64 sequences of 512 tokens take one split instead of
+// two, 3.16 to 3.00 ms a step, and one sequence of 3,000 half as many); the
+// tensor-core kernel's 2, whose blocks hold 32 or 64 KiB of shared memory
+// (against 4, GQA batches of 4 to 64 sequences 1-4% faster a step).
 func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention, error) {
 	hd, suf := a.HeadDim, suffix(cache)
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
@@ -931,7 +932,7 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 		}
 		p.kernel, rows, tile, perSM, p.selfCombine = mhaName(suf, hd, g), g, 64, 4, true
 	default:
-		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 4, true
+		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 2, true
 		p.shmem = 4 * 64 * hd * 2
 	}
 	ngroup := ceilDiv(a.Heads/a.KVHeads, rows)
