@@ -326,7 +326,12 @@ func (h *harness) rope(t *testing.T) {
 
 func (h *harness) attention(t *testing.T) {
 	type cfg struct{ heads, kvHeads, hd, bs int }
-	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}, {8, 4, 128, 16}, {16, 4, 64, 16}}
+	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}}
+	if len(h.o.Attention) > 0 {
+		// More grouped-query shapes for a device's kernel choices: two and
+		// four query heads a KV head at the other head dims.
+		cfgs = append(cfgs, cfg{8, 4, 128, 16}, cfg{16, 4, 64, 16})
+	}
 	// Three sequences: a prefill after cached tokens, a decode at position
 	// 40 and a decode at position 0. The long prefill makes a step of more
 	// than 64 tokens in runs, which backends may run with a prompt kernel.
