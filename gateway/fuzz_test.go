@@ -38,7 +38,7 @@ func checkJob(t *testing.T, v *validator, j *job) {
 			t.Fatal("empty stop string escaped validation")
 		}
 	}
-	if !(b.PresencePenalty >= -2 && b.PresencePenalty <= 2 && b.FrequencyPenalty >= -2 && b.FrequencyPenalty <= 2) || len(b.LogitBias) > maxLogitBias {
+	if !(b.PresencePenalty >= -2 && b.PresencePenalty <= 2 && b.FrequencyPenalty >= -2 && b.FrequencyPenalty <= 2) || len(b.LogitBias) > MaxLogitBias {
 		t.Fatalf("penalties escaped validation: %+v", b)
 	}
 	for id, bias := range b.LogitBias {

@@ -17,8 +17,11 @@ const (
 	maxMessages     = 4096
 	maxTemperature  = 2
 	maxRepetitionPn = 10
-	maxLogitBias    = 1024
 )
+
+// MaxLogitBias is the most tokens a request's logit_bias may name: the
+// engine's limit too (the command's tests check that they agree).
+const MaxLogitBias = 1024
 
 // stopList is the stop parameter: a string, an array of strings, or null.
 type stopList []string
@@ -390,8 +393,8 @@ func logitBias(lb map[string]any, vocab int, b *GenerateRequest) *apiError {
 	if len(lb) == 0 {
 		return nil
 	}
-	if len(lb) > maxLogitBias {
-		return invalidParam("logit_bias", "logit_bias has %d tokens, want at most %d", len(lb), maxLogitBias)
+	if len(lb) > MaxLogitBias {
+		return invalidParam("logit_bias", "logit_bias has %d tokens, want at most %d", len(lb), MaxLogitBias)
 	}
 	b.LogitBias = make(map[int32]float32, len(lb))
 	for k, v := range lb {

@@ -19,7 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/sample"
 )
 
 // server is a troupe serve running in the test process.
@@ -350,5 +352,13 @@ func TestServePenaltiesMatchGenerate(t *testing.T) {
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "frequency_penalty" {
 		t.Errorf("frequency_penalty 2.5: %v, want a 400 naming frequency_penalty", err)
+	}
+}
+
+// TestLogitBiasLimitsAgree: the gateway, which imports nothing of the
+// engine, refuses the same logit_bias sizes the engine does.
+func TestLogitBiasLimitsAgree(t *testing.T) {
+	if gateway.MaxLogitBias != sample.MaxLogitBias {
+		t.Fatalf("gateway takes %d logit_bias tokens, the engine %d", gateway.MaxLogitBias, sample.MaxLogitBias)
 	}
 }
