@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // ErrNameTaken is what Start returns when a node it joins through goes by
@@ -21,6 +23,7 @@ var ErrNameTaken = errors.New("bus: a node of the cluster goes by this name")
 const (
 	seedWait    = time.Second
 	recheckWait = time.Second
+	routeSettle = 100 * time.Millisecond
 )
 
 // Routes between servers of one name never form: the cluster refuses the
@@ -32,7 +35,12 @@ const (
 // second after, the seeds that were silent (recheckName): of two nodes of
 // one name that start at the same moment, whichever finds the other up
 // refuses. A seed that is this node itself answers with its own server
-// id. Nodes reached only through others are not checked.
+// id. A node of the same name reached only through others (two hosts
+// cloned from one image, each joining through a third) is met once this
+// node has joined: the cluster tells the others of the newcomer, they open
+// routes to it, and its server refuses theirs as of a duplicate name,
+// which it logs. Start watches the log (nameWatch) until the node has been
+// routed for routeSettle, and refuses the name if that line comes.
 
 // seedHosts are the host:port of cfg's seed routes.
 func seedHosts(cfg Config) []string {
@@ -149,4 +157,89 @@ func parseGreeting(line []byte) (greetingInfo, error) {
 		return greetingInfo{}, err
 	}
 	return greetingInfo{id: info.ID, name: info.Name, cluster: info.Cluster}, nil
+}
+
+// duplicateName is how the server logs a route refused because its peer
+// goes by this server's name.
+const duplicateName = "Remote server has a duplicate name"
+
+// nameWatch passes the server's log to next (if any) and reports the first
+// route refused for a duplicate name.
+type nameWatch struct {
+	next server.Logger
+	dup  chan string // the refused route's log line; buffered, one
+}
+
+func newNameWatch(next server.Logger) *nameWatch {
+	return &nameWatch{next: next, dup: make(chan string, 1)}
+}
+
+func (w *nameWatch) Noticef(format string, v ...any) {
+	if w.next != nil {
+		w.next.Noticef(format, v...)
+	}
+}
+
+func (w *nameWatch) Warnf(format string, v ...any) {
+	if w.next != nil {
+		w.next.Warnf(format, v...)
+	}
+}
+
+func (w *nameWatch) Fatalf(format string, v ...any) {
+	if w.next != nil {
+		w.next.Fatalf(format, v...)
+	}
+}
+
+func (w *nameWatch) Errorf(format string, v ...any) {
+	if strings.Contains(format, duplicateName) {
+		select {
+		case w.dup <- fmt.Sprintf(format, v...):
+		default:
+		}
+	}
+	if w.next != nil {
+		w.next.Errorf(format, v...)
+	}
+}
+
+func (w *nameWatch) Debugf(format string, v ...any) {
+	if w.next != nil {
+		w.next.Debugf(format, v...)
+	}
+}
+
+func (w *nameWatch) Tracef(format string, v ...any) {
+	if w.next != nil {
+		w.next.Tracef(format, v...)
+	}
+}
+
+// watchName waits, when cfg has seed routes, until the node has had a
+// route for routeSettle (or, without one, until end, or until ctx ends),
+// and refuses the name if the server refused a route for a duplicate name
+// meanwhile.
+func watchName(ctx context.Context, cfg Config, w *nameWatch, routes func() int, end time.Time) error {
+	if len(seedHosts(cfg)) == 0 {
+		return nil
+	}
+	var routed time.Time
+	tick := time.NewTicker(routeSettle / 10)
+	defer tick.Stop()
+	for {
+		select {
+		case line := <-w.dup:
+			return fmt.Errorf("%w: %q is the name of a node the cluster's routes lead to (%s): give this node another name", ErrNameTaken, cfg.Name, line)
+		case <-ctx.Done():
+			return nil
+		case now := <-tick.C:
+			if routed.IsZero() && routes() > 0 {
+				routed = now
+			}
+			if !routed.IsZero() && now.Sub(routed) >= routeSettle || routed.IsZero() && now.After(end) {
+				return nil
+			}
+		}
+	}
 }

@@ -25,8 +25,9 @@ type Node struct {
 
 // Start validates cfg, starts the server and waits until it accepts
 // connections or ctx ends. It refuses (ErrNameTaken) the name of a node of
-// the cluster that a seed route leads to, and, for a second after the
-// server starts, of one that starts at the same moment (bus/name.go).
+// the cluster that a seed route leads to, for a second after the server
+// starts of one that starts at the same moment, and of one the cluster's
+// routes lead to once this node has joined (bus/name.go).
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -48,9 +49,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.removeTmp()
 		return nil, fmt.Errorf("bus: new server: %w", err)
 	}
-	if cfg.Logger != nil {
-		srv.SetLoggerV2(cfg.Logger, false, false, false)
-	}
+	watch := newNameWatch(cfg.Logger)
+	srv.SetLoggerV2(watch, false, false, false)
 	n.srv = srv
 	srv.Start()
 	for !srv.ReadyForConnections(20 * time.Millisecond) {
@@ -59,7 +59,12 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("bus: server %q not ready: %w", cfg.Name, err)
 		}
 	}
+	end := time.Now().Add(recheckWait)
 	if err := recheckName(ctx, cfg, silent, srv.ID()); err != nil {
+		n.stopOnce.Do(n.shutdown)
+		return nil, err
+	}
+	if err := watchName(ctx, cfg, watch, srv.NumRoutes, end); err != nil {
 		n.stopOnce.Do(n.shutdown)
 		return nil, err
 	}
@@ -72,7 +77,7 @@ func (n *Node) options() (*server.Options, error) {
 		ServerName: c.Name,
 		DontListen: c.Listen == "",
 		MaxPayload: c.MaxPayload,
-		NoLog:      c.Logger == nil,
+		NoLog:      false, // the log goes through a nameWatch, which drops it without a Logger
 		NoSigs:     true,
 	}
 	if c.Listen != "" {

@@ -433,6 +433,37 @@ func TestStartRefusesTakenName(t *testing.T) {
 	startNode(t, cfgOf("alpha", "c2", a.RouteURL()))
 }
 
+// TestStartRefusesNameMetThroughRoutes: a node that joins through a seed
+// of another name is refused when the cluster's routes lead it to a node
+// of its own name (two hosts cloned from one image joining through a
+// third); the node already there stays, and a third name joins.
+func TestStartRefusesNameMetThroughRoutes(t *testing.T) {
+	cfgOf := func(name string, routes ...string) Config {
+		cfg := DefaultConfig()
+		cfg.Name = name
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ClientAuth = Auth{Token: "client-token"}
+		cfg.JetStream.Enabled = false
+		cfg.Cluster = Cluster{Name: "c1", Listen: "127.0.0.1:0", Routes: routes, Auth: Auth{User: "route", Password: "pw"}}
+		return cfg
+	}
+	a := startNode(t, cfgOf("alpha"))
+	b := startNode(t, cfgOf("beta", a.RouteURL()))
+	waitFor(t, "beta routed to alpha", func() bool { return a.NumRoutes() >= 1 && b.NumRoutes() >= 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, cfgOf("beta", a.RouteURL()))
+	if err == nil {
+		_ = n.Shutdown(ctx)
+		t.Fatal("a second node named beta started")
+	}
+	if !errors.Is(err, ErrNameTaken) || !strings.Contains(err.Error(), "duplicate name") {
+		t.Errorf("the second beta: %v; want ErrNameTaken for a route refused as a duplicate name", err)
+	}
+	c := startNode(t, cfgOf("gamma", a.RouteURL()))
+	waitFor(t, "a cluster of three", func() bool { return a.NumRoutes() >= 2 && b.NumRoutes() >= 2 && c.NumRoutes() >= 2 })
+}
+
 // TestStartAtOnceRefusesOneName: of two nodes of one name that start at
 // the same moment, each the other's seed, one at least refuses once it
 // finds the other up. A seed that is the node itself is no conflict.
