@@ -291,12 +291,15 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		{"qwen3 x64", qwen3x64, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd128", grid: dim3{1, 8, 64}, shmem: 4 * 64 * 128 * 2, splits: 1, blocks: 512, selfCombine: true}},
 		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},
 	} {
-		got, err := planDecodeAttention(c.a, c.cache, sms)
+		got, err := planAttention(c.a, c.cache, sms, attnHeads(c.a))
 		if err != nil || got != c.want {
 			t.Errorf("%s: %+v, %v; want %+v", c.name, got, err, c.want)
 		}
 	}
-	if _, err := planDecodeAttention(gpu.AttnArgs{N: 70000, Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocks: 1}, gpu.BF16, sms); err == nil {
+	if _, err := planAttention(gpu.AttnArgs{N: 70000, Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocks: 1}, gpu.BF16, sms, 1); err == nil {
 		t.Error("70,000 tokens: no error")
+	}
+	if _, err := planAttention(qwen3, gpu.BF16, sms, 4); err == nil {
+		t.Error("four query heads a block: no error (no such kernel)")
 	}
 }

@@ -874,12 +874,6 @@ type decodeAttention struct {
 	selfCombine   bool // the kernel combines its splits (given counters)
 }
 
-// planDecodeAttention picks the decode attention for a cache type (see
-// attnHeads) and its grid.
-func planDecodeAttention(a gpu.AttnArgs, cache gpu.DType, sms int) (decodeAttention, error) {
-	return planAttention(a, cache, sms, attnHeads(a))
-}
-
 // attnHeads is how many query heads a block of the CUDA-core kernel
 // (attn_mha) takes, or 0 for the tensor-core kernel (attn_decode), for a
 // 16-bit cache with head dim 64 or 128 (the others take attn_split and
@@ -925,7 +919,7 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
 	rows, tile, perSM := 8, 32, 2
 	switch {
-	case cache == gpu.F32 || hd > 128:
+	case cache == gpu.F32 || hd > 128: // attn_split and attn_combine
 	case g > 0:
 		if g > 2 || (a.Heads/a.KVHeads)%g != 0 {
 			return p, fmt.Errorf("attention: %d query heads a block, %d a KV head", g, a.Heads/a.KVHeads)
