@@ -17,6 +17,7 @@ import (
 type benchResult struct {
 	Model         string  `json:"model"`
 	Device        string  `json:"device"`
+	KVCache       string  `json:"kv_cache"`
 	Batch         int     `json:"batch"`
 	Prompt        int     `json:"prompt_tokens"`
 	Gen           int     `json:"gen_tokens"`
@@ -86,7 +87,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			prompts[s][i] = int32(rng.IntN(cfg.Vocab))
 		}
 	}
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
+	kv, _ := kvCacheType(o.kvCache, o.device) // load checked it
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: kv.String(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: *seed}
 	}
@@ -136,8 +138,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if d := r.Sampling; d != nil {
 		how = fmt.Sprintf("drawn at temperature %g", d.Temperature)
 	}
-	fmt.Fprintf(stdout, "%s on %s\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token, %s)\n",
-		r.Model, r.Device, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk, how)
+	fmt.Fprintf(stdout, "%s on %s, %s KV cache\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token, %s)\n",
+		r.Model, r.Device, r.KVCache, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk, how)
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/troupe/troupe/gpu"
 )
 
 // TestBenchSampled: bench draws tokens with --temperature (one sequence
@@ -34,6 +36,33 @@ func TestBenchSampled(t *testing.T) {
 	for _, bad := range [][]string{{"--temperature", "-1"}, {"--temperature", "1", "--top-p", "2"}, {"--temperature", "1", "--top-k", "-3"}} {
 		if _, _, err := runCLI(t, "", append([]string{"bench", "--prompt", "4", "--gen", "1", "--runs", "1"}, bad...)...); err == nil {
 			t.Errorf("bench %v: no error", bad)
+		}
+	}
+}
+
+// TestBenchKVCache: --kv-cache picks the cache's element type (f32 by
+// default on the CPU lane), bench names it, and an unknown one is refused.
+func TestBenchKVCache(t *testing.T) {
+	for flag, want := range map[string]string{"": "f32", "auto": "f32", "f32": "f32", "bf16": "bf16", "f16": "f16"} {
+		args := []string{"bench", "--prompt", "8", "--gen", "4", "--runs", "1", "--json"}
+		if flag != "" {
+			args = append(args, "--kv-cache", flag)
+		}
+		out, _, err := runCLI(t, "", args...)
+		if err != nil {
+			t.Fatalf("bench --kv-cache %q: %v", flag, err)
+		}
+		var r benchResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil || r.KVCache != want || !(r.DecodeTokS > 0) {
+			t.Errorf("bench --kv-cache %q: %+v, %v; want a %s cache", flag, r, err, want)
+		}
+	}
+	if _, _, err := runCLI(t, "", "bench", "--prompt", "4", "--gen", "1", "--runs", "1", "--kv-cache", "f8"); err == nil || !strings.Contains(err.Error(), "--kv-cache") {
+		t.Errorf("bench --kv-cache f8: %v, want an error naming the flag", err)
+	}
+	for device, want := range map[string]gpu.DType{"cpu": gpu.F32, "ref": gpu.F32, "cuda": gpu.BF16} {
+		if got, err := kvCacheType("auto", device); err != nil || got != want {
+			t.Errorf("auto on %s: %v, %v; want %v", device, got, err, want)
 		}
 	}
 }

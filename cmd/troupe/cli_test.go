@@ -154,7 +154,7 @@ func TestServeConfigFile(t *testing.T) {
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
 		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name", `{"orphan_grace":"1s"}`: "--orphan-grace",
-		`{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace",
+		`{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace", `{"kv_cache":"f8"}`: "--kv-cache",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {
@@ -193,6 +193,9 @@ func FuzzServeConfig(f *testing.F) {
 			cfg.MicroBatches < 0 || cfg.MicroBatches > scheduler.MaxMicroBatches ||
 			!(cfg.TraceSampleRatio >= 0 && cfg.TraceSampleRatio <= 1) {
 			t.Fatalf("accepted a config out of range: %+v", cfg)
+		}
+		if _, err := kvCacheType(cfg.KVCache, cfg.Device); err != nil {
+			t.Fatalf("accepted kv_cache %q: %v", cfg.KVCache, err)
 		}
 		if cfg.Placement != "" {
 			if _, err := parsePlacements(cfg.Placement); err != nil {

@@ -64,6 +64,7 @@ func (l *loaded) Close() {
 // loadOptions are the flags shared by the commands that load a model.
 type loadOptions struct {
 	model, device string
+	kvCache       string
 	threads       int
 	tp            int
 	maxTokens     int
@@ -75,6 +76,7 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
 	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
+	fs.StringVar(&o.kvCache, "kv-cache", "auto", kvCacheUsage)
 	fs.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks: GPUs 0 to N-1 joined by peer memory (cuda only)")
 }
 
@@ -110,9 +112,10 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 		b.Close()
 		return nil, err
 	}
-	cache := gpu.F32
-	if o.device == "cuda" {
-		cache = gpu.BF16
+	cache, err := kvCacheType(o.kvCache, o.device)
+	if err != nil {
+		l.Close()
+		return nil, err
 	}
 	if !o.quiet {
 		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
@@ -131,4 +134,25 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 		fmt.Fprintf(progress, "loaded in %s\n", time.Since(start).Round(time.Millisecond))
 	}
 	return l, nil
+}
+
+const kvCacheUsage = "KV cache element type: auto (f32 on the CPU lane, exact; bf16 on CUDA), f32, bf16 or f16"
+
+// kvCacheType is the KV cache's element type that --kv-cache names for a
+// device.
+func kvCacheType(name, device string) (gpu.DType, error) {
+	switch name {
+	case "", "auto":
+		if device == "cuda" {
+			return gpu.BF16, nil
+		}
+		return gpu.F32, nil
+	case "f32":
+		return gpu.F32, nil
+	case "bf16":
+		return gpu.BF16, nil
+	case "f16":
+		return gpu.F16, nil
+	}
+	return 0, fmt.Errorf("--kv-cache %q: want auto, f32, bf16 or f16", name)
 }

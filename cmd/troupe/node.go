@@ -177,9 +177,8 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.blocks <= 0 {
 		n.blocks = min(cfg.MaxSeqs, 64) * ((mc.MaxPositions + 15) / 16)
 	}
-	n.cacheDT = gpu.F32
-	if cfg.Device == "cuda" {
-		n.cacheDT = gpu.BF16
+	if n.cacheDT, err = kvCacheType(cfg.KVCache, cfg.Device); err != nil {
+		return nil, err
 	}
 	// The device actor owns the device: every shard on it runs its forward
 	// passes there, one at a time.

@@ -31,6 +31,8 @@ type serveConfig struct {
 	// Device is the compute lane: cpu, cuda or ref.
 	Device  string `json:"device"`
 	Threads int    `json:"threads"`
+	// KVCache is the KV cache's element type: auto, f32, bf16 or f16.
+	KVCache string `json:"kv_cache"`
 	// Shards is the number of pipeline stages per replica; Replicas the
 	// number of full copies of the model.
 	Shards   int `json:"shards"`
@@ -140,7 +142,7 @@ func (c *serveConfig) UnmarshalJSON(b []byte) error {
 func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
-		Listen: "127.0.0.1:8080", Device: "cpu", Shards: 1, Replicas: 1, TP: 1,
+		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", Shards: 1, Replicas: 1, TP: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,
@@ -155,6 +157,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.Model, "model", c.Model, "model directory (default: the embedded demo model)")
 	fs.StringVar(&c.Device, "device", c.Device, "compute lane: cpu, cuda or ref")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU threads (0: all)")
+	fs.StringVar(&c.KVCache, "kv-cache", c.KVCache, kvCacheUsage)
 	fs.IntVar(&c.Shards, "shards", c.Shards, "pipeline stages per replica")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of the model")
 	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel ranks of each replica: CPU devices sharing --threads, or GPUs (--device cuda; replica r on GPUs r·N to r·N+N-1)")
@@ -245,6 +248,9 @@ func (c serveConfig) validate() error {
 	}
 	if err := checkTP(c); err != nil {
 		return err
+	}
+	if _, err := kvCacheType(c.KVCache, c.Device); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if c.StepTimeout <= 0 {
 		return fmt.Errorf("serve: --step-timeout %v: want > 0", c.StepTimeout)

@@ -362,3 +362,10 @@ func TestLogitBiasLimitsAgree(t *testing.T) {
 		t.Fatalf("gateway takes %d logit_bias tokens, the engine %d", gateway.MaxLogitBias, sample.MaxLogitBias)
 	}
 }
+
+// TestServeKVCacheBF16: a server with a bf16 KV cache (--kv-cache bf16)
+// still completes every demo prompt with the reference text.
+func TestServeKVCacheBF16(t *testing.T) {
+	s := startServe(t, func(c *serveConfig) { c.KVCache = "bf16" })
+	checkDemoCompletions(t, s.client())
+}
