@@ -163,33 +163,19 @@ func parseGreeting(line []byte) (greetingInfo, error) {
 // goes by this server's name.
 const duplicateName = "Remote server has a duplicate name"
 
-// nameWatch passes the server's log to next (if any) and reports the first
+// nameWatch passes the server's log on (to Logger) and reports the first
 // route refused for a duplicate name.
 type nameWatch struct {
-	next server.Logger
-	dup  chan string // the refused route's log line; buffered, one
+	server.Logger
+	dup chan string // the refused route's log line; buffered, one
 }
 
+// newNameWatch passes the log to next, or drops it when next is nil.
 func newNameWatch(next server.Logger) *nameWatch {
-	return &nameWatch{next: next, dup: make(chan string, 1)}
-}
-
-func (w *nameWatch) Noticef(format string, v ...any) {
-	if w.next != nil {
-		w.next.Noticef(format, v...)
+	if next == nil {
+		next = discard{}
 	}
-}
-
-func (w *nameWatch) Warnf(format string, v ...any) {
-	if w.next != nil {
-		w.next.Warnf(format, v...)
-	}
-}
-
-func (w *nameWatch) Fatalf(format string, v ...any) {
-	if w.next != nil {
-		w.next.Fatalf(format, v...)
-	}
+	return &nameWatch{Logger: next, dup: make(chan string, 1)}
 }
 
 func (w *nameWatch) Errorf(format string, v ...any) {
@@ -199,22 +185,18 @@ func (w *nameWatch) Errorf(format string, v ...any) {
 		default:
 		}
 	}
-	if w.next != nil {
-		w.next.Errorf(format, v...)
-	}
+	w.Logger.Errorf(format, v...)
 }
 
-func (w *nameWatch) Debugf(format string, v ...any) {
-	if w.next != nil {
-		w.next.Debugf(format, v...)
-	}
-}
+// discard is a server.Logger that drops every line.
+type discard struct{}
 
-func (w *nameWatch) Tracef(format string, v ...any) {
-	if w.next != nil {
-		w.next.Tracef(format, v...)
-	}
-}
+func (discard) Noticef(string, ...any) {}
+func (discard) Warnf(string, ...any)   {}
+func (discard) Fatalf(string, ...any)  {}
+func (discard) Errorf(string, ...any)  {}
+func (discard) Debugf(string, ...any)  {}
+func (discard) Tracef(string, ...any)  {}
 
 // watchName waits, when cfg has seed routes, until the node has had a
 // route for routeSettle (or, without one, until end, or until ctx ends),

@@ -141,18 +141,16 @@ const kvCacheUsage = "KV cache element type: auto (f32 on the CPU lane, exact; b
 // kvCacheType is the KV cache's element type that --kv-cache names for a
 // device.
 func kvCacheType(name, device string) (gpu.DType, error) {
-	switch name {
-	case "", "auto":
+	if name == "" || name == "auto" {
 		if device == "cuda" {
 			return gpu.BF16, nil
 		}
 		return gpu.F32, nil
-	case "f32":
-		return gpu.F32, nil
-	case "bf16":
-		return gpu.BF16, nil
-	case "f16":
-		return gpu.F16, nil
+	}
+	for _, dt := range []gpu.DType{gpu.F32, gpu.BF16, gpu.F16} {
+		if name == dt.String() {
+			return dt, nil
+		}
 	}
 	return 0, fmt.Errorf("--kv-cache %q: want auto, f32, bf16 or f16", name)
 }
