@@ -87,8 +87,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			prompts[s][i] = int32(rng.IntN(cfg.Vocab))
 		}
 	}
-	kv, _ := kvCacheType(o.kvCache, o.device) // load checked it
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: kv.String(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: *seed}
 	}

@@ -46,7 +46,8 @@ type loaded struct {
 	dev    gpu.Device
 	model  *models.Model
 	tok    *tokenizer.Tokenizer
-	tp     *tpGroup // tensor parallelism: the GPUs and their fabric; nil otherwise
+	cache  gpu.DType // the KV cache's element type
+	tp     *tpGroup  // tensor parallelism: the GPUs and their fabric; nil otherwise
 }
 
 func (l *loaded) Close() {
@@ -84,11 +85,15 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 // progress unless quiet.
 func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, error) {
 	start := time.Now()
+	cache, err := kvCacheType(o.kvCache, o.device)
+	if err != nil {
+		return nil, err
+	}
 	b, err := openBundle(o.model)
 	if err != nil {
 		return nil, err
 	}
-	l := &loaded{bundle: b}
+	l := &loaded{bundle: b, cache: cache}
 	if b.Tokenizer != nil {
 		if l.tok, err = tokenizer.Parse(b.Tokenizer); err != nil {
 			b.Close()
@@ -110,11 +115,6 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 		return nil, fmt.Errorf("--tp %d: want 1 or more", o.tp)
 	} else if l.dev, err = openDevice(ctx, o.device, o.threads); err != nil {
 		b.Close()
-		return nil, err
-	}
-	cache, err := kvCacheType(o.kvCache, o.device)
-	if err != nil {
-		l.Close()
 		return nil, err
 	}
 	if !o.quiet {
