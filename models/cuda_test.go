@@ -43,7 +43,7 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 		b := openDemo(t)
 		graphsMatchEager(t, b.Config, b.Checkpoint)
 	})
-	for _, name := range []string{"llama-gqa", "olmo2", "qwen3"} {
+	for _, name := range []string{"llama-gqa", "olmo2", "qwen3", "qwen3-moe"} {
 		t.Run(name, func(t *testing.T) {
 			dir := sharedDir("fixtures", name)
 			if dir == "" {

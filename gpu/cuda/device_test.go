@@ -311,6 +311,32 @@ func TestFaults(t *testing.T) {
 	if err := d.Sync(context.Background()); err != nil {
 		t.Fatalf("fault not cleared: %v", err)
 	}
+	// Router logits of NaN leave a token's choices without an expert: a
+	// lone token's (chosen in the gate|up blocks) and a few tokens' (moe_route).
+	for _, n := range []int{1, 3} {
+		const dim, inter, experts = 16, 8, 4
+		a := gpu.MoEArgs{N: n, Dim: dim, Inter: inter, Experts: experts, TopK: 2,
+			Router: f32buf(t, d, make([]float32, experts*dim))}
+		for e := 0; e < experts; e++ {
+			a.Gate = append(a.Gate, f32buf(t, d, make([]float32, inter*dim)))
+			a.Up = append(a.Up, f32buf(t, d, make([]float32, inter*dim)))
+			a.Down = append(a.Down, f32buf(t, d, make([]float32, dim*inter)))
+		}
+		xs := make([]float32, n*dim)
+		for i := range xs {
+			xs[i] = float32(math.NaN())
+		}
+		if err := d.MoE(alloc(t, d, gpu.F32, n*dim), f32buf(t, d, xs), a); err != nil {
+			t.Fatal(err)
+		}
+		err := d.Sync(context.Background())
+		if !errors.As(err, &fe) || fe.Code != faultMoEExpert || fe.Value != -1 || fe.Index < 0 || fe.Index >= n*a.TopK {
+			t.Fatalf("%d tokens: got %v, want the moe expert fault", n, err)
+		}
+		if err := d.Sync(context.Background()); err != nil {
+			t.Fatalf("%d tokens: fault not cleared: %v", n, err)
+		}
+	}
 }
 
 // TestFusedNorms checks AddRMSNorm and RMSNormAdd against their unfused

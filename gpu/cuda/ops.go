@@ -957,7 +957,9 @@ const maxExperts = 128
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
 // and a down product a tile, so that an expert's rows are read once for
 // a tile of its tokens (up to 64 on the tensor cores), and the weighted
-// sum over each token's experts (moe_combine).
+// sum over each token's experts (moe_combine). A lone token's experts are
+// chosen by the gate/up product's blocks and summed by the down product's
+// (moe_gateup1, moe_down1): three kernels with the router's product.
 func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if err := d.enter("moe"); err != nil {
 		return err
@@ -998,16 +1000,12 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	}
 	// Tiles of slots of one expert: of up to 64 on the tensor cores
 	// (moe_mm_*: 16-bit weights, more than one token), of up to four on the
-	// CUDA cores (moe_gateup_*, moe_down_*), or of one for a lone token,
-	// whose experts are distinct (*1_*). At most a full tile a tile's worth
-	// of slots and one part-filled tile an expert.
-	slots, tile, sfx := a.N*a.TopK, 4, ""
+	// CUDA cores (moe_gateup_*, moe_down_*). At most a full tile a tile's
+	// worth of slots and one part-filled tile an expert.
+	slots, tile := a.N*a.TopK, 4
 	tc := a.N > 1 && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0
-	switch {
-	case tc:
+	if tc {
 		tile = 64
-	case a.N == 1:
-		tile, sfx = 1, "1"
 	}
 	bound := min(slots, slots/tile+min(a.Experts, slots))
 	if a.N > 65535 || bound > 65535 {
@@ -1050,6 +1048,19 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		i32Arg(a.N), i32Arg(a.Dim), i32Arg(a.Experts)); err != nil {
 		return err
 	}
+	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
+	gt, ut, dn := tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
+		tableArg("down", down, dt, a.Dim*a.Inter, maxExperts)
+	if a.N == 1 {
+		// 256 threads: eight warps of two gate|up rows, or of a down row.
+		if err := d.launch(d.k("moe_gateup1_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(a.TopK), 1}, grid1(256), 0,
+			h, xa, logits, ids, wts, gt, ut, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm), i32Arg(a.Dim), i32Arg(a.Inter),
+			devPtrArg(d.faultDev)); err != nil {
+			return err
+		}
+		return d.launch(d.k("moe_down1_"+suf), grid1(ceilDiv(a.Dim, 8)), grid1(256), 0,
+			bufArg("out", b[0], gpu.F32, a.Dim), h, ids, wts, dn, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter))
+	}
 	// moe_route chooses a few tokens' experts itself; a prompt's, a warp a
 	// token over many blocks (moe_topk).
 	chosen := 0
@@ -1064,9 +1075,6 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		i32Arg(a.TopK), i32Arg(norm), i32Arg(chosen), i32Arg(tile), order, tiles, ntiles, devPtrArg(d.faultDev)); err != nil {
 		return err
 	}
-	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
-	gt, ut, dn := tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
-		tableArg("down", down, dt, a.Dim*a.Inter, maxExperts)
 	if tc {
 		// x rounded; gate|up a product of 2·inter columns; silu(gate)·up
 		// rounded; down.
@@ -1096,11 +1104,11 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		}
 	} else {
 		// 256 threads: eight warps of two gate|up rows, or of four down rows.
-		if err := d.launch(d.k("moe_gateup"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(bound), 1}, grid1(256), tile*a.Dim*4,
+		if err := d.launch(d.k("moe_gateup_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(bound), 1}, grid1(256), tile*a.Dim*4,
 			h, xa, order, tiles, ntiles, gt, ut, i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
 			return err
 		}
-		if err := d.launch(d.k("moe_down"+sfx+"_"+suf), dim3{uint32(ceilDiv(a.Dim, 32)), uint32(bound), 1}, grid1(256), tile*a.Inter*4,
+		if err := d.launch(d.k("moe_down_"+suf), dim3{uint32(ceilDiv(a.Dim, 32)), uint32(bound), 1}, grid1(256), tile*a.Inter*4,
 			y, h, order, tiles, ntiles, dn, i32Arg(a.Dim), i32Arg(a.Inter)); err != nil {
 			return err
 		}

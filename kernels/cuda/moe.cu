@@ -7,11 +7,13 @@
 // weights and groups the slots by expert into tiles of one expert's
 // slots. moe_mm runs tiles of up to 64 slots on the tensor cores (16-bit
 // weights, more than one token); moe_gateup and moe_down tiles of up to 4
-// (one, for a lone token) on the CUDA cores. Either way each row of an
-// expert is read once a tile, not once a slot (prompts and decode batches
-// share experts), and every (row, slot) product is summed in the same
-// order whatever the tile; moe_combine adds each token's weighted products
-// in choice order.
+// on the CUDA cores. Either way each row of an expert is read once a
+// tile, not once a slot (prompts and decode batches share experts), and
+// every (row, slot) product is summed in the same order whatever the tile;
+// moe_combine adds each token's weighted products in choice order. A lone
+// token takes two kernels after its logits: moe_gateup1 chooses the
+// experts in every block (lone_choice) and moe_down1 sums the weighted
+// products itself, so no routing or combining kernel runs between them.
 #include "mma.cuh"
 
 #define MAX_EXPERTS 128
@@ -100,6 +102,61 @@ DEV void topk(int* ids, float* wts, const float* logits, float* lg, int t, int e
     for (int k = 0; k < k_; k++) wts[t * k_ + k] /= tot;
 }
 
+// lone_choice: topk's choice for a lone token (its logits of `experts`), by
+// the whole block (at least `experts` threads; every thread calls it):
+// warp 0 forms the softmax exactly as topk does, then each expert's rank
+// in topk's order (larger probability first, the lower expert among
+// equals; NaN never chosen) places it. ids[k] and p[k] (shared memory, k <
+// k_) get the k-th expert and its probability; a choice left without an
+// expert gets -1 and -1 / sum, as in topk.
+DEV void lone_choice(int* ids, float* p, const float* logits, int experts, int k_) {
+  __shared__ __align__(16) float pr[MAX_EXPERTS];
+  __shared__ float ssum;
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    constexpr int PER = MAX_EXPERTS / 32;
+    float lv[PER];
+    float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int e = tid + 32 * i;
+      lv[i] = e < experts ? logits[e] : 0.f;
+      if (e < experts) mx = fmaxf(mx, lv[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int e = tid + 32 * i;
+      if (e < experts) {
+        lv[i] = expf(lv[i] - mx);
+        pr[e] = lv[i];
+        sum += lv[i];
+      }
+    }
+    sum = warp_sum(sum);
+    for (int k = tid; k < k_; k += 32) ids[k] = -1, p[k] = -1.f / sum;
+    if (tid == 0) ssum = sum;
+  }
+  __syncthreads();
+  if (tid < experts) {
+    const float v = pr[tid];
+    if (v == v) {
+      int r = 0;
+      const int n4 = experts & ~3;
+#pragma unroll 8
+      for (int j = 0; j < n4; j += 4) {
+        const float4 u = *reinterpret_cast<const float4*>(&pr[j]);
+        r += (u.x > v || (u.x == v && j < tid)) + (u.y > v || (u.y == v && j + 1 < tid)) +
+             (u.z > v || (u.z == v && j + 2 < tid)) + (u.w > v || (u.w == v && j + 3 < tid));
+      }
+      for (int j = n4; j < experts; j++) r += pr[j] > v || (pr[j] == v && j < tid);
+      if (r < k_) ids[r] = tid, p[r] = v / ssum;
+    }
+  }
+  __syncthreads();
+}
+
 // scan32: the warp's exclusive prefix sums of v, and their total in *all.
 DEV int scan32(int v, int* all) {
   int lane = threadIdx.x & 31, x = v;
@@ -180,36 +237,17 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(int* __restrict__ i
     for (int j = 0; j * bn < cnt[e]; j++) tiles[toff[e] + j] = make_int4(e, off[e] + j * bn, min(bn, cnt[e] - j * bn), 0);
 }
 
-// tile_rows: for the slots of tile (blockIdx.y; none past *ntiles), with
-// their input rows (width k, of xs: row src(s) of in) staged in shared
-// memory, each warp takes RW consecutive rows of ws[p] (p < NP products of
-// the same rows: gate and up, or down) from row0 and sums
-// w[row]·x[slot] for every slot of the tile: dot[p][r][j]. Lane l takes
-// k's 8-element pieces l, l+32, ... (16-byte loads, four in flight a
-// product and row) and the warp sums its lanes last, so a (row, slot)
-// product is the same in any tile. fin(p-products, r, j) stores them.
-template <typename T, int NP, int RW, int BN, typename Src, typename Fin>
-DEV void tile_rows(const float* __restrict__ in, const int* __restrict__ order, const int4* __restrict__ tiles,
-                   const int* __restrict__ ntiles, const typename Elem<T>::raw* const* ws, int k, int rows, Src src,
-                   Fin fin) {
-  extern __shared__ float xs[];  // BN rows of k
-  typedef typename Elem<T>::raw raw;
-  constexpr int VEC = 16 / sizeof(raw);
-  if ((int)blockIdx.y >= *ntiles) return;
-  const int4 tl = tiles[blockIdx.y];
-  const int first = tl.y, cnt = tl.z;
-  int slot[BN];
-#pragma unroll
-  for (int j = 0; j < BN; j++) slot[j] = j < cnt ? order[first + j] : -1;
-  for (int j = 0; j < cnt; j++) {
-    const float* x = in + (long)src(slot[j]) * k;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) xs[j * k + i] = x[i];
-  }
-  __syncthreads();
+// dot_rows: each warp's RW consecutive rows from r0 (clamped to rows) of
+// the NP products ws[p] against BN rows of width k from xs[p] (j < cnt):
+// acc[p][r][j] = w_p[row]·x_p[j]. Lane l takes k's 8-element pieces l,
+// l+32, ... (16-byte loads, four in flight a product and row) and the warp
+// sums its lanes last, so a (row, x row) product is the same in any tile
+// and any kernel; every lane gets the sums. ONE_X: every xs[p] is xs[0].
+template <typename T, int NP, int RW, int BN, bool ONE_X>
+DEV void dot_rows(float (&acc)[NP][RW][BN], const typename Elem<T>::raw* const* ws, const float* const* xs, int cnt,
+                  int k, int rows, int r0) {
+  constexpr int VEC = 16 / sizeof(typename Elem<T>::raw);
   const int lane = threadIdx.x & 31;
-  const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RW;
-  if (r0 >= rows) return;
-  float acc[NP][RW][BN];
 #pragma unroll
   for (int p = 0; p < NP; p++)
 #pragma unroll
@@ -237,18 +275,24 @@ DEV void tile_rows(const float* __restrict__ in, const int* __restrict__ order, 
 #pragma unroll
     for (int j = 0; j < BN; j++) {
       if (j >= cnt) break;
-      float xv[VEC];
+      float xv[NP][VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; e += 4) {
-        float4 v = *reinterpret_cast<const float4*>(&xs[j * k + i + e]);
-        xv[e] = v.x; xv[e + 1] = v.y; xv[e + 2] = v.z; xv[e + 3] = v.w;
-      }
+      for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int e = 0; e < VEC; e += 4) {
+          if (ONE_X && p > 0) {
+            xv[p][e] = xv[0][e]; xv[p][e + 1] = xv[0][e + 1]; xv[p][e + 2] = xv[0][e + 2]; xv[p][e + 3] = xv[0][e + 3];
+            continue;
+          }
+          float4 v = *reinterpret_cast<const float4*>(&xs[p][j * k + i + e]);
+          xv[p][e] = v.x; xv[p][e + 1] = v.y; xv[p][e + 2] = v.z; xv[p][e + 3] = v.w;
+        }
 #pragma unroll
       for (int p = 0; p < NP; p++)
 #pragma unroll
         for (int r = 0; r < RW; r++)
 #pragma unroll
-          for (int e = 0; e < VEC; e++) acc[p][r][j] = fmaf(w[p][r][e], xv[e], acc[p][r][j]);
+          for (int e = 0; e < VEC; e++) acc[p][r][j] = fmaf(w[p][r][e], xv[p][e], acc[p][r][j]);
     }
   }
   for (int i = kv + lane; i < k; i += 32) {
@@ -259,7 +303,7 @@ DEV void tile_rows(const float* __restrict__ in, const int* __restrict__ order, 
         float wv = Elem<T>::load(ws[p], (long)min(r0 + r, rows - 1) * k + i);
 #pragma unroll
         for (int j = 0; j < BN; j++)
-          if (j < cnt) acc[p][r][j] = fmaf(wv, xs[j * k + i], acc[p][r][j]);
+          if (j < cnt) acc[p][r][j] = fmaf(wv, xs[p][j * k + i], acc[p][r][j]);
       }
   }
 #pragma unroll
@@ -268,7 +312,37 @@ DEV void tile_rows(const float* __restrict__ in, const int* __restrict__ order, 
     for (int r = 0; r < RW; r++)
 #pragma unroll
       for (int j = 0; j < BN; j++) acc[p][r][j] = warp_sum(acc[p][r][j]);
-  if (lane != 0) return;
+}
+
+// tile_rows: for the slots of tile (blockIdx.y; none past *ntiles), with
+// their input rows (width k, of xs: row src(s) of in) staged in shared
+// memory, each warp takes RW consecutive rows of ws[p] (p < NP products of
+// the same rows: gate and up, or down) and sums w[row]·x[slot] for every
+// slot of the tile (dot_rows). fin(products, r, j, row, slot) stores them.
+template <typename T, int NP, int RW, int BN, typename Src, typename Fin>
+DEV void tile_rows(const float* __restrict__ in, const int* __restrict__ order, const int4* __restrict__ tiles,
+                   const int* __restrict__ ntiles, const typename Elem<T>::raw* const* ws, int k, int rows, Src src,
+                   Fin fin) {
+  extern __shared__ float xs[];  // BN rows of k
+  if ((int)blockIdx.y >= *ntiles) return;
+  const int4 tl = tiles[blockIdx.y];
+  const int first = tl.y, cnt = tl.z;
+  int slot[BN];
+#pragma unroll
+  for (int j = 0; j < BN; j++) slot[j] = j < cnt ? order[first + j] : -1;
+  for (int j = 0; j < cnt; j++) {
+    const float* x = in + (long)src(slot[j]) * k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) xs[j * k + i] = x[i];
+  }
+  __syncthreads();
+  const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RW;
+  if (r0 >= rows) return;
+  const float* xp[NP];
+#pragma unroll
+  for (int p = 0; p < NP; p++) xp[p] = xs;
+  float acc[NP][RW][BN];
+  dot_rows<T, NP, RW, BN, true>(acc, ws, xp, cnt, k, rows, r0);
+  if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int r = 0; r < RW; r++)
 #pragma unroll
@@ -307,6 +381,85 @@ DEV void moe_down(float* y, const float* h, const int* order, const int4* tiles,
                          [=](float (&acc)[1][4][BN], int r, int j, int row, int s) {
                            y[(long)s * dim + row] = acc[0][r][j];
                          });
+}
+
+// moe_gateup1: a lone token's gate|up, grid (ceil(inter / 16), topk), 256
+// threads. Every block chooses the token's experts (lone_choice); block
+// (0, 0) stores them and their weights (renormalised with norm) in ids and
+// wts for moe_down1, and block (0, s) records the fault of a choice s
+// without an expert. h[s, r] = silu(gate_e[r]·x) · (up_e[r]·x) for the
+// block's choice s of expert e, a warp two rows, x read in place.
+template <typename T>
+DEV void moe_gateup1(float* h, const float* x, const float* logits, int* ids, float* wts, Ptrs gate, Ptrs up,
+                     int experts, int topk, int norm, int dim, int inter, unsigned* fault) {
+  pdl_begin();
+  typedef typename Elem<T>::raw raw;
+  __shared__ int sid[MAX_EXPERTS];
+  __shared__ float sp[MAX_EXPERTS];
+  lone_choice(sid, sp, logits, experts, topk);
+  const int s = blockIdx.y, e = sid[s], tid = threadIdx.x;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid < topk) {
+    // topk's renormalisation: the probabilities added in choice order.
+    float tot = 0.f;
+    for (int k = 0; k < topk; k++) tot += sp[k];
+    ids[tid] = sid[tid], wts[tid] = norm ? sp[tid] / tot : sp[tid];
+  }
+  if (e < 0) {
+    if (blockIdx.x == 0 && tid == 0) record_fault(fault, FAULT_MOE_EXPERT, s, e);
+    return;
+  }
+  const int r0 = (blockIdx.x * (blockDim.x >> 5) + (tid >> 5)) * 2;
+  if (r0 >= inter) return;
+  const raw* ws[2] = {static_cast<const raw*>(gate.p[e]), static_cast<const raw*>(up.p[e])};
+  const float* xs[2] = {x, x};
+  float acc[2][2][1];
+  dot_rows<T, 2, 2, 1, true>(acc, ws, xs, 1, dim, inter, r0);
+  if ((tid & 31) != 0) return;
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+    if (r0 + r < inter) h[(long)s * inter + r0 + r] = silu(acc[0][r][0]) * acc[1][r][0];
+}
+
+// weighted_rows: o plus, for a lone token's choices k0 .. k0+NP-1 in
+// order, wts[k] · down_e[r]·h[k], a choice without an expert skipped.
+template <typename T, int NP>
+DEV float weighted_rows(float o, const float* h, const int* ids, const float* wts, const Ptrs& down, int experts,
+                        int k0, int dim, int inter, int r) {
+  typedef typename Elem<T>::raw raw;
+  const raw* ws[NP];
+  const float* xs[NP];
+  bool ok[NP];
+#pragma unroll
+  for (int p = 0; p < NP; p++) {
+    const int e = ids[k0 + p];
+    ok[p] = e >= 0 && e < experts;
+    ws[p] = static_cast<const raw*>(down.p[ok[p] ? e : 0]);
+    xs[p] = h + (long)(k0 + p) * inter;
+  }
+  float acc[NP][1][1];
+  dot_rows<T, NP, 1, 1, false>(acc, ws, xs, 1, inter, dim, r);
+#pragma unroll
+  for (int p = 0; p < NP; p++)
+    if (ok[p]) o = fmaf(wts[k0 + p], acc[p][0][0], o);
+  return o;
+}
+
+// moe_down1: a lone token's down products and their weighted sum, as
+// moe_down and moe_combine form them, grid ceil(dim / 8), 256 threads, a
+// warp a row r: out[r] = the sum over choices k in order of wts[k] ·
+// down_e[r]·h[k], the experts' rows read four at a time.
+template <typename T>
+DEV void moe_down1(float* out, const float* h, const int* ids, const float* wts, Ptrs down, int experts, int topk,
+                   int dim, int inter) {
+  pdl_begin();
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= dim) return;
+  float o = 0.f;
+  int k = 0;
+  for (; k + 4 <= topk; k += 4) o = weighted_rows<T, 4>(o, h, ids, wts, down, experts, k, dim, inter, r);
+  if (k + 2 <= topk) o = weighted_rows<T, 2>(o, h, ids, wts, down, experts, k, dim, inter, r), k += 2;
+  if (k < topk) o = weighted_rows<T, 1>(o, h, ids, wts, down, experts, k, dim, inter, r);
+  if ((threadIdx.x & 31) == 0) out[r] = o;
 }
 
 // moe_mm_{bf16,f16}: the expert products of prompts and decode batches on
@@ -393,24 +546,31 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(float* __restrict_
 }
 
 // moe_gateup_* and moe_down_* take tiles of up to 4 slots (MoEArgs.N > 1);
-// moe_gateup1_* and moe_down1_* tiles of one (a lone token's experts).
-#define MOE(T, name, BN, sfx, MINB)                                                                               \
-  extern "C" __global__ void __launch_bounds__(256, MINB)                                                         \
-      moe_gateup##sfx##_##name(float* h, const float* x, const int* order, const int4* tiles, const int* ntiles,  \
-                               Ptrs gate, Ptrs up, int topk, int dim, int inter) {                                 \
-    moe_gateup<T, BN>(h, x, order, tiles, ntiles, gate, up, topk, dim, inter);                                    \
+// moe_gateup1_* and moe_down1_* a lone token's experts.
+#define MOE(T, name)                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                            \
+      moe_gateup_##name(float* h, const float* x, const int* order, const int4* tiles, const int* ntiles,          \
+                        Ptrs gate, Ptrs up, int topk, int dim, int inter) {                                        \
+    moe_gateup<T, 4>(h, x, order, tiles, ntiles, gate, up, topk, dim, inter);                                     \
   }                                                                                                               \
-  extern "C" __global__ void __launch_bounds__(256, MINB)                                                         \
-      moe_down##sfx##_##name(float* y, const float* h, const int* order, const int4* tiles, const int* ntiles,    \
-                             Ptrs down, int dim, int inter) {                                                      \
-    moe_down<T, BN>(y, h, order, tiles, ntiles, down, dim, inter);                                                \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                            \
+      moe_down_##name(float* y, const float* h, const int* order, const int4* tiles, const int* ntiles, Ptrs down, \
+                      int dim, int inter) {                                                                       \
+    moe_down<T, 4>(y, h, order, tiles, ntiles, down, dim, inter);                                                 \
+  }                                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256, 4)                                                            \
+      moe_gateup1_##name(float* h, const float* x, const float* logits, int* ids, float* wts, Ptrs gate, Ptrs up,  \
+                         int experts, int topk, int norm, int dim, int inter, unsigned* fault) {                    \
+    moe_gateup1<T>(h, x, logits, ids, wts, gate, up, experts, topk, norm, dim, inter, fault);                      \
+  }                                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                            \
+      moe_down1_##name(float* out, const float* h, const int* ids, const float* wts, Ptrs down, int experts,       \
+                       int topk, int dim, int inter) {                                                            \
+    moe_down1<T>(out, h, ids, wts, down, experts, topk, dim, inter);                                              \
   }
-MOE(float, f32, 4, , 2)
-MOE(BF16, bf16, 4, , 2)
-MOE(F16, f16, 4, , 2)
-MOE(float, f32, 1, 1, 4)
-MOE(BF16, bf16, 1, 1, 4)
-MOE(F16, f16, 1, 1, 4)
+MOE(float, f32)
+MOE(BF16, bf16)
+MOE(F16, f16)
 #define MOE_LOGITS(T, name)                                                                                       \
   extern "C" __global__ void __launch_bounds__(256) moe_logits_##name(float* logits, const float* x,              \
                                                                       const Elem<T>::raw* router, int n, int dim,   \
