@@ -303,3 +303,26 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		t.Error("four query heads a block: no error (no such kernel)")
 	}
 }
+
+// TestMoEPath: which products a MoE call's experts take. Qwen3-30B-A3B's
+// experts (8 of 128 a token) run on the CUDA cores up to 32 tokens, on the
+// tensor cores beyond; f32 weights and widths of part pieces never do.
+func TestMoEPath(t *testing.T) {
+	qwen := gpu.MoEArgs{Dim: 2048, Inter: 768, Experts: 128, TopK: 8}
+	for _, c := range []struct {
+		n    int
+		dt   gpu.DType
+		dim  int
+		want bool
+	}{
+		{1, gpu.BF16, 2048, false}, {16, gpu.BF16, 2048, false}, {32, gpu.BF16, 2048, false},
+		{33, gpu.BF16, 2048, true}, {64, gpu.F16, 2048, true}, {512, gpu.BF16, 2048, true},
+		{512, gpu.F32, 2048, false}, {512, gpu.BF16, 2044, false},
+	} {
+		a := qwen
+		a.N, a.Dim = c.n, c.dim
+		if got := moeOnTensorCores(a, c.dt); got != c.want {
+			t.Errorf("%d tokens, %s weights, width %d: tensor cores %v, want %v", c.n, c.dt, c.dim, got, c.want)
+		}
+	}
+}

@@ -952,6 +952,17 @@ func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
 // tables travel as kernel parameters.
 const maxExperts = 128
 
+// moeOnTensorCores reports whether a MoE call's expert products run on
+// the tensor cores (moe_mm: 16-bit weights, widths of whole 16-byte
+// pieces), which pays where an expert averages more than two of the
+// call's (token, expert) slots. One H200, Qwen3-30B-A3B's experts (8 of
+// 128 a token): tiles of up to four slots on the CUDA cores were faster up
+// to 24 tokens (8 tokens 2.84–2.88 ms a step against 3.55–3.56), level at
+// 32, slower from 48 (docs/cuda.md).
+func moeOnTensorCores(a gpu.MoEArgs, dt gpu.DType) bool {
+	return a.N*a.TopK > 2*a.Experts && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0
+}
+
 // MoE implements gpu.Ops: routing on the device (the router's logits
 // from x in f32, then softmax and top-k), the chosen (token, expert) slots
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
@@ -999,11 +1010,11 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 		gate, up, down = append(gate, w[0]), append(up, w[1]), append(down, w[2])
 	}
 	// Tiles of slots of one expert: of up to 64 on the tensor cores
-	// (moe_mm_*: 16-bit weights, more than one token), of up to four on the
-	// CUDA cores (moe_gateup_*, moe_down_*). At most a full tile a tile's
-	// worth of slots and one part-filled tile an expert.
+	// (moe_mm_*), of up to four on the CUDA cores (moe_gateup_*,
+	// moe_down_*). At most a full tile a tile's worth of slots and one
+	// part-filled tile an expert.
 	slots, tile := a.N*a.TopK, 4
-	tc := a.N > 1 && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0
+	tc := moeOnTensorCores(a, dt)
 	if tc {
 		tile = 64
 	}
