@@ -311,9 +311,10 @@ func TestFaults(t *testing.T) {
 	if err := d.Sync(context.Background()); err != nil {
 		t.Fatalf("fault not cleared: %v", err)
 	}
-	// Router logits of NaN leave a token's choices without an expert: a
-	// lone token's (chosen in the gate|up blocks) and a few tokens' (moe_route).
-	for _, n := range []int{1, 3} {
+	// Router logits of NaN leave a token's choices without an expert: one
+	// or a few tokens' (chosen in the gate|up blocks) and more tokens'
+	// (moe_route).
+	for _, n := range []int{1, 3, 6} {
 		const dim, inter, experts = 16, 8, 4
 		a := gpu.MoEArgs{N: n, Dim: dim, Inter: inter, Experts: experts, TopK: 2,
 			Router: f32buf(t, d, make([]float32, experts*dim))}

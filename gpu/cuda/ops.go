@@ -952,6 +952,13 @@ func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
 // tables travel as kernel parameters.
 const maxExperts = 128
 
+// moeFewTokens is the most tokens whose experts a MoE call reads for each
+// token alone (moe_gateup1, moe_down1: no routing or combining kernel),
+// not grouped by expert. One H200, Qwen3-30B-A3B's experts, ms a step
+// against the tiles grouped by expert: 2 tokens 1.16 against 1.35–1.36, 4
+// 1.72–1.74 against 1.97–1.98, 6 2.34 against 2.48–2.50, 8 level (docs/cuda.md).
+const moeFewTokens = 8
+
 // moeOnTensorCores reports whether a MoE call's expert products run on
 // the tensor cores (moe_mm: 16-bit weights, widths of whole 16-byte
 // pieces), which pays where an expert averages more than two of the
@@ -968,9 +975,10 @@ func moeOnTensorCores(a gpu.MoEArgs, dt gpu.DType) bool {
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
 // and a down product a tile, so that an expert's rows are read once for
 // a tile of its tokens (up to 64 on the tensor cores), and the weighted
-// sum over each token's experts (moe_combine). A lone token's experts are
-// chosen by the gate/up product's blocks and summed by the down product's
-// (moe_gateup1, moe_down1): three kernels with the router's product.
+// sum over each token's experts (moe_combine). Up to moeFewTokens tokens'
+// experts are chosen by the gate/up product's blocks and summed by the
+// down product's (moe_gateup1, moe_down1): three kernels with the
+// router's product.
 func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if err := d.enter("moe"); err != nil {
 		return err
@@ -1062,15 +1070,15 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
 	gt, ut, dn := tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
 		tableArg("down", down, dt, a.Dim*a.Inter, maxExperts)
-	if a.N == 1 {
+	if a.N <= moeFewTokens {
 		// 256 threads: eight warps of two gate|up rows, or of a down row.
-		if err := d.launch(d.k("moe_gateup1_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(a.TopK), 1}, grid1(256), 0,
+		if err := d.launch(d.k("moe_gateup1_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(slots), 1}, grid1(256), 0,
 			h, xa, logits, ids, wts, gt, ut, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm), i32Arg(a.Dim), i32Arg(a.Inter),
 			devPtrArg(d.faultDev)); err != nil {
 			return err
 		}
-		return d.launch(d.k("moe_down1_"+suf), grid1(ceilDiv(a.Dim, 8)), grid1(256), 0,
-			bufArg("out", b[0], gpu.F32, a.Dim), h, ids, wts, dn, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter))
+		return d.launch(d.k("moe_down1_"+suf), dim3{uint32(ceilDiv(a.Dim, 8)), uint32(a.N), 1}, grid1(256), 0,
+			bufArg("out", b[0], gpu.F32, a.N*a.Dim), h, ids, wts, dn, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(a.Inter))
 	}
 	// moe_route chooses a few tokens' experts itself; a prompt's, a warp a
 	// token over many blocks (moe_topk).

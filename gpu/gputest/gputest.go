@@ -446,18 +446,18 @@ func (h *harness) moe(t *testing.T) {
 	// Shapes: a few tokens; one token of many experts; many tokens sharing
 	// experts (several tiles of one expert, on the tensor cores where the
 	// weights are 16-bit and the widths whole 16-byte pieces), and widths
-	// that are not; lone tokens whose choices are not a multiple of four,
-	// one with widths that are not whole pieces. The lone tokens' routers
-	// repeat each even expert's row in the next, so their logits tie in
-	// pairs and the choice must take the lower expert first.
+	// that are not; a few tokens whose choices are not a multiple of four,
+	// with widths that are not whole pieces. The routers of up to three
+	// tokens repeat each even expert's row in the next, so their logits tie
+	// in pairs and the choice must take the lower expert first.
 	shapes := []gpu.MoEArgs{
 		{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2},
 		{N: 1, Dim: 256, Inter: 96, Experts: 128, TopK: 8},
 		{N: 300, Dim: 128, Inter: 72, Experts: 4, TopK: 2},
 		{N: 37, Dim: 136, Inter: 44, Experts: 16, TopK: 4},
 		{N: 23, Dim: 60, Inter: 20, Experts: 4, TopK: 3},
-		{N: 1, Dim: 60, Inter: 20, Experts: 6, TopK: 3},
-		{N: 1, Dim: 136, Inter: 44, Experts: 16, TopK: 5},
+		{N: 2, Dim: 60, Inter: 20, Experts: 6, TopK: 3},
+		{N: 3, Dim: 136, Inter: 44, Experts: 16, TopK: 5},
 	}
 	for _, dt := range h.o.WeightDTypes {
 		for j, a := range shapes {
@@ -465,7 +465,7 @@ func (h *harness) moe(t *testing.T) {
 			norm := a.NormTopK
 			ra := a
 			rw := h.randF32(a.Experts*a.Dim, 0.3)
-			if a.N == 1 {
+			if a.N <= 3 {
 				for e := 0; e+1 < a.Experts; e += 2 {
 					copy(rw[(e+1)*a.Dim:(e+2)*a.Dim], rw[e*a.Dim:(e+1)*a.Dim])
 				}

@@ -10,10 +10,11 @@
 // on the CUDA cores. Either way each row of an expert is read once a
 // tile, not once a slot (prompts and decode batches share experts), and
 // every (row, slot) product is summed in the same order whatever the tile;
-// moe_combine adds each token's weighted products in choice order. A lone
-// token takes two kernels after its logits: moe_gateup1 chooses the
-// experts in every block (lone_choice) and moe_down1 sums the weighted
-// products itself, so no routing or combining kernel runs between them.
+// moe_combine adds each token's weighted products in choice order. One to
+// a few tokens take two kernels after their logits, each token's experts
+// read for it alone: moe_gateup1 chooses them in every block (lone_choice)
+// and moe_down1 sums the weighted products itself, so no routing or
+// combining kernel runs between them.
 #include "mma.cuh"
 
 #define MAX_EXPERTS 128
@@ -383,12 +384,14 @@ DEV void moe_down(float* y, const float* h, const int* order, const int4* tiles,
                          });
 }
 
-// moe_gateup1: a lone token's gate|up, grid (ceil(inter / 16), topk), 256
-// threads. Every block chooses the token's experts (lone_choice); block
-// (0, 0) stores them and their weights (renormalised with norm) in ids and
-// wts for moe_down1, and block (0, s) records the fault of a choice s
-// without an expert. h[s, r] = silu(gate_e[r]·x) · (up_e[r]·x) for the
-// block's choice s of expert e, a warp two rows, x read in place.
+// moe_gateup1: the gate|up of a few tokens' experts, each token's chosen
+// and read for it alone, grid (ceil(inter / 16), n · topk), 256 threads:
+// block (bx, t·topk + k) takes token t's k-th choice. Every block chooses
+// its token's experts (lone_choice); block (0, t·topk) stores them and
+// their weights (renormalised with norm) in ids and wts for moe_down1, and
+// block (0, s) records the fault of a slot s without an expert. h[s, r] =
+// silu(gate_e[r]·x_t) · (up_e[r]·x_t) for the block's slot s of expert e,
+// a warp two rows, x read in place.
 template <typename T>
 DEV void moe_gateup1(float* h, const float* x, const float* logits, int* ids, float* wts, Ptrs gate, Ptrs up,
                      int experts, int topk, int norm, int dim, int inter, unsigned* fault) {
@@ -396,13 +399,14 @@ DEV void moe_gateup1(float* h, const float* x, const float* logits, int* ids, fl
   typedef typename Elem<T>::raw raw;
   __shared__ int sid[MAX_EXPERTS];
   __shared__ float sp[MAX_EXPERTS];
-  lone_choice(sid, sp, logits, experts, topk);
-  const int s = blockIdx.y, e = sid[s], tid = threadIdx.x;
-  if (blockIdx.x == 0 && blockIdx.y == 0 && tid < topk) {
+  const int s = blockIdx.y, t = s / topk, tid = threadIdx.x;
+  lone_choice(sid, sp, logits + (long)t * experts, experts, topk);
+  const int e = sid[s - t * topk];
+  if (blockIdx.x == 0 && s == t * topk && tid < topk) {
     // topk's renormalisation: the probabilities added in choice order.
     float tot = 0.f;
     for (int k = 0; k < topk; k++) tot += sp[k];
-    ids[tid] = sid[tid], wts[tid] = norm ? sp[tid] / tot : sp[tid];
+    ids[s + tid] = sid[tid], wts[s + tid] = norm ? sp[tid] / tot : sp[tid];
   }
   if (e < 0) {
     if (blockIdx.x == 0 && tid == 0) record_fault(fault, FAULT_MOE_EXPERT, s, e);
@@ -411,7 +415,7 @@ DEV void moe_gateup1(float* h, const float* x, const float* logits, int* ids, fl
   const int r0 = (blockIdx.x * (blockDim.x >> 5) + (tid >> 5)) * 2;
   if (r0 >= inter) return;
   const raw* ws[2] = {static_cast<const raw*>(gate.p[e]), static_cast<const raw*>(up.p[e])};
-  const float* xs[2] = {x, x};
+  const float* xs[2] = {x + (long)t * dim, x + (long)t * dim};
   float acc[2][2][1];
   dot_rows<T, 2, 2, 1, true>(acc, ws, xs, 1, dim, inter, r0);
   if ((tid & 31) != 0) return;
@@ -444,16 +448,18 @@ DEV float weighted_rows(float o, const float* h, const int* ids, const float* wt
   return o;
 }
 
-// moe_down1: a lone token's down products and their weighted sum, as
-// moe_down and moe_combine form them, grid ceil(dim / 8), 256 threads, a
-// warp a row r: out[r] = the sum over choices k in order of wts[k] ·
-// down_e[r]·h[k], the experts' rows read four at a time.
+// moe_down1: the down products of moe_gateup1's tokens and their weighted
+// sums, as moe_down and moe_combine form them, grid (ceil(dim / 8), n),
+// 256 threads, a warp a row r of token t = blockIdx.y: out[t, r] = the sum
+// over its choices k in order of wts[t·topk + k] · down_e[r]·h[t·topk +
+// k], the experts' rows read four at a time.
 template <typename T>
 DEV void moe_down1(float* out, const float* h, const int* ids, const float* wts, Ptrs down, int experts, int topk,
                    int dim, int inter) {
   pdl_begin();
-  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), t = blockIdx.y;
   if (r >= dim) return;
+  h += (long)t * topk * inter, ids += t * topk, wts += t * topk, out += (long)t * dim;
   float o = 0.f;
   int k = 0;
   for (; k + 4 <= topk; k += 4) o = weighted_rows<T, 4>(o, h, ids, wts, down, experts, k, dim, inter, r);
@@ -545,8 +551,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(float* __restrict_
   out[(long)t * dim + r] = acc;
 }
 
-// moe_gateup_* and moe_down_* take tiles of up to 4 slots (MoEArgs.N > 1);
-// moe_gateup1_* and moe_down1_* a lone token's experts.
+// moe_gateup_* and moe_down_* take tiles of up to 4 slots; moe_gateup1_*
+// and moe_down1_* each of a few tokens' experts for that token alone.
 #define MOE(T, name)                                                                                              \
   extern "C" __global__ void __launch_bounds__(256, 2)                                                            \
       moe_gateup_##name(float* h, const float* x, const int* order, const int4* tiles, const int* ntiles,          \
