@@ -304,25 +304,35 @@ func TestDecodeAttentionPlan(t *testing.T) {
 	}
 }
 
-// TestMoEPath: which products a MoE call's experts take. Qwen3-30B-A3B's
-// experts (8 of 128 a token) run on the CUDA cores up to 32 tokens, on the
-// tensor cores beyond; f32 weights and widths of part pieces never do.
+// TestMoEPath: which way a MoE call's experts take. Qwen3-30B-A3B's
+// experts (8 of 128 a token) go token by token up to 8 tokens, by tiles on
+// the CUDA cores up to 32, on the tensor cores beyond; f32 weights and
+// widths of part pieces never take the tensor cores; and few tokens of few
+// experts go token by token, not to the tensor cores (their SwiGLU rows
+// are f32).
 func TestMoEPath(t *testing.T) {
 	qwen := gpu.MoEArgs{Dim: 2048, Inter: 768, Experts: 128, TopK: 8}
+	small := gpu.MoEArgs{Dim: 64, Inter: 32, Experts: 4, TopK: 2}
 	for _, c := range []struct {
+		a    gpu.MoEArgs
 		n    int
 		dt   gpu.DType
-		dim  int
-		want bool
+		want moePath
 	}{
-		{1, gpu.BF16, 2048, false}, {16, gpu.BF16, 2048, false}, {32, gpu.BF16, 2048, false},
-		{33, gpu.BF16, 2048, true}, {64, gpu.F16, 2048, true}, {512, gpu.BF16, 2048, true},
-		{512, gpu.F32, 2048, false}, {512, gpu.BF16, 2044, false},
+		{qwen, 1, gpu.BF16, moeFew}, {qwen, 8, gpu.BF16, moeFew}, {qwen, 9, gpu.BF16, moeTiles},
+		{qwen, 32, gpu.BF16, moeTiles}, {qwen, 33, gpu.BF16, moeTensorCores}, {qwen, 64, gpu.F16, moeTensorCores},
+		{qwen, 512, gpu.BF16, moeTensorCores}, {qwen, 512, gpu.F32, moeTiles},
+		{small, 6, gpu.BF16, moeFew}, {small, 9, gpu.BF16, moeTensorCores},
 	} {
-		a := qwen
-		a.N, a.Dim = c.n, c.dim
-		if got := moeOnTensorCores(a, c.dt); got != c.want {
-			t.Errorf("%d tokens, %s weights, width %d: tensor cores %v, want %v", c.n, c.dt, c.dim, got, c.want)
+		a := c.a
+		a.N = c.n
+		if got := moeWay(a, c.dt); got != c.want {
+			t.Errorf("%d tokens of %d experts, %s weights: way %d, want %d", c.n, a.Experts, c.dt, got, c.want)
 		}
+	}
+	odd := qwen
+	odd.N, odd.Dim = 512, 2044
+	if got := moeWay(odd, gpu.BF16); got != moeTiles {
+		t.Errorf("width 2044: way %d, want the tiles", got)
 	}
 }

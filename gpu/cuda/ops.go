@@ -952,22 +952,38 @@ func usePrefillAttention(a gpu.AttnArgs, cache gpu.DType) bool {
 // tables travel as kernel parameters.
 const maxExperts = 128
 
-// moeFewTokens is the most tokens whose experts a MoE call reads for each
-// token alone (moe_gateup1, moe_down1: no routing or combining kernel),
-// not grouped by expert. One H200, Qwen3-30B-A3B's experts, ms a step
-// against the tiles grouped by expert: 2 tokens 1.16 against 1.35–1.36, 4
-// 1.72–1.74 against 1.97–1.98, 6 2.34 against 2.48–2.50, 8 level (docs/cuda.md).
-const moeFewTokens = 8
+// moePath is the way a MoE call's experts run.
+type moePath int
 
-// moeOnTensorCores reports whether a MoE call's expert products run on
-// the tensor cores (moe_mm: 16-bit weights, widths of whole 16-byte
-// pieces), which pays where an expert averages more than two of the
-// call's (token, expert) slots. One H200, Qwen3-30B-A3B's experts (8 of
-// 128 a token): tiles of up to four slots on the CUDA cores were faster up
-// to 24 tokens (8 tokens 2.84–2.88 ms a step against 3.55–3.56), level at
-// 32, slower from 48 (docs/cuda.md).
-func moeOnTensorCores(a gpu.MoEArgs, dt gpu.DType) bool {
-	return a.N*a.TopK > 2*a.Experts && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0
+const (
+	// moeFew: each token's experts read for it alone (moe_gateup1,
+	// moe_down1), chosen and summed in the products' blocks, with no
+	// routing or combining kernel.
+	moeFew moePath = iota
+	// moeTiles: the slots grouped by expert (moe_route) into tiles of up
+	// to four on the CUDA cores (moe_gateup, moe_down), then moe_combine.
+	moeTiles
+	// moeTensorCores: tiles of up to 64 slots on the tensor cores (moe_mm).
+	moeTensorCores
+)
+
+// moeWay chooses a MoE call's path. One H200, Qwen3-30B-A3B's experts (8
+// of 128 a token), ms a step (docs/cuda.md): each token's own experts
+// against the tiles grouped by expert, 2 tokens 1.16 against 1.35–1.36, 4
+// 1.72–1.74 against 1.97–1.98, 6 2.34 against 2.48–2.50, 8 level; the
+// tiles on the CUDA cores against the tensor cores, 8 tokens 2.84–2.88
+// against 3.55–3.56, 24 5.65–5.74 against 5.89–5.93, level at 32, slower
+// from 48. So up to 8 tokens go alone, and the tensor cores (16-bit
+// weights, widths of whole 16-byte pieces) take the calls where an expert
+// averages more than two of the (token, expert) slots.
+func moeWay(a gpu.MoEArgs, dt gpu.DType) moePath {
+	switch {
+	case a.N <= 8:
+		return moeFew
+	case a.N*a.TopK > 2*a.Experts && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0:
+		return moeTensorCores
+	}
+	return moeTiles
 }
 
 // MoE implements gpu.Ops: routing on the device (the router's logits
@@ -975,10 +991,9 @@ func moeOnTensorCores(a gpu.MoEArgs, dt gpu.DType) bool {
 // grouped by expert into tiles (moe_route), a gate/up product with SwiGLU
 // and a down product a tile, so that an expert's rows are read once for
 // a tile of its tokens (up to 64 on the tensor cores), and the weighted
-// sum over each token's experts (moe_combine). Up to moeFewTokens tokens'
-// experts are chosen by the gate/up product's blocks and summed by the
-// down product's (moe_gateup1, moe_down1): three kernels with the
-// router's product.
+// sum over each token's experts (moe_combine). A few tokens' experts are
+// chosen by the gate/up product's blocks and summed by the down product's
+// (moe_gateup1, moe_down1): three kernels with the router's product.
 func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if err := d.enter("moe"); err != nil {
 		return err
@@ -1021,8 +1036,8 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	// (moe_mm_*), of up to four on the CUDA cores (moe_gateup_*,
 	// moe_down_*). At most a full tile a tile's worth of slots and one
 	// part-filled tile an expert.
-	slots, tile := a.N*a.TopK, 4
-	tc := moeOnTensorCores(a, dt)
+	way, slots, tile := moeWay(a, dt), a.N*a.TopK, 4
+	tc := way == moeTensorCores
 	if tc {
 		tile = 64
 	}
@@ -1039,18 +1054,23 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	if tc {
 		hdt = dt
 	}
-	var sc [8]arg
-	for i, s := range []struct {
-		name string
-		dt   gpu.DType
-		n    int
-	}{{"logits", gpu.F32, a.N * a.Experts}, {"ids", gpu.I32, slots}, {"wts", gpu.F32, slots}, {"order", gpu.I32, slots},
-		{"tiles", gpu.I32, 4 * bound}, {"ntiles", gpu.I32, 1}, {"h." + hdt.String(), hdt, hn}, {"y", gpu.F32, slots * a.Dim}} {
-		if sc[i], err = scratch(s.name, s.dt, s.n); err != nil {
+	var logits, ids, wts, h, order, tiles, ntiles, y arg
+	for _, s := range []struct {
+		to    *arg
+		name  string
+		dt    gpu.DType
+		n     int
+		tiled bool // used by the tiles only
+	}{{&logits, "logits", gpu.F32, a.N * a.Experts, false}, {&ids, "ids", gpu.I32, slots, false},
+		{&wts, "wts", gpu.F32, slots, false}, {&h, "h." + hdt.String(), hdt, hn, false}, {&order, "order", gpu.I32, slots, true},
+		{&tiles, "tiles", gpu.I32, 4 * bound, true}, {&ntiles, "ntiles", gpu.I32, 1, true}, {&y, "y", gpu.F32, slots * a.Dim, true}} {
+		if s.tiled && way == moeFew {
+			continue
+		}
+		if *s.to, err = scratch(s.name, s.dt, s.n); err != nil {
 			return err
 		}
 	}
-	logits, ids, wts, order, tiles, ntiles, h, y := sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]
 	norm := 0
 	if a.NormTopK {
 		norm = 1
@@ -1070,7 +1090,7 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 	xa := bufArg("x", b[1], gpu.F32, a.N*a.Dim)
 	gt, ut, dn := tableArg("gate", gate, dt, a.Inter*a.Dim, maxExperts), tableArg("up", up, dt, a.Inter*a.Dim, maxExperts),
 		tableArg("down", down, dt, a.Dim*a.Inter, maxExperts)
-	if a.N <= moeFewTokens {
+	if way == moeFew {
 		// 256 threads: eight warps of two gate|up rows, or of a down row.
 		if err := d.launch(d.k("moe_gateup1_"+suf), dim3{uint32(ceilDiv(a.Inter, 16)), uint32(slots), 1}, grid1(256), 0,
 			h, xa, logits, ids, wts, gt, ut, i32Arg(a.Experts), i32Arg(a.TopK), i32Arg(norm), i32Arg(a.Dim), i32Arg(a.Inter),

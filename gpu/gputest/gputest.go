@@ -447,7 +447,7 @@ func (h *harness) moe(t *testing.T) {
 	// experts (several tiles of one expert, on the tensor cores where the
 	// weights are 16-bit and the widths whole 16-byte pieces), and widths
 	// that are not; a few tokens whose choices are not a multiple of four,
-	// with widths that are not whole pieces. The routers of up to three
+	// with widths that are not whole pieces, and a few sharing experts. The routers of up to three
 	// tokens repeat each even expert's row in the next, so their logits tie
 	// in pairs and the choice must take the lower expert first.
 	shapes := []gpu.MoEArgs{
@@ -458,6 +458,7 @@ func (h *harness) moe(t *testing.T) {
 		{N: 23, Dim: 60, Inter: 20, Experts: 4, TopK: 3},
 		{N: 2, Dim: 60, Inter: 20, Experts: 6, TopK: 3},
 		{N: 3, Dim: 136, Inter: 44, Experts: 16, TopK: 5},
+		{N: 6, Dim: 64, Inter: 32, Experts: 4, TopK: 2},
 	}
 	for _, dt := range h.o.WeightDTypes {
 		for j, a := range shapes {
