@@ -307,9 +307,9 @@ func TestDecodeAttentionPlan(t *testing.T) {
 // TestMoEPath: which way a MoE call's experts take. Qwen3-30B-A3B's
 // experts (8 of 128 a token) go token by token up to 8 tokens, by tiles on
 // the CUDA cores up to 32, on the tensor cores beyond; f32 weights and
-// widths of part pieces never take the tensor cores; and few tokens of few
-// experts go token by token, not to the tensor cores (their SwiGLU rows
-// are f32).
+// widths of part pieces never take the tensor cores. Of 4 experts, 2 a
+// token, only a lone token goes alone, and five tokens fill the tensor
+// cores' tiles.
 func TestMoEPath(t *testing.T) {
 	qwen := gpu.MoEArgs{Dim: 2048, Inter: 768, Experts: 128, TopK: 8}
 	small := gpu.MoEArgs{Dim: 64, Inter: 32, Experts: 4, TopK: 2}
@@ -322,7 +322,8 @@ func TestMoEPath(t *testing.T) {
 		{qwen, 1, gpu.BF16, moeFew}, {qwen, 8, gpu.BF16, moeFew}, {qwen, 9, gpu.BF16, moeTiles},
 		{qwen, 32, gpu.BF16, moeTiles}, {qwen, 33, gpu.BF16, moeTensorCores}, {qwen, 64, gpu.F16, moeTensorCores},
 		{qwen, 512, gpu.BF16, moeTensorCores}, {qwen, 512, gpu.F32, moeTiles},
-		{small, 6, gpu.BF16, moeFew}, {small, 9, gpu.BF16, moeTensorCores},
+		{small, 1, gpu.BF16, moeFew}, {small, 2, gpu.BF16, moeTiles}, {small, 5, gpu.BF16, moeTensorCores},
+		{small, 5, gpu.F32, moeTiles},
 	} {
 		a := c.a
 		a.N = c.n

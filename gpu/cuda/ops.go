@@ -973,12 +973,13 @@ const (
 // 1.72–1.74 against 1.97–1.98, 6 2.34 against 2.48–2.50, 8 level; the
 // tiles on the CUDA cores against the tensor cores, 8 tokens 2.84–2.88
 // against 3.55–3.56, 24 5.65–5.74 against 5.89–5.93, level at 32, slower
-// from 48. So up to 8 tokens go alone, and the tensor cores (16-bit
-// weights, widths of whole 16-byte pieces) take the calls where an expert
-// averages more than two of the (token, expert) slots.
+// from 48. So the tokens go alone while their slots are at most half the
+// experts (an expert two tokens share is read twice; a lone token's are
+// distinct), and the tensor cores (16-bit weights, widths of whole 16-byte
+// pieces) take the calls where an expert averages more than two slots.
 func moeWay(a gpu.MoEArgs, dt gpu.DType) moePath {
 	switch {
-	case a.N <= 8:
+	case a.N == 1 || 2*a.N*a.TopK <= a.Experts:
 		return moeFew
 	case a.N*a.TopK > 2*a.Experts && (dt == gpu.BF16 || dt == gpu.F16) && a.Dim%8 == 0 && a.Inter%8 == 0:
 		return moeTensorCores

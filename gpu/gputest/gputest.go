@@ -446,8 +446,9 @@ func (h *harness) moe(t *testing.T) {
 	// Shapes: a few tokens; one token of many experts; many tokens sharing
 	// experts (several tiles of one expert, on the tensor cores where the
 	// weights are 16-bit and the widths whole 16-byte pieces), and widths
-	// that are not; a few tokens whose choices are not a multiple of four,
-	// with widths that are not whole pieces, and a few sharing experts. The routers of up to three
+	// that are not; a few tokens of many experts whose choices are not a
+	// multiple of four, with widths that are not whole pieces; a few tokens
+	// sharing few experts. The routers of up to three
 	// tokens repeat each even expert's row in the next, so their logits tie
 	// in pairs and the choice must take the lower expert first.
 	shapes := []gpu.MoEArgs{
@@ -456,8 +457,8 @@ func (h *harness) moe(t *testing.T) {
 		{N: 300, Dim: 128, Inter: 72, Experts: 4, TopK: 2},
 		{N: 37, Dim: 136, Inter: 44, Experts: 16, TopK: 4},
 		{N: 23, Dim: 60, Inter: 20, Experts: 4, TopK: 3},
-		{N: 2, Dim: 60, Inter: 20, Experts: 6, TopK: 3},
-		{N: 3, Dim: 136, Inter: 44, Experts: 16, TopK: 5},
+		{N: 2, Dim: 60, Inter: 20, Experts: 16, TopK: 3},
+		{N: 3, Dim: 136, Inter: 44, Experts: 32, TopK: 5},
 		{N: 6, Dim: 64, Inter: 32, Experts: 4, TopK: 2},
 	}
 	for _, dt := range h.o.WeightDTypes {
