@@ -164,6 +164,14 @@ func matOf(op, arg string, b *host.Buffer, n int) (mat, error) {
 }
 
 // gemv sets out[r] = x[:k] · row (r0+r) of w for r < len(out).
+// elemBytes is the size of one of w's elements.
+func (w mat) elemBytes() int {
+	if w.dt == gpu.F32 {
+		return 4
+	}
+	return 2
+}
+
 func (w mat) gemv(k *kernels, out, x []float32, kdim, r0 int) {
 	switch w.dt {
 	case gpu.F32:

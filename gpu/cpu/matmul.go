@@ -5,11 +5,19 @@ import "github.com/troupe/troupe/gpu"
 // Tuning of MatMul.
 const (
 	// gemmMinRows is the smallest n that uses the blocked GEMM; below it
-	// each input row streams the weights once (GEMV).
-	gemmMinRows = 4
+	// each input row takes the GEMV over tiles of the weights (gemv). The
+	// GEMM widens every weight to f32 in its panels, which costs more than
+	// it saves for a few rows: on a 2-core Zen 4, bf16 weights, decode steps
+	// of the demo model and of Qwen3-0.6B were faster by GEMV up to 10 rows
+	// (4 rows 1.4× and 1.8×, 10 rows 1.05–1.4× and 1.1–1.2×) and by GEMM
+	// from 12 (docs/benchmarks.md).
+	gemmMinRows = 11
 	// gemvGrain is the least number of weight elements worth handing to
 	// another thread in a GEMV.
 	gemvGrain = 32 << 10
+	// gemvTileBytes bounds the weights a GEMV thread takes for every input
+	// row in turn, so that rows after the first read them from its L2.
+	gemvTileBytes = 64 << 10
 	// panelBytes bounds the F32 weight panel a GEMM thread keeps in its
 	// L2 cache while all input rows stream past it.
 	panelBytes = 192 << 10
@@ -53,22 +61,31 @@ func (d *Device) matmul(out, x []float32, w mat, n, k, m int) {
 		return
 	}
 	if n < gemmMinRows {
-		for i := range n {
-			d.gemv(out[i*m:(i+1)*m], x[i*k:(i+1)*k], w, k, m)
-		}
+		d.gemv(out, x, w, n, k, m)
 		return
 	}
 	d.gemm(out, x, w, n, k, m)
 }
 
-// gemv computes out[m] = w[m,k] · x[k], splitting the rows in groups of
-// four (the kernels' unit) across the pool.
-func (d *Device) gemv(out, x []float32, w mat, k, m int) {
+// gemv computes out[i,:] = w · x[i,:] for n rows of x, splitting w's rows
+// in groups of four (the kernels' unit) across the pool. Each thread takes
+// its rows a tile at a time (gemvTileBytes) and runs every row of x over
+// the tile, so the weights come from memory once, not once a row; a row's
+// result is the same whatever the tile or n.
+func (d *Device) gemv(out, x []float32, w mat, n, k, m int) {
 	quads := (m + 3) / 4
 	grain := max(1, gemvGrain/(4*k))
+	tile := quads
+	if n > 1 {
+		tile = max(1, gemvTileBytes/(4*k*w.elemBytes()))
+	}
 	d.pool.For(quads, grain, func(_, lo, hi int) {
-		r0, r1 := 4*lo, min(4*hi, m)
-		w.gemv(d.k, out[r0:r1], x, k, r0)
+		for q := lo; q < hi; q += tile {
+			r0, r1 := 4*q, min(4*min(q+tile, hi), m)
+			for i := range n {
+				w.gemv(d.k, out[i*m+r0:i*m+r1], x[i*k:(i+1)*k], k, r0)
+			}
+		}
 	})
 }
 

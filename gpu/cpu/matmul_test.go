@@ -59,3 +59,62 @@ func TestMatMulBlocked(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulFewRows: products of up to gemmMinRows-1 rows run the GEMV a
+// tile of weights at a time for every row. Each row's result must be the
+// bits it gets alone (n = 1), over several tiles a thread, and within the
+// float64 reference's bounds.
+func TestMatMulFewRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, kern := range lanes() {
+		for _, threads := range []int{1, 3} {
+			d := open(t, kern, threads)
+			for _, dt := range []gpu.DType{gpu.F32, gpu.BF16} {
+				for _, n := range []int{2, 5, gemmMinRows - 1} {
+					k, m := 1000, 301
+					t.Run(fmt.Sprintf("%s/threads=%d/%s/n=%d", kern.name, threads, dt, n), func(t *testing.T) {
+						x, w := randF32(rng, n*k), randF32(rng, m*k)
+						mm := func(dev gpu.Device, rows []float32, n int) []float32 {
+							t.Helper()
+							xb, err := dev.Alloc(gpu.F32, n*k)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := dev.Write(xb, 0, gpu.F32Bytes(rows)); err != nil {
+								t.Fatal(err)
+							}
+							wb, err := dev.Weights(dt, gputest.Encode(dt, w))
+							if err != nil {
+								t.Fatal(err)
+							}
+							ob, err := dev.Alloc(gpu.F32, n*m)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := dev.MatMul(ob, xb, wb, n, k, m); err != nil {
+								t.Fatal(err)
+							}
+							out := make([]float32, n*m)
+							if err := dev.Read(gpu.F32Bytes(out), ob, 0); err != nil {
+								t.Fatal(err)
+							}
+							return out
+						}
+						got := mm(d, x, n)
+						if e := gputest.RelL2(got, mm(ref.New(), x, n)); e > 1e-5 {
+							t.Errorf("relative L2 error %.3g, want <= 1e-5", e)
+						}
+						for i := range n {
+							alone := mm(d, x[i*k:(i+1)*k], 1)
+							for j, v := range alone {
+								if got[i*m+j] != v {
+									t.Fatalf("row %d, column %d: %v among %d rows, %v alone", i, j, got[i*m+j], n, v)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
