@@ -172,6 +172,17 @@ func (w mat) elemBytes() int {
 	return 2
 }
 
+// gemv2 is gemv for two rows of x: out0 from x0, out1 from x1, each the
+// bits gemv gives; bf16 weights are read once for both.
+func (w mat) gemv2(k *kernels, out0, out1, x0, x1 []float32, kdim, r0 int) {
+	if w.dt == gpu.BF16 {
+		k.gemv2BF16(out0, out1, x0, x1, w.h[r0*kdim:], kdim, len(out0), kdim)
+		return
+	}
+	w.gemv(k, out0, x0, kdim, r0)
+	w.gemv(k, out1, x1, kdim, r0)
+}
+
 func (w mat) gemv(k *kernels, out, x []float32, kdim, r0 int) {
 	switch w.dt {
 	case gpu.F32:

@@ -20,6 +20,7 @@ var avx2Kernels = &kernels{
 	gemvF32:      gemvF32Asm,
 	gemvBF16:     gemvBF16Asm,
 	gemvF16:      gemvF16Asm,
+	gemv2BF16:    gemv2BF16Asm,
 	gemm6x16:     gemm6x16Asm,
 	packT:        packTAsm,
 	accum:        accumAsm,
@@ -49,6 +50,9 @@ func gemvF32AVX2(out, x, w *float32, stride, rows, k8 int)
 
 //go:noescape
 func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemv2BF16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int)
 
 //go:noescape
 func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
@@ -161,6 +165,34 @@ func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 			gemvBF16Go(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
 			out[r] += tail[0]
 		}
+	}
+}
+
+// gemv2BF16Asm runs the rows of whole groups of four two at a time
+// (gemv2BF16AVX2) and the rest by gemvBF16Asm, so each row's result is the
+// one gemvBF16Asm gives it.
+func gemv2BF16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
+	q := rows &^ 3
+	if q > 0 && k > 0 {
+		checkGEMV(out0, x0, len(w), stride, q, k)
+		checkGEMV(out1, x1, len(w), stride, q, k)
+		k8 := k &^ 7
+		gemv2BF16AVX2(&out0[0], &out1[0], &x0[0], &x1[0], &w[0], stride, q/2, k8)
+		if k8 < k {
+			var tail [1]float32
+			for r := range q {
+				gemvBF16Go(tail[:], x0[k8:k], w[r*stride+k8:], 0, 1, k-k8)
+				out0[r] += tail[0]
+				gemvBF16Go(tail[:], x1[k8:k], w[r*stride+k8:], 0, 1, k-k8)
+				out1[r] += tail[0]
+			}
+		}
+	} else {
+		q = 0
+	}
+	if q < rows {
+		gemvBF16Asm(out0[q:], x0, w[q*stride:], stride, rows-q, k)
+		gemvBF16Asm(out1[q:], x1, w[q*stride:], stride, rows-q, k)
 	}
 }
 

@@ -268,6 +268,104 @@ done:
 	VZEROUPPER
 	RET
 
+// func gemv2BF16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride int, pairs int, k8 int)
+// out0[r] = x0[0:k8] · w[r*stride : r*stride+k8] and out1[r] likewise with
+// x1, for r < 2*pairs: two rows of x against two weight rows at a time,
+// each weight widened once. A row's sums are gemvBF16AVX2's for a row of a
+// group of four: the same accumulators by 16-element steps and the same
+// horizontal tree. k8 is a multiple of 8.
+TEXT ·gemv2BF16AVX2(SB), NOSPLIT, $0-64
+	MOVQ out0+0(FP), DI
+	MOVQ out1+8(FP), R14
+	MOVQ x0+16(FP), SI
+	MOVQ x1+24(FP), R12
+	MOVQ w+32(FP), DX
+	MOVQ stride+40(FP), R8
+	SHLQ $1, R8
+	MOVQ pairs+48(FP), R9
+	MOVQ k8+56(FP), R10
+	MOVQ R10, CX
+	ANDQ $-16, CX
+pairs2:
+	TESTQ R9, R9
+	JEQ done2
+	LEAQ (DX)(R8*1), R11
+	LEAQ (DX)(R8*2), BX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+loop2x16:
+	CMPQ AX, CX
+	JGE loop2x8
+	// The next two rows, as many bytes ahead as this step reads (as
+	// gemvBF16AVX2 does for its next four).
+	PREFETCHT0 (BX)(AX*4)
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VMOVUPS (R12)(AX*4), Y10
+	VMOVUPS 32(R12)(AX*4), Y11
+	VPMOVZXWD (DX)(AX*2), Y12
+	VPSLLD $16, Y12, Y12
+	VPMOVZXWD 16(DX)(AX*2), Y13
+	VPSLLD $16, Y13, Y13
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y13, Y9, Y4
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y13, Y11, Y6
+	VPMOVZXWD (R11)(AX*2), Y14
+	VPSLLD $16, Y14, Y14
+	VPMOVZXWD 16(R11)(AX*2), Y15
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y14, Y8, Y1
+	VFMADD231PS Y15, Y9, Y5
+	VFMADD231PS Y14, Y10, Y3
+	VFMADD231PS Y15, Y11, Y7
+	ADDQ $16, AX
+	JMP loop2x16
+loop2x8:
+	CMPQ AX, R10
+	JGE reduce2
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS (R12)(AX*4), Y10
+	VPMOVZXWD (DX)(AX*2), Y12
+	VPSLLD $16, Y12, Y12
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y10, Y2
+	VPMOVZXWD (R11)(AX*2), Y14
+	VPSLLD $16, Y14, Y14
+	VFMADD231PS Y14, Y8, Y1
+	VFMADD231PS Y14, Y10, Y3
+	ADDQ $8, AX
+reduce2:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y0, Y0, Y0
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VMOVQ X0, (DI)
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y2, Y2
+	VEXTRACTF128 $1, Y2, X9
+	VADDPS X9, X2, X2
+	VMOVQ X2, (R14)
+	ADDQ $8, DI
+	ADDQ $8, R14
+	LEAQ (DX)(R8*2), DX
+	DECQ R9
+	JMP pairs2
+done2:
+	VZEROUPPER
+	RET
+
 // func gemvF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
 // out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
 TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48

@@ -5,13 +5,13 @@ import "github.com/troupe/troupe/gpu"
 // Tuning of MatMul.
 const (
 	// gemmMinRows is the smallest n that uses the blocked GEMM; below it
-	// each input row takes the GEMV over tiles of the weights (gemv). The
-	// GEMM widens every weight to f32 in its panels, which costs more than
-	// it saves for a few rows: on a 2-core Zen 4, bf16 weights, decode steps
-	// of the demo model and of Qwen3-0.6B were faster by GEMV up to 10 rows
-	// (4 rows 1.4× and 1.8×, 10 rows 1.05–1.4× and 1.1–1.2×) and by GEMM
-	// from 12 (docs/benchmarks.md).
-	gemmMinRows = 11
+	// the rows of x take the GEMV over tiles of the weights, two at a time
+	// (gemv). The GEMM widens every weight to f32 in its panels, which costs
+	// more than it saves for a few rows: on a 2-core Zen 4 with bf16
+	// weights, Qwen3-0.6B's decode steps were faster by the GEMV up to 16
+	// rows (4 rows 2.1×, 16 rows 1.1×), level at 24, slower at 32
+	// (docs/benchmarks.md).
+	gemmMinRows = 17
 	// gemvGrain is the least number of weight elements worth handing to
 	// another thread in a GEMV.
 	gemvGrain = 32 << 10
@@ -69,9 +69,9 @@ func (d *Device) matmul(out, x []float32, w mat, n, k, m int) {
 
 // gemv computes out[i,:] = w · x[i,:] for n rows of x, splitting w's rows
 // in groups of four (the kernels' unit) across the pool. Each thread takes
-// its rows a tile at a time (gemvTileBytes) and runs every row of x over
-// the tile, so the weights come from memory once, not once a row; a row's
-// result is the same whatever the tile or n.
+// its rows a tile at a time (gemvTileBytes) and runs the rows of x over
+// the tile two at a time (gemv2), so the weights come from memory once,
+// not once a row; a row's result is the same whatever the tile or n.
 func (d *Device) gemv(out, x []float32, w mat, n, k, m int) {
 	quads := (m + 3) / 4
 	grain := max(1, gemvGrain/(4*k))
@@ -82,7 +82,11 @@ func (d *Device) gemv(out, x []float32, w mat, n, k, m int) {
 	d.pool.For(quads, grain, func(_, lo, hi int) {
 		for q := lo; q < hi; q += tile {
 			r0, r1 := 4*q, min(4*min(q+tile, hi), m)
-			for i := range n {
+			i := 0
+			for ; i+1 < n; i += 2 {
+				w.gemv2(d.k, out[i*m+r0:i*m+r1], out[(i+1)*m+r0:(i+1)*m+r1], x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k], k, r0)
+			}
+			if i < n {
 				w.gemv(d.k, out[i*m+r0:i*m+r1], x[i*k:(i+1)*k], k, r0)
 			}
 		}
