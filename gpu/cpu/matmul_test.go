@@ -25,32 +25,8 @@ func TestMatMulBlocked(t *testing.T) {
 					n, k, m := s[0], s[1], s[2]
 					t.Run(fmt.Sprintf("%s/threads=%d/%s/n=%d/k=%d/m=%d", kern.name, threads, dt, n, k, m), func(t *testing.T) {
 						x, w := randF32(rng, n*k), randF32(rng, m*k)
-						var outs [2][]float32
-						for i, dev := range []gpu.Device{d, ref.New()} {
-							xb, err := dev.Alloc(gpu.F32, n*k)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if err := dev.Write(xb, 0, gpu.F32Bytes(x)); err != nil {
-								t.Fatal(err)
-							}
-							wb, err := dev.Weights(dt, gputest.Encode(dt, w))
-							if err != nil {
-								t.Fatal(err)
-							}
-							ob, err := dev.Alloc(gpu.F32, n*m)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if err := dev.MatMul(ob, xb, wb, n, k, m); err != nil {
-								t.Fatal(err)
-							}
-							outs[i] = make([]float32, n*m)
-							if err := dev.Read(gpu.F32Bytes(outs[i]), ob, 0); err != nil {
-								t.Fatal(err)
-							}
-						}
-						if e := gputest.RelL2(outs[0], outs[1]); e > 1e-5 {
+						got, want := matMulOn(t, d, dt, x, w, n, k, m), matMulOn(t, ref.New(), dt, x, w, n, k, m)
+						if e := gputest.RelL2(got, want); e > 1e-5 {
 							t.Errorf("relative L2 error %.3g, want <= 1e-5", e)
 						}
 					})
@@ -74,38 +50,12 @@ func TestMatMulFewRows(t *testing.T) {
 					k, m := 1000, 301
 					t.Run(fmt.Sprintf("%s/threads=%d/%s/n=%d", kern.name, threads, dt, n), func(t *testing.T) {
 						x, w := randF32(rng, n*k), randF32(rng, m*k)
-						mm := func(dev gpu.Device, rows []float32, n int) []float32 {
-							t.Helper()
-							xb, err := dev.Alloc(gpu.F32, n*k)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if err := dev.Write(xb, 0, gpu.F32Bytes(rows)); err != nil {
-								t.Fatal(err)
-							}
-							wb, err := dev.Weights(dt, gputest.Encode(dt, w))
-							if err != nil {
-								t.Fatal(err)
-							}
-							ob, err := dev.Alloc(gpu.F32, n*m)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if err := dev.MatMul(ob, xb, wb, n, k, m); err != nil {
-								t.Fatal(err)
-							}
-							out := make([]float32, n*m)
-							if err := dev.Read(gpu.F32Bytes(out), ob, 0); err != nil {
-								t.Fatal(err)
-							}
-							return out
-						}
-						got := mm(d, x, n)
-						if e := gputest.RelL2(got, mm(ref.New(), x, n)); e > 1e-5 {
+						got := matMulOn(t, d, dt, x, w, n, k, m)
+						if e := gputest.RelL2(got, matMulOn(t, ref.New(), dt, x, w, n, k, m)); e > 1e-5 {
 							t.Errorf("relative L2 error %.3g, want <= 1e-5", e)
 						}
 						for i := range n {
-							alone := mm(d, x[i*k:(i+1)*k], 1)
+							alone := matMulOn(t, d, dt, x[i*k:(i+1)*k], w, 1, k, m)
 							for j, v := range alone {
 								if got[i*m+j] != v {
 									t.Fatalf("row %d, column %d: %v among %d rows, %v alone", i, j, got[i*m+j], n, v)
@@ -117,4 +67,32 @@ func TestMatMulFewRows(t *testing.T) {
 			}
 		}
 	}
+}
+
+// matMulOn runs x[n,k] · w[m,k]ᵀ on dev, w stored as dt.
+func matMulOn(t *testing.T, dev gpu.Device, dt gpu.DType, x, w []float32, n, k, m int) []float32 {
+	t.Helper()
+	xb, err := dev.Alloc(gpu.F32, n*k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Write(xb, 0, gpu.F32Bytes(x)); err != nil {
+		t.Fatal(err)
+	}
+	wb, err := dev.Weights(dt, gputest.Encode(dt, w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := dev.Alloc(gpu.F32, n*m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.MatMul(ob, xb, wb, n, k, m); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, n*m)
+	if err := dev.Read(gpu.F32Bytes(out), ob, 0); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
