@@ -163,7 +163,6 @@ func matOf(op, arg string, b *host.Buffer, n int) (mat, error) {
 	return mat{}, fmt.Errorf("%s: %s has dtype %s, want a float type", op, arg, b.DType())
 }
 
-// gemv sets out[r] = x[:k] · row (r0+r) of w for r < len(out).
 // elemBytes is the size of one of w's elements.
 func (w mat) elemBytes() int {
 	if w.dt == gpu.F32 {
@@ -183,6 +182,7 @@ func (w mat) gemv2(k *kernels, out0, out1, x0, x1 []float32, kdim, r0 int) {
 	w.gemv(k, out1, x1, kdim, r0)
 }
 
+// gemv sets out[r] = x[:k] · row (r0+r) of w for r < len(out).
 func (w mat) gemv(k *kernels, out, x []float32, kdim, r0 int) {
 	switch w.dt {
 	case gpu.F32:

@@ -159,12 +159,20 @@ func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
 	gemvBF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	if k8 < k {
-		var tail [1]float32
-		for r := range rows {
-			gemvBF16Go(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
-			out[r] += tail[0]
-		}
+	addTails16(gemvBF16Go, out, x, w, stride, rows, k8, k)
+}
+
+// addTails16 adds to out[r] the products of x[k8:k] and row r's last k-k8
+// 16-bit weights, by the portable kernel g, for r < rows: the columns the
+// assembly leaves.
+func addTails16(g func(out, x []float32, w []uint16, stride, rows, k int), out, x []float32, w []uint16, stride, rows, k8, k int) {
+	if k8 == k {
+		return
+	}
+	var tail [1]float32
+	for r := range rows {
+		g(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
+		out[r] += tail[0]
 	}
 }
 
@@ -178,15 +186,8 @@ func gemv2BF16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int)
 		checkGEMV(out1, x1, len(w), stride, q, k)
 		k8 := k &^ 7
 		gemv2BF16AVX2(&out0[0], &out1[0], &x0[0], &x1[0], &w[0], stride, q/2, k8)
-		if k8 < k {
-			var tail [1]float32
-			for r := range q {
-				gemvBF16Go(tail[:], x0[k8:k], w[r*stride+k8:], 0, 1, k-k8)
-				out0[r] += tail[0]
-				gemvBF16Go(tail[:], x1[k8:k], w[r*stride+k8:], 0, 1, k-k8)
-				out1[r] += tail[0]
-			}
-		}
+		addTails16(gemvBF16Go, out0, x0, w, stride, q, k8, k)
+		addTails16(gemvBF16Go, out1, x1, w, stride, q, k8, k)
 	} else {
 		q = 0
 	}
@@ -204,13 +205,7 @@ func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
 	gemvF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	if k8 < k {
-		var tail [1]float32
-		for r := range rows {
-			gemvF16Go(tail[:], x[k8:k], w[r*stride+k8:], 0, 1, k-k8)
-			out[r] += tail[0]
-		}
-	}
+	addTails16(gemvF16Go, out, x, w, stride, rows, k8, k)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {

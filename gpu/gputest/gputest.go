@@ -448,9 +448,9 @@ func (h *harness) moe(t *testing.T) {
 	// weights are 16-bit and the widths whole 16-byte pieces), and widths
 	// that are not; a few tokens of many experts whose choices are not a
 	// multiple of four, with widths that are not whole pieces; a few tokens
-	// sharing few experts. The routers of up to three
-	// tokens repeat each even expert's row in the next, so their logits tie
-	// in pairs and the choice must take the lower expert first.
+	// sharing few experts. The routers of up to three tokens repeat each
+	// even expert's row in the next, so their logits tie in pairs and the
+	// choice must take the lower expert first.
 	shapes := []gpu.MoEArgs{
 		{N: 5, Dim: 64, Inter: 32, Experts: 8, TopK: 2},
 		{N: 1, Dim: 256, Inter: 96, Experts: 128, TopK: 8},
