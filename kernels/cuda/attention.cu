@@ -645,8 +645,24 @@ DEV uint4 ld_cg16(const void* p) {
 // sequence's block table.
 struct KeySplit {
   int p, j0, j1, used;
+  int sh;  // log2 of the block size when it is a power of two, else -1
   const int* btr;
 };
+
+// slot_of is key's cache slot through the sequence's block table, or -1
+// (the fault recorded) when its block is bad. A block size that is a power
+// of two divides by a shift: a general division is tens of instructions,
+// and the decode kernels look up a slot for every key they read.
+DEV int slot_of(const KeySplit& ks, AttnParams a, unsigned* fault, int t, int key) {
+  int bi = ks.sh >= 0 ? key >> ks.sh : key / a.block_size;
+  int blk = ks.btr[bi];
+  long v = (long)blk * a.block_size + (key - bi * a.block_size);
+  if (blk < 0 || v >= a.cache_slots) {
+    record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
+    return -1;
+  }
+  return (int)v;
+}
 
 // key_split divides token t's keys into a.splits chunks of whole tiles and
 // returns split's; a bad position or sequence (recorded once, from the
@@ -665,6 +681,7 @@ DEV KeySplit key_split(const int* __restrict__ pos, const int* __restrict__ seq,
   k.j1 = min(len, k.j0 + chunk);
   k.used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
   k.btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
+  k.sh = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
   return k;
 }
 
@@ -695,40 +712,45 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   // this kernel), so those are read before the wait.
   const KeySplit ks = key_split(pos, seq, bt, a, fault, t, split);
   const int p = ks.p, j0 = ks.j0, j1 = ks.j1, used = ks.used;
-  const int* btr = ks.btr;
   int ntiles = j1 > j0 ? (j1 - j0 + DKV - 1) / DKV : 0;
   // The splits that hold keys; with the combine here (cnt set) the others
   // have nothing to do.
   if (cnt != nullptr && split >= used) return;
 
-  // Tile copies: thread tid moves chunk tid % CH of rows tid / CH + RPI·i.
-  constexpr int RPI = 128 / CH, NI = DKV / RPI;
+  // Tile copies: each warp copies the 16 keys of a tile it reads (rows
+  // warp·16 ..), lane % CH taking chunk c of rows lane / CH + RPW·i, so a
+  // warp waits for its own copies alone, with no barrier a tile. Lane l
+  // looks up the slot of the warp's key l % 16 of the next tile as the warp
+  // requests one, and the copies take their rows' slots from those lanes.
+  constexpr int RPW = 32 / CH, NI = 16 / RPW;
+  int nsl = -1;  // the slot of the lane's key of the next tile (-1: none)
+  auto lookup = [&](int j) {
+    int key = j0 + j * DKV + warp * 16 + (lane & 15);
+    nsl = j < ntiles && key < j1 ? slot_of(ks, a, fault, t, key) : -1;
+  };
+  const int c = lane % CH;
+  const uint16_t* kcl = kc + (long)kh * HD + c * 8;
+  const uint16_t* vcl = vc + (long)kh * HD + c * 8;
   auto issue = [&](int j) {
     if (j < ntiles) {
-      int st = j & 1, kb = j0 + j * DKV, c = tid % CH;
+      int st = j & 1;
 #pragma unroll
       for (int i = 0; i < NI; i++) {
-        int r = tid / CH + RPI * i, key = kb + r;
-        long sl = -1;
-        if (key < j1) {
-          int blk = btr[key / a.block_size];
-          sl = (long)blk * a.block_size + key % a.block_size;
-          if (blk < 0 || sl >= a.cache_slots) {
-            record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
-            sl = -1;
-          }
-        }
-        long off = sl * kw + (long)kh * HD + c * 8;
-        cp_async16(Ks + st * TILE + swz<CH>(r, c), sl >= 0 ? kc + off : kc, sl >= 0);
-        cp_async16(Vs + st * TILE + swz<CH>(r, c), sl >= 0 ? vc + off : vc, sl >= 0);
+        int sl = __shfl_sync(0xffffffffu, nsl, lane / CH + RPW * i);
+        int r = warp * 16 + lane / CH + RPW * i;
+        long off = (long)max(sl, 0) * kw;
+        cp_async16(Ks + st * TILE + swz<CH>(r, c), kcl + off, sl >= 0);
+        cp_async16(Vs + st * TILE + swz<CH>(r, c), vcl + off, sl >= 0);
       }
     }
     cp_async_commit();
+    lookup(j + 1);
   };
   // Tile j holds keys j0 + 64j .. j0 + 64j + 63.
+  lookup(0);
   bool pre0 = ntiles > 0 && j0 + DKV <= p - 63, pre1 = ntiles > 1 && j0 + 2 * DKV <= p - 63;
   if (pre0) issue(0);
-  if (pre1) issue(1);
+  if (pre1) issue(1);  // pre1 implies pre0: the requests stay in order
   pdl_begin();
   if (!pre0) issue(0);
   if (!pre1) issue(1);
@@ -758,7 +780,7 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
 
   for (int j = 0; j < ntiles; j++) {
     cp_async_wait<1>();
-    __syncthreads();  // tile j in
+    __syncwarp();  // the warp's rows of tile j are in
     const uint16_t* ks = Ks + (j & 1) * TILE;
     const uint16_t* vs = Vs + (j & 1) * TILE;
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -775,7 +797,7 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
     uint32_t pf[1][4];
     pack_p<T, 1>(sc, pf);
     pv_tile<T, HD, 1>(o, pf, vs, warp * 16, lane);
-    __syncthreads();  // every warp is done with stage j & 1
+    __syncwarp();  // every lane is done with its rows of stage j & 1
     issue(j + 2);
   }
   cp_async_wait<0>();
@@ -859,35 +881,32 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
   // rows of keys below p - 63.
   const KeySplit ks = key_split(pos, seq, bt, a, fault, t, split);
   const int p = ks.p, j0 = ks.j0, j1 = ks.j1, used = ks.used;
-  const int* btr = ks.btr;
   if (cnt != nullptr && split >= used) return;
 
   uint4 kr[U], vr[U];
   bool ok[U];
-  int sl[U];  // the cache slots of the keys fetch loads next (-1: none)
-  // lookup finds in the block table the slots of the 64 keys from kb: this
-  // thread's rows kb + u·RP + r. The loop looks up the next tile's while
-  // it works on one, so a tile's loads never wait for its lookups.
+  // A warp's rows r take keys kb + u·RP + r, 16 of each tile of 64 keys:
+  // lane l looks up the slot of the warp's key l % 16 of the next tile
+  // (pass l / RW, row l % RW of the warp's RW) while the block works on
+  // one, so a tile's loads never wait for the block table, and fetch takes
+  // each row's slot from its lane.
+  constexpr int RW = 32 / TPR;
+  static_assert(U * RW == 16, "16 keys a warp a tile");
+  int nsl = -1;  // the slot of the lane's key of the next tile (-1: none)
   auto lookup = [&](int kb) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      int key = kb + u * RP + r;
-      sl[u] = -1;
-      if (key < j1) {
-        int blk = btr[key / a.block_size];
-        long v = (long)blk * a.block_size + key % a.block_size;
-        if (blk < 0 || v >= a.cache_slots) record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
-        else sl[u] = (int)v;
-      }
-    }
+    int l = tid & 15, key = kb + (l / RW) * RP + (tid >> 5) * RW + l % RW;
+    nsl = key < j1 ? slot_of(ks, a, fault, t, key) : -1;
   };
+  const uint16_t* kcl = kc + (long)kh * HD + c * 8;
+  const uint16_t* vcl = vc + (long)kh * HD + c * 8;
   auto fetch = [&]() {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      ok[u] = sl[u] >= 0;
-      long off = (long)sl[u] * kw + (long)kh * HD + c * 8;
-      kr[u] = ok[u] ? ld_cg16(kc + off) : make_uint4(0, 0, 0, 0);
-      vr[u] = ok[u] ? ld_cg16(vc + off) : make_uint4(0, 0, 0, 0);
+      int sl = __shfl_sync(0xffffffffu, nsl, u * RW + (tid & 31) / TPR);
+      ok[u] = sl >= 0;
+      long off = (long)sl * kw;
+      kr[u] = ok[u] ? ld_cg16(kcl + off) : make_uint4(0, 0, 0, 0);
+      vr[u] = ok[u] ? ld_cg16(vcl + off) : make_uint4(0, 0, 0, 0);
     }
   };
   bool pre = j1 > j0 && j0 + DKV <= p - 63;
