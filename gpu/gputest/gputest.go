@@ -326,7 +326,9 @@ func (h *harness) rope(t *testing.T) {
 
 func (h *harness) attention(t *testing.T) {
 	type cfg struct{ heads, kvHeads, hd, bs int }
-	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}}
+	// Block sizes of 16 and 8 and one that is no power of two (12), which
+	// kernels may find slots for by another way than a shift.
+	cfgs := []cfg{{6, 6, 64, 16}, {4, 2, 64, 8}, {8, 1, 128, 16}, {4, 4, 128, 16}, {6, 2, 128, 12}}
 	if len(h.o.Attention) > 0 {
 		// More grouped-query shapes for a device's kernel choices: two and
 		// four query heads a KV head at the other head dims.
