@@ -22,8 +22,13 @@ const (
 )
 
 func bfWeights(b testing.TB, d *Device, rng *rand.Rand, n int) gpu.Buffer {
+	return weights16(b, d, rng, gpu.BF16, n)
+}
+
+// weights16 is n random weights of the 16-bit type dt.
+func weights16(b testing.TB, d *Device, rng *rand.Rand, dt gpu.DType, n int) gpu.Buffer {
 	b.Helper()
-	w, err := d.Weights(gpu.BF16, gpu.U16Bytes(randU16(rng, n, gpu.BF16)))
+	w, err := d.Weights(dt, gpu.U16Bytes(randU16(rng, n, dt)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,6 +98,32 @@ func BenchmarkGEMV(b *testing.B) {
 				}
 				b.ReportMetric(float64(m*k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 			})
+		}
+	}
+}
+
+// BenchmarkFewRows times the products of a decode step of a few
+// sequences: n rows of x against 64 MiB of 16-bit weights, beyond the
+// caches, so each call streams them from memory.
+func BenchmarkFewRows(b *testing.B) {
+	const k, m = 4096, 8192
+	for _, threads := range benchThreads() {
+		d := open(b, fastKernels(), threads)
+		for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+			for _, n := range []int{1, 4, 8, 16} {
+				b.Run(fmt.Sprintf("%s/%s/n=%d", threadsName(d), dt, n), func(b *testing.B) {
+					rng := rand.New(rand.NewPCG(1, 1))
+					w := weights16(b, d, rng, dt, m*k)
+					x := f32Buf(b, d, randF32(rng, n*k))
+					out, _ := d.Alloc(gpu.F32, n*m)
+					for b.Loop() {
+						if err := d.MatMul(out, x, w, n, k, m); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(m*k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
 		}
 	}
 }

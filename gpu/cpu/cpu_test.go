@@ -158,16 +158,22 @@ func TestKernelsAgree(t *testing.T) {
 					t.Errorf("gemv %s k=%d rows=%d: error %.3g", dt, k, rows, e)
 				}
 			}
-			// Two rows of x at once: each the bits of gemvBF16 alone.
-			wh := randU16(rng, (rows-1)*stride+k, gpu.BF16)
-			x1 := randF32(rng, k)
-			got1, want1 := make([]float32, rows), make([]float32, rows)
-			fast.gemv2BF16(got, got1, x, x1, wh, stride, rows, k)
-			fast.gemvBF16(want, x, wh, stride, rows, k)
-			fast.gemvBF16(want1, x1, wh, stride, rows, k)
-			for r := range rows {
-				if got[r] != want[r] || got1[r] != want1[r] {
-					t.Fatalf("gemv2 bf16 k=%d rows=%d: row %d is %v, %v; alone %v, %v", k, rows, r, got[r], got1[r], want[r], want1[r])
+			// Two rows of x at once: each the bits of the one-row kernel.
+			for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+				wh := randU16(rng, (rows-1)*stride+k, dt)
+				x1 := randF32(rng, k)
+				got1, want1 := make([]float32, rows), make([]float32, rows)
+				two, one := fast.gemv2BF16, fast.gemvBF16
+				if dt == gpu.F16 {
+					two, one = fast.gemv2F16, fast.gemvF16
+				}
+				two(got, got1, x, x1, wh, stride, rows, k)
+				one(want, x, wh, stride, rows, k)
+				one(want1, x1, wh, stride, rows, k)
+				for r := range rows {
+					if got[r] != want[r] || got1[r] != want1[r] {
+						t.Fatalf("gemv2 %s k=%d rows=%d: row %d is %v, %v; alone %v, %v", dt, k, rows, r, got[r], got1[r], want[r], want1[r])
+					}
 				}
 			}
 		}

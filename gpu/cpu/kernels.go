@@ -11,9 +11,11 @@ type kernels struct {
 	gemvF32  func(out, x, w []float32, stride, rows, k int)
 	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
-	// gemv2BF16 is gemvBF16 for two rows of x at once (out0 from x0, out1
-	// from x1), each weight read once, each result gemvBF16's bits.
+	// gemv2BF16 and gemv2F16 are gemvBF16 and gemvF16 for two rows of x at
+	// once (out0 from x0, out1 from x1), each weight read once, each
+	// result the one-row kernel's bits.
 	gemv2BF16 func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int)
+	gemv2F16  func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int)
 	// gemm6x16 sets out[i*ostride+16*s+j] to x[i*xstride:][:k] · column j
 	// of strip s of wp, or adds that to it if add, for i < 6, j < 16,
 	// s < n16; a strip is 16 weight rows packed k-major (packT),
@@ -80,6 +82,7 @@ var genericKernels = &kernels{
 	gemvBF16:     gemvBF16Go,
 	gemvF16:      gemvF16Go,
 	gemv2BF16:    gemv2BF16Go,
+	gemv2F16:     gemv2F16Go,
 	gemm6x16:     gemm6x16Go,
 	packT:        packTGo,
 	accum:        accumGo,
@@ -107,6 +110,11 @@ var genericKernels = &kernels{
 func gemv2BF16Go(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
 	gemvBF16Go(out0, x0, w, stride, rows, k)
 	gemvBF16Go(out1, x1, w, stride, rows, k)
+}
+
+func gemv2F16Go(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
+	gemvF16Go(out0, x0, w, stride, rows, k)
+	gemvF16Go(out1, x1, w, stride, rows, k)
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {

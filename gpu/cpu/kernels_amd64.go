@@ -21,6 +21,7 @@ var avx2Kernels = &kernels{
 	gemvBF16:     gemvBF16Asm,
 	gemvF16:      gemvF16Asm,
 	gemv2BF16:    gemv2BF16Asm,
+	gemv2F16:     gemv2F16Asm,
 	gemm6x16:     gemm6x16Asm,
 	packT:        packTAsm,
 	accum:        accumAsm,
@@ -56,6 +57,9 @@ func gemv2BF16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int
 
 //go:noescape
 func gemvF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemv2F16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int)
 
 //go:noescape
 func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
@@ -176,24 +180,36 @@ func addTails16(g func(out, x []float32, w []uint16, stride, rows, k int), out, 
 	}
 }
 
-// gemv2BF16Asm runs the rows of whole groups of four two at a time
-// (gemv2BF16AVX2) and the rest by gemvBF16Asm, so each row's result is the
-// one gemvBF16Asm gives it.
+// gemv2BF16Asm and gemv2F16Asm run the rows of whole groups of four two
+// at a time (gemv2*AVX2) and the rest by the one-row kernel, so each row's
+// result is the one the one-row kernel gives it.
 func gemv2BF16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
+	gemv2Asm(gemv2BF16AVX2, gemvBF16Asm, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, k)
+}
+
+func gemv2F16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
+	gemv2Asm(gemv2F16AVX2, gemvF16Asm, gemvF16Go, out0, out1, x0, x1, w, stride, rows, k)
+}
+
+// gemv2Asm is gemv2BF16Asm and gemv2F16Asm with their kernels: pair for
+// two rows of x, one for a row alone, tail for the k%8 columns.
+func gemv2Asm(pair func(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int),
+	one, tail func(out, x []float32, w []uint16, stride, rows, k int),
+	out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
 	q := rows &^ 3
 	if q > 0 && k > 0 {
 		checkGEMV(out0, x0, len(w), stride, q, k)
 		checkGEMV(out1, x1, len(w), stride, q, k)
 		k8 := k &^ 7
-		gemv2BF16AVX2(&out0[0], &out1[0], &x0[0], &x1[0], &w[0], stride, q/2, k8)
-		addTails16(gemvBF16Go, out0, x0, w, stride, q, k8, k)
-		addTails16(gemvBF16Go, out1, x1, w, stride, q, k8, k)
+		pair(&out0[0], &out1[0], &x0[0], &x1[0], &w[0], stride, q/2, k8)
+		addTails16(tail, out0, x0, w, stride, q, k8, k)
+		addTails16(tail, out1, x1, w, stride, q, k8, k)
 	} else {
 		q = 0
 	}
 	if q < rows {
-		gemvBF16Asm(out0[q:], x0, w[q*stride:], stride, rows-q, k)
-		gemvBF16Asm(out1[q:], x1, w[q*stride:], stride, rows-q, k)
+		one(out0[q:], x0, w[q*stride:], stride, rows-q, k)
+		one(out1[q:], x1, w[q*stride:], stride, rows-q, k)
 	}
 }
 

@@ -45,7 +45,7 @@ func TestMatMulFewRows(t *testing.T) {
 	for _, kern := range lanes() {
 		for _, threads := range []int{1, 3} {
 			d := open(t, kern, threads)
-			for _, dt := range []gpu.DType{gpu.F32, gpu.BF16} {
+			for _, dt := range []gpu.DType{gpu.F32, gpu.BF16, gpu.F16} {
 				for _, n := range []int{2, 5, gemmMinRows - 1} {
 					k, m := 1000, 301
 					t.Run(fmt.Sprintf("%s/threads=%d/%s/n=%d", kern.name, threads, dt, n), func(t *testing.T) {
