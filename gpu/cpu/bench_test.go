@@ -103,17 +103,22 @@ func BenchmarkGEMV(b *testing.B) {
 }
 
 // BenchmarkFewRows times the products of a decode step of a few
-// sequences: n rows of x against 64 MiB of 16-bit weights, beyond the
-// caches, so each call streams them from memory.
+// sequences: n rows of x against 64 MiB of 16-bit weights (128 MiB of
+// f32), beyond the caches, so each call streams them from memory.
 func BenchmarkFewRows(b *testing.B) {
 	const k, m = 4096, 8192
 	for _, threads := range benchThreads() {
 		d := open(b, fastKernels(), threads)
-		for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+		for _, dt := range []gpu.DType{gpu.F32, gpu.BF16, gpu.F16} {
 			for _, n := range []int{1, 4, 8, 16} {
 				b.Run(fmt.Sprintf("%s/%s/n=%d", threadsName(d), dt, n), func(b *testing.B) {
 					rng := rand.New(rand.NewPCG(1, 1))
-					w := weights16(b, d, rng, dt, m*k)
+					var w gpu.Buffer
+					if dt == gpu.F32 {
+						w = f32Buf(b, d, randF32(rng, m*k))
+					} else {
+						w = weights16(b, d, rng, dt, m*k)
+					}
 					x := f32Buf(b, d, randF32(rng, n*k))
 					out, _ := d.Alloc(gpu.F32, n*m)
 					for b.Loop() {
@@ -121,7 +126,7 @@ func BenchmarkFewRows(b *testing.B) {
 							b.Fatal(err)
 						}
 					}
-					b.ReportMetric(float64(m*k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					b.ReportMetric(float64(m*k*dt.Size())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 				})
 			}
 		}

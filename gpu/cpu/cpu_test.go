@@ -159,10 +159,18 @@ func TestKernelsAgree(t *testing.T) {
 				}
 			}
 			// Two rows of x at once: each the bits of the one-row kernel.
+			x1 := randF32(rng, k)
+			got1, want1 := make([]float32, rows), make([]float32, rows)
+			fast.gemv2F32(got, got1, x, x1, wf, stride, rows, k)
+			fast.gemvF32(want, x, wf, stride, rows, k)
+			fast.gemvF32(want1, x1, wf, stride, rows, k)
+			for r := range rows {
+				if got[r] != want[r] || got1[r] != want1[r] {
+					t.Fatalf("gemv2 f32 k=%d rows=%d: row %d is %v, %v; alone %v, %v", k, rows, r, got[r], got1[r], want[r], want1[r])
+				}
+			}
 			for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
 				wh := randU16(rng, (rows-1)*stride+k, dt)
-				x1 := randF32(rng, k)
-				got1, want1 := make([]float32, rows), make([]float32, rows)
 				two, one := fast.gemv2BF16, fast.gemvBF16
 				if dt == gpu.F16 {
 					two, one = fast.gemv2F16, fast.gemvF16

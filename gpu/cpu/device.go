@@ -172,16 +172,15 @@ func (w mat) elemBytes() int {
 }
 
 // gemv2 is gemv for two rows of x: out0 from x0, out1 from x1, each the
-// bits gemv gives; 16-bit weights are read once for both.
+// bits gemv gives, the weights read once for both.
 func (w mat) gemv2(k *kernels, out0, out1, x0, x1 []float32, kdim, r0 int) {
 	switch w.dt {
+	case gpu.F32:
+		k.gemv2F32(out0, out1, x0, x1, w.f[r0*kdim:], kdim, len(out0), kdim)
 	case gpu.BF16:
 		k.gemv2BF16(out0, out1, x0, x1, w.h[r0*kdim:], kdim, len(out0), kdim)
 	case gpu.F16:
 		k.gemv2F16(out0, out1, x0, x1, w.h[r0*kdim:], kdim, len(out0), kdim)
-	default:
-		w.gemv(k, out0, x0, kdim, r0)
-		w.gemv(k, out1, x1, kdim, r0)
 	}
 }
 

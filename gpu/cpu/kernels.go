@@ -11,9 +11,10 @@ type kernels struct {
 	gemvF32  func(out, x, w []float32, stride, rows, k int)
 	gemvBF16 func(out, x []float32, w []uint16, stride, rows, k int)
 	gemvF16  func(out, x []float32, w []uint16, stride, rows, k int)
-	// gemv2BF16 and gemv2F16 are gemvBF16 and gemvF16 for two rows of x at
-	// once (out0 from x0, out1 from x1), each weight read once, each
-	// result the one-row kernel's bits.
+	// gemv2* are the gemv* for two rows of x at once (out0 from x0, out1
+	// from x1), each weight read once, each result the one-row kernel's
+	// bits.
+	gemv2F32  func(out0, out1, x0, x1, w []float32, stride, rows, k int)
 	gemv2BF16 func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int)
 	gemv2F16  func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int)
 	// gemm6x16 sets out[i*ostride+16*s+j] to x[i*xstride:][:k] · column j
@@ -81,6 +82,7 @@ var genericKernels = &kernels{
 	gemvF32:      gemvF32Go,
 	gemvBF16:     gemvBF16Go,
 	gemvF16:      gemvF16Go,
+	gemv2F32:     gemv2F32Go,
 	gemv2BF16:    gemv2BF16Go,
 	gemv2F16:     gemv2F16Go,
 	gemm6x16:     gemm6x16Go,
@@ -105,6 +107,11 @@ var genericKernels = &kernels{
 	rotate:       rotateGo,
 	sumSq:        sumSqGo,
 	scaleMul:     scaleMulGo,
+}
+
+func gemv2F32Go(out0, out1, x0, x1, w []float32, stride, rows, k int) {
+	gemvF32Go(out0, x0, w, stride, rows, k)
+	gemvF32Go(out1, x1, w, stride, rows, k)
 }
 
 func gemv2BF16Go(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {

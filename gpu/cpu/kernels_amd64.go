@@ -20,6 +20,7 @@ var avx2Kernels = &kernels{
 	gemvF32:      gemvF32Asm,
 	gemvBF16:     gemvBF16Asm,
 	gemvF16:      gemvF16Asm,
+	gemv2F32:     gemv2F32Asm,
 	gemv2BF16:    gemv2BF16Asm,
 	gemv2F16:     gemv2F16Asm,
 	gemm6x16:     gemm6x16Asm,
@@ -48,6 +49,9 @@ var avx2Kernels = &kernels{
 
 //go:noescape
 func gemvF32AVX2(out, x, w *float32, stride, rows, k8 int)
+
+//go:noescape
+func gemv2F32AVX2(out0, out1, x0, x1, w *float32, stride, pairs, k8 int)
 
 //go:noescape
 func gemvBF16AVX2(out, x *float32, w *uint16, stride, rows, k8 int)
@@ -148,11 +152,7 @@ func gemvF32Asm(out, x, w []float32, stride, rows, k int) {
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
 	gemvF32AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	if k8 < k {
-		for r := range rows {
-			out[r] += dotGo(x[k8:k], w[r*stride+k8:r*stride+k])
-		}
-	}
+	addTails(gemvF32Go, out, x, w, stride, rows, k8, k)
 }
 
 func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
@@ -163,13 +163,13 @@ func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
 	gemvBF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	addTails16(gemvBF16Go, out, x, w, stride, rows, k8, k)
+	addTails(gemvBF16Go, out, x, w, stride, rows, k8, k)
 }
 
-// addTails16 adds to out[r] the products of x[k8:k] and row r's last k-k8
-// 16-bit weights, by the portable kernel g, for r < rows: the columns the
+// addTails adds to out[r] the products of x[k8:k] and row r's last k-k8
+// weights, by the portable kernel g, for r < rows: the columns the
 // assembly leaves.
-func addTails16(g func(out, x []float32, w []uint16, stride, rows, k int), out, x []float32, w []uint16, stride, rows, k8, k int) {
+func addTails[W float32 | uint16](g func(out, x []float32, w []W, stride, rows, k int), out, x []float32, w []W, stride, rows, k8, k int) {
 	if k8 == k {
 		return
 	}
@@ -180,9 +180,13 @@ func addTails16(g func(out, x []float32, w []uint16, stride, rows, k int), out, 
 	}
 }
 
-// gemv2BF16Asm and gemv2F16Asm run the rows of whole groups of four two
-// at a time (gemv2*AVX2) and the rest by the one-row kernel, so each row's
-// result is the one the one-row kernel gives it.
+// gemv2F32Asm, gemv2BF16Asm and gemv2F16Asm run the rows of whole groups
+// of four two at a time (gemv2*AVX2) and the rest by the one-row kernel,
+// so each row's result is the one the one-row kernel gives it.
+func gemv2F32Asm(out0, out1, x0, x1, w []float32, stride, rows, k int) {
+	gemv2Asm(gemv2F32AVX2, gemvF32Asm, gemvF32Go, out0, out1, x0, x1, w, stride, rows, k)
+}
+
 func gemv2BF16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
 	gemv2Asm(gemv2BF16AVX2, gemvBF16Asm, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, k)
 }
@@ -191,19 +195,19 @@ func gemv2F16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) 
 	gemv2Asm(gemv2F16AVX2, gemvF16Asm, gemvF16Go, out0, out1, x0, x1, w, stride, rows, k)
 }
 
-// gemv2Asm is gemv2BF16Asm and gemv2F16Asm with their kernels: pair for
-// two rows of x, one for a row alone, tail for the k%8 columns.
-func gemv2Asm(pair func(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int),
-	one, tail func(out, x []float32, w []uint16, stride, rows, k int),
-	out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
+// gemv2Asm is the gemv2*Asm with their kernels: pair for two rows of x,
+// one for a row alone, tail for the k%8 columns.
+func gemv2Asm[W float32 | uint16](pair func(out0, out1, x0, x1 *float32, w *W, stride, pairs, k8 int),
+	one, tail func(out, x []float32, w []W, stride, rows, k int),
+	out0, out1, x0, x1 []float32, w []W, stride, rows, k int) {
 	q := rows &^ 3
 	if q > 0 && k > 0 {
 		checkGEMV(out0, x0, len(w), stride, q, k)
 		checkGEMV(out1, x1, len(w), stride, q, k)
 		k8 := k &^ 7
 		pair(&out0[0], &out1[0], &x0[0], &x1[0], &w[0], stride, q/2, k8)
-		addTails16(tail, out0, x0, w, stride, q, k8, k)
-		addTails16(tail, out1, x1, w, stride, q, k8, k)
+		addTails(tail, out0, x0, w, stride, q, k8, k)
+		addTails(tail, out1, x1, w, stride, q, k8, k)
 	} else {
 		q = 0
 	}
@@ -221,7 +225,7 @@ func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
 	gemvF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	addTails16(gemvF16Go, out, x, w, stride, rows, k8, k)
+	addTails(gemvF16Go, out, x, w, stride, rows, k8, k)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {

@@ -5,146 +5,32 @@
 // Kernels for x86-64 with AVX2, FMA and F16C. Strides are in elements; the
 // callers in kernels_amd64.go check bounds and handle the k%8 tails.
 
-// func gemvF32AVX2(out *float32, x *float32, w *float32, stride int, rows int, k8 int)
-// out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
-TEXT ·gemvF32AVX2(SB), NOSPLIT, $0-48
-	MOVQ out+0(FP), DI
-	MOVQ x+8(FP), SI
-	MOVQ w+16(FP), DX
-	MOVQ stride+24(FP), R8
-	SHLQ $2, R8
-	MOVQ rows+32(FP), R9
-	MOVQ k8+40(FP), R10
-	MOVQ R10, CX
-	ANDQ $-16, CX
-rows4:
-	CMPQ R9, $4
-	JLT rows1
-	LEAQ (DX)(R8*1), R11
-	LEAQ (DX)(R8*2), R12
-	LEAQ (R11)(R8*2), R13
-	LEAQ (DX)(R8*4), BX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ AX, AX
-loop4x16:
-	CMPQ AX, CX
-	JGE loop4x8
-	// As gemvBF16AVX2: the next four rows, as many bytes ahead as this
-	// step reads (BX walks them).
-	PREFETCHT0 (BX)
-	PREFETCHT0 64(BX)
-	PREFETCHT0 128(BX)
-	PREFETCHT0 192(BX)
-	ADDQ $256, BX
-	VMOVUPS (SI)(AX*4), Y8
-	VMOVUPS 32(SI)(AX*4), Y9
-	VMOVUPS (DX)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y0
-	VMOVUPS 32(DX)(AX*4), Y11
-	VFMADD231PS Y11, Y9, Y4
-	VMOVUPS (R11)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y1
-	VMOVUPS 32(R11)(AX*4), Y11
-	VFMADD231PS Y11, Y9, Y5
-	VMOVUPS (R12)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y2
-	VMOVUPS 32(R12)(AX*4), Y11
-	VFMADD231PS Y11, Y9, Y6
-	VMOVUPS (R13)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y3
-	VMOVUPS 32(R13)(AX*4), Y11
-	VFMADD231PS Y11, Y9, Y7
-	ADDQ $16, AX
-	JMP loop4x16
-loop4x8:
-	CMPQ AX, R10
-	JGE reduce4
-	VMOVUPS (SI)(AX*4), Y8
-	VMOVUPS (DX)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y0
-	VMOVUPS (R11)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y1
-	VMOVUPS (R12)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y2
-	VMOVUPS (R13)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y3
-	ADDQ $8, AX
-reduce4:
-	VADDPS Y4, Y0, Y0
-	VADDPS Y5, Y1, Y1
-	VADDPS Y6, Y2, Y2
-	VADDPS Y7, Y3, Y3
-	VHADDPS Y1, Y0, Y0
-	VHADDPS Y3, Y2, Y2
-	VHADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VMOVUPS X0, (DI)
-	ADDQ $16, DI
-	LEAQ (DX)(R8*4), DX
-	SUBQ $4, R9
-	JMP rows4
-rows1:
-	TESTQ R9, R9
-	JEQ done
-	VXORPS Y0, Y0, Y0
-	VXORPS Y4, Y4, Y4
-	XORQ AX, AX
-loop1x16:
-	CMPQ AX, CX
-	JGE loop1x8
-	VMOVUPS (SI)(AX*4), Y8
-	VMOVUPS 32(SI)(AX*4), Y9
-	VMOVUPS (DX)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y0
-	VMOVUPS 32(DX)(AX*4), Y11
-	VFMADD231PS Y11, Y9, Y4
-	ADDQ $16, AX
-	JMP loop1x16
-loop1x8:
-	CMPQ AX, R10
-	JGE reduce1
-	VMOVUPS (SI)(AX*4), Y8
-	VMOVUPS (DX)(AX*4), Y10
-	VFMADD231PS Y10, Y8, Y0
-	ADDQ $8, AX
-reduce1:
-	VADDPS Y4, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
-	VMOVSS X0, (DI)
-	ADDQ $4, DI
-	ADDQ R8, DX
-	DECQ R9
-	JMP rows1
-done:
-	VZEROUPPER
-	RET
+// LO_*(b, r) and HI_*(b, r) load into the eight f32 lanes of r the weights
+// of row b at elements AX .. AX+7 and AX+8 .. AX+15, widened from bf16 or
+// f16, or as they are (f32).
+#define LO_BF16(b, r) VPMOVZXWD (b)(AX*2), r; VPSLLD $16, r, r
+#define HI_BF16(b, r) VPMOVZXWD 16(b)(AX*2), r; VPSLLD $16, r, r
+#define LO_F16(b, r) VCVTPH2PS (b)(AX*2), r
+#define HI_F16(b, r) VCVTPH2PS 16(b)(AX*2), r
+#define LO_F32(b, r) VMOVUPS (b)(AX*4), r
+#define HI_F32(b, r) VMOVUPS 32(b)(AX*4), r
 
-// WIDEN_BF16 and WIDEN_F16 widen the eight 16-bit floats at mem into the
-// eight f32 lanes of r.
-#define WIDEN_BF16(mem, r) VPMOVZXWD mem, r; VPSLLD $16, r, r
-#define WIDEN_F16(mem, r) VCVTPH2PS mem, r
+// PF4_* and PF2_* prefetch the next group of rows (from BX), four rows or
+// two, as many bytes ahead as a 16-element step reads of the group being
+// summed: when rows are contiguous the next group is in cache by the time
+// it starts, across matrices too short for the hardware to catch up. Four
+// f32 rows read 256 bytes a step, past the largest scale of an index, so
+// BX walks them.
+#define PF4_16 PREFETCHT0 (BX)(AX*8); PREFETCHT0 64(BX)(AX*8)
+#define PF4_F32 PREFETCHT0 (BX); PREFETCHT0 64(BX); PREFETCHT0 128(BX); PREFETCHT0 192(BX); ADDQ $256, BX
+#define PF2_16 PREFETCHT0 (BX)(AX*4)
+#define PF2_F32 PREFETCHT0 (BX)(AX*8); PREFETCHT0 64(BX)(AX*8)
 
-// GEMV4_BODY(WIDEN) is the body of gemvBF16AVX2 and gemvF16AVX2 once
-// their arguments are in DI (out), SI (x), DX (w), R8 (stride), R9 (rows)
-// and R10 (k8): four
-// weight rows at a time, then one, two accumulators a row by 16-element
-// steps. While it sums four rows it prefetches the next four, as many
-// bytes ahead as the step reads: when rows are contiguous the group after
-// this one is in cache by the time it starts, across matrices too short
-// for the hardware to catch up.
-#define GEMV4_BODY(WIDEN) \
-	SHLQ $1, R8 \
+// GEMV4_BODY(LO, HI, PF) is the body of the one-row GEMVs once their
+// arguments are in DI (out), SI (x), DX (w), R8 (the stride in bytes), R9
+// (rows) and R10 (k8): four weight rows at a time, then one, two
+// accumulators a row by 16-element steps.
+#define GEMV4_BODY(LO, HI, PF) \
 	MOVQ R10, CX \
 	ANDQ $-16, CX \
 rows4: \
@@ -166,25 +52,24 @@ rows4: \
 loop4x16: \
 	CMPQ AX, CX \
 	JGE loop4x8 \
-	PREFETCHT0 (BX)(AX*8) \
-	PREFETCHT0 64(BX)(AX*8) \
+	PF \
 	VMOVUPS (SI)(AX*4), Y8 \
 	VMOVUPS 32(SI)(AX*4), Y9 \
-	WIDEN((DX)(AX*2), Y10) \
+	LO(DX, Y10) \
 	VFMADD231PS Y10, Y8, Y0 \
-	WIDEN(16(DX)(AX*2), Y11) \
+	HI(DX, Y11) \
 	VFMADD231PS Y11, Y9, Y4 \
-	WIDEN((R11)(AX*2), Y10) \
+	LO(R11, Y10) \
 	VFMADD231PS Y10, Y8, Y1 \
-	WIDEN(16(R11)(AX*2), Y11) \
+	HI(R11, Y11) \
 	VFMADD231PS Y11, Y9, Y5 \
-	WIDEN((R12)(AX*2), Y10) \
+	LO(R12, Y10) \
 	VFMADD231PS Y10, Y8, Y2 \
-	WIDEN(16(R12)(AX*2), Y11) \
+	HI(R12, Y11) \
 	VFMADD231PS Y11, Y9, Y6 \
-	WIDEN((R13)(AX*2), Y10) \
+	LO(R13, Y10) \
 	VFMADD231PS Y10, Y8, Y3 \
-	WIDEN(16(R13)(AX*2), Y11) \
+	HI(R13, Y11) \
 	VFMADD231PS Y11, Y9, Y7 \
 	ADDQ $16, AX \
 	JMP loop4x16 \
@@ -192,13 +77,13 @@ loop4x8: \
 	CMPQ AX, R10 \
 	JGE reduce4 \
 	VMOVUPS (SI)(AX*4), Y8 \
-	WIDEN((DX)(AX*2), Y10) \
+	LO(DX, Y10) \
 	VFMADD231PS Y10, Y8, Y0 \
-	WIDEN((R11)(AX*2), Y10) \
+	LO(R11, Y10) \
 	VFMADD231PS Y10, Y8, Y1 \
-	WIDEN((R12)(AX*2), Y10) \
+	LO(R12, Y10) \
 	VFMADD231PS Y10, Y8, Y2 \
-	WIDEN((R13)(AX*2), Y10) \
+	LO(R13, Y10) \
 	VFMADD231PS Y10, Y8, Y3 \
 	ADDQ $8, AX \
 reduce4: \
@@ -227,9 +112,9 @@ loop1x16: \
 	JGE loop1x8 \
 	VMOVUPS (SI)(AX*4), Y8 \
 	VMOVUPS 32(SI)(AX*4), Y9 \
-	WIDEN((DX)(AX*2), Y10) \
+	LO(DX, Y10) \
 	VFMADD231PS Y10, Y8, Y0 \
-	WIDEN(16(DX)(AX*2), Y11) \
+	HI(DX, Y11) \
 	VFMADD231PS Y11, Y9, Y4 \
 	ADDQ $16, AX \
 	JMP loop1x16 \
@@ -237,7 +122,7 @@ loop1x8: \
 	CMPQ AX, R10 \
 	JGE reduce1 \
 	VMOVUPS (SI)(AX*4), Y8 \
-	WIDEN((DX)(AX*2), Y10) \
+	LO(DX, Y10) \
 	VFMADD231PS Y10, Y8, Y0 \
 	ADDQ $8, AX \
 reduce1: \
@@ -255,15 +140,13 @@ done: \
 	VZEROUPPER \
 	RET
 
-// GEMV2_BODY(WIDEN) is the body of gemv2BF16AVX2 and gemv2F16AVX2 once
-// their arguments are in DI (out0), R14 (out1), SI (x0), R12 (x1), DX
-// (w), R8 (stride), R9 (pairs) and R10 (k8): two
-// rows of x against two weight rows at a time, each weight widened once,
-// the next two rows prefetched as GEMV4_BODY does its next four. A row's
-// sums are GEMV4_BODY's for a row of a group of four: the same
-// accumulators by 16-element steps and the same horizontal tree.
-#define GEMV2_BODY(WIDEN) \
-	SHLQ $1, R8 \
+// GEMV2_BODY(LO, HI, PF) is the body of the two-row GEMVs once their
+// arguments are in DI (out0), R14 (out1), SI (x0), R12 (x1), DX (w), R8
+// (the stride in bytes), R9 (pairs) and R10 (k8): two rows of x against
+// two weight rows at a time, each weight loaded once. A row's sums are
+// GEMV4_BODY's for a row of a group of four: the same accumulators by
+// 16-element steps and the same horizontal tree.
+#define GEMV2_BODY(LO, HI, PF) \
 	MOVQ R10, CX \
 	ANDQ $-16, CX \
 pairs2: \
@@ -283,19 +166,19 @@ pairs2: \
 loop2x16: \
 	CMPQ AX, CX \
 	JGE loop2x8 \
-	PREFETCHT0 (BX)(AX*4) \
+	PF \
 	VMOVUPS (SI)(AX*4), Y8 \
 	VMOVUPS 32(SI)(AX*4), Y9 \
 	VMOVUPS (R12)(AX*4), Y10 \
 	VMOVUPS 32(R12)(AX*4), Y11 \
-	WIDEN((DX)(AX*2), Y12) \
-	WIDEN(16(DX)(AX*2), Y13) \
+	LO(DX, Y12) \
+	HI(DX, Y13) \
 	VFMADD231PS Y12, Y8, Y0 \
 	VFMADD231PS Y13, Y9, Y4 \
 	VFMADD231PS Y12, Y10, Y2 \
 	VFMADD231PS Y13, Y11, Y6 \
-	WIDEN((R11)(AX*2), Y14) \
-	WIDEN(16(R11)(AX*2), Y15) \
+	LO(R11, Y14) \
+	HI(R11, Y15) \
 	VFMADD231PS Y14, Y8, Y1 \
 	VFMADD231PS Y15, Y9, Y5 \
 	VFMADD231PS Y14, Y10, Y3 \
@@ -307,10 +190,10 @@ loop2x8: \
 	JGE reduce2 \
 	VMOVUPS (SI)(AX*4), Y8 \
 	VMOVUPS (R12)(AX*4), Y10 \
-	WIDEN((DX)(AX*2), Y12) \
+	LO(DX, Y12) \
 	VFMADD231PS Y12, Y8, Y0 \
 	VFMADD231PS Y12, Y10, Y2 \
-	WIDEN((R11)(AX*2), Y14) \
+	LO(R11, Y14) \
 	VFMADD231PS Y14, Y8, Y1 \
 	VFMADD231PS Y14, Y10, Y3 \
 	ADDQ $8, AX \
@@ -338,8 +221,34 @@ done2: \
 	VZEROUPPER \
 	RET
 
-// func gemvBF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
+// func gemvF32AVX2(out *float32, x *float32, w *float32, stride int, rows int, k8 int)
 // out[r] = x[0:k8] · w[r*stride : r*stride+k8] for r < rows; k8 is a multiple of 8.
+TEXT ·gemvF32AVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ stride+24(FP), R8
+	MOVQ rows+32(FP), R9
+	MOVQ k8+40(FP), R10
+	SHLQ $2, R8
+	GEMV4_BODY(LO_F32, HI_F32, PF4_F32)
+
+// func gemv2F32AVX2(out0, out1, x0, x1 *float32, w *float32, stride int, pairs int, k8 int)
+// gemv2BF16AVX2 for f32 weights.
+TEXT ·gemv2F32AVX2(SB), NOSPLIT, $0-64
+	MOVQ out0+0(FP), DI
+	MOVQ out1+8(FP), R14
+	MOVQ x0+16(FP), SI
+	MOVQ x1+24(FP), R12
+	MOVQ w+32(FP), DX
+	MOVQ stride+40(FP), R8
+	MOVQ pairs+48(FP), R9
+	MOVQ k8+56(FP), R10
+	SHLQ $2, R8
+	GEMV2_BODY(LO_F32, HI_F32, PF2_F32)
+
+// func gemvBF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
+// gemvF32AVX2 for bf16 weights.
 TEXT ·gemvBF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ out+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -347,10 +256,11 @@ TEXT ·gemvBF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ stride+24(FP), R8
 	MOVQ rows+32(FP), R9
 	MOVQ k8+40(FP), R10
-	GEMV4_BODY(WIDEN_BF16)
+	SHLQ $1, R8
+	GEMV4_BODY(LO_BF16, HI_BF16, PF4_16)
 
 // func gemvF16AVX2(out *float32, x *float32, w *uint16, stride int, rows int, k8 int)
-// gemvBF16AVX2 for f16 weights.
+// gemvF32AVX2 for f16 weights.
 TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ out+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -358,7 +268,8 @@ TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ stride+24(FP), R8
 	MOVQ rows+32(FP), R9
 	MOVQ k8+40(FP), R10
-	GEMV4_BODY(WIDEN_F16)
+	SHLQ $1, R8
+	GEMV4_BODY(LO_F16, HI_F16, PF4_16)
 
 // func gemv2BF16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride int, pairs int, k8 int)
 // out0[r] = x0[0:k8] · w[r*stride : r*stride+k8] and out1[r] likewise with
@@ -372,7 +283,8 @@ TEXT ·gemv2BF16AVX2(SB), NOSPLIT, $0-64
 	MOVQ stride+40(FP), R8
 	MOVQ pairs+48(FP), R9
 	MOVQ k8+56(FP), R10
-	GEMV2_BODY(WIDEN_BF16)
+	SHLQ $1, R8
+	GEMV2_BODY(LO_BF16, HI_BF16, PF2_16)
 
 // func gemv2F16AVX2(out0, out1, x0, x1 *float32, w *uint16, stride int, pairs int, k8 int)
 // gemv2BF16AVX2 for f16 weights.
@@ -385,7 +297,8 @@ TEXT ·gemv2F16AVX2(SB), NOSPLIT, $0-64
 	MOVQ stride+40(FP), R8
 	MOVQ pairs+48(FP), R9
 	MOVQ k8+56(FP), R10
-	GEMV2_BODY(WIDEN_F16)
+	SHLQ $1, R8
+	GEMV2_BODY(LO_F16, HI_F16, PF2_16)
 
 // func accumF32AVX2(acc *float32, v *float32, vstride int, p *float32, rows int, hd8 int)
 // acc[c] += Σ_r p[r]*v[r*vstride+c] for c < hd8; rows > 0, hd8 a multiple of 8.
