@@ -26,6 +26,9 @@
 #define PF2_16 PREFETCHT0 (BX)(AX*4)
 #define PF2_F32 PREFETCHT0 (BX)(AX*8); PREFETCHT0 64(BX)(AX*8)
 
+// ZERO8 clears the accumulators Y0 .. Y7.
+#define ZERO8 VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3; VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7
+
 // GEMV4_BODY(LO, HI, PF) is the body of the one-row GEMVs once their
 // arguments are in DI (out), SI (x), DX (w), R8 (the stride in bytes), R9
 // (rows) and R10 (k8): four weight rows at a time, then one, two
@@ -40,14 +43,7 @@ rows4: \
 	LEAQ (DX)(R8*2), R12 \
 	LEAQ (R11)(R8*2), R13 \
 	LEAQ (DX)(R8*4), BX \
-	VXORPS Y0, Y0, Y0 \
-	VXORPS Y1, Y1, Y1 \
-	VXORPS Y2, Y2, Y2 \
-	VXORPS Y3, Y3, Y3 \
-	VXORPS Y4, Y4, Y4 \
-	VXORPS Y5, Y5, Y5 \
-	VXORPS Y6, Y6, Y6 \
-	VXORPS Y7, Y7, Y7 \
+	ZERO8 \
 	XORQ AX, AX \
 loop4x16: \
 	CMPQ AX, CX \
@@ -154,14 +150,7 @@ pairs2: \
 	JEQ done2 \
 	LEAQ (DX)(R8*1), R11 \
 	LEAQ (DX)(R8*2), BX \
-	VXORPS Y0, Y0, Y0 \
-	VXORPS Y1, Y1, Y1 \
-	VXORPS Y2, Y2, Y2 \
-	VXORPS Y3, Y3, Y3 \
-	VXORPS Y4, Y4, Y4 \
-	VXORPS Y5, Y5, Y5 \
-	VXORPS Y6, Y6, Y6 \
-	VXORPS Y7, Y7, Y7 \
+	ZERO8 \
 	XORQ AX, AX \
 loop2x16: \
 	CMPQ AX, CX \
