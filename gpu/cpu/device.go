@@ -163,14 +163,6 @@ func matOf(op, arg string, b *host.Buffer, n int) (mat, error) {
 	return mat{}, fmt.Errorf("%s: %s has dtype %s, want a float type", op, arg, b.DType())
 }
 
-// elemBytes is the size of one of w's elements.
-func (w mat) elemBytes() int {
-	if w.dt == gpu.F32 {
-		return 4
-	}
-	return 2
-}
-
 // gemv2 is gemv for two rows of x: out0 from x0, out1 from x1, each the
 // bits gemv gives, the weights read once for both.
 func (w mat) gemv2(k *kernels, out0, out1, x0, x1 []float32, kdim, r0 int) {

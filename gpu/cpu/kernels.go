@@ -82,9 +82,9 @@ var genericKernels = &kernels{
 	gemvF32:      gemvF32Go,
 	gemvBF16:     gemvBF16Go,
 	gemvF16:      gemvF16Go,
-	gemv2F32:     gemv2F32Go,
-	gemv2BF16:    gemv2BF16Go,
-	gemv2F16:     gemv2F16Go,
+	gemv2F32:     gemv2Go(gemvF32Go),
+	gemv2BF16:    gemv2Go(gemvBF16Go),
+	gemv2F16:     gemv2Go(gemvF16Go),
 	gemm6x16:     gemm6x16Go,
 	packT:        packTGo,
 	accum:        accumGo,
@@ -109,19 +109,13 @@ var genericKernels = &kernels{
 	scaleMul:     scaleMulGo,
 }
 
-func gemv2F32Go(out0, out1, x0, x1, w []float32, stride, rows, k int) {
-	gemvF32Go(out0, x0, w, stride, rows, k)
-	gemvF32Go(out1, x1, w, stride, rows, k)
-}
-
-func gemv2BF16Go(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
-	gemvBF16Go(out0, x0, w, stride, rows, k)
-	gemvBF16Go(out1, x1, w, stride, rows, k)
-}
-
-func gemv2F16Go(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
-	gemvF16Go(out0, x0, w, stride, rows, k)
-	gemvF16Go(out1, x1, w, stride, rows, k)
+// gemv2Go is a two-row GEMV that runs the one-row kernel g for each row
+// of x.
+func gemv2Go[W float32 | uint16](g func(out, x []float32, w []W, stride, rows, k int)) func(out0, out1, x0, x1 []float32, w []W, stride, rows, k int) {
+	return func(out0, out1, x0, x1 []float32, w []W, stride, rows, k int) {
+		g(out0, x0, w, stride, rows, k)
+		g(out1, x1, w, stride, rows, k)
+	}
 }
 
 func gemvF32Go(out, x, w []float32, stride, rows, k int) {

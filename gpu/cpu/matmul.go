@@ -77,7 +77,7 @@ func (d *Device) gemv(out, x []float32, w mat, n, k, m int) {
 	grain := max(1, gemvGrain/(4*k))
 	tile := quads
 	if n > 1 {
-		tile = max(1, gemvTileBytes/(4*k*w.elemBytes()))
+		tile = max(1, gemvTileBytes/(4*k*w.dt.Size()))
 	}
 	d.pool.For(quads, grain, func(_, lo, hi int) {
 		for q := lo; q < hi; q += tile {
