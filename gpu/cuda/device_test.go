@@ -661,3 +661,74 @@ func TestReadLater(t *testing.T) {
 		t.Error("a read larger than a slot: no error")
 	}
 }
+
+// TestKeptListsStayBounded draws into one buffer of tokens for a long run
+// in which two rows always follow the draw before and two start new lists
+// of 60 biases every other step: the entries the device keeps (its bound)
+// stay within twice the live ones and adjust_compact's slack, where the
+// dropped lists alone would reach 400 × 60, and every greedy draw is the
+// host's.
+func TestKeptListsStayBounded(t *testing.T) {
+	d := open(t)
+	const n, width, steps = 4, 256, 400
+	out, err := d.Alloc(gpu.I32, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := d.Alloc(gpu.F32, n*width)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var sc gpu.SampleScratch
+	var resolved []gpu.SampleRow
+	var got []int32
+	most := 0
+	for k := range steps {
+		v := make([]float32, n*width)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		if err := d.Write(logits, 0, gpu.F32Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+		rows := make([]gpu.SampleRow, n)
+		for r := range rows {
+			rows[r].Penalties = gpu.Penalties{Presence: 0.5, Repetition: 1.3}
+			if k > 0 && (r < 2 || k%2 == 1) {
+				rows[r].Follows = true
+				continue
+			}
+			for j := range 60 {
+				rows[r].Adjust = append(rows[r].Adjust, gpu.LogitAdjust{ID: int32((j*37 + k + r) % width), Bias: float32(j%7) - 3})
+			}
+		}
+		next, err := gpu.FollowRows(resolved, got, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Sample(out, logits, n, width, rows); err != nil {
+			t.Fatalf("step %d: %v", k, err)
+		}
+		got = make([]int32, n)
+		if err := d.Read(gpu.I32Bytes(got), out, 0); err != nil {
+			t.Fatal(err)
+		}
+		for r, row := range next {
+			if want := gpu.SampleHost(slices.Clone(v[r*width:(r+1)*width]), row, &sc); got[r] != want {
+				t.Fatalf("step %d, row %d: drew %d, the host %d", k, r, got[r], want)
+			}
+		}
+		resolved = next
+		l := d.drawn[out.(*Buffer)]
+		live := 0
+		for _, x := range l.live {
+			live += x
+		}
+		if limit := 2*live + compactSlack + 2*60 + n; l.bound > limit {
+			t.Fatalf("step %d: %d entries kept for %d live, more than %d", k, l.bound, live, limit)
+		}
+		most = max(most, l.bound)
+	}
+	t.Logf("%d draws: at most %d entries kept", steps, most)
+}

@@ -81,8 +81,10 @@ func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleR
 }
 
 // adjEntryWords is the 32-bit words of AdjEntry in kernels/cuda/sample.cu
-// (an AdjRow is four: follows and the three penalties).
-const adjEntryWords = 6
+// (an AdjRow is four: follows and the three penalties). compactSlack is
+// how many more dropped entries than live ones a buffer's lists hold
+// before adjust_compact packs them.
+const adjEntryWords, compactSlack = 6, 1024
 
 // drawnLists are the logit adjustments of the last Sample into a buffer
 // of tokens, kept on the device for draws that follow it
@@ -92,6 +94,7 @@ type drawnLists struct {
 	e     *Buffer // its entries (AdjEntry)
 	meta  *Buffer // the entries in use, then a flag a row (AdjEntry's meta)
 	bound int     // at least the entries in use
+	live  []int   // a row, at least its live entries
 }
 
 func (l *drawnLists) entries() arg {
@@ -111,13 +114,24 @@ func (l *drawnLists) metaArg() arg {
 func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.SampleRow) (*drawnLists, error) {
 	const op = "sample"
 	l := d.drawn[out]
-	follows, adjusts := 0, false
+	// follows counts the rows that follow, grows those that may add an
+	// entry (adjust_append: active penalties), carried the live entries
+	// of the rows that follow, and live each row's after this draw.
+	follows, grows, carried, adjusts := 0, 0, 0, false
+	live := make([]int, len(rows))
 	var host, rowp []byte
 	for r, sr := range rows {
+		live[r] = len(sr.Adjust)
 		if sr.Follows {
 			follows++
-			if l == nil || l.rows != len(rows) {
+			if l == nil || l.rows != len(rows) || len(l.live) != len(rows) {
 				return nil, fmt.Errorf("%s: row %d follows a draw into out that is not known", op, r)
+			}
+			carried += l.live[r]
+			live[r] = l.live[r]
+			if sr.Penalties.Active() {
+				grows++
+				live[r]++
 			}
 		}
 		adjusts = adjusts || sr.Follows || len(sr.Adjust) > 0 || sr.Penalties.Active()
@@ -137,20 +151,28 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 	}
 	if !adjusts {
 		if l != nil {
-			l.rows, l.bound = len(rows), 0
+			l.rows, l.bound, l.live = len(rows), 0, live
 		}
 		return nil, nil
 	}
-	base := 0 // the kept entries that carry over
+	old := 0 // the entries that carry over lie among the first old
 	if follows > 0 {
-		base = l.bound
+		old = l.bound
+	}
+	// Entries of rows that no longer follow are dropped where they lie:
+	// once they outnumber the live ones by a margin, adjust_compact packs
+	// the live ones, at most carried, at the front.
+	base, compact := old, follows > 0 && old > 2*carried+compactSlack
+	if compact {
+		base = carried
 	}
 	h := len(host) / 4 / adjEntryWords
-	bound := base + follows + h
-	l, err := d.keepLists(out, len(rows), base, bound)
+	bound := base + grows + h
+	l, err := d.keepLists(out, len(rows), old, max(old, bound))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	l.bound, l.live = bound, live
 	if bound == 0 {
 		return nil, nil // nothing to change yet; the lists start empty
 	}
@@ -174,10 +196,16 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 		hostArg = arg{kind: argBuf, name: "host", buf: hb, dt: gpu.I32, n: len(host) / 4}
 	}
 	outArg := arg{kind: argBuf, name: "out", buf: out, dt: gpu.I32, n: len(rows)}
-	if follows > 0 && base > 0 {
-		if err := d.launch(d.k("adjust_follow"), grid1(min(ceilDiv(base, 256), 1024)), grid1(256), 0,
-			l.entries(), l.metaArg(), outArg, rowArg, i32Arg(base)); err != nil {
+	if old > 0 {
+		if err := d.launch(d.k("adjust_follow"), grid1(min(ceilDiv(old, 256), 1024)), grid1(256), 0,
+			l.entries(), l.metaArg(), outArg, rowArg, i32Arg(old)); err != nil {
 			return nil, err
+		}
+		if compact {
+			if err := d.launch(d.k("adjust_compact"), grid1(1), grid1(1024), 0,
+				l.entries(), l.metaArg(), i32Arg(old)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := d.launch(d.k("adjust_append"), grid1(1), grid1(256), 0,
@@ -191,9 +219,9 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 	return l, nil
 }
 
-// keepLists sizes out's kept lists for rows rows and bound entries, the
-// first base of them carried over from the last draw, and returns them.
-func (d *Device) keepLists(out *Buffer, rows, base, bound int) (*drawnLists, error) {
+// keepLists sizes out's kept lists for rows rows and size entries, the
+// first keep of them carried over from the last draw, and returns them.
+func (d *Device) keepLists(out *Buffer, rows, keep, size int) (*drawnLists, error) {
 	l := d.drawn[out]
 	if l == nil {
 		l = &drawnLists{}
@@ -212,14 +240,14 @@ func (d *Device) keepLists(out *Buffer, rows, base, bound int) (*drawnLists, err
 		}
 		l.meta = meta
 	}
-	if l.e == nil || l.e.n < bound*adjEntryWords {
-		e, err := d.alloc("adjust entries", gpu.I32, max(2*bound, 1024)*adjEntryWords, false)
+	if l.e == nil || l.e.n < size*adjEntryWords {
+		e, err := d.alloc("adjust entries", gpu.I32, max(2*size, 1024)*adjEntryWords, false)
 		if err != nil {
 			return nil, err
 		}
 		if l.e != nil {
-			if base > 0 {
-				if err := d.copyD(e, l.e, base*adjEntryWords*4); err != nil {
+			if keep > 0 {
+				if err := d.copyD(e, l.e, keep*adjEntryWords*4); err != nil {
 					return nil, err
 				}
 			}
@@ -227,7 +255,7 @@ func (d *Device) keepLists(out *Buffer, rows, base, bound int) (*drawnLists, err
 		}
 		l.e = e
 	}
-	l.rows, l.bound = rows, bound
+	l.rows = rows
 	d.drawn[out] = l
 	return l, nil
 }

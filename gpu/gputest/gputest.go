@@ -58,6 +58,7 @@ func Run(t *testing.T, dev gpu.Device, o Options) {
 	t.Run("Attention", h.attention)
 	t.Run("MoE", h.moe)
 	t.Run("Sample", h.sample)
+	t.Run("SampleFollow", h.sampleFollow)
 	t.Run("Errors", h.errors)
 }
 

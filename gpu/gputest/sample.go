@@ -221,3 +221,81 @@ func settles(logits []float32, r gpu.SampleRow) bool {
 	}
 	return false
 }
+
+// sampleFollow checks a long run of draws into one buffer of tokens, as a
+// server's decode batch makes them: each row follows the draw before
+// (gpu.SampleRow.Follows) for a while, then starts a new list of its own
+// (a new sequence in its slot), each row on a period of its own. Every
+// draw is checked against gpu.SampleHost over the lists gpu.FollowRows
+// resolves, so the lists a device keeps across the run, however it packs
+// them, are the host's.
+func (h *harness) sampleFollow(t *testing.T) {
+	s, ok := h.dev.(gpu.Sampler)
+	if !ok {
+		t.Skip("the device does not draw tokens itself")
+	}
+	const width, steps = 512, 240
+	base := []gpu.SampleRow{
+		{Temperature: 1, TopK: 40, Penalties: gpu.Penalties{Repetition: 1.2, Presence: 0.3, Frequency: 0.2}},
+		{Penalties: gpu.Penalties{Presence: 0.5}}, // greedy
+		{Temperature: 0.9, Penalties: gpu.Penalties{Frequency: 0.4}},
+		{Temperature: 1, TopK: 100}, // a bias alone
+		{Temperature: 1, Penalties: gpu.Penalties{Repetition: 1.5}},
+		{}, // greedy, a bias alone
+	}
+	n := len(base)
+	out := h.alloc(gpu.I32, n)
+	defer h.free(out)
+	var sc gpu.SampleScratch
+	var resolved []gpu.SampleRow
+	var got []int32
+	for k := range steps {
+		v := h.randF32(n*width, 1)
+		logits := h.f32(v)
+		rows := slices.Clone(base)
+		for r := range rows {
+			if rows[r].Temperature != 0 {
+				rows[r].U = h.rng.Float64()
+			}
+			if k > 0 && (k+r)%(5+r) != 0 {
+				rows[r].Follows = true
+				continue
+			}
+			for j := range 5 + (k*7+r)%30 {
+				rows[r].Adjust = append(rows[r].Adjust, gpu.LogitAdjust{
+					ID: int32((j*131 + k*17 + r) % width), Seen: j%3 == 0, Count: int32(j % 4), Bias: float32(j%5) - 2})
+			}
+		}
+		next, err := gpu.FollowRows(resolved, got, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
+			t.Fatalf("step %d: %v", k, err)
+		}
+		got = make([]int32, n)
+		if err := h.dev.Read(gpu.I32Bytes(got), out.d, 0); err != nil {
+			t.Fatal(err)
+		}
+		host := func(r int, row gpu.SampleRow) int32 {
+			return gpu.SampleHost(slices.Clone(v[r*width:(r+1)*width]), row, &sc)
+		}
+		for r, row := range next {
+			if got[r] == host(r, row) {
+				continue
+			}
+			lo, hi := row, row
+			lo.U, hi.U = max(0, row.U-1e-9), min(math.Nextafter(1, 0), row.U+1e-9)
+			if got[r] != host(r, lo) && got[r] != host(r, hi) {
+				t.Fatalf("step %d, row %d %+v: drew %d, the host %d", k, r, row, got[r], host(r, row))
+			}
+		}
+		resolved = next
+		h.free(logits)
+	}
+	lists := 0
+	for _, r := range resolved {
+		lists += len(r.Adjust)
+	}
+	t.Logf("%d draws of %d rows, %d entries in the last lists", steps, n, lists)
+}

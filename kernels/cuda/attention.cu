@@ -13,8 +13,9 @@
 // attn_decode: grid (splits, KVHeads * ceil(G/16), N), 128 threads: the
 // split kernel's work for 16-bit caches on the tensor cores. A block takes
 // one token, up to 16 query heads of one KV head (the rows of the mma
-// tiles) and its split's keys, in tiles of 64 (16 per warp) double-buffered
-// through cp.async; the warps' partial results are merged in shared memory
+// tiles) and its split's keys, in tiles of 64 double-buffered through
+// cp.async, each warp copying and reading 16 keys of a tile (no block
+// barrier a tile); the warps' partial results are merged in shared memory
 // and written as the split kernel's. Splits without keys return at once,
 // and the last split of a (token, KV head) to finish combines the others
 // (attn_combine's work, through a counter), unless no counters are given.
@@ -50,6 +51,33 @@ struct AttnParams {
   float scale;
 };
 
+// BlockRow is a sequence's row of the block table, with log2 of the block
+// size when that is a power of two (else -1).
+struct BlockRow {
+  const int* bt;
+  int sh;
+};
+
+DEV BlockRow block_row(const int* bt, AttnParams a, int s) {
+  return {bt + (long)s * a.max_blocks, (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1};
+}
+
+// slot_of is key's cache slot through the sequence's block table, or -1
+// (the fault recorded for token t) when its block is bad. A block size
+// that is a power of two divides by a shift: a general division is tens
+// of instructions, and the decode kernels look up a slot for every key
+// they read.
+DEV int slot_of(BlockRow br, AttnParams a, unsigned* fault, int t, int key) {
+  int bi = br.sh >= 0 ? key >> br.sh : key / a.block_size;
+  int blk = br.bt[bi];
+  long v = (long)blk * a.block_size + (key - bi * a.block_size);
+  if (blk < 0 || v >= a.cache_slots) {
+    record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
+    return -1;
+  }
+  return (int)v;
+}
+
 template <typename T, int HD>
 DEV void attn_split(float* part_acc, float* part_ml, const float* q, const typename Elem<T>::raw* kc,
                     const typename Elem<T>::raw* vc, const int* pos, const int* seq, const int* bt, AttnParams a,
@@ -83,6 +111,7 @@ DEV void attn_split(float* part_acc, float* part_ml, const float* q, const typen
   int chunk = (len + a.splits - 1) / a.splits;
   chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
   int j0 = split * chunk, j1 = min(len, j0 + chunk);
+  const BlockRow br = block_row(bt, a, bad ? 0 : s);
 
   for (int i = tid; i < MAXG * HD; i += ATT_THREADS) {
     int g = i / HD, d = i % HD;
@@ -107,16 +136,7 @@ DEV void attn_split(float* part_acc, float* part_ml, const float* q, const typen
     // Scores: one key per thread.
     float sc[MAXG];
     int j = tile + tid;
-    int slot = -1;
-    if (tid < nk) {
-      int blk = bt[(long)s * a.max_blocks + j / a.block_size];
-      long sl = (long)blk * a.block_size + j % a.block_size;
-      slot = (int)sl;
-      if (blk < 0 || sl >= a.cache_slots) {
-        record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
-        slot = -1;
-      }
-    }
+    int slot = tid < nk ? slot_of(br, a, fault, t, j) : -1;
     slot_s[tid] = slot < 0 ? 0 : slot;  // masked keys read slot 0 with probability 0
 #pragma unroll
     for (int g = 0; g < MAXG; g++) sc[g] = 0.f;
@@ -453,7 +473,7 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
       prow[i] = pos_s[rl[i]];
     }
     int ntiles = maxp / PKV + 1;
-    const int* btr = bt + (long)s * a.max_blocks;
+    const BlockRow br = block_row(bt, a, s);
     // Each thread copies chunks tid + NT*i of a tile: rows tid/CH + (NT/CH)*i.
     constexpr int RPI = NT / CH, NI = PKV / RPI;
     static_assert(PKV % RPI == 0 && PKV <= NT, "whole rows a pass, a thread a key");
@@ -463,16 +483,8 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
     auto locate = [&](int j) {
       if (tid < PKV) {
         int key = j * PKV + tid;
-        long sl = -1;
-        if (key <= maxp) {
-          int blk = btr[key / a.block_size];
-          sl = (long)blk * a.block_size + key % a.block_size;
-          if (blk < 0 || sl >= a.cache_slots) {
-            record_fault(fault, FAULT_ATTN_BLOCK, t0, blk);
-            sl = -1;
-          }
-        }
-        slot_s[j & 1][tid] = sl < 0 ? -1 : sl * kw + (long)kh * HD;
+        int sl = key <= maxp ? slot_of(br, a, fault, t0, key) : -1;
+        slot_s[j & 1][tid] = sl < 0 ? -1 : (long)sl * kw + (long)kh * HD;
       }
     };
     // issue requests tile j's keys and values into stage j & 1.
@@ -641,28 +653,12 @@ DEV uint4 ld_cg16(const void* p) {
 #define DKV 64  // keys per tile of attn_decode (16 per warp)
 
 // KeySplit is a decode block's share of its token's keys: j0 .. j1 - 1 of
-// the keys 0 .. p, used the number of splits that hold keys, btr the
+// the keys 0 .. p, used the number of splits that hold keys, br the
 // sequence's block table.
 struct KeySplit {
   int p, j0, j1, used;
-  int sh;  // log2 of the block size when it is a power of two, else -1
-  const int* btr;
+  BlockRow br;
 };
-
-// slot_of is key's cache slot through the sequence's block table, or -1
-// (the fault recorded) when its block is bad. A block size that is a power
-// of two divides by a shift: a general division is tens of instructions,
-// and the decode kernels look up a slot for every key they read.
-DEV int slot_of(const KeySplit& ks, AttnParams a, unsigned* fault, int t, int key) {
-  int bi = ks.sh >= 0 ? key >> ks.sh : key / a.block_size;
-  int blk = ks.btr[bi];
-  long v = (long)blk * a.block_size + (key - bi * a.block_size);
-  if (blk < 0 || v >= a.cache_slots) {
-    record_fault(fault, FAULT_ATTN_BLOCK, t, blk);
-    return -1;
-  }
-  return (int)v;
-}
 
 // key_split divides token t's keys into a.splits chunks of whole tiles and
 // returns split's; a bad position or sequence (recorded once, from the
@@ -680,8 +676,7 @@ DEV KeySplit key_split(const int* __restrict__ pos, const int* __restrict__ seq,
   k.j0 = split * chunk;
   k.j1 = min(len, k.j0 + chunk);
   k.used = chunk > 0 ? (len + chunk - 1) / chunk : 1;
-  k.btr = bt + (long)(bad ? 0 : s) * a.max_blocks;
-  k.sh = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
+  k.br = block_row(bt, a, bad ? 0 : s);
   return k;
 }
 
@@ -726,7 +721,7 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   int nsl = -1;  // the slot of the lane's key of the next tile (-1: none)
   auto lookup = [&](int j) {
     int key = j0 + j * DKV + warp * 16 + (lane & 15);
-    nsl = j < ntiles && key < j1 ? slot_of(ks, a, fault, t, key) : -1;
+    nsl = j < ntiles && key < j1 ? slot_of(ks.br, a, fault, t, key) : -1;
   };
   const int c = lane % CH;
   const uint16_t* kcl = kc + (long)kh * HD + c * 8;
@@ -895,7 +890,7 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
   int nsl = -1;  // the slot of the lane's key of the next tile (-1: none)
   auto lookup = [&](int kb) {
     int l = tid & 15, key = kb + (l / RW) * RP + (tid >> 5) * RW + l % RW;
-    nsl = key < j1 ? slot_of(ks, a, fault, t, key) : -1;
+    nsl = key < j1 ? slot_of(ks.br, a, fault, t, key) : -1;
   };
   const uint16_t* kcl = kc + (long)kh * HD + c * 8;
   const uint16_t* vcl = vc + (long)kh * HD + c * 8;

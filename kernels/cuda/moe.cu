@@ -58,20 +58,28 @@ DEV void moe_logits(float* __restrict__ logits, const float* __restrict__ x,
 // lg the warp's MAX_EXPERTS floats of shared memory): softmax, the top k
 // (ties to the lower expert index), optional renormalisation, into ids and
 // wts (slot t·topk + k).
-DEV void topk(int* ids, float* wts, const float* logits, float* lg, int t, int experts, int k_, int norm) {
+// warp_softmax: the warp's exp(logits[e] - max) for a row of experts into
+// pr (shared memory), returning their sum to every lane. topk and
+// lone_choice both take it, so their probabilities agree bit for bit.
+DEV float warp_softmax(float* pr, const float* logits, int experts) {
   int lane = threadIdx.x & 31;
-  for (int e = lane; e < experts; e += 32) lg[e] = logits[(long)t * experts + e];
-  __syncwarp();
   float mx = -__int_as_float(0x7f800000);
-  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, lg[e]);
+  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, logits[e]);
   mx = warp_max(mx);
   float sum = 0.f;
   for (int e = lane; e < experts; e += 32) {
-    lg[e] = expf(lg[e] - mx);
-    sum += lg[e];
+    float v = expf(logits[e] - mx);
+    pr[e] = v;
+    sum += v;
   }
   sum = warp_sum(sum);
   __syncwarp();
+  return sum;
+}
+
+DEV void topk(int* ids, float* wts, const float* logits, float* lg, int t, int experts, int k_, int norm) {
+  int lane = threadIdx.x & 31;
+  float sum = warp_softmax(lg, logits + (long)t * experts, experts);
   float tot = 0.f;
   for (int k = 0; k < k_; k++) {
     // The largest probability left, the lowest expert among equals.
@@ -105,7 +113,7 @@ DEV void topk(int* ids, float* wts, const float* logits, float* lg, int t, int e
 
 // lone_choice: topk's choice for a lone token (its logits of `experts`), by
 // the whole block (at least `experts` threads; every thread calls it):
-// warp 0 forms the softmax exactly as topk does, then each expert's rank
+// warp 0 forms topk's softmax (warp_softmax), then each expert's rank
 // in topk's order (larger probability first, the lower expert among
 // equals; NaN never chosen) places it. ids[k] and p[k] (shared memory, k <
 // k_) get the k-th expert and its probability; a choice left without an
@@ -115,27 +123,7 @@ DEV void lone_choice(int* ids, float* p, const float* logits, int experts, int k
   __shared__ float ssum;
   const int tid = threadIdx.x;
   if (tid < 32) {
-    constexpr int PER = MAX_EXPERTS / 32;
-    float lv[PER];
-    float mx = -__int_as_float(0x7f800000);
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-      const int e = tid + 32 * i;
-      lv[i] = e < experts ? logits[e] : 0.f;
-      if (e < experts) mx = fmaxf(mx, lv[i]);
-    }
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-      const int e = tid + 32 * i;
-      if (e < experts) {
-        lv[i] = expf(lv[i] - mx);
-        pr[e] = lv[i];
-        sum += lv[i];
-      }
-    }
-    sum = warp_sum(sum);
+    float sum = warp_softmax(pr, logits, experts);
     for (int k = tid; k < k_; k += 32) ids[k] = -1, p[k] = -1.f / sum;
     if (tid == 0) ssum = sum;
   }

@@ -886,6 +886,40 @@ extern "C" __global__ void __launch_bounds__(256) adjust_append(AdjEntry* __rest
   for (int i = threadIdx.x; i < h; i += blockDim.x) e[base + i] = host[i];
 }
 
+// adjust_compact, one block of 1024 threads, moves the live entries among
+// the first min(meta[0], bound) (those adjust_follow did not drop) to the
+// front, in order, and counts them, so that lists kept over a long run of
+// draws take the room of their live entries alone. Each pass reads a
+// thread's entry before any thread writes, and an entry moves only down,
+// to a place the pass or an earlier one has read.
+extern "C" __global__ void __launch_bounds__(1024) adjust_compact(AdjEntry* __restrict__ e, int* __restrict__ meta,
+                                                                  int bound) {
+  pdl_begin();
+  __shared__ int n_s, warps[32];
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  if (tid == 0) n_s = min(meta[0], bound);
+  __syncthreads();
+  const int n = n_s;
+  int kept = 0;
+  for (int i0 = 0; i0 < n; i0 += 1024) {
+    const int i = i0 + tid;
+    AdjEntry a;
+    const bool keep = i < n && (a = e[i]).token >= 0;
+    const unsigned m = __ballot_sync(0xffffffffu, keep);
+    if (lane == 0) warps[w] = __popc(m);
+    __syncthreads();
+    int before = kept + __popc(m & ((1u << lane) - 1)), all = 0;
+    for (int j = 0; j < 32; j++) {
+      before += j < w ? warps[j] : 0;
+      all += warps[j];
+    }
+    if (keep) e[before] = a;
+    kept += all;
+    __syncthreads();  // warps is read before the next pass writes it
+  }
+  if (tid == 0) meta[0] = kept;
+}
+
 // adj_entry loads this thread's entry (the i-th) into a and returns the
 // logit it names, or null past the entries or for a token outside
 // [0, width).
