@@ -270,6 +270,10 @@ func TestDecodeAttentionPlan(t *testing.T) {
 	qwen3 := gpu.AttnArgs{N: 1, Heads: 16, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
 	qwen3x64 := qwen3
 	qwen3x64.N = 64
+	moe := gpu.AttnArgs{N: 64, Heads: 32, KVHeads: 4, HeadDim: 128, BlockSize: 16, MaxBlocks: 256}
+	moe16 := moe
+	moe16.N = 16
+	llama32 := gpu.AttnArgs{N: 32, Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocks: 256}
 	for _, c := range []struct {
 		name  string
 		a     gpu.AttnArgs
@@ -289,6 +293,12 @@ func TestDecodeAttentionPlan(t *testing.T) {
 		{"gqa x3", gqa3, gpu.F16, decodeAttention{kernel: "attn_decode_f16_hd64", grid: dim3{2, 8, 3}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 24, selfCombine: true}},
 		// Split for two blocks an SM: 64 tokens' 8 KV heads, one split.
 		{"qwen3 x64", qwen3x64, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd128", grid: dim3{1, 8, 64}, shmem: 4 * 64 * 128 * 2, splits: 1, blocks: 512, selfCombine: true}},
+		// Blocks that fill half the SMs' room take one split: 256 at head
+		// dim 128 (64 tokens' 4 KV heads), where two blocks an SM would
+		// split in two; 64 take five, and 256 at head dim 64 two.
+		{"moe x64", moe, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd128", grid: dim3{1, 4, 64}, shmem: 4 * 64 * 128 * 2, splits: 1, blocks: 256, selfCombine: true}},
+		{"llama x32", llama32, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd64", grid: dim3{2, 8, 32}, shmem: 4 * 64 * 64 * 2, splits: 2, blocks: 256, selfCombine: true}},
+		{"moe x16", moe16, gpu.BF16, decodeAttention{kernel: "attn_decode_bf16_hd128", grid: dim3{5, 4, 16}, shmem: 4 * 64 * 128 * 2, splits: 5, blocks: 64, selfCombine: true}},
 		{"f32", olmo1B, gpu.F32, decodeAttention{kernel: "attn_split_f32_hd128", grid: dim3{17, 16, 1}, splits: 17, blocks: 16}},
 	} {
 		got, err := planAttention(c.a, c.cache, sms, attnHeads(c.a))

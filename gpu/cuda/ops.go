@@ -36,7 +36,7 @@ func kernelNames() []string {
 		}
 	}
 	for _, s := range []string{"bf16", "f16"} {
-		names = append(names, "round_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "moe_mm_"+s,
+		names = append(names, "round_x_"+s, "split_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "moe_mm_"+s,
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
 			skinnyName(s, skinnyRows, false))
 		for _, hd := range []int{64, 128} {
@@ -196,6 +196,7 @@ type roundedX struct {
 	x, xs *Buffer
 	n     int
 	dt    gpu.DType
+	pairs bool // split_x's rounding and remainder, 2n rows
 }
 
 func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
@@ -354,8 +355,10 @@ func (d *Device) roundX(xs, x *Buffer, count int) error {
 }
 
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
-// batches of up to skinnyExactRows rows run gemm_skinny_*_exact on x in
-// f32 (SiLUMatMul forms their f32 rows itself); otherwise x is rounded to w's type once and the product runs on
+// batches of up to skinnyExactRows rows take x as exactly as f32
+// (SiLUMatMul forms their f32 rows itself): up to 8 rows on
+// gemm_skinny_*_exact, more as twice the rows of 16 bits (skinnyPairs);
+// otherwise x is rounded to w's type once and the product runs on
 // gemm_skinny (up to 64 rows), the Hopper product or gemm_pipe tiles. When
 // k is split, the ordered sum of the partial products follows. With silu,
 // x holds n rows of gate then up ([n, 2k]) and the product's input is
@@ -363,6 +366,9 @@ func (d *Device) roundX(xs, x *Buffer, count int) error {
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	suf := suffix(w.dt)
 	if !silu && exactSkinny(n, k) {
+		if pairsX(n) {
+			return d.skinnyPairs(suf, out, x, w, n, k, m)
+		}
 		return d.skinny(suf, out, x, w, n, k, m)
 	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
@@ -398,20 +404,65 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	return d.splitProduct(d.k("gemm_"+suf+t.suffix), grid, t.threads, t.shmem, out, xs, w, n, k, m, splits, chunk)
 }
 
-// skinnyExactRows is the most rows for which decode-batch products take x
-// in f32 and also multiply the remainder of its rounding
-// (gemm_skinny_*_exact): as exact as f32 x for steps of a few tokens. More
-// rows round x to 16 bits: the exact kernel reads twice the bytes of x,
-// which at 64 rows cost as much as the weights (docs/cuda.md).
+// skinnyExactRows is the most rows for which decode-batch products also
+// multiply the remainder of x's rounding to 16 bits: as exact as f32 x for
+// steps of a few tokens (and the fixtures' prompts). More rows round x to
+// 16 bits: the remainder doubles the bytes of x a block stages, which at
+// 64 rows cost as much as the weights (docs/cuda.md).
 const skinnyExactRows = 32
 
-// exactSkinny says whether a product of n rows of x over k takes the exact
-// decode-batch kernel, x in f32.
+// exactSkinny says whether a product of n rows of x over k takes x in f32
+// as exactly as the exact decode-batch kernel does.
 func exactSkinny(n, k int) bool { return n <= skinnyExactRows && k%64 == 0 }
+
+// pairsX says whether an exact product of n rows takes x as 2n rows of
+// 16 bits (skinnyPairs) rather than in f32 (gemm_skinny_*_exact): from 9
+// rows, where the exact kernel's eight or two token tiles of f32 x ran at
+// 1.0-2.2 TB/s of weights and the pairs at 1.6-2.8 (docs/cuda.md).
+func pairsX(n int) bool { return n > 8 }
+
+// skinnyPairs runs an exact decode-batch product of n rows of x (f32) as a
+// rounded one of 2n: split_x writes x's rounding to w's type as rows 0..n-1
+// and its remainder's as rows n..2n-1, gemm_skinny multiplies both, and
+// the sum of its parts, the two halves of each split in turn, is the
+// product (sums.go). The same sums as the exact kernel's, which splits x
+// in every block and runs two mmas a step where this runs one.
+func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
+	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, 2*n*k)
+	if err != nil {
+		return err
+	}
+	key := roundedX{x: x, n: n * k, dt: w.dt, xs: xs, pairs: true}
+	if d.rounded != key {
+		err := d.launch(d.k("split_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
+			bufArg("out", xs, w.dt, 2*n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
+		if err != nil {
+			d.rounded = roundedX{}
+			return err
+		}
+		d.rounded = key
+	}
+	nt := skinnyTiles(2*n, false)
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(nt))
+	part, err := d.scratchBuf("gemm.part", gpu.F32, splits*2*n*m)
+	if err != nil {
+		return err
+	}
+	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+	err = d.launch(d.k(skinnyName(suf, 2*n, false)), grid, grid1(128), 0,
+		bufArg("out", part, gpu.F32, splits*2*n*m), bufArg("x", xs, w.dt, 2*n*k), bufArg("w", w, w.dt, m*k),
+		i32Arg(2*n), i32Arg(k), i32Arg(m), i32Arg(chunk))
+	if err != nil {
+		return err
+	}
+	d.sum = pendingSum{out: out, part: part, count: n * m, splits: 2 * splits}
+	return nil
+}
 
 // skinnyTiles is the token tiles (8 rows of x each) of the gemm_skinny
 // entry point for n rows: the exact kernel (x in f32) has one, two and
-// eight, the rounded one eight. One or two tiles hold fewer accumulators,
+// eight (two and eight now serve only BenchmarkExactProducts, against
+// skinnyPairs), the rounded one eight. One or two tiles hold fewer accumulators,
 // so more blocks fit on an SM (four tiles were slower than eight at 17–32
 // rows, docs/cuda.md).
 func skinnyTiles(n int, exact bool) int {
@@ -913,7 +964,11 @@ func mhaName(cache string, hd, g int) string {
 // shapes: against 8, 64 sequences of 512 tokens take one split instead of
 // two, 3.16 to 3.00 ms a step, and one sequence of 3,000 half as many); the
 // tensor-core kernel's 2, whose blocks hold 32 or 64 KiB of shared memory
-// (against 4, GQA batches of 4 to 64 sequences 1-4% faster a step).
+// (against 4, GQA batches of 4 to 64 sequences 1-4% faster a step), and
+// one split wherever its blocks fill half the SMs' room for them
+// (decodeBlocksPerSM), since combining splits then costs more than the
+// room a second split would fill: 64 sequences of Qwen3-30B-A3B's 4 KV
+// heads over 512 keys take 26 µs in one split, 34 in two.
 func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention, error) {
 	hd, suf := a.HeadDim, suffix(cache)
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
@@ -934,9 +989,23 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 		return p, fmt.Errorf("attention: %d tokens, %d kv heads: grid too large", a.N, a.KVHeads)
 	}
 	p.blocks = a.N * a.KVHeads * ngroup
-	p.splits = max(1, min(ceilDiv(perSM*sms, p.blocks), ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
+	fill := ceilDiv(perSM*sms, p.blocks)
+	if g == 0 && p.selfCombine && 2*p.blocks >= decodeBlocksPerSM(hd)*sms {
+		fill = 1
+	}
+	p.splits = max(1, min(fill, ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
 	p.grid = dim3{uint32(p.splits), uint32(a.KVHeads * ngroup), uint32(a.N)}
 	return p, nil
+}
+
+// decodeBlocksPerSM is how many blocks of attn_decode an SM holds on an
+// H200: 3 at head dim 128 (168 registers, 64 KiB of shared memory), 5 at
+// 64 (96 registers).
+func decodeBlocksPerSM(hd int) int {
+	if hd <= 64 {
+		return 5
+	}
+	return 3
 }
 
 // usePrefillAttention: the tensor-core kernel for steps of more than 64

@@ -388,6 +388,27 @@ template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
   lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
 }
 
+// split_x_{bf16,f16}: x's rounding to 16 bits in out[i] and its
+// remainder's in out[count + i] (split2), 8 elements a thread, count a
+// multiple of 8: a decode batch's product over both halves, as rows of x of
+// their own, is as exact as over f32 x.
+template <typename T>
+DEV void split_x(uint16_t* __restrict__ out, const float* __restrict__ x, long count) {
+  pdl_begin();
+  long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (i >= count) return;
+  float4 a = *reinterpret_cast<const float4*>(x + i), b = *reinterpret_cast<const float4*>(x + i + 4);
+  uint4 hi, lo;
+  split2<T>(a.x, a.y, hi.x, lo.x);
+  split2<T>(a.z, a.w, hi.y, lo.y);
+  split2<T>(b.x, b.y, hi.z, lo.z);
+  split2<T>(b.z, b.w, hi.w, lo.w);
+  *reinterpret_cast<uint4*>(out + i) = hi;
+  *reinterpret_cast<uint4*>(out + count + i) = lo;
+}
+extern "C" __global__ void split_x_bf16(uint16_t* out, const float* x, long count) { split_x<BF16>(out, x, count); }
+extern "C" __global__ void split_x_f16(uint16_t* out, const float* x, long count) { split_x<F16>(out, x, count); }
+
 // skinny_chunk is the place of 16-byte chunk c of row r of the staged x
 // (8 values of 16 bits, or 4 f32): a 16-byte load phase reads two rows at
 // four chunks, 1 (16-bit) or 2 (f32) apart, and the XOR with odd rows'
