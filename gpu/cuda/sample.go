@@ -114,27 +114,18 @@ func (l *drawnLists) metaArg() arg {
 func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.SampleRow) (*drawnLists, error) {
 	const op = "sample"
 	l := d.drawn[out]
-	// follows counts the rows that follow, grows those that may add an
-	// entry (adjust_append: active penalties), carried the live entries
-	// of the rows that follow, and live each row's after this draw.
-	follows, grows, carried, adjusts := 0, 0, 0, false
-	live := make([]int, len(rows))
+	pl, err := planLists(l, rows)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if !pl.adjusts {
+		if l != nil {
+			l.rows, l.bound, l.live = len(rows), 0, pl.live
+		}
+		return nil, nil
+	}
 	var host, rowp []byte
 	for r, sr := range rows {
-		live[r] = len(sr.Adjust)
-		if sr.Follows {
-			follows++
-			if l == nil || l.rows != len(rows) || len(l.live) != len(rows) {
-				return nil, fmt.Errorf("%s: row %d follows a draw into out that is not known", op, r)
-			}
-			carried += l.live[r]
-			live[r] = l.live[r]
-			if sr.Penalties.Active() {
-				grows++
-				live[r]++
-			}
-		}
-		adjusts = adjusts || sr.Follows || len(sr.Adjust) > 0 || sr.Penalties.Active()
 		for _, a := range sr.Adjust {
 			host = binary.LittleEndian.AppendUint32(host, uint32(r))
 			host = binary.LittleEndian.AppendUint32(host, uint32(a.ID))
@@ -149,30 +140,12 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 		rowp = binary.LittleEndian.AppendUint32(rowp, math.Float32bits(p.Presence))
 		rowp = binary.LittleEndian.AppendUint32(rowp, math.Float32bits(p.Frequency))
 	}
-	if !adjusts {
-		if l != nil {
-			l.rows, l.bound, l.live = len(rows), 0, live
-		}
-		return nil, nil
-	}
-	old := 0 // the entries that carry over lie among the first old
-	if follows > 0 {
-		old = l.bound
-	}
-	// Entries of rows that no longer follow are dropped where they lie:
-	// once they outnumber the live ones by a margin, adjust_compact packs
-	// the live ones, at most carried, at the front.
-	base, compact := old, follows > 0 && old > 2*carried+compactSlack
-	if compact {
-		base = carried
-	}
-	h := len(host) / 4 / adjEntryWords
-	bound := base + grows + h
-	l, err := d.keepLists(out, len(rows), old, max(old, bound))
+	old, base, bound, h := pl.old, pl.base, pl.bound, len(host)/4/adjEntryWords
+	l, err = d.keepLists(out, len(rows), old, max(old, bound))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	l.bound, l.live = bound, live
+	l.bound, l.live = bound, pl.live
 	if bound == 0 {
 		return nil, nil // nothing to change yet; the lists start empty
 	}
@@ -201,7 +174,7 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 			l.entries(), l.metaArg(), outArg, rowArg, i32Arg(old)); err != nil {
 			return nil, err
 		}
-		if compact {
+		if pl.compact {
 			if err := d.launch(d.k("adjust_compact"), grid1(1), grid1(1024), 0,
 				l.entries(), l.metaArg(), i32Arg(old)); err != nil {
 				return nil, err
@@ -217,6 +190,55 @@ func (d *Device) adjustLogits(out *Buffer, logits arg, width int, rows []gpu.Sam
 		return nil, err
 	}
 	return l, nil
+}
+
+// listPlan is a draw's use of the lists kept with its buffer of tokens.
+type listPlan struct {
+	adjusts bool  // a row adjusts its logits or follows the last draw
+	old     int   // the entries the last draw left (adjust_follow's bound)
+	compact bool  // adjust_compact packs the live ones first
+	base    int   // where adjust_append adds entries
+	bound   int   // at least the entries after this draw
+	live    []int // a row, at least its live entries after this draw
+}
+
+// planLists plans a draw of rows into a buffer whose kept lists are l (nil
+// when there are none). A row's live entries are its list from the host,
+// or, for a row that follows, the last draw's and one more where its
+// penalties add the token drawn (adjust_append). Entries of rows that no
+// longer follow are dropped where they lie: once they outnumber the live
+// ones by compactSlack, adjust_compact packs the live ones, at most the
+// following rows', at the front.
+func planLists(l *drawnLists, rows []gpu.SampleRow) (listPlan, error) {
+	p := listPlan{live: make([]int, len(rows))}
+	follows, grows, carried, h := false, 0, 0, 0
+	for r, sr := range rows {
+		p.adjusts = p.adjusts || sr.Follows || len(sr.Adjust) > 0 || sr.Penalties.Active()
+		h += len(sr.Adjust)
+		p.live[r] = len(sr.Adjust)
+		if !sr.Follows {
+			continue
+		}
+		if l == nil || l.rows != len(rows) || len(l.live) != len(rows) {
+			return p, fmt.Errorf("row %d follows a draw into out that is not known", r)
+		}
+		follows = true
+		carried += l.live[r]
+		p.live[r] = l.live[r]
+		if sr.Penalties.Active() {
+			grows++
+			p.live[r]++
+		}
+	}
+	if follows {
+		p.old = l.bound
+	}
+	p.base, p.compact = p.old, follows && p.old > 2*carried+compactSlack
+	if p.compact {
+		p.base = carried
+	}
+	p.bound = p.base + grows + h
+	return p, nil
 }
 
 // keepLists sizes out's kept lists for rows rows and size entries, the
