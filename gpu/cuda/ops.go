@@ -401,7 +401,7 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	}
 	splits, chunk := t.splits(ceilDiv(n, t.rows)*ceilDiv(m, t.cols), k, d.info.SMs)
 	grid := dim3{uint32(ceilDiv(m, t.cols)), uint32(ceilDiv(n, t.rows)), uint32(splits)}
-	return d.splitProduct(d.k("gemm_"+suf+t.suffix), grid, t.threads, t.shmem, out, xs, w, n, k, m, splits, chunk)
+	return d.splitProduct(d.k("gemm_"+suf+t.suffix), grid, t.threads, t.shmem, out, xs, w, n, k, m, splits, chunk, 1)
 }
 
 // skinnyExactRows is the most rows for which decode-batch products also
@@ -425,7 +425,7 @@ func pairsX(n int) bool { return n > 8 }
 // rounded one of 2n: split_x writes x's rounding to w's type as rows 0..n-1
 // and its remainder's as rows n..2n-1, gemm_skinny multiplies both, and
 // the sum of its parts, the two halves of each split in turn, is the
-// product (sums.go). The same sums as the exact kernel's, which splits x
+// product (splitProduct). The same sums as the exact kernel's, which splits x
 // in every block and runs two mmas a step where this runs one.
 func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, 2*n*k)
@@ -442,21 +442,9 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
 		}
 		d.rounded = key
 	}
-	nt := skinnyTiles(2*n, false)
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(nt))
-	part, err := d.scratchBuf("gemm.part", gpu.F32, splits*2*n*m)
-	if err != nil {
-		return err
-	}
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(skinnyTiles(2*n, false)))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	err = d.launch(d.k(skinnyName(suf, 2*n, false)), grid, grid1(128), 0,
-		bufArg("out", part, gpu.F32, splits*2*n*m), bufArg("x", xs, w.dt, 2*n*k), bufArg("w", w, w.dt, m*k),
-		i32Arg(2*n), i32Arg(k), i32Arg(m), i32Arg(chunk))
-	if err != nil {
-		return err
-	}
-	d.sum = pendingSum{out: out, part: part, count: n * m, splits: 2 * splits}
-	return nil
+	return d.splitProduct(d.k(skinnyName(suf, 2*n, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, 2)
 }
 
 // skinnyTiles is the token tiles (8 rows of x each) of the gemm_skinny
@@ -505,28 +493,31 @@ func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
 	}
 	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(nt))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, n, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk)
+	return d.splitProduct(d.k(skinnyName(suf, n, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk, 1)
 }
 
-// splitProduct launches a product kernel taking (out, x, w, n, k, m,
+// splitProduct launches a product kernel taking (out, x, w, rows, k, m,
 // chunk) whose splits of k write partial products, then sums them in
-// split order into out.
-func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, x, w *Buffer, n, k, m, splits, chunk int) error {
+// split order into out. x holds halves × n rows: with 2 (skinnyPairs),
+// rows n.. are the remainders of rows 0.., and each split's two halves of
+// the product are summed in turn.
+func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, x, w *Buffer, n, k, m, splits, chunk, halves int) error {
+	rows, parts := halves*n, halves*splits
 	dst := out
-	if splits > 1 {
+	if parts > 1 {
 		var err error
-		if dst, err = d.scratchBuf("gemm.part", gpu.F32, splits*n*m); err != nil {
+		if dst, err = d.scratchBuf("gemm.part", gpu.F32, splits*rows*m); err != nil {
 			return err
 		}
 	}
 	err := d.launch(kern, grid, grid1(threads), shmem,
-		bufArg("out", dst, gpu.F32, splits*n*m), bufArg("x", x, x.dt, n*k), bufArg("w", w, w.dt, m*k),
-		i32Arg(n), i32Arg(k), i32Arg(m), i32Arg(chunk))
-	if err != nil || splits == 1 {
+		bufArg("out", dst, gpu.F32, splits*rows*m), bufArg("x", x, x.dt, rows*k), bufArg("w", w, w.dt, m*k),
+		i32Arg(rows), i32Arg(k), i32Arg(m), i32Arg(chunk))
+	if err != nil || parts == 1 {
 		return err
 	}
 	// The parts are summed by whatever reads out next (sums.go).
-	d.sum = pendingSum{out: out, part: dst, count: n * m, splits: splits}
+	d.sum = pendingSum{out: out, part: dst, count: n * m, splits: parts}
 	return nil
 }
 
