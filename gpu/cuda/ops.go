@@ -348,10 +348,31 @@ func (t gemmTile) splits(tiles, k, sms int) (splits, chunk int) {
 }
 
 // roundX writes the first count elements of x (f32) rounded to xs's
-// 16-bit type into xs (round_x).
-func (d *Device) roundX(xs, x *Buffer, count int) error {
-	return d.launch(d.k("round_x_"+suffix(xs.dt)), grid1(ceilDiv(ceilDiv(count, 8), 256)), grid1(256), 0,
-		bufArg("out", xs, xs.dt, count), bufArg("x", x, gpu.F32, count), i64Arg(count))
+// 16-bit type into xs (round_x), or with pairs their rounding and then
+// their remainder's, 2·count elements (split_x).
+func (d *Device) roundX(xs, x *Buffer, count int, pairs bool) error {
+	name, n := "round_x_", count
+	if pairs {
+		name, n = "split_x_", 2*count
+	}
+	return d.launch(d.k(name+suffix(xs.dt)), grid1(ceilDiv(ceilDiv(count, 8), 256)), grid1(256), 0,
+		bufArg("out", xs, xs.dt, n), bufArg("x", x, gpu.F32, count), i64Arg(count))
+}
+
+// roundOnce is roundX unless xs already holds that rounding of x
+// (d.rounded): products of one x in a row (q, k, v; gate, up) round it
+// once.
+func (d *Device) roundOnce(xs, x *Buffer, count int, pairs bool) error {
+	key := roundedX{x: x, n: count, dt: xs.dt, xs: xs, pairs: pairs}
+	if d.rounded == key {
+		return nil
+	}
+	if err := d.roundX(xs, x, count, pairs); err != nil {
+		d.rounded = roundedX{}
+		return err
+	}
+	d.rounded = key
+	return nil
 }
 
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
@@ -375,19 +396,13 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	if err != nil {
 		return err
 	}
-	// Products of one x in a row (q, k, v; gate, up) round it once.
-	key := roundedX{x: x, n: n * k, dt: w.dt, xs: xs}
 	if silu {
 		d.rounded = roundedX{}
 		if err := d.siluRows(xs, x, n, k); err != nil {
 			return err
 		}
-	} else if d.rounded != key {
-		if err := d.roundX(xs, x, n*k); err != nil {
-			d.rounded = roundedX{}
-			return err
-		}
-		d.rounded = key
+	} else if err := d.roundOnce(xs, x, n*k, false); err != nil {
+		return err
 	}
 	if n <= skinnyRows && k%64 == 0 {
 		return d.skinny(suf, out, xs, w, n, k, m)
@@ -432,15 +447,8 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
 	if err != nil {
 		return err
 	}
-	key := roundedX{x: x, n: n * k, dt: w.dt, xs: xs, pairs: true}
-	if d.rounded != key {
-		err := d.launch(d.k("split_x_"+suf), grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
-			bufArg("out", xs, w.dt, 2*n*k), bufArg("x", x, gpu.F32, n*k), i64Arg(n*k))
-		if err != nil {
-			d.rounded = roundedX{}
-			return err
-		}
-		d.rounded = key
+	if err := d.roundOnce(xs, x, n*k, true); err != nil {
+		return err
 	}
 	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(skinnyTiles(2*n, false)))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
@@ -1187,7 +1195,7 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 			return err
 		}
 		const mmShmem = 4 * (64 + 64) * 32 * 2 // stages of 64 rows of each side, 32 of k
-		if err := d.roundX(x16.buf, b[1], a.N*a.Dim); err != nil {
+		if err := d.roundX(x16.buf, b[1], a.N*a.Dim, false); err != nil {
 			return err
 		}
 		mm := d.k("moe_mm_" + suf)
