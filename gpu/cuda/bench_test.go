@@ -446,53 +446,6 @@ func BenchmarkGEMM(b *testing.B) {
 	}
 }
 
-// BenchmarkExactProducts: the decode-batch products that take x as
-// exactly as f32, by the exact kernel (x staged in f32, split in every
-// block, two mmas a step: "f32") and as twice the rows of 16 bits
-// (split_x, the rounded kernel, the pairs summed: "pairs"), over rotating
-// weights beyond the L2 (OLMo-2-1B's q|k|v, gate|up and down).
-func BenchmarkExactProducts(b *testing.B) {
-	d := open(b)
-	r := rand.New(rand.NewPCG(8, 8))
-	for _, s := range [][2]int{{2048, 6144}, {2048, 16384}, {8192, 2048}} {
-		k, m := s[0], s[1]
-		ws := rotating(b, d, gpu.BF16, gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05)))
-		for _, n := range []int{12, 16, 24, 32} {
-			x := f32buf(b, d, randF32(r, n*k, 1)).(*Buffer)
-			out := alloc(b, d, gpu.F32, n*m).(*Buffer)
-			for _, pairs := range []bool{false, true} {
-				name := map[bool]string{false: "f32", true: "pairs"}[pairs]
-				b.Run(fmt.Sprintf("%dx%dx%d/%s", n, k, m, name), func(b *testing.B) {
-					graphRate(b, d, len(ws), float64(m*k*2), func() error {
-						for _, w := range ws {
-							if err := d.enter("matmul"); err != nil {
-								return err
-							}
-							var err error
-							d.rounded = roundedX{} // each product splits its x
-							if pairs {
-								err = d.skinnyPairs("bf16", out, x, w.(*Buffer), n, k, m)
-							} else {
-								err = d.skinny("bf16", out, x, w.(*Buffer), n, k, m)
-							}
-							d.leave()
-							if err != nil {
-								return err
-							}
-						}
-						return nil
-					})
-				})
-			}
-			d.Free(x)
-			d.Free(out)
-		}
-		for _, w := range ws {
-			d.Free(w)
-		}
-	}
-}
-
 // BenchmarkDecodeStepOLMo2 replays, as one graph, the operations of an
 // OLMo-2-1B decode step at batch 1 (16 layers of d 2048, 16 heads of 128,
 // ffn 8192, vocab 100352; bf16 weights, 2.56 GB of them, all distinct;

@@ -381,9 +381,18 @@ func (d *Device) loadKernels() error {
 			return fmt.Errorf("cuda: threads of %s: %w", name, err)
 		}
 		k.threads = int(threads)
-		if strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv") {
+		if threads, shmem, ok := occupancyShape(name); ok {
+			if shmem > defaultShmem {
+				// The driver counts no blocks for more shared memory than
+				// the kernel is allowed: allow it first, as launch would.
+				// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+				if err := d.drv.cuFuncSetAttribute.call(fn, 8, uintptr(shmem)); err != nil {
+					return fmt.Errorf("cuda: %s: %d bytes of shared memory: %w", name, shmem, err)
+				}
+				k.shmem = shmem
+			}
 			var occ int32
-			if err := d.drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.call(ptr(&occ), fn, 256, 0); err != nil {
+			if err := d.drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.call(ptr(&occ), fn, uintptr(threads), uintptr(shmem)); err != nil {
 				return fmt.Errorf("cuda: occupancy of %s: %w", name, err)
 			}
 			k.occ = int(occ)
@@ -391,6 +400,23 @@ func (d *Device) loadKernels() error {
 		d.kern[name] = k
 	}
 	return nil
+}
+
+// occupancyShape is the block (threads, dynamic shared memory) at which
+// the driver is asked how many blocks of a kernel fit on an SM, for the
+// kernels whose grids depend on it: the fast GEMVs and attn_decode.
+func occupancyShape(name string) (threads, shmem int, ok bool) {
+	switch {
+	case strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv"):
+		return 256, 0, true
+	case strings.HasPrefix(name, "attn_decode_"):
+		hd := 128
+		if strings.HasSuffix(name, "_hd64") {
+			hd = 64
+		}
+		return 128, decodeShmem(hd), true
+	}
+	return 0, 0, false
 }
 
 func (d *Device) teardown() {

@@ -191,6 +191,26 @@ func TestGEMVShapes(t *testing.T) {
 // of the same 16-bit weights and the f32 x: up to 32 rows within f32
 // rounding (x's rounding remainder goes through a second mma), more rows
 // within bf16 (f16) rounding of x.
+// TestDecodeRoom: the driver's occupancy of attn_decode, which the
+// decode attention's one-split rule reads (planAttention), is known for
+// every entry point; on an H200 it is what TestDecodeAttentionPlan takes.
+func TestDecodeRoom(t *testing.T) {
+	d := open(t)
+	for _, dt := range []string{"bf16", "f16"} {
+		for _, hd := range []int{64, 128} {
+			name := fmt.Sprintf("attn_decode_%s_hd%d", dt, hd)
+			got := d.room(name)
+			if got < 1 {
+				t.Errorf("%s: room for %d blocks an SM", name, got)
+			}
+			if strings.Contains(d.Name(), "H200") && got != h200Room(name) {
+				t.Errorf("%s on %s: room for %d blocks an SM, want %d", name, d.Name(), got, h200Room(name))
+			}
+			t.Logf("%s: %d blocks an SM", name, got)
+		}
+	}
+}
+
 func TestSkinnyExact(t *testing.T) {
 	d := open(t)
 	r := rand.New(rand.NewPCG(7, 8))

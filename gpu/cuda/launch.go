@@ -16,8 +16,8 @@ type kernel struct {
 	// shmem is the dynamic shared memory the kernel has been allowed
 	// beyond the default 48 KiB.
 	shmem int
-	// occ is how many 256-thread blocks of the kernel fit on an SM at once,
-	// asked of the driver for the fast GEMVs (0 for the others).
+	// occ is how many blocks of the kernel fit on an SM at once, asked of
+	// the driver at the block occupancyShape gives (0 for other kernels).
 	occ int
 	// threads is the most threads a block of the kernel may have, as
 	// its registers allow (the driver's answer at Open).

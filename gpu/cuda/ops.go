@@ -38,14 +38,11 @@ func kernelNames() []string {
 	for _, s := range []string{"bf16", "f16"} {
 		names = append(names, "round_x_"+s, "split_x_"+s, "gemm_"+s+"_l", "gemm_"+s+"_s", "moe_mm_"+s,
 			"attn_prefill_"+s+"_hd64", "attn_prefill_"+s+"_hd128", "attn_decode_"+s+"_hd64", "attn_decode_"+s+"_hd128",
-			skinnyName(s, skinnyRows, false))
+			skinnyName(s, false), skinnyName(s, true))
 		for _, hd := range []int{64, 128} {
 			for _, g := range []int{1, 2} {
 				names = append(names, mhaName(s, hd, g))
 			}
-		}
-		for _, n := range []int{8, 16, skinnyExactRows} {
-			names = append(names, skinnyName(s, n, true))
 		}
 	}
 	for _, s := range gemvSplits {
@@ -66,6 +63,15 @@ func optionalKernelNames() []string {
 }
 
 func (d *Device) k(name string) *kernel { return d.kern[name] }
+
+// room is how many blocks of the named kernel an SM holds at the shape it
+// is launched with (kernel.occ), 0 when unknown.
+func (d *Device) room(name string) int {
+	if k := d.k(name); k != nil {
+		return k.occ
+	}
+	return 0
+}
 
 // typed returns the kernel name+"_"+dtype suffix for a float dtype.
 func (d *Device) typed(op, arg, name string, dt gpu.DType) (*kernel, error) {
@@ -431,10 +437,11 @@ const skinnyExactRows = 32
 func exactSkinny(n, k int) bool { return n <= skinnyExactRows && k%64 == 0 }
 
 // pairsX says whether an exact product of n rows takes x as 2n rows of
-// 16 bits (skinnyPairs) rather than in f32 (gemm_skinny_*_exact): from 9
-// rows, where the exact kernel's eight or two token tiles of f32 x ran at
-// 1.0-2.2 TB/s of weights and the pairs at 1.6-2.8 (docs/cuda.md).
-func pairsX(n int) bool { return n > 8 }
+// 16 bits (skinnyPairs) rather than in f32 (gemm_skinny_*_exact_t1): from
+// 9 rows, where exact kernels of two and eight token tiles ran at 1.0-2.2
+// TB/s of weights and the pairs at 1.6-2.8; at 6 and 8 rows the pairs
+// made a step slower (docs/cuda.md).
+func pairsX(n int) bool { return n > skinnyExactTile }
 
 // skinnyPairs runs an exact decode-batch product of n rows of x (f32) as a
 // rounded one of 2n: split_x writes x's rounding to w's type as rows 0..n-1
@@ -450,58 +457,50 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
 	if err := d.roundOnce(xs, x, n*k, true); err != nil {
 		return err
 	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(skinnyTiles(2*n, false)))
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(false))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, 2*n, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, 2)
+	return d.splitProduct(d.k(skinnyName(suf, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, 2)
 }
 
-// skinnyTiles is the token tiles (8 rows of x each) of the gemm_skinny
-// entry point for n rows: the exact kernel (x in f32) has one, two and
-// eight (two and eight now serve only BenchmarkExactProducts, against
-// skinnyPairs), the rounded one eight. One or two tiles hold fewer accumulators,
-// so more blocks fit on an SM (four tiles were slower than eight at 17–32
-// rows, docs/cuda.md).
-func skinnyTiles(n int, exact bool) int {
-	switch {
-	case exact && n <= 8:
-		return 1
-	case exact && n <= 16:
-		return 2
-	}
-	return 8
-}
-
-// skinnyName is the gemm_skinny entry point for n rows of x, exact or
-// rounded to the weights' type suf.
-func skinnyName(suf string, n int, exact bool) string {
+// skinnyName is gemm_skinny's entry point for x exact (f32, up to
+// skinnyExactTile rows: one token tile) or rounded to the weights' type suf
+// (eight token tiles of 8 rows).
+func skinnyName(suf string, exact bool) string {
 	if exact {
-		suf += "_exact"
+		return "gemm_skinny_" + suf + "_exact_t1"
 	}
-	return fmt.Sprintf("gemm_skinny_%s_t%d", suf, skinnyTiles(n, exact))
+	return "gemm_skinny_" + suf + "_t8"
 }
 
-// skinnyPerSM is the blocks per SM gemm_skinny's splits of k aim for:
-// its occupancy for nt token tiles.
-func skinnyPerSM(nt int) int {
-	if nt <= 2 {
+// skinnyExactTile is the most rows the exact kernel takes: its one token
+// tile holds few accumulators, so four blocks fit on an SM (pairsX sends
+// more rows to skinnyPairs).
+const skinnyExactTile = 8
+
+// skinnyPerSM is the blocks per SM gemm_skinny's splits of k aim for: its
+// occupancy, four blocks of the exact kernel, three of the rounded one.
+func skinnyPerSM(exact bool) int {
+	if exact {
 		return 4
 	}
 	return 3
 }
 
-// skinny launches gemm_skinny over n rows of x (f32, or rounded to suf
-// when x is 16-bit), the exact kernel's token tiles staged in dynamic
-// shared memory (rows of SK_XK = 256 f32), k split for about
+// skinny launches gemm_skinny over n rows of x: f32 x (at most
+// skinnyExactTile rows) on the exact kernel, staged in dynamic shared
+// memory (rows of SK_XK = 256 f32), or x rounded to suf; k split for about
 // skinnyPerSM blocks per SM.
 func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
-	exact := x.dt == gpu.F32
-	nt, shmem := skinnyTiles(n, exact), 0
+	exact, shmem := x.dt == gpu.F32, 0
 	if exact {
-		shmem = min(nt*8, skinnyExactRows) * 256 * 4
+		if n > skinnyExactTile {
+			return fmt.Errorf("matmul: %d rows of f32 x on the exact kernel, at most %d", n, skinnyExactTile)
+		}
+		shmem = skinnyExactTile * 256 * 4
 	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(nt))
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(exact))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, n, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk, 1)
+	return d.splitProduct(d.k(skinnyName(suf, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk, 1)
 }
 
 // splitProduct launches a product kernel taking (out, x, w, rows, k, m,
@@ -883,7 +882,7 @@ func (d *Device) attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs, g int) err
 	if g < 0 {
 		g = attnHeads(a)
 	}
-	pl, err := planAttention(a, b[2].dt, d.info.SMs, g)
+	pl, err := planAttention(a, b[2].dt, d.info.SMs, g, d.room)
 	if err != nil {
 		return err
 	}
@@ -964,11 +963,13 @@ func mhaName(cache string, hd, g int) string {
 // two, 3.16 to 3.00 ms a step, and one sequence of 3,000 half as many); the
 // tensor-core kernel's 2, whose blocks hold 32 or 64 KiB of shared memory
 // (against 4, GQA batches of 4 to 64 sequences 1-4% faster a step), and
-// one split wherever its blocks fill half the SMs' room for them
-// (decodeBlocksPerSM), since combining splits then costs more than the
-// room a second split would fill: 64 sequences of Qwen3-30B-A3B's 4 KV
-// heads over 512 keys take 26 µs in one split, 34 in two.
-func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention, error) {
+// one split wherever its blocks fill half the SMs' room for them (room,
+// the blocks of a kernel an SM holds, from the driver), since combining
+// splits then costs more than the room a second split would fill: 64
+// sequences of Qwen3-30B-A3B's 4 KV heads over 512 keys take 26 µs in one
+// split, 34 in two (on an H200 an SM holds 3 blocks at head dim 128, 5 at
+// 64).
+func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int, room func(kernel string) int) (decodeAttention, error) {
 	hd, suf := a.HeadDim, suffix(cache)
 	p := decodeAttention{kernel: fmt.Sprintf("attn_split_%s_hd%d", suf, hd)}
 	rows, tile, perSM := 8, 32, 2
@@ -981,7 +982,7 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 		p.kernel, rows, tile, perSM, p.selfCombine = mhaName(suf, hd, g), g, 64, 4, true
 	default:
 		p.kernel, rows, tile, perSM, p.selfCombine = fmt.Sprintf("attn_decode_%s_hd%d", suf, hd), 16, 64, 2, true
-		p.shmem = 4 * 64 * hd * 2
+		p.shmem = decodeShmem(hd)
 	}
 	ngroup := ceilDiv(a.Heads/a.KVHeads, rows)
 	if a.N > 65535 || a.KVHeads*ngroup > 65535 {
@@ -989,7 +990,7 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 	}
 	p.blocks = a.N * a.KVHeads * ngroup
 	fill := ceilDiv(perSM*sms, p.blocks)
-	if g == 0 && p.selfCombine && 2*p.blocks >= decodeBlocksPerSM(hd)*sms {
+	if r := room(p.kernel); g == 0 && p.selfCombine && r > 0 && 2*p.blocks >= r*sms {
 		fill = 1
 	}
 	p.splits = max(1, min(fill, ceilDiv(a.MaxBlocks*a.BlockSize, tile), 256))
@@ -997,15 +998,9 @@ func planAttention(a gpu.AttnArgs, cache gpu.DType, sms, g int) (decodeAttention
 	return p, nil
 }
 
-// decodeBlocksPerSM is how many blocks of attn_decode an SM holds on an
-// H200: 3 at head dim 128 (168 registers, 64 KiB of shared memory), 5 at
-// 64 (96 registers).
-func decodeBlocksPerSM(hd int) int {
-	if hd <= 64 {
-		return 5
-	}
-	return 3
-}
+// decodeShmem is attn_decode's dynamic shared memory at head dim hd: two
+// stages of a tile of 64 keys and values.
+func decodeShmem(hd int) int { return 4 * 64 * hd * 2 }
 
 // usePrefillAttention: the tensor-core kernel for steps of more than 64
 // tokens that come in runs of at least 16 (prompts), with a 16-bit cache

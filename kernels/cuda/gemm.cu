@@ -418,8 +418,8 @@ template <int o> DEV int skinny_chunk(int c, int r) { return c ^ ((r & 1) * o); 
 // gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
 // [blockIdx.y*kchunk, +kchunk); n <= NT*8, k % 64 == 0, kchunk % 64 == 0.
 // x is 16-bit (X = uint16_t, rounded by round_x), staged 256 of k at a
-// time in 32 KiB of static shared memory; or (EXACT, X = float, n <= 32)
-// f32, staged in 32 KiB of dynamic shared memory and split into T's
+// time in 32 KiB of static shared memory; or (EXACT, X = float, n <= 8)
+// f32, staged in 8 KiB of dynamic shared memory and split into T's
 // rounding and its remainder as the mma's B operands are formed, two mmas
 // each, so that the product is as exact as f32 x·w: it reads twice the
 // bytes of x, which matters less the fewer its rows. Only the rows of the
@@ -560,10 +560,10 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     }
 }
 
-// Entry points: gemm_skinny_<type>[_exact]_t<NT>, up to NT token tiles of
-// 8 rows of x (gpu/cuda's skinnyTiles picks them): one or two tiles hold
-// fewer accumulators, so four blocks fit on an SM where eight allow three
-// (four tiles were slower than eight at 17-32 rows).
+// Entry points: gemm_skinny_<type>_t8, x rounded, up to eight token tiles
+// of 8 rows (three blocks an SM); gemm_skinny_<type>_exact_t1, f32 x, one
+// tile, whose few accumulators let four blocks fit on an SM. More rows of
+// f32 x take the rounded kernel as pairs of rows (gpu/cuda's skinnyPairs).
 #define SKINNY1(NAME, T, EXACT, X, NT)                                                                             \
   extern "C" __global__ void __launch_bounds__(128) NAME##_t##NT(float* out, const X* x, const uint16_t* w, int n, \
                                                                  int k, int m, int kchunk) {                      \
@@ -571,5 +571,3 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
   }
 SKINNY1(gemm_skinny_bf16, BF16, false, uint16_t, 8) SKINNY1(gemm_skinny_f16, F16, false, uint16_t, 8)
 SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 1) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 1)
-SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 2) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 2)
-SKINNY1(gemm_skinny_bf16_exact, BF16, true, float, 8) SKINNY1(gemm_skinny_f16_exact, F16, true, float, 8)

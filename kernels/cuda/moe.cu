@@ -54,10 +54,6 @@ DEV void moe_logits(float* __restrict__ logits, const float* __restrict__ x,
   if (lane == 0) logits[(long)t * experts + e] = s;
 }
 
-// topk: warp-wide, for token t of the router's logits (n rows of experts,
-// lg the warp's MAX_EXPERTS floats of shared memory): softmax, the top k
-// (ties to the lower expert index), optional renormalisation, into ids and
-// wts (slot t·topk + k).
 // warp_softmax: the warp's exp(logits[e] - max) for a row of experts into
 // pr (shared memory), returning their sum to every lane. topk and
 // lone_choice both take it, so their probabilities agree bit for bit.
@@ -77,6 +73,10 @@ DEV float warp_softmax(float* pr, const float* logits, int experts) {
   return sum;
 }
 
+// topk: warp-wide, for token t of the router's logits (n rows of experts,
+// lg the warp's MAX_EXPERTS floats of shared memory): softmax, the top k
+// (ties to the lower expert index), optional renormalisation, into ids and
+// wts (slot t·topk + k).
 DEV void topk(int* ids, float* wts, const float* logits, float* lg, int t, int experts, int k_, int norm) {
   int lane = threadIdx.x & 31;
   float sum = warp_softmax(lg, logits + (long)t * experts, experts);
