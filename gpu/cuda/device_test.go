@@ -417,6 +417,51 @@ func TestFusedNorms(t *testing.T) {
 	}
 }
 
+// TestNormsRoundNext: a norm whose output a 16-bit product reads next
+// stores that product's x itself, rounded (33 to 64 rows) or as pairs of
+// 16-bit rows (9 to 32); the product through it equals, bit for bit, the
+// product of the same f32 rows rounded or split by the product itself.
+func TestNormsRoundNext(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	const dim, m = 2048, 320
+	for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+		for _, n := range []int{12, 40} {
+			for _, post := range []bool{false, true} {
+				name := fmt.Sprintf("%s n=%d post=%v", dt, n, post)
+				nw := weights(t, d, dt, gputest.Encode(dt, randF32(r, dim, 1)))
+				pw := weights(t, d, dt, gputest.Encode(dt, randF32(r, m*dim, 0.05)))
+				x, next := f32buf(t, d, randF32(r, n*dim, 1)), f32buf(t, d, randF32(r, n*dim, 1))
+				var err error
+				if post {
+					err = d.RMSNormAdd(next, x, nw, n, dim, 1e-6)
+				} else {
+					res := next
+					next = alloc(t, d, gpu.F32, n*dim)
+					err = d.AddRMSNorm(next, res, x, nw, n, dim, 1e-6)
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				got, want := alloc(t, d, gpu.F32, n*m), alloc(t, d, gpu.F32, n*m)
+				if err := d.MatMul(got, next, pw, n, dim, m); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if err := d.MatMul(want, f32buf(t, d, readF32(t, d, next)), pw, n, dim, m); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				g, w := readF32(t, d, got), readF32(t, d, want)
+				for i := range g {
+					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+						t.Errorf("%s: [%d] %g through the norm's copy, %g rounded by the product", name, i, g[i], w[i])
+						break
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestKernelThreads: the driver's limit on every kernel's block is known
 // (launches are checked against it), and the norms, whose rows of 4,096
 // and more take 1,024 threads, allow them.

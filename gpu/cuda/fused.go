@@ -188,14 +188,14 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
 		return err
 	}
-	if b[2].dt != gpu.F32 && roundsX(n, k) {
+	if b[2].dt != gpu.F32 && (roundsX(n, k) || paired(n, k)) {
 		return d.gemm(b[0], b[1], b[2], n, k, m, true)
 	}
 	s, err := d.scratchBuf("silu", gpu.F32, n*k)
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := d.siluRows(s, b[1], n, k); err != nil {
+	if err := d.siluRows(s, b[1], n, k, false); err != nil {
 		return err
 	}
 	return d.matmul(b[0], s, b[2], n, k, m)
@@ -253,12 +253,13 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 	if err := d.matmul(gu, b[1], b[2], 1, k, 2*f); err != nil {
 		return err
 	}
-	return d.siluRows(b[0], gu, 1, f)
+	return d.siluRows(b[0], gu, 1, f, false)
 }
 
 // siluRows writes silu(gate)*up of gu's n rows ([n, 2k]) into out ([n, k],
-// f32 or the 16-bit type of a product's rounded x).
-func (d *Device) siluRows(out, gu *Buffer, n, k int) error {
+// f32 or the 16-bit type of a product's rounded x; with pairs, [2n, k]:
+// the roundings, then the remainders' as split_x writes them, k % 8 = 0).
+func (d *Device) siluRows(out, gu *Buffer, n, k int, pairs bool) error {
 	kern := d.k("silu_rows_" + suffix(out.dt))
 	if kern == nil {
 		return fmt.Errorf("silu matmul: the fused kernels are not loaded: rebuild with kernels/build.sh")
@@ -267,6 +268,14 @@ func (d *Device) siluRows(out, gu *Buffer, n, k int) error {
 	if err != nil {
 		return err
 	}
+	rows := n
+	if pairs {
+		if out.dt == gpu.F32 || k%8 != 0 {
+			return fmt.Errorf("silu matmul: pairs of %s rows of %d", out.dt, k)
+		}
+		rows = 2 * n
+	}
 	return d.launch(kern, grid1(ceilDiv(ceilDiv(n*k, 8), 256)), grid1(256), 0,
-		bufArg("out", out, out.dt, n*k), bufArg("gu", part, gpu.F32, splits*2*n*k), i32Arg(n), i32Arg(k), i32Arg(splits))
+		bufArg("out", out, out.dt, rows*k), bufArg("gu", part, gpu.F32, splits*2*n*k), i32Arg(n), i32Arg(k), i32Arg(splits),
+		i32Arg(b2i(pairs)))
 }

@@ -219,7 +219,7 @@ func TestSiLUMatMul(t *testing.T) {
 		{gpu.BF16, 1, 5504, 256, 1e-5}, // k not a multiple of 256 (OLMo-2-7B's down projection over two ranks)
 		// Up to 32 rows the tensor cores also take the remainder of x's
 		// rounding; more round x to bf16 (f16).
-		{gpu.BF16, 17, 512, 300, 1e-5}, {gpu.BF16, 32, 2048, 512, 1e-5},
+		{gpu.BF16, 17, 512, 300, 1e-5}, {gpu.BF16, 32, 2048, 512, 1e-5}, {gpu.F16, 12, 576, 200, 1e-5},
 		{gpu.BF16, 64, 8192, 2048, 1e-2}, {gpu.F16, 40, 264, 96, 1e-2},
 	} {
 		t.Run(fmt.Sprintf("%s/%dx%dx%d", c.dt, c.n, c.m, c.k), func(t *testing.T) {

@@ -392,10 +392,10 @@ func (d *Device) roundOnce(xs, x *Buffer, count int, pairs bool) error {
 // silu(gate)*up.
 func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	suf := suffix(w.dt)
+	if paired(n, k) {
+		return d.skinnyPairs(suf, out, x, w, n, k, m, silu)
+	}
 	if !silu && exactSkinny(n, k) {
-		if pairsX(n) {
-			return d.skinnyPairs(suf, out, x, w, n, k, m)
-		}
 		return d.skinny(suf, out, x, w, n, k, m)
 	}
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
@@ -404,7 +404,7 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	}
 	if silu {
 		d.rounded = roundedX{}
-		if err := d.siluRows(xs, x, n, k); err != nil {
+		if err := d.siluRows(xs, x, n, k, false); err != nil {
 			return err
 		}
 	} else if err := d.roundOnce(xs, x, n*k, false); err != nil {
@@ -443,18 +443,31 @@ func exactSkinny(n, k int) bool { return n <= skinnyExactRows && k%64 == 0 }
 // made a step slower (docs/cuda.md).
 func pairsX(n int) bool { return n > skinnyExactTile }
 
+// paired says whether a product of n rows over k with 16-bit weights takes
+// x as pairs of 16-bit rows (skinnyPairs), which the kernel ahead may
+// store itself (the norms, silu_rows).
+func paired(n, k int) bool { return exactSkinny(n, k) && pairsX(n) }
+
 // skinnyPairs runs an exact decode-batch product of n rows of x (f32) as a
 // rounded one of 2n: split_x writes x's rounding to w's type as rows 0..n-1
 // and its remainder's as rows n..2n-1, gemm_skinny multiplies both, and
 // the sum of its parts, the two halves of each split in turn, is the
 // product (splitProduct). The same sums as the exact kernel's, which splits x
-// in every block and runs two mmas a step where this runs one.
-func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int) error {
+// in every block and runs two mmas a step where this runs one. With silu,
+// x holds n rows of gate then up ([n, 2k]) and silu_rows writes the pairs
+// of silu(gate)*up.
+func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bool) error {
 	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, 2*n*k)
 	if err != nil {
 		return err
 	}
-	if err := d.roundOnce(xs, x, n*k, true); err != nil {
+	if silu {
+		d.rounded = roundedX{}
+		err = d.siluRows(xs, x, n, k, true)
+	} else {
+		err = d.roundOnce(xs, x, n*k, true)
+	}
+	if err != nil {
 		return err
 	}
 	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(false))
@@ -673,18 +686,23 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	xa, wa := bufArg("x", b[0], gpu.F32, n*dim), bufArg("w", b[1], b[1].dt, dim)
 	// The rows a product reads next: out, or r after a post-norm. When
 	// that product rounds x to w's 16-bit type, the kernel stores the
-	// rounding too and the product skips its own (d.rounded). A norm in
-	// place (a QK-norm; the final norm) is left out: attention reads the
-	// former.
+	// rounding too, or both halves where the product takes x as pairs of
+	// 16-bit rows (as split_x would), and the product skips its own
+	// (d.rounded). A norm in place (a QK-norm; the final norm) is left out:
+	// attention reads the former.
 	next := b[2]
-	xq, qa := (*Buffer)(nil), devPtrArg(0)
-	if b[1].dt != gpu.F32 && roundsX(n, dim) && (mode != 0 || b[0] != b[2]) {
-		if xq, err = d.scratchBuf("gemm.x."+suffix(b[1].dt), b[1].dt, n*dim); err != nil {
+	xq, qa, pairs := (*Buffer)(nil), devPtrArg(0), paired(n, dim)
+	if b[1].dt != gpu.F32 && (roundsX(n, dim) || pairs) && (mode != 0 || b[0] != b[2]) {
+		rows := n
+		if pairs {
+			rows = 2 * n
+		}
+		if xq, err = d.scratchBuf("gemm.x."+suffix(b[1].dt), b[1].dt, rows*dim); err != nil {
 			return err
 		}
-		qa = bufArg("xq", xq, b[1].dt, n*dim)
+		qa = bufArg("xq", xq, b[1].dt, rows*dim)
 	}
-	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps), qa}
+	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps), qa, i32Arg(b2i(xq != nil && pairs))}
 	var args []arg
 	switch mode {
 	case 0:
@@ -698,7 +716,7 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 		return err
 	}
 	if xq != nil {
-		d.rounded = roundedX{x: next, xs: xq, n: n * dim, dt: b[1].dt}
+		d.rounded = roundedX{x: next, xs: xq, n: n * dim, dt: b[1].dt, pairs: pairs}
 	}
 	return nil
 }
@@ -1198,7 +1216,7 @@ func (d *Device) MoE(out, x gpu.Buffer, a gpu.MoEArgs) error {
 			gu, x16, order, tiles, ntiles, gt, ut, i32Arg(a.Inter), i32Arg(a.TopK), i32Arg(a.Dim), i32Arg(2*a.Inter)); err != nil {
 			return err
 		}
-		if err := d.siluRows(h.buf, gu.buf, slots, a.Inter); err != nil {
+		if err := d.siluRows(h.buf, gu.buf, slots, a.Inter, false); err != nil {
 			return err
 		}
 		if err := d.launch(mm, dim3{uint32(ceilDiv(a.Dim, 64)), uint32(bound), 1}, grid1(128), mmShmem,

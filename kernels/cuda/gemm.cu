@@ -208,13 +208,29 @@ DEV void round_x(uint16_t* __restrict__ out, const float* __restrict__ x, long c
 extern "C" __global__ void round_x_bf16(uint16_t* out, const float* x, long count) { round_x<BF16>(out, x, count); }
 extern "C" __global__ void round_x_f16(uint16_t* out, const float* x, long count) { round_x<F16>(out, x, count); }
 
+// split2 rounds a and b to T (hi, packed as pack2 does) and their
+// remainders a - hi, b - hi to T (lo): hi + lo carries about twice T's
+// mantissa, so x·w over both halves is within f32 rounding of the f32 x.
+template <typename T> DEV void split2(float a, float b, uint32_t& hi, uint32_t& lo);
+template <> DEV void split2<BF16>(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<BF16>(a, b);
+  lo = pack2<BF16>(a - bflo(hi), b - bfhi(hi));
+}
+template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<F16>(a, b);
+  lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
+}
+
 // silu_rows_{f32,bf16,f16}: out[r, i] = silu(gu[r, i]) * gu[r, k + i] for n
 // rows of gate then up (2k elements each), in out's type: the input of a
-// gated MLP's down projection, rounded for the tensor cores. gu may be
-// the splits parts of a product whose k was split, summed in split order
-// as splitk_sum would. 8 elements a thread.
+// gated MLP's down projection, rounded for the tensor cores; with pairs
+// (16-bit out, k % 8 = 0) the remainders' roundings follow in rows n..2n-1,
+// as split_x writes them. gu may be the splits parts of a product whose k
+// was split, summed in split order as splitk_sum would. 8 elements a
+// thread.
 template <typename T>
-DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restrict__ gu, int n, int k, int splits) {
+DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restrict__ gu, int n, int k, int splits,
+                   int pairs) {
   pdl_begin();
   long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8, total = (long)n * k, part = 2 * total;
   if (i >= total) return;
@@ -235,8 +251,13 @@ DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restr
     float f[8] = {silu(a.x) * u.x, silu(a.y) * u.y, silu(a.z) * u.z, silu(a.w) * u.w,
                   silu(b.x) * v.x, silu(b.y) * v.y, silu(b.z) * v.z, silu(b.w) * v.w};
     if constexpr (sizeof(typename Elem<T>::raw) == 2) {
-      *reinterpret_cast<uint4*>(out + i) =
-          make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7]));
+      uint4 hi, lo;
+      split2<T>(f[0], f[1], hi.x, lo.x);
+      split2<T>(f[2], f[3], hi.y, lo.y);
+      split2<T>(f[4], f[5], hi.z, lo.z);
+      split2<T>(f[6], f[7], hi.w, lo.w);
+      *reinterpret_cast<uint4*>(out + i) = hi;
+      if (pairs) *reinterpret_cast<uint4*>(out + total + i) = lo;
     } else {
       *reinterpret_cast<float4*>(out + i) = make_float4(f[0], f[1], f[2], f[3]);
       *reinterpret_cast<float4*>(out + i + 4) = make_float4(f[4], f[5], f[6], f[7]);
@@ -250,14 +271,14 @@ DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restr
     Elem<T>::store(out, e, silu(g) * u);
   }
 }
-extern "C" __global__ void silu_rows_f32(float* out, const float* gu, int n, int k, int splits) {
-  silu_rows<float>(out, gu, n, k, splits);
+extern "C" __global__ void silu_rows_f32(float* out, const float* gu, int n, int k, int splits, int pairs) {
+  silu_rows<float>(out, gu, n, k, splits, 0);
 }
-extern "C" __global__ void silu_rows_bf16(uint16_t* out, const float* gu, int n, int k, int splits) {
-  silu_rows<BF16>(out, gu, n, k, splits);
+extern "C" __global__ void silu_rows_bf16(uint16_t* out, const float* gu, int n, int k, int splits, int pairs) {
+  silu_rows<BF16>(out, gu, n, k, splits, pairs);
 }
-extern "C" __global__ void silu_rows_f16(uint16_t* out, const float* gu, int n, int k, int splits) {
-  silu_rows<F16>(out, gu, n, k, splits);
+extern "C" __global__ void silu_rows_f16(uint16_t* out, const float* gu, int n, int k, int splits, int pairs) {
+  silu_rows<F16>(out, gu, n, k, splits, pairs);
 }
 
 // splitk_sum: out[i] = Σ_s part[s*count + i] in split order.
@@ -373,19 +394,6 @@ DEV uint32_t word(const uint4& lo, const uint4& hi, int i) {
     case 6: return hi.z;
     default: return hi.w;
   }
-}
-
-// split2 rounds a and b to T (hi, packed as pack2 does) and their
-// remainders a - hi, b - hi to T (lo): hi + lo carries about twice T's
-// mantissa, so x·w over both halves is within f32 rounding of the f32 x.
-template <typename T> DEV void split2(float a, float b, uint32_t& hi, uint32_t& lo);
-template <> DEV void split2<BF16>(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<BF16>(a, b);
-  lo = pack2<BF16>(a - bflo(hi), b - bfhi(hi));
-}
-template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<F16>(a, b);
-  lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
 }
 
 // split_x_{bf16,f16}: x's rounding to 16 bits in out[i] and its

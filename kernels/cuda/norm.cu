@@ -5,12 +5,20 @@
 //   mode 1: r += x; out = rmsnorm(r) * w               (pre-norm residual)
 //   mode 2: r += rmsnorm(x) * w; out unused            (post-norm residual)
 // With xq not null (16-bit w only), the rows the next product reads (out,
-// or r in mode 2) are also stored rounded to w's type, as round_x would.
+// or r in mode 2) are also stored rounded to w's type, as round_x would;
+// with pairs, the remainders' roundings follow the n rows, as split_x
+// writes them.
 #include "common.cuh"
+
+// rounded is v rounded to the 16-bit type T, as a float.
+template <typename T> DEV float rounded(float v);
+template <> DEV float rounded<float>(float v) { return v; }
+template <> DEV float rounded<BF16>(float v) { return bf2f(f2bf(v)); }
+template <> DEV float rounded<F16>(float v) { return h2f(f2h(v)); }
 
 template <typename T, int MODE>
 DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps,
-                 typename Elem<T>::raw* xq) {
+                 typename Elem<T>::raw* xq, int pairs) {
   constexpr int E = 8;  // elements a thread holds in registers when the row fits
   __shared__ float scratch[32];
   const int nb = blockDim.x;
@@ -31,7 +39,10 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   float* orow = out + (long)row * dim;
   auto keep = [&](int j, float v) {
     if constexpr (sizeof(typename Elem<T>::raw) == 2) {
-      if (xq != nullptr) Elem<T>::store(xq, (long)row * dim + j, v);
+      if (xq == nullptr) return;
+      long i = (long)row * dim + j;
+      Elem<T>::store(xq, i, v);
+      if (pairs) Elem<T>::store(xq, (long)n * dim + i, v - rounded<T>(v));
     }
   };
   float ss = 0.f;
@@ -84,18 +95,19 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   }
 }
 
-#define NORM(T, name)                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(1024)                                                                     \
-      rmsnorm_##name(float* out, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) {   \
-    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps, xq);                                                                  \
-  }                                                                                                                      \
-  extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_##name(                                                 \
-      float* out, float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) {        \
-    rmsnorm<T, 1>(out, r, x, w, n, dim, eps, xq);                                                                        \
-  }                                                                                                                      \
-  extern "C" __global__ void __launch_bounds__(1024)                                                                     \
-      rmsnorm_add_##name(float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq) { \
-    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps, xq);                                                                    \
+#define NORM(T, name)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(1024) rmsnorm_##name(                                                 \
+      float* out, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq, int pairs) {   \
+    rmsnorm<T, 0>(out, nullptr, x, w, n, dim, eps, xq, pairs);                                                       \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024)                                                                 \
+      add_rmsnorm_##name(float* out, float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps,     \
+                         Elem<T>::raw* xq, int pairs) {                                                              \
+    rmsnorm<T, 1>(out, r, x, w, n, dim, eps, xq, pairs);                                                             \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) rmsnorm_add_##name(                                             \
+      float* r, const float* x, const Elem<T>::raw* w, int n, int dim, float eps, Elem<T>::raw* xq, int pairs) {     \
+    rmsnorm<T, 2>(nullptr, r, x, w, n, dim, eps, xq, pairs);                                                         \
   }
 
 NORM(float, f32)
