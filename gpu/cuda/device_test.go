@@ -462,6 +462,58 @@ func TestNormsRoundNext(t *testing.T) {
 	}
 }
 
+// TestAttentionRoundsNext: decode attention over 9 to 64 tokens also
+// stores the o product's x, rounded to the cache's type or as pairs of
+// 16-bit rows; the product through it equals, bit for bit, the product
+// of the same f32 rows rounded or split by the product itself. MHA (the
+// CUDA-core kernel) and GQA (the tensor-core kernel), over keys split in
+// several parts and in one.
+func TestAttentionRoundsNext(t *testing.T) {
+	d := open(t)
+	r := rand.New(rand.NewPCG(10, 10))
+	const bs, m = 16, 192
+	for _, dt := range []gpu.DType{gpu.BF16, gpu.F16} {
+		for _, h := range [][3]int{{16, 16, 128}, {16, 8, 128}, {32, 8, 64}} {
+			for _, c := range []struct{ n, ctx int }{{12, 700}, {40, 100}, {24, 40}} {
+				heads, kvHeads, hd := h[0], h[1], h[2]
+				name := fmt.Sprintf("%s h%d-kv%d-hd%d n%d ctx%d", dt, heads, kvHeads, hd, c.n, c.ctx)
+				blocks, kw, qw := (c.ctx+bs-1)/bs, kvHeads*hd, heads*hd
+				kc := weights(t, d, dt, gputest.Encode(dt, randF32(r, c.n*blocks*bs*kw, 1)))
+				vc := weights(t, d, dt, gputest.Encode(dt, randF32(r, c.n*blocks*bs*kw, 1)))
+				table := make([]int32, c.n*blocks)
+				for i := range table {
+					table[i] = int32(i)
+				}
+				pos, seq := make([]int32, c.n), make([]int32, c.n)
+				for i := range pos {
+					pos[i], seq[i] = int32(c.ctx-1-i%3), int32(i)
+				}
+				a := gpu.AttnArgs{N: c.n, Heads: heads, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, MaxBlocks: blocks, Runs: c.n,
+					Scale: float32(1 / math.Sqrt(float64(hd))), Pos: i32buf(t, d, pos), Seq: i32buf(t, d, seq), BlockTable: i32buf(t, d, table)}
+				out := alloc(t, d, gpu.F32, c.n*qw)
+				if err := d.Attention(out, f32buf(t, d, randF32(r, c.n*qw, 1)), kc, vc, a); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				ow := weights(t, d, dt, gputest.Encode(dt, randF32(r, m*qw, 0.05)))
+				got, want := alloc(t, d, gpu.F32, c.n*m), alloc(t, d, gpu.F32, c.n*m)
+				if err := d.MatMul(got, out, ow, c.n, qw, m); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if err := d.MatMul(want, f32buf(t, d, readF32(t, d, out)), ow, c.n, qw, m); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				g, w := readF32(t, d, got), readF32(t, d, want)
+				for i := range g {
+					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+						t.Errorf("%s: [%d] %g through the attention's copy, %g rounded by the product", name, i, g[i], w[i])
+						break
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestKernelThreads: the driver's limit on every kernel's block is known
 // (launches are checked against it), and the norms, whose rows of 4,096
 // and more take 1,024 threads, allow them.

@@ -690,19 +690,13 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	// 16-bit rows (as split_x would), and the product skips its own
 	// (d.rounded). A norm in place (a QK-norm; the final norm) is left out:
 	// attention reads the former.
-	next := b[2]
-	xq, qa, pairs := (*Buffer)(nil), devPtrArg(0), paired(n, dim)
-	if b[1].dt != gpu.F32 && (roundsX(n, dim) || pairs) && (mode != 0 || b[0] != b[2]) {
-		rows := n
-		if pairs {
-			rows = 2 * n
-		}
-		if xq, err = d.scratchBuf("gemm.x."+suffix(b[1].dt), b[1].dt, rows*dim); err != nil {
+	next, xq, pairs := b[2], (*Buffer)(nil), false
+	if mode != 0 || b[0] != b[2] {
+		if xq, pairs, err = d.nextX(b[1].dt, n, dim); err != nil {
 			return err
 		}
-		qa = bufArg("xq", xq, b[1].dt, rows*dim)
 	}
-	tail := []arg{i32Arg(n), i32Arg(dim), f32Arg(eps), qa, i32Arg(b2i(xq != nil && pairs))}
+	tail := append([]arg{i32Arg(n), i32Arg(dim), f32Arg(eps)}, nextXArgs(xq, pairs, n, dim)...)
 	var args []arg
 	switch mode {
 	case 0:
@@ -715,10 +709,46 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	if err := d.launch(k, grid1(n), grid1(blockFor(dim)), 0, args...); err != nil {
 		return err
 	}
-	if xq != nil {
-		d.rounded = roundedX{x: next, xs: xq, n: n * dim, dt: b[1].dt, pairs: pairs}
-	}
+	d.keepX(next, xq, pairs, n*dim)
 	return nil
+}
+
+// nextX is the scratch where a kernel also stores the x of the product
+// with weights of type dt that reads its n rows of k next, as that product
+// would form it: rounded (roundsX) or as pairs of rows (paired). It is nil
+// where the product takes x as it is.
+func (d *Device) nextX(dt gpu.DType, n, k int) (xq *Buffer, pairs bool, err error) {
+	pairs = paired(n, k)
+	if dt == gpu.F32 || !(roundsX(n, k) || pairs) {
+		return nil, false, nil
+	}
+	xq, err = d.scratchBuf("gemm.x."+suffix(dt), dt, xRows(n, pairs)*k)
+	return xq, pairs, err
+}
+
+// nextXArgs are the kernel arguments (xq, pairs) for nextX's scratch:
+// null and 0 without one.
+func nextXArgs(xq *Buffer, pairs bool, n, k int) []arg {
+	if xq == nil {
+		return []arg{devPtrArg(0), i32Arg(0)}
+	}
+	return []arg{bufArg("xq", xq, xq.dt, xRows(n, pairs)*k), i32Arg(b2i(pairs))}
+}
+
+// keepX records that xq (from nextX, when not nil) holds the product's x
+// formed from the count elements of x, so the product skips forming it.
+func (d *Device) keepX(x, xq *Buffer, pairs bool, count int) {
+	if xq != nil {
+		d.rounded = roundedX{x: x, xs: xq, n: count, dt: xq.dt, pairs: pairs}
+	}
+}
+
+// xRows is the rows of 16 bits a product's x of n rows takes.
+func xRows(n int, pairs bool) int {
+	if pairs {
+		return 2 * n
+	}
+	return n
 }
 
 func (d *Device) elementwise(op, kname string, out, a, c gpu.Buffer, names [3]string, n int) error {
@@ -916,12 +946,22 @@ func (d *Device) attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs, g int) err
 	args := append([]arg{bufArg("partAcc", acc, gpu.F32, parts*hd), bufArg("partML", ml, gpu.F32, parts*2)}, inputs(pl.splits)...)
 	if pl.selfCombine {
 		// The kernel combines the splits itself, with a counter per token
-		// and block row, when there are enough counters.
+		// and block row, when there are enough counters; it then also
+		// stores the o product's x (the rows rounded to the cache's type,
+		// or their pairs) where that product would form it (d.rounded).
 		if pl.blocks <= maxCounters {
-			return d.launch(kern, pl.grid, grid1(128), pl.shmem, append(args, bufArg("out", b[0], gpu.F32, a.N*qw),
-				bufArg("cnt", d.counters, gpu.I32, pl.blocks))...)
+			xq, pairs, err := d.nextX(b[2].dt, a.N, qw)
+			if err != nil {
+				return err
+			}
+			args = append(args, bufArg("out", b[0], gpu.F32, a.N*qw), bufArg("cnt", d.counters, gpu.I32, pl.blocks))
+			if err := d.launch(kern, pl.grid, grid1(128), pl.shmem, append(args, nextXArgs(xq, pairs, a.N, qw)...)...); err != nil {
+				return err
+			}
+			d.keepX(b[0], xq, pairs, a.N*qw)
+			return nil
 		}
-		args = append(args, devPtrArg(0), devPtrArg(0))
+		args = append(args, devPtrArg(0), devPtrArg(0), devPtrArg(0), i32Arg(0))
 	}
 	if err := d.launch(kern, pl.grid, grid1(128), pl.shmem, args...); err != nil {
 		return err

@@ -570,12 +570,31 @@ DEV void attn_prefill(float* __restrict__ out, const float* __restrict__ q, cons
 PREFILL(BF16, bf16, 64) PREFILL(BF16, bf16, 128)
 PREFILL(F16, f16, 64) PREFILL(F16, f16, 128)
 
+// XQ is where the o product's x goes beside out (q not null): rounded to
+// the cache's 16-bit type, as round_x writes it, and with pairs the
+// remainders' roundings total elements further on, as split_x writes them.
+struct XQ {
+  uint16_t* q;
+  int pairs;
+};
+
+// store_out stores element i (of total) of the attention's output.
+template <typename T>
+DEV void store_out(float* __restrict__ out, XQ xq, long i, long total, float v) {
+  out[i] = v;
+  if (xq.q == nullptr) return;
+  uint16_t h;
+  Elem<T>::store(&h, 0, v);
+  xq.q[i] = h;
+  if (xq.pairs) Elem<T>::store(xq.q, total + i, v - Elem<T>::load(&h, 0));
+}
+
 // combine_tail: the last of a (token, KV head)'s used splits to finish
 // merges the partials of its G query heads (h0..) into out, as
 // attn_combine would, and leaves the counter zero for the next launch.
 // Every block that wrote partials calls it; sm holds 2·G·used floats.
-template <int HD>
-DEV void combine_tail(float* __restrict__ out, const float* __restrict__ part_acc,
+template <typename T, int HD>
+DEV void combine_tail(float* __restrict__ out, XQ xq, const float* __restrict__ part_acc,
                       const float* __restrict__ part_ml, unsigned* cnt, float* sm, AttnParams a, int t, int h0,
                       int G, int used) {
   const float NEG = -__int_as_float(0x7f800000);
@@ -618,7 +637,7 @@ DEV void combine_tail(float* __restrict__ out, const float* __restrict__ part_ac
     float acc = 0.f;
 #pragma unroll 8
     for (int sp = 0; sp < used; sp++) acc += wr[sp] * __ldcg(pa + (long)sp * HD);
-    out[((long)t * a.heads + h0 + r) * HD + d] = acc;
+    store_out<T>(out, xq, ((long)t * a.heads + h0 + r) * HD + d, (long)a.n * a.heads * HD, acc);
   }
   if (tid == 0) *c = 0;
 }
@@ -627,11 +646,11 @@ DEV void combine_tail(float* __restrict__ out, const float* __restrict__ part_ac
 // (A the weighted sum, M the base-2 max, L the sum of weights): the
 // result itself when it is the only split, else the partial and, from
 // d = 0, its max (in natural log, as attn_combine reads it) and sum.
-template <int HD>
-DEV void store_split(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, AttnParams a,
+template <typename T, int HD>
+DEV void store_split(float* __restrict__ out, XQ xq, float* __restrict__ part_acc, float* __restrict__ part_ml, AttnParams a,
                      int t, int h, int split, int d, float A, float M, float L, bool only) {
   if (only) {
-    out[((long)t * a.heads + h) * HD + d] = L > 0.f ? A / L : 0.f;
+    store_out<T>(out, xq, ((long)t * a.heads + h) * HD + d, (long)a.n * a.heads * HD, L > 0.f ? A / L : 0.f);
     return;
   }
   long o_ = ((long)t * a.heads + h) * a.splits + split;
@@ -684,7 +703,7 @@ template <typename T, int HD>
 DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                      const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
                      const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
-                     float* __restrict__ out, unsigned* cnt) {
+                     float* __restrict__ out, unsigned* cnt, XQ xq) {
   constexpr int CH = HD / 8, DT = HD / 8, TILE = DKV * HD;
   const float NEG = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) uint16_t dsm[];  // K[2][TILE], V[2][TILE]; reused to merge the warps
@@ -827,10 +846,10 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
       acc += c * os[(w * 16 + r) * HD + d];
       L += c * ml_s[w][r][1];
     }
-    store_split<HD>(out, part_acc, part_ml, a, t, h0 + r, split, d, acc, M, L, cnt != nullptr && used == 1);
+    store_split<T, HD>(out, xq, part_acc, part_ml, a, t, h0 + r, split, d, acc, M, L, cnt != nullptr && used == 1);
   }
   if (cnt == nullptr || used == 1) return;
-  combine_tail<HD>(out, part_acc, part_ml, cnt, reinterpret_cast<float*>(dsm), a, t, h0, G, used);
+  combine_tail<T, HD>(out, xq, part_acc, part_ml, cnt, reinterpret_cast<float*>(dsm), a, t, h0, G, used);
 }
 
 // Dynamic shared memory: 2 stages of K and V, 4·DKV·HD·2 bytes. With cnt
@@ -840,8 +859,8 @@ DEV void attn_decode(float* __restrict__ part_acc, float* __restrict__ part_ml, 
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       attn_decode_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,         \
                                   const uint16_t* vc, const int* pos, const int* seq, const int* bt, AttnParams a, \
-                                  unsigned* fault, float* out, unsigned* cnt) {                               \
-    attn_decode<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                        \
+                                  unsigned* fault, float* out, unsigned* cnt, uint16_t* xq, int pairs) {      \
+    attn_decode<T, HD>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt, XQ{xq, pairs});         \
   }
 DECODE(BF16, bf16, 64) DECODE(BF16, bf16, 128)
 DECODE(F16, f16, 64) DECODE(F16, f16, 128)
@@ -861,7 +880,7 @@ template <typename T, int HD, int G>
 DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, const float* __restrict__ q,
                   const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, const int* __restrict__ pos,
                   const int* __restrict__ seq, const int* __restrict__ bt, AttnParams a, unsigned* fault,
-                  float* __restrict__ out, unsigned* cnt) {
+                  float* __restrict__ out, unsigned* cnt, XQ xq) {
   constexpr int TPR = HD / 8, RP = 128 / TPR, U = DKV / RP;
   const float NEG = -__int_as_float(0x7f800000);
   __shared__ float ms[G][RP], lsum[G][RP];
@@ -1000,10 +1019,10 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
       A += e * accs[g][j][d];
       L += e * lsum[g][j];
     }
-    store_split<HD>(out, part_acc, part_ml, a, t, h0 + g, split, d, A, M, L, cnt != nullptr && used == 1);
+    store_split<T, HD>(out, xq, part_acc, part_ml, a, t, h0 + g, split, d, A, M, L, cnt != nullptr && used == 1);
   }
   if (cnt == nullptr || used == 1) return;
-  combine_tail<HD>(out, part_acc, part_ml, cnt, tail, a, t, h0, G, used);
+  combine_tail<T, HD>(out, xq, part_acc, part_ml, cnt, tail, a, t, h0, G, used);
 }
 
 // attn_mha_* take one query head a block, attn_mha2_* two.
@@ -1011,8 +1030,9 @@ DEV void attn_mha(float* __restrict__ part_acc, float* __restrict__ part_ml, con
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       attn_mha##suffix##_##name##_hd##HD(float* part_acc, float* part_ml, const float* q, const uint16_t* kc,  \
                                          const uint16_t* vc, const int* pos, const int* seq, const int* bt,    \
-                                         AttnParams a, unsigned* fault, float* out, unsigned* cnt) {           \
-    attn_mha<T, HD, G>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt);                        \
+                                         AttnParams a, unsigned* fault, float* out, unsigned* cnt, uint16_t* xq, \
+                                         int pairs) {                                                          \
+    attn_mha<T, HD, G>(part_acc, part_ml, q, kc, vc, pos, seq, bt, a, fault, out, cnt, XQ{xq, pairs});         \
   }
 #define MHAS(T, name, HD) MHA(T, name, HD, 1, ) MHA(T, name, HD, 2, 2)
 MHAS(BF16, bf16, 64) MHAS(BF16, bf16, 128)
