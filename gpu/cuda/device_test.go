@@ -443,21 +443,29 @@ func TestNormsRoundNext(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
-				got, want := alloc(t, d, gpu.F32, n*m), alloc(t, d, gpu.F32, n*m)
-				if err := d.MatMul(got, next, pw, n, dim, m); err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				if err := d.MatMul(want, f32buf(t, d, readF32(t, d, next)), pw, n, dim, m); err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				g, w := readF32(t, d, got), readF32(t, d, want)
-				for i := range g {
-					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
-						t.Errorf("%s: [%d] %g through the norm's copy, %g rounded by the product", name, i, g[i], w[i])
-						break
-					}
-				}
+				sameProduct(t, d, name, next, pw, n, dim, m)
 			}
+		}
+	}
+}
+
+// sameProduct checks that the product of x (n rows of k, just written by a
+// kernel that also stored the product's x) by w equals, bit for bit, the
+// product of a fresh copy of x, whose x the product forms itself.
+func sameProduct(t *testing.T, d *Device, name string, x, w gpu.Buffer, n, k, m int) {
+	t.Helper()
+	got, want := alloc(t, d, gpu.F32, n*m), alloc(t, d, gpu.F32, n*m)
+	if err := d.MatMul(got, x, w, n, k, m); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if err := d.MatMul(want, f32buf(t, d, readF32(t, d, x)), w, n, k, m); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	g, e := readF32(t, d, got), readF32(t, d, want)
+	for i := range g {
+		if math.Float32bits(g[i]) != math.Float32bits(e[i]) {
+			t.Errorf("%s: [%d] %g through the kernel's copy of x, %g from the product's own", name, i, g[i], e[i])
+			return
 		}
 	}
 }
@@ -495,20 +503,7 @@ func TestAttentionRoundsNext(t *testing.T) {
 					t.Fatalf("%s: %v", name, err)
 				}
 				ow := weights(t, d, dt, gputest.Encode(dt, randF32(r, m*qw, 0.05)))
-				got, want := alloc(t, d, gpu.F32, c.n*m), alloc(t, d, gpu.F32, c.n*m)
-				if err := d.MatMul(got, out, ow, c.n, qw, m); err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				if err := d.MatMul(want, f32buf(t, d, readF32(t, d, out)), ow, c.n, qw, m); err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				g, w := readF32(t, d, got), readF32(t, d, want)
-				for i := range g {
-					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
-						t.Errorf("%s: [%d] %g through the attention's copy, %g rounded by the product", name, i, g[i], w[i])
-						break
-					}
-				}
+				sameProduct(t, d, name, out, ow, c.n, qw, m)
 			}
 		}
 	}
