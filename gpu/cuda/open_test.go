@@ -197,6 +197,28 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
+// TestProductX: how a decode batch's 16-bit product takes x, which the
+// kernel ahead stores for it (nextX): up to 8 rows in f32 (the GEMVs and
+// the exact kernel), 9 to 32 as pairs of 16-bit rows, more rounded; k not
+// a multiple of 64 never as pairs.
+func TestProductX(t *testing.T) {
+	for _, c := range []struct {
+		n, k          int
+		pairs, rounds bool
+	}{
+		{1, 2048, false, false}, {8, 2048, false, false}, {9, 2048, true, false}, {32, 8192, true, false},
+		{33, 2048, false, true}, {64, 2048, false, true}, {512, 2048, false, true},
+		{16, 96, false, true}, {16, 100, false, false},
+	} {
+		if got := paired(c.n, c.k); got != c.pairs {
+			t.Errorf("%d rows of %d: pairs %v, want %v", c.n, c.k, got, c.pairs)
+		}
+		if got := roundsX(c.n, c.k); got != c.rounds {
+			t.Errorf("%d rows of %d: rounded %v, want %v", c.n, c.k, got, c.rounds)
+		}
+	}
+}
+
 // TestPrefillAttentionChoice: the tensor-core prompt kernel takes steps of
 // more than 64 tokens in runs of 16 or more, with a 16-bit cache and head
 // dim 64 or 128; recorded decode steps (64 tokens at most) never do.
