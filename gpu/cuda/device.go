@@ -385,9 +385,8 @@ func (d *Device) loadKernels() error {
 			if shmem > defaultShmem {
 				// The driver counts no blocks for more shared memory than
 				// the kernel is allowed: allow it first, as launch would.
-				// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-				if err := d.drv.cuFuncSetAttribute.call(fn, 8, uintptr(shmem)); err != nil {
-					return fmt.Errorf("cuda: %s: %d bytes of shared memory: %w", name, shmem, err)
+				if err := d.drv.allowShmem(fn, shmem); err != nil {
+					return fmt.Errorf("cuda: %s: %w", name, err)
 				}
 				k.shmem = shmem
 			}

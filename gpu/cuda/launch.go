@@ -169,9 +169,8 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 	if shmem > defaultShmem && shmem > k.shmem {
 		fn := k.fn
 		d.post(func() error {
-			// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-			if err := d.drv.cuFuncSetAttribute.call(fn, 8, uintptr(shmem)); err != nil {
-				return fmt.Errorf("cuda: launch %s: %d bytes of shared memory: %w", k.name, shmem, err)
+			if err := d.drv.allowShmem(fn, shmem); err != nil {
+				return fmt.Errorf("cuda: launch %s: %w", k.name, err)
 			}
 			return nil
 		})
