@@ -1,8 +1,6 @@
 package cuda
 
-import (
-	"github.com/troupe/troupe/gpu"
-)
+import "github.com/troupe/troupe/gpu"
 
 // RMSNorm implements gpu.Ops.
 func (d *Device) RMSNorm(out, x, w gpu.Buffer, n, dim int, eps float32) error {
@@ -95,42 +93,4 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 	}
 	d.keepX(next, xq, pairs, n*dim)
 	return nil
-}
-
-// nextX is the scratch where a kernel also stores the x of the product
-// with weights of type dt that reads its n rows of k next, as that product
-// would form it: rounded (roundsX) or as pairs of rows (paired). It is nil
-// where the product takes x as it is.
-func (d *Device) nextX(dt gpu.DType, n, k int) (xq *Buffer, pairs bool, err error) {
-	pairs = paired(n, k)
-	if dt == gpu.F32 || !(roundsX(n, k) || pairs) {
-		return nil, false, nil
-	}
-	xq, err = d.scratchBuf("gemm.x."+suffix(dt), dt, xRows(n, pairs)*k)
-	return xq, pairs, err
-}
-
-// nextXArgs are the kernel arguments (xq, pairs) for nextX's scratch:
-// null and 0 without one.
-func nextXArgs(xq *Buffer, pairs bool, n, k int) []arg {
-	if xq == nil {
-		return []arg{devPtrArg(0), i32Arg(0)}
-	}
-	return []arg{bufArg("xq", xq, xq.dt, xRows(n, pairs)*k), i32Arg(b2i(pairs))}
-}
-
-// keepX records that xq (from nextX, when not nil) holds the product's x
-// formed from the count elements of x, so the product skips forming it.
-func (d *Device) keepX(x, xq *Buffer, pairs bool, count int) {
-	if xq != nil {
-		d.rounded = roundedX{x: x, xs: xq, n: count, dt: xq.dt, pairs: pairs}
-	}
-}
-
-// xRows is the rows of 16 bits a product's x of n rows takes.
-func xRows(n int, pairs bool) int {
-	if pairs {
-		return 2 * n
-	}
-	return n
 }

@@ -217,6 +217,52 @@ func (d *Device) roundOnce(xs, x *Buffer, count int, pairs bool) error {
 	return nil
 }
 
+// nextX is the scratch where a kernel also stores the x of the product
+// with weights of type dt that reads its n rows of k next, as that product
+// would form it: rounded (roundsX) or as pairs of rows (paired). It is nil
+// where the product takes x as it is.
+func (d *Device) nextX(dt gpu.DType, n, k int) (xq *Buffer, pairs bool, err error) {
+	pairs = paired(n, k)
+	if dt == gpu.F32 || !(roundsX(n, k) || pairs) {
+		return nil, false, nil
+	}
+	xq, err = d.productX(dt, n, k, pairs)
+	return xq, pairs, err
+}
+
+// productX is the scratch for a 16-bit product's x of n rows of k, of
+// type dt (twice the rows as pairs): the product forms it there, and the
+// kernels ahead that store it for the product (nextX) write the same
+// buffer.
+func (d *Device) productX(dt gpu.DType, n, k int, pairs bool) (*Buffer, error) {
+	return d.scratchBuf("gemm.x."+suffix(dt), dt, xRows(n, pairs)*k)
+}
+
+// nextXArgs are the kernel arguments (xq, pairs) for nextX's scratch:
+// null and 0 without one.
+func nextXArgs(xq *Buffer, pairs bool, n, k int) []arg {
+	if xq == nil {
+		return []arg{devPtrArg(0), i32Arg(0)}
+	}
+	return []arg{bufArg("xq", xq, xq.dt, xRows(n, pairs)*k), i32Arg(b2i(pairs))}
+}
+
+// keepX records that xq (from nextX, when not nil) holds the product's x
+// formed from the count elements of x, so the product skips forming it.
+func (d *Device) keepX(x, xq *Buffer, pairs bool, count int) {
+	if xq != nil {
+		d.rounded = roundedX{x: x, xs: xq, n: count, dt: xq.dt, pairs: pairs}
+	}
+}
+
+// xRows is the rows of 16 bits a product's x of n rows takes.
+func xRows(n int, pairs bool) int {
+	if pairs {
+		return 2 * n
+	}
+	return n
+}
+
 // gemm runs out = x · wᵀ for 16-bit w and k a multiple of 8. Decode
 // batches of up to skinnyExactRows rows take x as exactly as f32
 // (SiLUMatMul forms their f32 rows itself): up to 8 rows on
@@ -234,7 +280,7 @@ func (d *Device) gemm(out, x, w *Buffer, n, k, m int, silu bool) error {
 	if !silu && exactSkinny(n, k) {
 		return d.skinny(suf, out, x, w, n, k, m)
 	}
-	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, n*k)
+	xs, err := d.productX(w.dt, n, k, false)
 	if err != nil {
 		return err
 	}
@@ -293,7 +339,7 @@ func paired(n, k int) bool { return exactSkinny(n, k) && pairsX(n) }
 // x holds n rows of gate then up ([n, 2k]) and silu_rows writes the pairs
 // of silu(gate)*up.
 func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bool) error {
-	xs, err := d.scratchBuf("gemm.x."+suf, w.dt, 2*n*k)
+	xs, err := d.productX(w.dt, n, k, true)
 	if err != nil {
 		return err
 	}
