@@ -582,11 +582,7 @@ struct XQ {
 template <typename T>
 DEV void store_out(float* __restrict__ out, XQ xq, long i, long total, float v) {
   out[i] = v;
-  if (xq.q == nullptr) return;
-  uint16_t h;
-  Elem<T>::store(&h, 0, v);
-  xq.q[i] = h;
-  if (xq.pairs) Elem<T>::store(xq.q, total + i, v - Elem<T>::load(&h, 0));
+  if (xq.q != nullptr) store_x16<T>(xq.q, i, total, v, xq.pairs);
 }
 
 // combine_tail: the last of a (token, KV head)'s used splits to finish

@@ -87,6 +87,26 @@ template <> struct Elem<F16> {
   static DEV void store(uint16_t* p, long i, float x) { p[i] = f2h(x); }
 };
 
+// A product whose x comes as 16-bit rows takes each value v as rounded<T>(v)
+// (its rounding to T) or, where it must be as exact as f32 x, as a pair:
+// that rounding and the rounding of the remainder v - rounded<T>(v), which
+// together carry about twice T's mantissa. round_x and split_x form them in
+// kernels of their own; the kernels ahead of a product (the norms,
+// silu_rows, the decode attention) store them as they write x, with
+// store_x16, so that the product need not.
+template <typename T> DEV float rounded(float v) {
+  typename Elem<T>::raw h;
+  Elem<T>::store(&h, 0, v);
+  return Elem<T>::load(&h, 0);
+}
+
+// store_x16 stores v rounded to T at q[i] and, with pairs, its remainder's
+// rounding at q[total + i] (total: the values of the rounded rows).
+template <typename T> DEV void store_x16(uint16_t* q, long i, long total, float v, int pairs) {
+  Elem<T>::store(q, i, v);
+  if (pairs) Elem<T>::store(q, total + i, v - rounded<T>(v));
+}
+
 // Unpacks 8 16-bit floats held in a uint4.
 template <typename T> DEV void unpack8(uint4 u, float* o);
 template <> DEV void unpack8<BF16>(uint4 u, float* o) {

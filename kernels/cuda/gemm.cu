@@ -211,14 +211,9 @@ extern "C" __global__ void round_x_f16(uint16_t* out, const float* x, long count
 // split2 rounds a and b to T (hi, packed as pack2 does) and their
 // remainders a - hi, b - hi to T (lo): hi + lo carries about twice T's
 // mantissa, so x·w over both halves is within f32 rounding of the f32 x.
-template <typename T> DEV void split2(float a, float b, uint32_t& hi, uint32_t& lo);
-template <> DEV void split2<BF16>(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<BF16>(a, b);
-  lo = pack2<BF16>(a - bflo(hi), b - bfhi(hi));
-}
-template <> DEV void split2<F16>(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<F16>(a, b);
-  lo = pack2<F16>(a - h2f(hi & 0xffffu), b - h2f(hi >> 16));
+template <typename T> DEV void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<T>(a, b);
+  lo = pack2<T>(a - rounded<T>(a), b - rounded<T>(b));
 }
 
 // silu_rows_{f32,bf16,f16}: out[r, i] = silu(gu[r, i]) * gu[r, k + i] for n
@@ -437,6 +432,8 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
                      int m, int kchunk) {
   __shared__ __align__(16) uint16_t xs16[EXACT ? 8 : NT * 8 * SK_XK];
   extern __shared__ __align__(16) float xs32[];
+  X* xs = EXACT ? reinterpret_cast<X*>(xs32) : reinterpret_cast<X*>(xs16);
+  constexpr int XE = 16 / sizeof(X);  // x's elements a 16-byte chunk
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   int row0 = blockIdx.x * SK_ROWS + warp * 32;
   int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
@@ -448,124 +445,117 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
     for (int t = 0; t < NT; t++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
-  // Rows of this thread: row0 + rs*16 + g + hh*8.
-  const uint16_t* wr[2][2];
-  bool wok[2][2];
+  // The thread's rows of w are row0 + g + 8i (i = 2rs + hh: the mma's row
+  // g + 8hh of its 16-row slice rs), each from its first k slot; rows past
+  // m read row m - 1, whose sums are not stored. Every address below is
+  // formed once, so that a step is its loads and mmas.
+  const uint16_t* wr[4];
 #pragma unroll
-  for (int rs = 0; rs < 2; rs++)
+  for (int i = 0; i < 4; i++) wr[i] = w + (long)min(row0 + g + 8 * i, m - 1) * k + q * 8;
+  auto loadw = [&](uint4 (&v)[4][2], int kk) {
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      int r = row0 + rs * 16 + g + hh * 8;
-      wok[rs][hh] = r < m;
-      wr[rs][hh] = w + (long)(wok[rs][hh] ? r : 0) * k + q * 8;
+    for (int i = 0; i < 4; i++) {
+      v[i][0] = ld_stream(wr[i] + kk);
+      v[i][1] = ld_stream(wr[i] + kk + 32);
     }
-  auto loadw = [&](uint4 (&v)[2][2][2], int kk) {
-#pragma unroll
-    for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        if (wok[rs][hh] && kk < kend) {
-          v[rs][hh][0] = ld_stream(wr[rs][hh] + kk);
-          v[rs][hh][1] = ld_stream(wr[rs][hh] + kk + 32);
-        } else {
-          v[rs][hh][0] = v[rs][hh][1] = make_uint4(0, 0, 0, 0);
-        }
-      }
   };
   // mma16 adds x's B fragment b times the A fragment of this thread's rows
   // from its weights' words 2s and 2s+1.
-  auto mma16 = [&](float (&c)[2][NT][4], const uint4 (&cur)[2][2][2], int t, int s, const uint32_t (&b)[2]) {
+  auto mma16 = [&](float (&c)[2][NT][4], const uint4 (&v)[4][2], int t, int s, const uint32_t (&b)[2]) {
 #pragma unroll
     for (int rs = 0; rs < 2; rs++) {
-      uint32_t a[4] = {word(cur[rs][0][0], cur[rs][0][1], 2 * s), word(cur[rs][1][0], cur[rs][1][1], 2 * s),
-                       word(cur[rs][0][0], cur[rs][0][1], 2 * s + 1), word(cur[rs][1][0], cur[rs][1][1], 2 * s + 1)};
+      const uint4 &a0 = v[2 * rs][0], &a1 = v[2 * rs][1], &b0 = v[2 * rs + 1][0], &b1 = v[2 * rs + 1][1];
+      uint32_t a[4] = {word(a0, a1, 2 * s), word(b0, b1, 2 * s), word(a0, a1, 2 * s + 1), word(b0, b1, 2 * s + 1)};
       mma16816<T>(c[rs][t], a, b);
     }
   };
-  uint4 cur[2][2][2], nxt[2][2][2];
+  // Staging: the thread copies chunk sc of rows sr, sr + RP, ... of the
+  // token tiles, rows of one parity, so one swizzle serves them all.
+  constexpr int CPR = SK_XK / XE, RP = 128 / CPR;  // chunks a row, rows a pass
+  const int sc = tid % CPR, sr = tid / CPR;
+  const X* xsrc = x + (long)sr * k + sc * XE;
+  X* xdst = xs + sr * SK_XK + skinny_chunk<EXACT ? 1 : 4>(sc, sr) * XE;
+  // x's fragments, row g of each token tile: 16-bit x takes chunks kk/8 + q
+  // and kk/8 + q + 4 of the row (their swizzle only flips bit 2); f32 x
+  // chunks kk/4 + 2q + 8(s/2) + s%2 (the swizzle flips bit 0).
+  const X* xf0 = xs + g * SK_XK + (EXACT ? (2 * q) * 4 + (g & 1) * 4 : (q ^ ((g & 1) * 4)) * 8);
+  const X* xf1 = xs + g * SK_XK + (EXACT ? (2 * q) * 4 + (~g & 1) * 4 : ((q + 4) ^ ((g & 1) * 4)) * 8);
+  auto step = [&](const uint4 (&v)[4][2], int kk) {
+    // x: token rows t*8+g, the 16 k of this thread, one token tile at a
+    // time (registers bound the blocks per SM), or two when rounded.
+#pragma unroll
+    for (int t = 0; t < NT; t += EXACT ? 1 : 2) {
+      if (t >= ntn) break;
+      if constexpr (EXACT) {
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+          float4 xv = *reinterpret_cast<const float4*>((s & 1 ? xf1 : xf0) + t * 8 * SK_XK + (s >> 1) * 32 + kk);
+          uint32_t bh[2], bl[2];
+          split2<T>(xv.x, xv.y, bh[0], bl[0]);
+          split2<T>(xv.z, xv.w, bh[1], bl[1]);
+          mma16(acc, v, t, s, bh);
+          mma16(acc, v, t, s, bl);
+        }
+      } else {
+        // Two tiles (the second unused, with rows never staged, when n
+        // ends in the first): four mmas a step on distinct accumulators.
+        uint4 x0[2], x1[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          x0[j] = *reinterpret_cast<const uint4*>(xf0 + (t + j) * 8 * SK_XK + kk);
+          x1[j] = *reinterpret_cast<const uint4*>(xf1 + (t + j) * 8 * SK_XK + kk);
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            uint32_t b[2] = {word(x0[j], x1[j], 2 * s), word(x0[j], x1[j], 2 * s + 1)};
+            mma16(acc, v, t + j, s, b);
+          }
+      }
+    }
+  };
+  // Each step's weights are requested before the step before it runs
+  // (nxt); the copy into cur at the step's end is where the mma's A
+  // fragments are laid out, a step after their loads.
+  uint4 cur[4][2], nxt[4][2];
   loadw(cur, kbeg);  // the weights, before waiting for x
   pdl_begin();
   for (int xk = kbeg; xk < kend; xk += SK_XK) {
     int xlen = min(SK_XK, kend - xk);
     __syncthreads();  // the last stage of x is consumed
-    if constexpr (EXACT) {
-      for (int i = tid; i < ntn * 8 * (SK_XK / 4); i += 128) {  // the rows of the token tiles
-        int r = i / (SK_XK / 4), c = i % (SK_XK / 4);
-        bool ok = r < n && c * 4 < xlen;
-        cp_async16(xs32 + r * SK_XK + (skinny_chunk<1>(c, r) << 2), ok ? x + (long)r * k + xk + c * 4 : x, ok);
-      }
-    } else {
-      for (int i = tid; i < ntn * 8 * (SK_XK / 8); i += 128) {
-        int r = i / (SK_XK / 8), c = i % (SK_XK / 8);
-        bool ok = r < n && c * 8 < xlen;
-        cp_async16(xs16 + r * SK_XK + (skinny_chunk<4>(c, r) << 3), ok ? x + (long)r * k + xk + c * 8 : x, ok);
-      }
+    const X* src = xsrc + xk;
+#pragma unroll 4
+    for (int r = sr, j = 0; r < ntn * 8; r += RP, j++, src += (long)RP * k) {
+      bool ok = r < n && sc * XE < xlen;
+      cp_async16(xdst + j * RP * SK_XK, ok ? src : x, ok);
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     for (int kk = 0; kk < xlen; kk += 64) {
-      loadw(nxt, xk + kk + 64);
-      // x: token rows t*8+g, the 16 k of this thread, one token tile at a
-      // time (registers bound the blocks per SM), or two when rounded.
+      if (xk + kk + 64 < kend) loadw(nxt, xk + kk + 64);
+      step(cur, kk);
 #pragma unroll
-      for (int t = 0; t < NT; t += EXACT ? 1 : 2) {
-        if (t >= ntn) continue;
-        if constexpr (EXACT) {
-          const float* xrow = xs32 + (t * 8 + g) * SK_XK;
-          int c0 = (kk >> 2) + q * 2;
-#pragma unroll
-          for (int s = 0; s < 4; s++) {
-            int c = c0 + (s >> 1) * 8 + (s & 1);
-            float4 v = *reinterpret_cast<const float4*>(xrow + (skinny_chunk<1>(c, g) << 2));
-            uint32_t bh[2], bl[2];
-            split2<T>(v.x, v.y, bh[0], bl[0]);
-            split2<T>(v.z, v.w, bh[1], bl[1]);
-            mma16(acc, cur, t, s, bh);
-            mma16(acc, cur, t, s, bl);
-          }
-        } else {
-          // Two tiles (the second unused, with rows never staged, when n
-          // ends in the first): four mmas a step on distinct accumulators.
-          int c = (kk >> 3) + q;
-          uint4 x0[2], x1[2];
-#pragma unroll
-          for (int j = 0; j < 2; j++) {
-            const uint16_t* xrow = xs16 + ((t + j) * 8 + g) * SK_XK;
-            x0[j] = *reinterpret_cast<const uint4*>(xrow + (skinny_chunk<4>(c, g) << 3));
-            x1[j] = *reinterpret_cast<const uint4*>(xrow + (skinny_chunk<4>(c + 4, g) << 3));
-          }
-#pragma unroll
-          for (int s = 0; s < 4; s++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-              uint32_t b[2] = {word(x0[j], x1[j], 2 * s), word(x0[j], x1[j], 2 * s + 1)};
-              mma16(acc, cur, t + j, s, b);
-            }
-        }
+      for (int i = 0; i < 4; i++) {
+        cur[i][0] = nxt[i][0];
+        cur[i][1] = nxt[i][1];
       }
-#pragma unroll
-      for (int rs = 0; rs < 2; rs++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          cur[rs][hh][0] = nxt[rs][hh][0];
-          cur[rs][hh][1] = nxt[rs][hh][1];
-        }
     }
   }
-  // acc[rs][t]: rows row0+rs*16+g (+8), tokens t*8 + 2q (+1).
-  out += (long)blockIdx.y * n * m;
+  // acc[rs][t][e]: row row0 + g + 8(2rs + e/2), token t*8 + 2q + e%2.
+  float* o = out + (long)blockIdx.y * n * m + (long)(2 * q) * m + row0 + g;
 #pragma unroll
-  for (int rs = 0; rs < 2; rs++)
+  for (int t = 0; t < NT; t++, o += 8L * m) {
+    if (t >= ntn) break;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-      if (t >= ntn) continue;
+    for (int e2 = 0; e2 < 2; e2++) {
+      if (t * 8 + 2 * q + e2 >= n) continue;
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int r = row0 + rs * 16 + g + (e >> 1) * 8, tok = t * 8 + q * 2 + (e & 1);
-        if (r < m && tok < n) out[(long)tok * m + r] = acc[rs][t][e];
-      }
+      for (int i = 0; i < 4; i++)
+        if (row0 + g + 8 * i < m) o[e2 * (long)m + 8 * i] = acc[i >> 1][t][(i & 1) * 2 + e2];
     }
+  }
 }
 
 // Entry points: gemm_skinny_<type>_t8, x rounded, up to eight token tiles

@@ -10,12 +10,6 @@
 // writes them.
 #include "common.cuh"
 
-// rounded is v rounded to the 16-bit type T, as a float.
-template <typename T> DEV float rounded(float v);
-template <> DEV float rounded<float>(float v) { return v; }
-template <> DEV float rounded<BF16>(float v) { return bf2f(f2bf(v)); }
-template <> DEV float rounded<F16>(float v) { return h2f(f2h(v)); }
-
 template <typename T, int MODE>
 DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::raw* w, int n, int dim, float eps,
                  typename Elem<T>::raw* xq, int pairs) {
@@ -39,10 +33,7 @@ DEV void rmsnorm(float* out, float* r, const float* x, const typename Elem<T>::r
   float* orow = out + (long)row * dim;
   auto keep = [&](int j, float v) {
     if constexpr (sizeof(typename Elem<T>::raw) == 2) {
-      if (xq == nullptr) return;
-      long i = (long)row * dim + j;
-      Elem<T>::store(xq, i, v);
-      if (pairs) Elem<T>::store(xq, (long)n * dim + i, v - rounded<T>(v));
+      if (xq != nullptr) store_x16<T>(xq, (long)row * dim + j, (long)n * dim, v, pairs);
     }
   };
   float ss = 0.f;
