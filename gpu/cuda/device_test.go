@@ -187,10 +187,6 @@ func TestGEMVShapes(t *testing.T) {
 	}
 }
 
-// TestSkinnyExact checks decode-batch products against a float64 product
-// of the same 16-bit weights and the f32 x: up to 32 rows within f32
-// rounding (x's rounding remainder goes through a second mma), more rows
-// within bf16 (f16) rounding of x.
 // TestDecodeRoom: the driver's occupancy of attn_decode, which the
 // decode attention's one-split rule reads (planAttention), is known for
 // every entry point; on an H200 it is what TestDecodeAttentionPlan takes.
@@ -211,6 +207,10 @@ func TestDecodeRoom(t *testing.T) {
 	}
 }
 
+// TestSkinnyExact checks decode-batch products against a float64 product
+// of the same 16-bit weights and the f32 x: up to 32 rows within f32
+// rounding (x's rounding remainder goes through a second mma), more rows
+// within bf16 (f16) rounding of x.
 func TestSkinnyExact(t *testing.T) {
 	d := open(t)
 	r := rand.New(rand.NewPCG(7, 8))

@@ -241,9 +241,8 @@ func loadDriver(path string) (*driver, error) {
 func (d *driver) close() { closeLibrary(d.lib) }
 
 // allowShmem lets kernel fn launch with bytes of dynamic shared memory,
-// beyond the default 48 KiB
-// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); the caller is on the
-// context's thread.
+// beyond the default 48 KiB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+// the caller is on the context's thread.
 func (d *driver) allowShmem(fn uintptr, bytes int) error {
 	if err := d.cuFuncSetAttribute.call(fn, 8, uintptr(bytes)); err != nil {
 		return fmt.Errorf("%d bytes of shared memory: %w", bytes, err)
