@@ -45,7 +45,10 @@ func TestAskAnswersLikeTheBus(t *testing.T) {
 			}
 		})
 	}
-	// Each panic restarted the actor (a fresh seq counter each time).
+	// Each panic restarted the actor (a fresh seq counter each time). The
+	// last reply leaves Receive before the message is counted, so wait for
+	// the count, then check it exactly.
+	waitFor(t, "8 messages processed", func() bool { return ref.Stats().Processed >= 8 })
 	if st := ref.Stats(); st.Restarts != 2 || st.Processed != 8 {
 		t.Errorf("stats %+v, want 2 restarts and 8 processed", st)
 	}
