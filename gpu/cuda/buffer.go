@@ -20,12 +20,17 @@ type Buffer struct {
 	freed    bool
 	parent   *Buffer // the allocation a view (Slice) shares; nil for an allocation
 	ipcBase  uint64  // for memory of another process mapped by ImportIPC: the mapping to close; 0 otherwise
-	// tmap is the last TMA descriptor encoded for the buffer (tensorMap):
-	// a weight's serves every step, and ptr never changes.
-	tmap struct {
-		rows, k, box int
-		raw          []byte
-	}
+	// tmaps are the TMA descriptors encoded for the buffer (tensorMap), the
+	// latest first: a weight's serve every step (a prompt's product and a
+	// decode batch's box it differently), and ptr never changes.
+	tmaps []tensorMapKey
+}
+
+// tensorMapKey is a TMA descriptor (raw) of a buffer as rows × k, in
+// boxes of box rows.
+type tensorMapKey struct {
+	rows, k, box int
+	raw          []byte
 }
 
 // dead reports whether b, or the allocation it views, was freed.

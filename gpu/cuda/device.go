@@ -408,6 +408,8 @@ func occupancyShape(name string) (threads, shmem int, ok bool) {
 	switch {
 	case strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv"):
 		return 256, 0, true
+	case strings.HasPrefix(name, "gemm_stream_"):
+		return 128, streamShmem, true
 	case strings.HasPrefix(name, "attn_decode_"):
 		hd := 128
 		if strings.HasSuffix(name, "_hd64") {

@@ -223,6 +223,9 @@ func TestSkinnyExact(t *testing.T) {
 		{gpu.BF16, 9, 512, 300, 1e-5}, {gpu.BF16, 12, 704, 300, 1e-5}, {gpu.F16, 17, 576, 300, 1e-5}, {gpu.BF16, 24, 2048, 640, 1e-5},
 		{gpu.F16, 32, 1024, 200, 1e-5}, {gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
 		{gpu.BF16, 40, 832, 200, 1e-2},
+		// Several stages of x and more steps a split than gemm_stream's
+		// ring of weights (up to 16 rows, as pairs), or gemm_skinny's.
+		{gpu.F16, 14, 2048, 8192, 1e-5}, {gpu.BF16, 16, 8192, 96, 1e-5}, {gpu.BF16, 40, 2048, 8192, 1e-2},
 	} {
 		wv, xv := randF32(r, c.m*c.k, 0.05), randF32(r, c.n*c.k, 1)
 		raw := gputest.Encode(gpu.BF16, wv)
@@ -248,6 +251,27 @@ func TestSkinnyExact(t *testing.T) {
 		if e := gputest.RelL2(readF32(t, d, out), want); !(e <= c.tol) {
 			t.Errorf("%s %dx%dx%d: relative L2 error %.3g, want <= %.0e", c.dt, c.n, c.m, c.k, e, c.tol)
 		}
+	}
+}
+
+// TestStreamLoads: on a Hopper GPU the decode-batch products of up to 32
+// rows of 16-bit x take gemm_stream (TestSkinnyExact checks its sums),
+// and the driver holds at least one block of it an SM with its shared
+// memory.
+func TestStreamLoads(t *testing.T) {
+	d := open(t)
+	if d.info.Code != codeCubin {
+		t.Skipf("%s runs the portable PTX, which has no TMA", d.Name())
+	}
+	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16"} {
+		k := d.k(name)
+		if k == nil {
+			t.Fatalf("%s is not loaded", name)
+		}
+		if k.occ < 1 {
+			t.Errorf("%s: room for %d blocks an SM", name, k.occ)
+		}
+		t.Logf("%s: %d blocks an SM", name, k.occ)
 	}
 }
 

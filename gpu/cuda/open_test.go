@@ -1,8 +1,12 @@
 package cuda
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -194,6 +198,27 @@ func TestSkinnySplits(t *testing.T) {
 		if got := skinnyName("bf16", exact); !slices.Contains(kernelNames(), got) {
 			t.Errorf("exact %v: %s is not among the kernels", exact, got)
 		}
+	}
+}
+
+// TestStreamShape: the host's view of gemm_stream's ring, stage of x and
+// shared memory is the kernel's (kernels/cuda/gemm_wg.cu).
+func TestStreamShape(t *testing.T) {
+	src, err := os.ReadFile("../../kernels/cuda/gemm_wg.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"GS_STAGES": streamStages, "GS_XK": streamXK} {
+		m := regexp.MustCompile(`#define ` + name + ` (\d+)`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("no #define %s in gemm_wg.cu", name)
+		}
+		if got, _ := strconv.Atoi(string(m[1])); got != want {
+			t.Errorf("%s is %d in the kernel, %d on the host", name, got, want)
+		}
+	}
+	if !bytes.Contains(src, []byte("#define GS_SMEM (4 * GS_STAGES * 4096 + (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 1))")) {
+		t.Error("GS_SMEM is not the host's streamShmem")
 	}
 }
 

@@ -106,10 +106,12 @@ const wgSharedMemory = 4*(128+256)*64*2 + 1024 + 4*16
 // tensorMap encodes a TMA descriptor (CUtensorMap) for b as a row-major
 // [rows, k] bf16 matrix: boxes of 64 along k by boxRows rows, 128-byte
 // swizzle, zeros beyond the edges. The 128 bytes are passed to the kernel
-// by value; the buffer keeps the last ones encoded.
+// by value; the buffer keeps the last maxTensorMaps encoded.
 func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
-	if c := &b.tmap; c.raw != nil && c.rows == rows && c.k == k && c.box == boxRows {
-		return c.raw, nil
+	for _, c := range b.tmaps {
+		if c.rows == rows && c.k == k && c.box == boxRows {
+			return c.raw, nil
+		}
 	}
 	const (
 		dtBF16     = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -141,9 +143,14 @@ func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
 		return nil, fmt.Errorf("tensor map of %d x %d: %w", rows, k, err)
 	}
 	tm := append([]byte(nil), raw[off:off+128]...)
-	b.tmap.rows, b.tmap.k, b.tmap.box, b.tmap.raw = rows, k, boxRows, tm
+	b.tmaps = append([]tensorMapKey{{rows, k, boxRows, tm}}, b.tmaps[:min(len(b.tmaps), maxTensorMaps-1)]...)
 	return tm, nil
 }
+
+// maxTensorMaps is how many descriptors a buffer keeps (tensorMap): a
+// decode batch's x is boxed for each size of batch and k of its products,
+// a weight for prompts and for decode batches.
+const maxTensorMaps = 4
 
 // skinnySplits cuts k (a multiple of 64) for gemm_skinny into parts of
 // at least 128 for about perSM blocks per SM (its occupancy); chunk is a
@@ -352,10 +359,50 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 	if err != nil {
 		return err
 	}
+	return d.skinnyRounded(suf, out, xs, w, n, k, m, 2)
+}
+
+// skinnyRounded runs a decode-batch product of halves × n rows of 16-bit
+// x (xs): up to streamRows rows on gemm_stream, the weights streamed by
+// the TMA unit, where the device runs the Hopper cubin, else on
+// gemm_skinny; k split for about as many blocks an SM as the kernel holds.
+func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
+	rows := halves * n
+	if kern := d.k("gemm_stream_" + suf); kern != nil && rows <= streamRows && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
+		tmx, err := d.tensorMap(xs, rows, k, streamRows)
+		if err != nil {
+			return fmt.Errorf("matmul: %w", err)
+		}
+		tmw, err := d.tensorMap(w, m, k, 32)
+		if err != nil {
+			return fmt.Errorf("matmul: %w", err)
+		}
+		splits, chunk := skinnySplits(m, k, d.info.SMs, max(1, kern.occ))
+		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
+		return d.splitProduct(kern, grid, 128, streamShmem, out, xs, w, n, k, m, splits, chunk, halves, rawArg(tmx), rawArg(tmw))
+	}
 	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(false))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, 2)
+	return d.splitProduct(d.k(skinnyName(suf, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, halves)
 }
+
+// streamRows is the most rows of x gemm_stream takes (four token tiles):
+// pairs of 9 to 16 rows (skinnyPairs). Measured on an H200 (docs/cuda.md,
+// OLMo-2-1B at 512 tokens): 12 sequences 1.67-1.69 -> 1.62-1.63 ms a step,
+// 16 1.73-1.78 -> 1.69-1.73; with eight tiles, 33 to 64 rows streamed no
+// faster than on gemm_skinny.
+const streamRows = 32
+
+// streamStages and streamXK are GS_STAGES and GS_XK in
+// kernels/cuda/gemm_wg.cu: a warp's ring of 64 k of its 32 rows of
+// weights, and the k of x a stage; streamShmem is GS_SMEM, the kernel's
+// dynamic shared memory (1 KiB more for the swizzle's alignment, and the
+// barriers).
+const (
+	streamStages = 4
+	streamXK     = 256
+	streamShmem  = 4*streamStages*4096 + streamXK/64*4096 + 1024 + 8*(4*streamStages+1)
+)
 
 // skinnyName is gemm_skinny's entry point for x exact (f32, up to
 // skinnyExactTile rows: one token tile) or rounded to the weights' type suf
@@ -383,19 +430,18 @@ func skinnyPerSM(exact bool) int {
 
 // skinny launches gemm_skinny over n rows of x: f32 x (at most
 // skinnyExactTile rows) on the exact kernel, staged in dynamic shared
-// memory (rows of SK_XK = 256 f32), or x rounded to suf; k split for about
-// skinnyPerSM blocks per SM.
+// memory (rows of SK_XK = 256 f32), k split for about skinnyPerSM blocks
+// per SM, or x rounded to suf (skinnyRounded).
 func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
-	exact, shmem := x.dt == gpu.F32, 0
-	if exact {
-		if n > skinnyExactTile {
-			return fmt.Errorf("matmul: %d rows of f32 x on the exact kernel, at most %d", n, skinnyExactTile)
-		}
-		shmem = skinnyExactTile * 256 * 4
+	if x.dt != gpu.F32 {
+		return d.skinnyRounded(suf, out, x, w, n, k, m, 1)
 	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(exact))
+	if n > skinnyExactTile {
+		return fmt.Errorf("matmul: %d rows of f32 x on the exact kernel, at most %d", n, skinnyExactTile)
+	}
+	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(true))
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, exact)), grid, 128, shmem, out, x, w, n, k, m, splits, chunk, 1)
+	return d.splitProduct(d.k(skinnyName(suf, true)), grid, 128, skinnyExactTile*256*4, out, x, w, n, k, m, splits, chunk, 1)
 }
 
 // splitProduct launches a product kernel taking (out, x, w, rows, k, m,
@@ -403,7 +449,7 @@ func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
 // split order into out. x holds halves × n rows: with 2 (skinnyPairs),
 // rows n.. are the remainders of rows 0.., and each split's two halves of
 // the product are summed in turn.
-func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, x, w *Buffer, n, k, m, splits, chunk, halves int) error {
+func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, x, w *Buffer, n, k, m, splits, chunk, halves int, more ...arg) error {
 	rows, parts := halves*n, halves*splits
 	dst := out
 	if parts > 1 {
@@ -412,9 +458,9 @@ func (d *Device) splitProduct(kern *kernel, grid dim3, threads, shmem int, out, 
 			return err
 		}
 	}
-	err := d.launch(kern, grid, grid1(threads), shmem,
-		bufArg("out", dst, gpu.F32, splits*rows*m), bufArg("x", x, x.dt, rows*k), bufArg("w", w, w.dt, m*k),
-		i32Arg(rows), i32Arg(k), i32Arg(m), i32Arg(chunk))
+	args := append([]arg{bufArg("out", dst, gpu.F32, splits*rows*m), bufArg("x", x, x.dt, rows*k), bufArg("w", w, w.dt, m*k),
+		i32Arg(rows), i32Arg(k), i32Arg(m), i32Arg(chunk)}, more...)
+	err := d.launch(kern, grid, grid1(threads), shmem, args...)
 	if err != nil || parts == 1 {
 		return err
 	}

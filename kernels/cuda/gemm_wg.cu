@@ -32,7 +32,7 @@
 // {64, 256} for w, 128-byte swizzle, zero fill), passed by value after
 // (out, x, w, n, k, m); dynamic shared memory GEMM_WG_SMEM; grid
 // (min(tiles, SMs)); block 384.
-#include "common.cuh"
+#include "mma.cuh"
 
 // Tile shape constants, for the host side.
 #define GEMM_WG_BM 128
@@ -309,6 +309,129 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
   }
 }
 
+
+// ---- gemm_stream: decode-batch products fed by the TMA unit ----
+//
+// gemm_skinny's product for up to 32 rows of 16-bit x (out [+ blockIdx.y·n·m]
+// = x[n,k] · w[m,k]ᵀ over the block's split of k; four warps of 32 rows of
+// w a block), with the weights' bytes in flight held in shared memory
+// instead of registers: each warp streams its 32 rows through a ring of
+// GS_STAGES slots of 64 k (4 KiB, one TMA copy each, 128-byte swizzle), its
+// lane 0 refilling a slot as soon as the warp has summed it, so GS_STAGES
+// - 1 copies stay in flight while it works, and the first GS_STAGES are
+// asked for before the wait for the kernel ahead. x comes GS_XK of k at a
+// time, one TMA copy of its 32 rows (zeros past n) a 64 k. Both operands'
+// fragments are formed by ldmatrix from the swizzled stages; the mma's k
+// slots are k in order. A warp waits only for its own slots and the
+// block's stage of x. (At 33 to 64 rows, eight token tiles, it streamed no
+// faster than gemm_skinny: docs/cuda.md.)
+#define GS_STAGES 4
+#define GS_XK 256
+#define GS_SMEM (4 * GS_STAGES * 4096 + (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 1))
+
+DEV void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T>
+DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
+#else
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const uint32_t ring = base + warp * (GS_STAGES * 4096);
+  const uint32_t xs = base + 4 * GS_STAGES * 4096;
+  const uint32_t xbar = xs + (GS_XK / 64) * 4096, wbar = xbar + 8 + warp * (8 * GS_STAGES);
+  const int row0 = blockIdx.x * 128 + warp * 32;
+  const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
+  constexpr int NT = 4;                 // token tiles of 8 rows
+  const uint32_t xbox = NT * 8 * 128;  // bytes of a 64 k of x (the host's box: the tiles' rows)
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < GS_STAGES; s++) mbar_init(wbar + 8 * s, 1);
+    if (warp == 0) mbar_init(xbar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  // fill asks for step u's 64 k of the warp's rows in its slot of the ring.
+  auto fill = [&](int u) {
+    if (u >= steps) return;
+    const uint32_t bar = wbar + 8 * (u % GS_STAGES);
+    mbar_arrive_expect_tx(bar, 4096);
+    tma_load_2d(ring + (u % GS_STAGES) * 4096, tmw, bar, kbeg + 64 * u, row0);
+  };
+  // The weights, before the wait for the kernel ahead: nothing writes them.
+  if (lane == 0)
+    for (int u = 0; u < GS_STAGES; u++) fill(u);
+  pdl_begin();
+  __syncthreads();  // x's barrier is initialised
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
+  // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8. A (weights,
+  // rows × k): matrices (rows 0-7 | 8-15) × (chunk c | c + 1) of a 16-row
+  // slice; B (x, tokens × k): chunks c .. c + 3 of a token tile's 8 rows.
+  // A row r's 16-byte chunk c lies at r·128 + (c ^ r % 8)·16.
+  const int lr = lane & 7, lm = lane >> 3;
+  const uint32_t aoff = ((lm & 1) * 8 + lr) * 128, boff = lr * 128;
+  uint32_t xph = 0;
+  int j = 0;  // the step: 64 k
+  for (int xk = kbeg; xk < kend; xk += GS_XK) {
+    const int slices = min(GS_XK, kend - xk) / 64;
+    if (xk != kbeg) __syncthreads();  // the last stage of x is consumed
+    if (tid == 0) {
+      mbar_arrive_expect_tx(xbar, slices * xbox);
+      for (int i = 0; i < slices; i++) tma_load_2d(xs + i * (NT * 1024), tmx, xbar, xk + 64 * i, 0);
+    }
+    mbar_wait(xbar, xph);
+    xph ^= 1;
+    for (int sl = 0; sl < slices; sl++, j++) {
+      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + sl * (NT * 1024);
+      mbar_wait(wbar + 8 * (j % GS_STAGES), (j / GS_STAGES) & 1);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
+        uint32_t a[2][2][4], b[NT][4];  // a[row slice][k-step]; b[token tile]: both k-steps
+#pragma unroll
+        for (int rs = 0; rs < 2; rs++)
+#pragma unroll
+          for (int ks = 0; ks < 2; ks++)
+            ldsm4(a[rs][ks], wa + rs * 2048 + aoff + (((4 * h + 2 * ks + (lm >> 1)) ^ lr) << 4));
+#pragma unroll
+        for (int t = 0; t < NT; t++) ldsm4(b[t], xa + t * 1024 + boff + (((4 * h + lm) ^ lr) << 4));
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+          for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int rs = 0; rs < 2; rs++) mma16816<T>(acc[rs][t], a[rs][ks], &b[t][2 * ks]);
+      }
+      __syncwarp();
+      if (lane == 0) fill(j + GS_STAGES);  // the slot is summed: refill it
+    }
+  }
+  // acc[rs][t][e]: row row0 + 16rs + g + 8(e/2), token t·8 + 2q + e%2.
+  float* o = out + (long)blockIdx.y * n * m + (long)(2 * q) * m + row0 + g;
+#pragma unroll
+  for (int t = 0; t < NT; t++, o += 8L * m) {
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+      if (t * 8 + 2 * q + e2 >= n) continue;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        if (row0 + g + 8 * i < m) o[e2 * (long)m + 8 * i] = acc[i >> 1][t][(i & 1) * 2 + e2];
+    }
+  }
+#endif
+}
 }  // namespace wgk
 
 // x and w are not read by the kernel (the tensor maps point at them); they
@@ -324,3 +447,18 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
   asm volatile("trap;");
 #endif
 }
+
+// gemm_stream_{bf16,f16}: decode-batch products of up to 32 rows of 16-bit
+// x (four token tiles, every one summed whatever its rows, so that no
+// branch keeps the mmas apart) with the weights streamed by TMA
+// (gemm_stream above); grid (ceil(m/128), splits of k), 128 threads,
+// GS_SMEM bytes of dynamic shared memory; tmx boxes 64 k of 32 rows of x,
+// tmw 64 k of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does.
+#define STREAM(NAME, T)                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128) NAME(float* out, const uint16_t* x, const uint16_t* w, int n,   \
+                                                         int k, int m, int kchunk,                                 \
+                                                         const __grid_constant__ wgk::TMap tmx,                    \
+                                                         const __grid_constant__ wgk::TMap tmw) {                  \
+    wgk::gemm_stream<T>(out, n, k, m, kchunk, &tmx, &tmw);                                                         \
+  }
+STREAM(gemm_stream_bf16, BF16) STREAM(gemm_stream_f16, F16)
