@@ -438,13 +438,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
   int row0 = blockIdx.x * SK_ROWS + warp * 32;
   int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk);
   int ntn = (n + 7) >> 3;
-  float acc[2][NT][4];
-#pragma unroll
-  for (int r = 0; r < 2; r++)
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
+  float acc[2][NT][4] = {};
   // The thread's rows of w are row0 + g + 8i (i = 2rs + hh: the mma's row
   // g + 8hh of its 16-row slice rs), each from its first k slot; rows past
   // m read row m - 1, whose sums are not stored. Every address below is
@@ -543,19 +537,7 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
       }
     }
   }
-  // acc[rs][t][e]: row row0 + g + 8(2rs + e/2), token t*8 + 2q + e%2.
-  float* o = out + (long)blockIdx.y * n * m + (long)(2 * q) * m + row0 + g;
-#pragma unroll
-  for (int t = 0; t < NT; t++, o += 8L * m) {
-    if (t >= ntn) break;
-#pragma unroll
-    for (int e2 = 0; e2 < 2; e2++) {
-      if (t * 8 + 2 * q + e2 >= n) continue;
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-        if (row0 + g + 8 * i < m) o[e2 * (long)m + 8 * i] = acc[i >> 1][t][(i & 1) * 2 + e2];
-    }
-  }
+  store_skinny<NT>(out, acc, n, m, row0, ntn);
 }
 
 // Entry points: gemm_skinny_<type>_t8, x rounded, up to eight token tiles

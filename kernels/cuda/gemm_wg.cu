@@ -342,7 +342,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
 #else
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t ring = base + warp * (GS_STAGES * 4096);
   const uint32_t xs = base + 4 * GS_STAGES * 4096;
   const uint32_t xbar = xs + (GS_XK / 64) * 4096, wbar = xbar + 8 + warp * (8 * GS_STAGES);
@@ -370,13 +370,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   pdl_begin();
   __syncthreads();  // x's barrier is initialised
 
-  float acc[2][NT][4];
-#pragma unroll
-  for (int r = 0; r < 2; r++)
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[r][t][e] = 0.f;
+  float acc[2][NT][4] = {};
   // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8. A (weights,
   // rows × k): matrices (rows 0-7 | 8-15) × (chunk c | c + 1) of a 16-row
   // slice; B (x, tokens × k): chunks c .. c + 3 of a token tile's 8 rows.
@@ -418,18 +412,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
       if (lane == 0) fill(j + GS_STAGES);  // the slot is summed: refill it
     }
   }
-  // acc[rs][t][e]: row row0 + 16rs + g + 8(e/2), token t·8 + 2q + e%2.
-  float* o = out + (long)blockIdx.y * n * m + (long)(2 * q) * m + row0 + g;
-#pragma unroll
-  for (int t = 0; t < NT; t++, o += 8L * m) {
-#pragma unroll
-    for (int e2 = 0; e2 < 2; e2++) {
-      if (t * 8 + 2 * q + e2 >= n) continue;
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-        if (row0 + g + 8 * i < m) o[e2 * (long)m + 8 * i] = acc[i >> 1][t][(i & 1) * 2 + e2];
-    }
-  }
+  store_skinny<NT>(out, acc, n, m, row0, NT);
 #endif
 }
 }  // namespace wgk

@@ -95,3 +95,25 @@ DEV void mma_pipe(float (&acc)[MI][NJ][4], const uint16_t* smem, int kt, Load lo
   }
   cp_async_wait<0>();
 }
+
+// store_skinny stores a decode-batch product's sums (gemm_skinny,
+// gemm_stream) of up to NT token tiles, ntn of them in use: acc[rs][t][e]
+// is row row0 + g + 8(2rs + e/2), token t·8 + 2q + e%2 (g = lane / 4, q =
+// lane % 4) of out (n rows of m, at split blockIdx.y), stored where the
+// row is below m and the token below n.
+template <int NT>
+DEV void store_skinny(float* __restrict__ out, const float (&acc)[2][NT][4], int n, int m, int row0, int ntn) {
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  float* o = out + (long)blockIdx.y * n * m + (long)(2 * q) * m + row0 + g;
+#pragma unroll
+  for (int t = 0; t < NT; t++, o += 8L * m) {
+    if (t >= ntn) break;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+      if (t * 8 + 2 * q + e2 >= n) continue;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        if (row0 + g + 8 * i < m) o[e2 * (long)m + 8 * i] = acc[i >> 1][t][(i & 1) * 2 + e2];
+    }
+  }
+}
