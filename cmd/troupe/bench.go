@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/troupe/troupe/gpu"
@@ -46,8 +49,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	prompt := fs.Int("prompt", 512, "prompt tokens to prefill")
 	gen := fs.Int("gen", 128, "tokens to decode after the prompt")
 	runs := fs.Int("runs", 3, "repetitions; the best is reported")
-	batch := fs.Int("batch", 1, "sequences decoded together (each with its own prompt); rates count every sequence's tokens")
-	asJSON := fs.Bool("json", false, "print JSON only")
+	batches := batchList{1}
+	fs.Var(&batches, "batch", "sequences decoded together (each with its own prompt), or a comma-separated list of counts measured in turn on one load of the model; rates count every sequence's tokens")
+	asJSON := fs.Bool("json", false, "print JSON only: one object a batch, a line each")
 	var sp sample.Params
 	temp := fs.Float64("temperature", 0, "draw tokens at this temperature (0: greedy)")
 	fs.IntVar(&sp.TopK, "top-k", 0, "with --temperature, keep the k most likely tokens (0: all)")
@@ -57,65 +61,131 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *prompt < 1 || *gen < 1 || *runs < 1 || *batch < 1 {
-		return fmt.Errorf("bench: --prompt, --gen, --runs and --batch must be positive")
+	if *prompt < 1 || *gen < 1 || *runs < 1 {
+		return fmt.Errorf("bench: --prompt, --gen and --runs must be positive")
 	}
 	sp.Temperature, sp.TopP, sp.MinP = float32(*temp), float32(*topP), float32(*minP)
 	if err := sp.Validate(); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	if *batch > maxBenchBatch {
-		return fmt.Errorf("bench: --batch %d exceeds %d sequences", *batch, maxBenchBatch)
-	}
 	o.quiet = *asJSON
-	o.maxTokens = max(*prompt, *batch)
+	o.maxTokens = max(*prompt, slices.Max(batches))
 	l, err := load(ctx, o, stderr)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	cfg := l.model.Config
-	if *prompt+*gen+1 > cfg.MaxPositions {
+	if cfg := l.model.Config; *prompt+*gen+1 > cfg.MaxPositions {
 		return fmt.Errorf("bench: %d + %d tokens exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
 	}
+	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
+	for _, batch := range batches {
+		r, err := b.measure(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if *asJSON {
+			if err := json.NewEncoder(stdout).Encode(r); err != nil {
+				return err
+			}
+			continue
+		}
+		how := "greedy"
+		if d := r.Sampling; d != nil {
+			how = fmt.Sprintf("drawn at temperature %g", d.Temperature)
+		}
+		if b.sweep {
+			fmt.Fprintf(stdout, "batch %d: ", batch)
+		}
+		fmt.Fprintf(stdout, "%s on %s, %s KV cache\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token, %s)\n",
+			r.Model, r.Device, r.KVCache, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk, how)
+	}
+	return nil
+}
+
+// batchList is --batch: one count of sequences, or several separated by
+// commas, each between 1 and maxBenchBatch.
+type batchList []int
+
+func (b *batchList) String() string {
+	parts := make([]string, len(*b))
+	for i, n := range *b {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (b *batchList) Set(v string) error {
+	var out batchList
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("%q is not a count of sequences", f)
+		}
+		if n < 1 || n > maxBenchBatch {
+			return fmt.Errorf("%d sequences: want 1 to %d", n, maxBenchBatch)
+		}
+		out = append(out, n)
+	}
+	*b = out
+	return nil
+}
+
+// bench measures decoding on a loaded model, batch by batch.
+type bench struct {
+	l                 *loaded
+	prompt, gen, runs int
+	sampling          sample.Params // greedy at temperature 0
+	seed              int64
+	quiet, sweep      bool // sweep: several batches, each report named
+	stderr            io.Writer
+}
+
+// measure runs b.runs times over batch sequences of a fixed
+// pseudo-random prompt each and reports the best prefill and decode.
+func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
+	l, sp := b.l, b.sampling
 	// A fixed pseudo-random prompt, so runs compare.
 	rng := rand.New(rand.NewPCG(1, 1))
-	prompts := make([][]int32, *batch)
+	prompts := make([][]int32, batch)
 	for s := range prompts {
-		prompts[s] = make([]int32, *prompt)
+		prompts[s] = make([]int32, b.prompt)
 		for i := range prompts[s] {
-			prompts[s][i] = int32(rng.IntN(cfg.Vocab))
+			prompts[s][i] = int32(rng.IntN(l.model.Config.Vocab))
 		}
 	}
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: *batch, Prompt: *prompt * *batch, Gen: *gen * *batch}
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: batch, Prompt: b.prompt * batch, Gen: b.gen * batch}
 	if sp.Temperature > 0 {
-		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: *seed}
+		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: b.seed}
 	}
 	if n := l.model.Ranks(); n > 1 {
 		r.Device = fmt.Sprintf("%s, tensor parallel over %d GPUs", r.Device, n)
 	}
-	for run := 0; run < *runs; run++ {
+	for run := 0; run < b.runs; run++ {
 		var pre, dec time.Duration
 		var err error
 		var draws []*sample.Sampler
 		if sp.Temperature > 0 {
-			for s := range *batch {
+			for s := range batch {
 				p := sp
-				p.Seed = new(*seed + int64(s))
+				p.Seed = new(b.seed + int64(s))
 				draws = append(draws, sample.New(p))
 			}
 		}
-		if *batch == 1 && draws == nil {
-			pre, dec, err = benchOnce(ctx, l, prompts[0], *gen)
+		if batch == 1 && draws == nil {
+			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen)
 		} else {
-			pre, dec, err = benchBatch(ctx, l, prompts, *gen, draws)
+			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws)
 		}
 		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return r, err
 		}
-		if !*asJSON {
-			fmt.Fprintf(stderr, "run %d/%d: prefill %d tokens in %s (%.0f tok/s), decode %d tokens in %s (%.1f tok/s)\n",
-				run+1, *runs, r.Prompt, pre.Round(time.Microsecond), float64(r.Prompt)/pre.Seconds(), r.Gen, dec.Round(time.Microsecond), float64(r.Gen)/dec.Seconds())
+		if !b.quiet {
+			if b.sweep {
+				fmt.Fprintf(b.stderr, "batch %d, ", batch)
+			}
+			fmt.Fprintf(b.stderr, "run %d/%d: prefill %d tokens in %s (%.0f tok/s), decode %d tokens in %s (%.1f tok/s)\n",
+				run+1, b.runs, r.Prompt, pre.Round(time.Microsecond), float64(r.Prompt)/pre.Seconds(), r.Gen, dec.Round(time.Microsecond), float64(r.Gen)/dec.Seconds())
 		}
 		if run == 0 || pre.Seconds() < r.PrefillSecs {
 			r.PrefillSecs = pre.Seconds()
@@ -125,21 +195,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	if err := l.model.GraphError(); err != nil {
-		fmt.Fprintf(stderr, "bench: steps ran operation by operation: %v\n", err)
+		fmt.Fprintf(b.stderr, "bench: steps ran operation by operation: %v\n", err)
 	}
 	r.PrefillTokS = float64(r.Prompt) / r.PrefillSecs
 	r.DecodeTokS = float64(r.Gen) / r.DecodeSecs
-	r.DecodeMSPerTk = 1000 * r.DecodeSecs / float64(*gen) // per step
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(r)
-	}
-	how := "greedy"
-	if d := r.Sampling; d != nil {
-		how = fmt.Sprintf("drawn at temperature %g", d.Temperature)
-	}
-	fmt.Fprintf(stdout, "%s on %s, %s KV cache\nprefill  %6d tokens  %10.1f tok/s\ndecode   %6d tokens  %10.1f tok/s  (%.3f ms/token, %s)\n",
-		r.Model, r.Device, r.KVCache, r.Prompt, r.PrefillTokS, r.Gen, r.DecodeTokS, r.DecodeMSPerTk, how)
-	return nil
+	r.DecodeMSPerTk = 1000 * r.DecodeSecs / float64(b.gen) // per step
+	return r, nil
 }
 
 // maxBenchBatch is the most sequences --batch takes: the model's default

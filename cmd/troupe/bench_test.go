@@ -40,6 +40,38 @@ func TestBenchSampled(t *testing.T) {
 	}
 }
 
+// TestBenchBatches: --batch takes a list of counts, measured in turn on
+// one load of the model, one JSON object a line each; counts out of range
+// or not numbers are refused, naming the flag.
+func TestBenchBatches(t *testing.T) {
+	out, stderr, err := runCLI(t, "", "bench", "--prompt", "8", "--gen", "4", "--runs", "1", "--batch", "1,3, 2")
+	if err != nil {
+		t.Fatalf("bench --batch 1,3,2: %v", err)
+	}
+	if got := strings.Count(out, "tokens  "); got != 6 || !strings.Contains(out, "batch 3: ") || strings.Count(stderr, "loading ") != 1 {
+		t.Errorf("bench --batch 1,3,2: three reports and one load wanted:\n%s\n%s", out, stderr)
+	}
+	out, _, err = runCLI(t, "", "bench", "--prompt", "8", "--gen", "4", "--runs", "1", "--json", "--batch", "2,1")
+	if err != nil {
+		t.Fatalf("bench --json --batch 2,1: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("bench --json --batch 2,1: %d lines, want 2:\n%s", len(lines), out)
+	}
+	for i, want := range []int{2, 1} {
+		var r benchResult
+		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil || r.Batch != want || r.Gen != 4*want || !(r.DecodeTokS > 0) {
+			t.Errorf("line %d: %+v, %v; want batch %d", i, r, err, want)
+		}
+	}
+	for _, bad := range []string{"0", "65", "2,x", ""} {
+		if _, _, err := runCLI(t, "", "bench", "--prompt", "4", "--gen", "1", "--runs", "1", "--batch", bad); err == nil || !strings.Contains(err.Error(), "batch") {
+			t.Errorf("bench --batch %q: %v, want an error naming the flag", bad, err)
+		}
+	}
+}
+
 // TestBenchKVCache: --kv-cache picks the cache's element type (f32 by
 // default on the CPU lane), bench names it, and an unknown one is refused.
 func TestBenchKVCache(t *testing.T) {
