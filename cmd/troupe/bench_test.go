@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,4 +98,30 @@ func TestBenchKVCache(t *testing.T) {
 			t.Errorf("auto on %s: %v, %v; want %v", device, got, err, want)
 		}
 	}
+}
+
+// FuzzBatchList: --batch's parser never panics, takes only counts in
+// range, and prints what it took in a form it takes back.
+func FuzzBatchList(f *testing.F) {
+	for _, s := range []string{"1", "1,8,64", " 2, 3", "0", "65", "1,,2", "-1", "x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var b batchList
+		if err := b.Set(s); err != nil {
+			return
+		}
+		if len(b) == 0 {
+			t.Fatalf("%q: no counts", s)
+		}
+		for _, n := range b {
+			if n < 1 || n > maxBenchBatch {
+				t.Fatalf("%q: count %d out of range", s, n)
+			}
+		}
+		var again batchList
+		if err := again.Set(b.String()); err != nil || !slices.Equal(again, b) {
+			t.Fatalf("%q: %v printed %q, which parses to %v (%v)", s, b, b.String(), again, err)
+		}
+	})
 }
