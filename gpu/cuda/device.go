@@ -403,7 +403,8 @@ func (d *Device) loadKernels() error {
 
 // occupancyShape is the block (threads, dynamic shared memory) at which
 // the driver is asked how many blocks of a kernel fit on an SM, for the
-// kernels whose grids depend on it: the fast GEMVs and attn_decode.
+// kernels whose grids depend on it: the fast GEMVs, gemm_stream and
+// attn_decode.
 func occupancyShape(name string) (threads, shmem int, ok bool) {
 	switch {
 	case strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv"):

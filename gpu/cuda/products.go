@@ -85,18 +85,29 @@ func (d *Device) gemmWG(out, xs, w *Buffer, n, k, m int) (ok bool, err error) {
 	if kern == nil || d.info.Code != codeCubin || w.dt != gpu.BF16 || n <= skinnyRows || k%64 != 0 || w.ptr%16 != 0 {
 		return false, nil
 	}
-	tmx, err := d.tensorMap(xs, n, k, 128)
+	maps, err := d.tensorMaps(xs, n, 128, w, m, 256, k)
 	if err != nil {
-		return true, fmt.Errorf("matmul: %w", err)
-	}
-	tmw, err := d.tensorMap(w, m, k, 256)
-	if err != nil {
-		return true, fmt.Errorf("matmul: %w", err)
+		return true, err
 	}
 	tiles := ceilDiv(n, 128) * ceilDiv(m, 256)
 	return true, d.launch(kern, grid1(min(tiles, d.info.SMs)), grid1(384), wgSharedMemory,
-		bufArg("out", out, gpu.F32, n*m), bufArg("x", xs, gpu.BF16, n*k), bufArg("w", w, gpu.BF16, m*k),
-		i32Arg(n), i32Arg(k), i32Arg(m), rawArg(tmx), rawArg(tmw))
+		append([]arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", xs, gpu.BF16, n*k), bufArg("w", w, gpu.BF16, m*k),
+			i32Arg(n), i32Arg(k), i32Arg(m)}, maps...)...)
+}
+
+// tensorMaps are the kernel arguments of a TMA product's descriptors
+// (tensorMap): x's rows × k in boxes of xBox rows, then w's m × k in
+// boxes of wBox rows.
+func (d *Device) tensorMaps(xs *Buffer, rows, xBox int, w *Buffer, m, wBox, k int) ([]arg, error) {
+	tmx, err := d.tensorMap(xs, rows, k, xBox)
+	if err != nil {
+		return nil, fmt.Errorf("matmul: %w", err)
+	}
+	tmw, err := d.tensorMap(w, m, k, wBox)
+	if err != nil {
+		return nil, fmt.Errorf("matmul: %w", err)
+	}
+	return []arg{rawArg(tmx), rawArg(tmw)}, nil
 }
 
 // wgSharedMemory is GEMM_WG_SMEM in kernels/cuda/gemm_wg.cu: 4 stages of
@@ -369,21 +380,21 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
 	rows := halves * n
 	if kern := d.k("gemm_stream_" + suf); kern != nil && rows <= streamRows && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
-		tmx, err := d.tensorMap(xs, rows, k, streamRows)
+		maps, err := d.tensorMaps(xs, rows, streamRows, w, m, 32, k)
 		if err != nil {
-			return fmt.Errorf("matmul: %w", err)
+			return err
 		}
-		tmw, err := d.tensorMap(w, m, k, 32)
-		if err != nil {
-			return fmt.Errorf("matmul: %w", err)
-		}
-		splits, chunk := skinnySplits(m, k, d.info.SMs, max(1, kern.occ))
-		grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-		return d.splitProduct(kern, grid, 128, streamShmem, out, xs, w, n, k, m, splits, chunk, halves, rawArg(tmx), rawArg(tmw))
+		return d.skinnyLaunch(kern, max(1, kern.occ), streamShmem, out, xs, w, n, k, m, halves, maps...)
 	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(false))
+	return d.skinnyLaunch(d.k(skinnyName(suf, false)), skinnyPerSM(false), 0, out, xs, w, n, k, m, halves)
+}
+
+// skinnyLaunch runs a decode-batch product kernel (128 threads, blocks of
+// skinnyCols rows of w) with k split for about perSM blocks per SM.
+func (d *Device) skinnyLaunch(kern *kernel, perSM, shmem int, out, x, w *Buffer, n, k, m, halves int, more ...arg) error {
+	splits, chunk := skinnySplits(m, k, d.info.SMs, perSM)
 	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, false)), grid, 128, 0, out, xs, w, n, k, m, splits, chunk, halves)
+	return d.splitProduct(kern, grid, 128, shmem, out, x, w, n, k, m, splits, chunk, halves, more...)
 }
 
 // streamRows is the most rows of x gemm_stream takes (four token tiles):
@@ -439,9 +450,7 @@ func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
 	if n > skinnyExactTile {
 		return fmt.Errorf("matmul: %d rows of f32 x on the exact kernel, at most %d", n, skinnyExactTile)
 	}
-	splits, chunk := skinnySplits(m, k, d.info.SMs, skinnyPerSM(true))
-	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(d.k(skinnyName(suf, true)), grid, 128, skinnyExactTile*256*4, out, x, w, n, k, m, splits, chunk, 1)
+	return d.skinnyLaunch(d.k(skinnyName(suf, true)), skinnyPerSM(true), skinnyExactTile*256*4, out, x, w, n, k, m, 1)
 }
 
 // splitProduct launches a product kernel taking (out, x, w, rows, k, m,
