@@ -75,8 +75,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer l.Close()
-	if cfg := l.model.Config; *prompt+*gen+1 > cfg.MaxPositions {
-		return fmt.Errorf("bench: %d + %d tokens exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
+	if cfg := l.model.Config; *prompt+*gen+2 > cfg.MaxPositions {
+		return fmt.Errorf("bench: %d + %d tokens (and two untimed steps) exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
 	}
 	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
 	for _, batch := range batches {
@@ -236,15 +236,16 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, d
 }
 
 // benchBatch prefills each prompt in turn into one shared paged cache, then
-// decodes gen tokens of every sequence together, one step per token, after
-// one untimed step: greedily (draws nil), or drawn by each sequence's
-// sampler, each step queued before the previous one's tokens are read
-// where the device chains drawn steps (models.Model.IssueStep).
+// decodes gen tokens of every sequence together, one step per token:
+// greedily (draws nil), or drawn by each sequence's sampler. Where the
+// device chains such steps (models.Model.IssueStep) each is queued before
+// the previous one's tokens are read, after two untimed steps
+// (benchChained); otherwise each waits for the one before, after one.
 func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler) (prefill, decode time.Duration, err error) {
 	m := l.model
 	const blockSize = 16
 	B, P := len(prompts), len(prompts[0])
-	per := (P + gen + 1 + blockSize - 1) / blockSize
+	per := (P + gen + 2 + blockSize - 1) / blockSize // positions up to P+gen+1: two untimed steps where chained
 	cache, err := m.NewCache(B*per, blockSize)
 	if err != nil {
 		return 0, 0, err
@@ -289,16 +290,20 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 		}
 		return r
 	}
+	chain := m.Chains()
 	if draws != nil {
 		peek := make([]gpu.SampleRow, B)
 		for s, d := range draws {
 			peek[s] = d.NextRow() // the first step's draws, not taken
+		}
+		chain = m.ChainsDraws(peek)
+	}
+	if chain {
+		for s := range B {
 			step.Pos[s] = int32(P)
 		}
-		if m.ChainsDraws(peek) {
-			decode, err = benchChained(ctx, m, cache, step, gen, rows)
-			return prefill, decode, err
-		}
+		decode, err = benchChained(ctx, m, cache, step, gen, rows)
+		return prefill, decode, err
 	}
 	for t := 0; t <= gen; t++ {
 		if t == 1 {
@@ -319,9 +324,11 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 	return prefill, time.Since(start), nil
 }
 
-// benchChained decodes gen+1 drawn steps of step (its tokens the first
-// step's, its positions those before it), each queued with rows' draws
-// before the step before it is read, and times the last gen.
+// benchChained decodes gen+2 steps of step (its tokens the first step's,
+// its positions that step's), greedy (rows nil) or drawn as rows says,
+// each queued before the step before it is read, as a serving shard
+// queues them (models.Model.IssueStep), and times the last gen: the first
+// two, fed from the host and from the step before, record their graphs.
 func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, step *models.Batch, gen int, rows func() []gpu.SampleRow) (time.Duration, error) {
 	B := len(step.Tokens)
 	var (
@@ -329,8 +336,13 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 		wait  [2]func() error
 		start time.Time
 	)
-	for t := 0; t <= gen; t++ {
-		if t == 1 {
+	for t := 0; t <= gen+1; t++ {
+		if t == 2 {
+			// Both graphs are recorded once the first step is read.
+			if err := wait[1](); err != nil {
+				return 0, err
+			}
+			wait[1] = func() error { return nil }
 			start = time.Now()
 		}
 		var err error
@@ -346,7 +358,7 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 			}
 		}
 	}
-	if err := wait[gen%2](); err != nil {
+	if err := wait[(gen+1)%2](); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil
