@@ -106,3 +106,13 @@ type SiLUMatMuler interface {
 type GatedMatVecer interface {
 	GatedMatVec(out, x, w Buffer, k, f int) error
 }
+
+// PostNormMatVecer folds a post-norm block's residual update (OLMo 2) into
+// the one-token product that reads the new residual: rOut = r +
+// rmsnorm(y) * wn over k values, then out = w·rOut (w [m, k]), or with glu
+// (w the gate rows then the up rows, [2m, k]) out[j] = silu(w[j]·rOut) *
+// (w[m+j]·rOut) as GatedMatVecer forms it. r and y are left as they were;
+// out and rOut must not overlap each other or the inputs.
+type PostNormMatVecer interface {
+	PostNormMatVec(out, rOut, r, y, wn, w Buffer, k, m int, glu bool, eps float32) error
+}

@@ -59,10 +59,11 @@ type Model struct {
 	layers              []layer
 	invFreq             gpu.Buffer
 	owned               []gpu.Buffer
-	rn                  gpu.ResidualNormer // nil when the device has no fused norms
-	qp                  gpu.QKVPreparer    // nil when the device does not fuse QK-norm, RoPE and the KV store
-	sm                  gpu.SiLUMatMuler   // nil when the device does not fold SiLU into the down projection
-	gmv                 gpu.GatedMatVecer  // nil when the device does not form one token's activation in gate|up
+	rn                  gpu.ResidualNormer   // nil when the device has no fused norms
+	qp                  gpu.QKVPreparer      // nil when the device does not fuse QK-norm, RoPE and the KV store
+	sm                  gpu.SiLUMatMuler     // nil when the device does not fold SiLU into the down projection
+	gmv                 gpu.GatedMatVecer    // nil when the device does not form one token's activation in gate|up
+	pn                  gpu.PostNormMatVecer // nil when the device does not fold a post-norm into the next product
 
 	// Tensor parallelism: full is the whole model's configuration (Config
 	// is this rank's slice of it); group, on rank 0 only, lists every rank,
@@ -151,6 +152,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 	m.rn, _ = dev.(gpu.ResidualNormer)
 	m.sm, _ = dev.(gpu.SiLUMatMuler)
 	m.gmv, _ = dev.(gpu.GatedMatVecer)
+	m.pn, _ = dev.(gpu.PostNormMatVecer)
 	m.qp, _ = dev.(gpu.QKVPreparer)
 	if err := m.load(ckpt); err != nil {
 		m.Close()
@@ -1166,11 +1168,16 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 	// pending: the last layer's MLP output in s.o is still to be added to
 	// the residual, fused with the next layer's input norm.
 	pending := false
+	// With fused post-norms, res is the residual and alt the buffer its
+	// next update goes to (they swap at each), and post the weights of the
+	// post-norm that the next q|k|v product forms.
+	fused, res, alt := m.postFused(n), s.x, s.h
+	var post gpu.Buffer
 	for i := range m.layers {
 		ly := &m.layers[i]
 		var e errs
 		// Attention input: pre-norm architectures normalise first.
-		in := s.x
+		in := res
 		if c.Arch != OLMo2 {
 			if pending {
 				e.do(m.reduceNorm(s.h, s.x, s.o, ly.attnNorm, n, eps))
@@ -1184,7 +1191,12 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		stride := 0 // of q, k and v when they are rows of one packed product
 		switch {
 		case n == 1 && ly.qkv != nil && s.qkv1 != nil:
-			e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
+			if post != nil {
+				e.do(m.pn.PostNormMatVec(s.qkv1, alt, res, s.o, post, ly.qkv, c.Hidden, qw+2*kw, false, eps))
+				res, alt, post = alt, res, nil
+			} else {
+				e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
+			}
 			q, k, v = s.q1, s.k1, s.v1
 		case n <= s.packedRows && ly.qkv != nil && s.qkv1 != nil && m.qp != nil && m.sn == nil:
 			// Only the fused preparation reads strided rows (and the
@@ -1237,10 +1249,16 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
 		switch {
+		case fused && i < len(m.layers)-1:
+			// The gate|up product forms the post-attention norm's
+			// residual, and the next q|k|v product the post-MLP one's.
+			e.do(m.pn.PostNormMatVec(s.g1, alt, res, s.o, ly.postAttnNorm, ly.gateUp, c.Hidden, c.Intermediate, true, eps))
+			res, alt, post = alt, res, ly.postFFNorm
+			e.do(d.MatMul(s.o, s.g1, ly.down, 1, c.Intermediate, c.Hidden))
 		case c.Arch == OLMo2 && m.rn != nil:
-			e.do(m.reduceNorm(nil, s.x, s.o, ly.postAttnNorm, n, eps))
-			e.do(m.mlp(ly, s.x, s.o, n))
-			e.do(m.reduceNorm(nil, s.x, s.o, ly.postFFNorm, n, eps))
+			e.do(m.reduceNorm(nil, res, s.o, ly.postAttnNorm, n, eps))
+			e.do(m.mlp(ly, res, s.o, n))
+			e.do(m.reduceNorm(nil, res, s.o, ly.postFFNorm, n, eps))
 		case c.Arch == OLMo2:
 			e.do(m.reduce(s.o, n*c.Hidden))
 			e.do(d.RMSNorm(s.o, s.o, ly.postAttnNorm, n, c.Hidden, eps))
@@ -1267,6 +1285,9 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			return fmt.Errorf("forward: layer %d: %w", m.opts.FirstLayer+i, e.err)
 		}
 	}
+	if res != s.x || post != nil {
+		return fmt.Errorf("forward: the residual ended outside its buffer")
+	}
 	if pending {
 		if err := m.reduce(s.o, n*c.Hidden); err != nil {
 			return fmt.Errorf("forward: residual: %w", err)
@@ -1276,6 +1297,25 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		}
 	}
 	return nil
+}
+
+// postFused says whether a step of n tokens has OLMo 2's post-norms
+// formed by the one-token products that read the residual they update
+// (gpu.PostNormMatVecer): the gate|up product the post-attention norm's,
+// the next layer's q|k|v product the post-MLP norm's; the last layer's
+// run as norms. The updates alternate between s.x and s.h (which OLMo 2
+// leaves unused), 2·(layers−1) of them, so the residual ends in s.x.
+func (m *Model) postFused(n int) bool {
+	c, s := &m.Config, &m.s
+	if n != 1 || m.pn == nil || c.Arch != OLMo2 || s.qkv1 == nil || s.g1 == nil || (m.opts.Shard != nil && m.opts.Shard.Size > 1) {
+		return false
+	}
+	for i := range m.layers {
+		if ly := &m.layers[i]; ly.qkv == nil || ly.gateUp == nil || ly.moe != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // mlp computes out = MLP(in) for n tokens.

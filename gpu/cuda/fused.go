@@ -9,9 +9,10 @@ import (
 )
 
 var (
-	_ gpu.QKVPreparer   = (*Device)(nil)
-	_ gpu.SiLUMatMuler  = (*Device)(nil)
-	_ gpu.GatedMatVecer = (*Device)(nil)
+	_ gpu.QKVPreparer      = (*Device)(nil)
+	_ gpu.SiLUMatMuler     = (*Device)(nil)
+	_ gpu.GatedMatVecer    = (*Device)(nil)
+	_ gpu.PostNormMatVecer = (*Device)(nil)
 )
 
 // fusedKernelNames are the kernels of the fused decode operations; they are
@@ -27,7 +28,9 @@ func fusedKernelNames() []string {
 		names = append(names, "silu_rows_"+dt)
 	}
 	for _, s := range gemvSplits {
-		names = append(names, fmt.Sprintf("gemv_glu_bf16_nv%d_ks%d", s.nv, s.ks))
+		for _, kind := range []string{"glu_bf16", postKind(false), postKind(true)} {
+			names = append(names, fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, s.nv, s.ks))
+		}
 	}
 	return names
 }
@@ -239,10 +242,15 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 	if err := checkProduct(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}); err != nil {
 		return err
 	}
-	if b[2].dt == gpu.BF16 {
+	return d.gatedMatVec(op, b[0], b[1], b[2], k, f)
+}
+
+// gatedMatVec is GatedMatVec inside an operation, on checked buffers.
+func (d *Device) gatedMatVec(op string, out, x, w *Buffer, k, f int) error {
+	if w.dt == gpu.BF16 {
 		if kern, grid := d.fastGEMV(true, 1, k, 2*f); kern != nil {
 			return d.launch(kern, grid, grid1(256), 0,
-				bufArg("out", b[0], gpu.F32, f), bufArg("x", b[1], gpu.F32, k), bufArg("w", b[2], gpu.BF16, 2*f*k),
+				bufArg("out", out, gpu.F32, f), bufArg("x", x, gpu.F32, k), bufArg("w", w, gpu.BF16, 2*f*k),
 				i32Arg(k), i32Arg(2*f))
 		}
 	}
@@ -250,10 +258,84 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := d.matmul(gu, b[1], b[2], 1, k, 2*f); err != nil {
+	if err := d.matmul(gu, x, w, 1, k, 2*f); err != nil {
 		return err
 	}
-	return d.siluRows(b[0], gu, 1, f, false)
+	return d.siluRows(out, gu, 1, f, false)
+}
+
+// PostNormMatVec implements gpu.PostNormMatVecer. With bf16 weights (the
+// norm's bf16 or f32) and k a multiple of 8, the split-K GEMV forms
+// the new residual in every block from the rows of y, r and wn its warps
+// load for the product (gemv_bf16_post_*, gemv_glu_bf16_post_*): no norm
+// kernel between the products. Other shapes copy r to rOut, normalise
+// into it and run the product.
+func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu bool, eps float32) error {
+	const op = "post-norm matvec"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	names := []string{"out", "rOut", "r", "y", "wn", "w"}
+	b, err := d.bufs2(op, names, out, rOut, r, y, wn, w)
+	if err != nil {
+		return err
+	}
+	if err := positive(op, k, m); err != nil {
+		return err
+	}
+	rows := m
+	if glu {
+		rows = 2 * m
+	}
+	if err := checkLens(op, names, b, []int{m, k, k, k, k, rows * k}); err != nil {
+		return err
+	}
+	for i := range 4 {
+		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	for _, i := range []int{4, 5} {
+		if !b[i].dt.IsFloat() {
+			return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[i], b[i].dt)
+		}
+	}
+	// The outputs are written while other blocks still read the inputs.
+	for o := range 2 {
+		for i := o + 1; i < len(b); i++ {
+			if overlaps(b[o], b[i]) {
+				return fmt.Errorf("%s: %s overlaps %s", op, names[o], names[i])
+			}
+		}
+	}
+	if (b[4].dt == gpu.BF16 || b[4].dt == gpu.F32) && b[5].dt == gpu.BF16 {
+		if kern, grid := d.gemvKernel(postKind(glu), k, rows); kern != nil {
+			return d.launch(kern, grid, grid1(256), 0,
+				bufArg("out", b[0], gpu.F32, m), bufArg("y", b[3], gpu.F32, k), bufArg("w", b[5], gpu.BF16, rows*k),
+				i32Arg(k), i32Arg(rows), bufArg("rOut", b[1], gpu.F32, k), bufArg("r", b[2], gpu.F32, k),
+				bufArg("wn", b[4], b[4].dt, k), i32Arg(b2i(b[4].dt == gpu.F32)), f32Arg(eps))
+		}
+	}
+	if err := d.copyD(b[1], b[2], 4*k); err != nil {
+		return err
+	}
+	if err := d.normLocked(op, 2, nil, b[1], b[3], b[4], 1, k, eps); err != nil {
+		return err
+	}
+	if glu {
+		return d.gatedMatVec(op, b[0], b[1], b[5], k, m)
+	}
+	return d.matmul(b[0], b[1], b[5], 1, k, m)
+}
+
+// postKind is the kind of fast GEMV (gemvKernel) that forms its row of x
+// from a post-norm.
+func postKind(glu bool) string {
+	if glu {
+		return "glu_bf16_post"
+	}
+	return "bf16_post"
 }
 
 // siluRows writes silu(gate)*up of gu's n rows ([n, 2k]) into out ([n, k],

@@ -297,6 +297,88 @@ func TestGatedMatVec(t *testing.T) {
 	}
 }
 
+// TestPostNormMatVec checks a post-norm's new residual formed inside the
+// one-token product that reads it (plain and gated) against the float64
+// reference's RMSNorm, Add and MatMul (SiLUMul): the fused kernels at the
+// OLMo-2-1B and 7B widths and odd ones, and through the plain operations
+// where no fused kernel takes the shape or the types. r and y stay as
+// they were; overlapping outputs and short buffers are refused.
+func TestPostNormMatVec(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	const eps = 1e-6
+	for _, c := range []struct {
+		dt, nd gpu.DType // the product's weights, the norm's
+		k, m   int
+		glu    bool
+	}{
+		{gpu.BF16, gpu.BF16, 2048, 6144, false}, {gpu.BF16, gpu.BF16, 2048, 8192, true}, {gpu.BF16, gpu.F32, 2048, 8192, true},
+		{gpu.BF16, gpu.BF16, 4096, 12288, false}, {gpu.BF16, gpu.F32, 4096, 11008, true}, {gpu.BF16, gpu.BF16, 24, 40, false},
+		{gpu.BF16, gpu.BF16, 264, 33, true}, {gpu.BF16, gpu.F16, 256, 40, false}, {gpu.BF16, gpu.BF16, 20, 12, false},
+		{gpu.F32, gpu.F32, 64, 48, false}, {gpu.F16, gpu.F16, 264, 96, true},
+	} {
+		t.Run(fmt.Sprintf("%s/%s/%dx%d/glu=%v", c.dt, c.nd, c.m, c.k, c.glu), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m)))
+			rows := c.m
+			if c.glu {
+				rows = 2 * c.m
+			}
+			fast := c.dt == gpu.BF16 && c.nd != gpu.F16 && c.k%8 == 0
+			if kern, _ := d.gemvKernel(postKind(c.glu), c.k, rows); fast && kern == nil {
+				t.Error("no fused kernel takes the shape")
+			}
+			res, y, wn := randF32(r, c.k, 1), randF32(r, c.k, 3), randF32(r, c.k, 1)
+			raw, rawN := gputest.Encode(c.dt, randF32(r, rows*c.k, 0.05)), gputest.Encode(c.nd, wn)
+			out, rOut := alloc(t, d, gpu.F32, c.m), alloc(t, d, gpu.F32, c.k)
+			rb, yb := f32buf(t, d, res), f32buf(t, d, y)
+			if err := d.PostNormMatVec(out, rOut, rb, yb, weights(t, d, c.nd, rawN), weights(t, d, c.dt, raw), c.k, c.m, c.glu, eps); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(readF32(t, d, rb), res) || !slices.Equal(readF32(t, d, yb), y) {
+				t.Error("r or y changed")
+			}
+			// The reference: r + rmsnorm(y)·wn, then the product.
+			nr, ny := f32buf(t, rf, res), alloc(t, rf, gpu.F32, c.k)
+			if err := rf.RMSNorm(ny, f32buf(t, rf, y), weights(t, rf, c.nd, rawN), 1, c.k, eps); err != nil {
+				t.Fatal(err)
+			}
+			if err := rf.Add(nr, nr, ny, c.k); err != nil {
+				t.Fatal(err)
+			}
+			prod := alloc(t, rf, gpu.F32, rows)
+			if err := rf.MatMul(prod, nr, weights(t, rf, c.dt, raw), 1, c.k, rows); err != nil {
+				t.Fatal(err)
+			}
+			want := readF32(t, rf, prod)
+			if c.glu {
+				g, u := f32buf(t, rf, want[:c.m]), f32buf(t, rf, want[c.m:])
+				if err := rf.SiLUMul(g, g, u, c.m); err != nil {
+					t.Fatal(err)
+				}
+				want = readF32(t, rf, g)
+			}
+			if e := gputest.RelL2(readF32(t, d, rOut), readF32(t, rf, nr)); e > 1e-6 {
+				t.Errorf("residual: error %.3g, want at most 1e-6", e)
+			}
+			if e := gputest.RelL2(readF32(t, d, out), want); e > 1e-5 {
+				t.Errorf("product: error %.3g, want at most 1e-5", e)
+			}
+		})
+	}
+	// Checked before the GPU sees them.
+	k, m := 64, 16
+	rb, yb, wn, w := alloc(t, d, gpu.F32, k), alloc(t, d, gpu.F32, k), alloc(t, d, gpu.BF16, k), alloc(t, d, gpu.BF16, m*k)
+	if err := d.PostNormMatVec(alloc(t, d, gpu.F32, m), rb, rb, yb, wn, w, k, m, false, eps); err == nil {
+		t.Error("rOut overlapping r was accepted")
+	}
+	if err := d.PostNormMatVec(yb, alloc(t, d, gpu.F32, k), rb, yb, wn, alloc(t, d, gpu.BF16, k*k), k, k, false, eps); err == nil {
+		t.Error("out overlapping y was accepted")
+	}
+	if err := d.PostNormMatVec(alloc(t, d, gpu.F32, m), alloc(t, d, gpu.F32, k), rb, yb, wn, w, k, m, true, eps); err == nil {
+		t.Error("a short gate|up w was accepted")
+	}
+}
+
 // TestSplitSums checks, on decode batches whose products split k and
 // round x, the norms' rounded rows that the next product reads and the
 // sums of a split gate|up product taken by the gated MLP's activation:

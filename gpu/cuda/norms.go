@@ -45,6 +45,11 @@ func (d *Device) norm(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, 
 		return err
 	}
 	defer d.leave()
+	return d.normLocked(op, mode, out, r, x, w, n, dim, eps)
+}
+
+// normLocked is norm inside an operation.
+func (d *Device) normLocked(op string, mode int, out, r, x, w gpu.Buffer, n, dim int, eps float32) error {
 	if err := positive(op, n, dim); err != nil {
 		return err
 	}

@@ -528,15 +528,23 @@ func gemvKind(n, nv int) (string, bool) {
 // GatedMatVec's: one row, m = 2f), with its grid; nil when no kernel
 // takes them.
 func (d *Device) fastGEMV(glu bool, n, k, m int) (*kernel, dim3) {
-	nv, ks, ok := d.gemvShape(k, m)
-	if !ok {
-		return nil, dim3{}
-	}
 	kind := "glu_bf16"
 	if !glu {
+		nv, _, _ := d.gemvShape(k, m)
+		var ok bool
 		if kind, ok = gemvKind(n, nv); !ok {
 			return nil, dim3{}
 		}
+	}
+	return d.gemvKernel(kind, k, m)
+}
+
+// gemvKernel is the fast GEMV gemv_KIND_nv*_ks* for k and m, with its
+// grid; nil when none takes them.
+func (d *Device) gemvKernel(kind string, k, m int) (*kernel, dim3) {
+	nv, ks, ok := d.gemvShape(k, m)
+	if !ok {
+		return nil, dim3{}
 	}
 	kern := d.k(fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, nv, ks))
 	if kern == nil {

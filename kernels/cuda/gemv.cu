@@ -20,10 +20,23 @@ enum { GEMV_PLAIN, GEMV_GLU };
 // loads a lane stay in flight across the reductions (D = 3 where one or
 // two blocks fill an SM's registers). The first D-1 groups' weights are
 // requested before the kernel waits for x (pdl_begin).
-template <int NV, int KS, int R, int MODE, int D, int NB>
+//
+// With POST (one row of x), the product's input is a post-norm block's new
+// residual, x = r + rmsnorm(y) * wn (wn bf16 or f32), formed in the block:
+// x names y, and block 0 stores the new residual into r_out.
+struct PostNorm {
+  float* r_out;
+  const float* r;
+  const void* wn;  // the norm's weights: bf16, or f32 with wn_f32
+  int wn_f32;
+  float eps;
+};
+
+template <int NV, int KS, int R, int MODE, int D, int NB, bool POST = false>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
-                        int k, int m) {
+                        int k, int m, PostNorm pn = {}) {
   static_assert(MODE != GEMV_GLU || (R == 2 && NB == 1), "GLU pairs a gate row with its up row, for one row of x");
+  static_assert(!POST || NB == 1, "a post-norm forms one row of x");
   constexpr int GROUPS = 8 / KS;                  // row groups per block
   constexpr int IR = MODE == GEMV_GLU ? 1 : R;    // outputs of a row group
   constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration and row of x
@@ -68,6 +81,45 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       xv[b][v][0] = a.x; xv[b][v][1] = a.y; xv[b][v][2] = a.z; xv[b][v][3] = a.w;
       xv[b][v][4] = c.x; xv[b][v][5] = c.y; xv[b][v][6] = c.z; xv[b][v][7] = c.w;
     }
+  if constexpr (POST) {
+    // Each row group's KS warps hold every unit of k, so the block sums
+    // y's squares from registers, every group (and block) in one order.
+    __shared__ float ssw[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) ss = fmaf(xv[0][v][e], xv[0][v][e], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int q = 0; q < KS; q++) tot += ssw[grp * KS + q];
+    const float inv = rsqrtf(tot / (float)k + pn.eps);
+    const bool keep = blockIdx.x == 0 && grp == 0;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      if (off(v) >= k) continue;
+      const float4* rp = reinterpret_cast<const float4*>(pn.r + off(v));
+      float4 a = rp[0], c = rp[1];
+      float rv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w}, wf[8];
+      if (pn.wn_f32) {
+        const float4* wp = reinterpret_cast<const float4*>(pn.wn) + off(v) / 4;
+        float4 p = wp[0], q = wp[1];
+        wf[0] = p.x; wf[1] = p.y; wf[2] = p.z; wf[3] = p.w; wf[4] = q.x; wf[5] = q.y; wf[6] = q.z; wf[7] = q.w;
+      } else {
+        unpack8<BF16>(*(reinterpret_cast<const uint4*>(pn.wn) + off(v) / 8), wf);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * inv * wf[e] + rv[e];
+      if (keep) {
+        float4* op = reinterpret_cast<float4*>(pn.r_out + off(v));
+        op[0] = make_float4(xv[0][v][0], xv[0][v][1], xv[0][v][2], xv[0][v][3]);
+        op[1] = make_float4(xv[0][v][4], xv[0][v][5], xv[0][v][6], xv[0][v][7]);
+      }
+    }
+  }
   // step sums the group at base from cur, after issuing the loads of the
   // group D-1 ahead into nxt (cur's predecessor, summed already).
   auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf) {
@@ -164,7 +216,18 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       gemv_bf16_b##NB##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int n, int k, int m) {      \
     gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, NB>(out, x, w, n, k, m);                                              \
   }
-#define FAST(NV, KS) FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
+// gemv_bf16_post_* and gemv_glu_bf16_post_*: one row of x formed from a
+// post-norm (PostNorm).
+#define POST1(NAME, MODE, NV, KS)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
+      NAME##_post_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, float* r_out,       \
+                                  const float* r, const void* wn, int wn_f32, float eps) {                        \
+    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2, 1, true>(out, y, w, 1, k, m,                     \
+                                                                           PostNorm{r_out, r, wn, wn_f32, eps});   \
+  }
+#define FAST(NV, KS)                                                                                                \
+  FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS) POST1(gemv_bf16, GEMV_PLAIN, NV, KS)   \
+  POST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
 FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
 FASTB(2, 1, 1) FASTB(2, 2, 1) FASTB(2, 2, 2) FASTB(2, 2, 4) FASTB(2, 2, 8) FASTB(2, 3, 8) FASTB(2, 4, 8) FASTB(2, 6, 8)
 FASTB(4, 1, 1) FASTB(4, 2, 1) FASTB(4, 2, 2) FASTB(4, 2, 4) FASTB(4, 2, 8) FASTB(4, 3, 8) FASTB(4, 4, 8)
