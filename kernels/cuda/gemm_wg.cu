@@ -57,8 +57,6 @@ struct __align__(64) TMap {
 // protocol bug shows up as a launch error instead of a hang.
 #define WG_WATCHDOG_NS 2000000000ull
 
-DEV uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 DEV uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -232,7 +230,7 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
   // Align the ring to 1024 bytes ourselves (the launch adds 1 KiB of slack):
   // the 128B swizzle pattern repeats every 1024 bytes and both TMA and the
   // wgmma descriptors (base offset 0) assume atoms start on that boundary.
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t full0 = base + STAGES * STAGE_BYTES;  // full[s]  = full0 + 8s
   const uint32_t empty0 = full0 + 8 * STAGES;          // empty[s] = empty0 + 8s
 
@@ -329,19 +327,13 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 #define GS_XK 256
 #define GS_SMEM (4 * GS_STAGES * 4096 + (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 1))
 
-DEV void ldsm4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 template <typename T>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
 #else
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t ring = base + warp * (GS_STAGES * 4096);
   const uint32_t xs = base + 4 * GS_STAGES * 4096;

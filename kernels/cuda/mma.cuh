@@ -26,10 +26,14 @@ template <> DEV void mma16816<F16>(float* c, const uint32_t* a, const uint32_t* 
 
 DEV uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-DEV void ldmatrix_x4(uint32_t* r, const void* p) {
+// ldsm4 loads four 8x8 matrices of 16-bit elements from shared memory at
+// addr (a shared-space address); ldmatrix_x4 from a pointer.
+DEV void ldsm4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+
+DEV void ldmatrix_x4(uint32_t* r, const void* p) { ldsm4(r, smem_addr(p)); }
 
 DEV void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
