@@ -13,14 +13,15 @@
 // batches) are a stream of the weights. Each warp takes 32 rows of w and
 // reads them straight from memory into registers, 16-byte loads one step
 // ahead, as the A operand (the weights' rows are the mma's M); x's rows
-// (tokens) are the N side, staged once per 256 of k in shared memory for
-// the block's four warps: rounded to 16 bits by round_x, or (_exact) in
-// f32, split into its rounding and the remainder, each through an mma. The
-// mma's k slots take the k of a thread's own 16-byte loads in a permuted
-// order, the same for both operands, so no shuffling is needed: of each 64
-// of k a thread holds q·8 .. q·8+7 and 32+q·8 .. 32+q·8+7 (q = lane % 4),
-// so a row's four lanes load 64 contiguous bytes and no 32-byte sector is
-// fetched for half its bytes.
+// (tokens) are the N side, staged in shared memory for the block's four
+// warps (the next 128 of k copied while the last are summed): rounded to
+// 16 bits by round_x, or (_exact) in f32, split into its rounding and the
+// remainder, each through an mma. The mma's k slots take the k of a
+// thread's own 16-byte loads in a permuted order, the same for both
+// operands, so no shuffling is needed: of each 64 of k a thread holds
+// q·8 .. q·8+7 and 32+q·8 .. 32+q·8+7 (q = lane % 4), so a row's four lanes
+// load 64 contiguous bytes and no 32-byte sector is fetched for half its
+// bytes.
 //
 // gemm_bf16 / gemm_f16 are the older register-staged kernels, kept for k
 // not a multiple of 8 (rows of w not 16-byte aligned); gemm_f32 is a plain
@@ -420,8 +421,9 @@ template <int o> DEV int skinny_chunk(int c, int r) { return c ^ ((r & 1) * o); 
 
 // gemm_skinny: out (+ blockIdx.y*n*m when k is split) [n,m] = x[n,k] · w[m,k]ᵀ over k in
 // [blockIdx.y*kchunk, +kchunk); n <= NT*8, k % 64 == 0, kchunk % 64 == 0.
-// x is 16-bit (X = uint16_t, rounded by round_x), staged 256 of k at a
-// time in 32 KiB of static shared memory; or (EXACT, X = float, n <= 8)
+// x is 16-bit (X = uint16_t, rounded by round_x), staged in 32 KiB of
+// static shared memory 128 of k at a time, in two halves, so that the
+// weights' stream does not stop for a stage; or (EXACT, X = float, n <= 8)
 // f32, staged in 8 KiB of dynamic shared memory and split into T's
 // rounding and its remainder as the mma's B operands are formed, two mmas
 // each, so that the product is as exact as f32 x·w: it reads twice the
@@ -463,12 +465,26 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
       mma16816<T>(c[rs][t], a, b);
     }
   };
-  // Staging: the thread copies chunk sc of rows sr, sr + RP, ... of the
-  // token tiles, rows of one parity, so one swizzle serves them all.
-  constexpr int CPR = SK_XK / XE, RP = 128 / CPR;  // chunks a row, rows a pass
+  // Staging: x comes SZ of k at a time; rounded x in two halves of the
+  // buffer, so that the next half is copied while one is summed (f32 x, a
+  // few rows, fills its buffer at once). The thread copies chunk sc of rows
+  // sr, sr + RP, ... of the token tiles, rows of one parity, so one swizzle
+  // serves them all.
+  constexpr int SZ = EXACT ? SK_XK : SK_XK / 2, NBUF = SK_XK / SZ;
+  constexpr int CPR = SZ / XE, RP = 128 / CPR;  // chunks a row, rows a pass
   const int sc = tid % CPR, sr = tid / CPR;
   const X* xsrc = x + (long)sr * k + sc * XE;
-  X* xdst = xs + sr * SK_XK + skinny_chunk<EXACT ? 1 : 4>(sc, sr) * XE;
+  auto stage = [&](int xk, int b) {
+    const int xlen = min(SZ, kend - xk);
+    const X* src = xsrc + xk;
+    X* dst = xs + sr * SK_XK + skinny_chunk<EXACT ? 1 : 4>(sc + b * CPR, sr) * XE;
+#pragma unroll 4
+    for (int r = sr, j = 0; r < ntn * 8; r += RP, j++, src += (long)RP * k) {
+      bool ok = r < n && sc * XE < xlen;
+      cp_async16(dst + j * RP * SK_XK, ok ? src : x, ok);
+    }
+    cp_async_commit();
+  };
   // x's fragments, row g of each token tile: 16-bit x takes chunks kk/8 + q
   // and kk/8 + q + 4 of the row (their swizzle only flips bit 2); f32 x
   // chunks kk/4 + 2q + 8(s/2) + s%2 (the swizzle flips bit 0).
@@ -515,21 +531,19 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
   uint4 cur[4][2], nxt[4][2];
   loadw(cur, kbeg);  // the weights, before waiting for x
   pdl_begin();
-  for (int xk = kbeg; xk < kend; xk += SK_XK) {
-    int xlen = min(SK_XK, kend - xk);
-    __syncthreads();  // the last stage of x is consumed
-    const X* src = xsrc + xk;
-#pragma unroll 4
-    for (int r = sr, j = 0; r < ntn * 8; r += RP, j++, src += (long)RP * k) {
-      bool ok = r < n && sc * XE < xlen;
-      cp_async16(xdst + j * RP * SK_XK, ok ? src : x, ok);
+  stage(kbeg, 0);
+  for (int xk = kbeg, b = 0; xk < kend; xk += SZ, b ^= NBUF - 1) {
+    const int xlen = min(SZ, kend - xk);
+    if (NBUF == 1 && xk != kbeg) {
+      __syncthreads();  // the last stage of x is consumed
+      stage(xk, 0);
     }
-    cp_async_commit();
     cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // this stage is in; with two halves, the other is consumed
+    if (NBUF == 2 && xk + SZ < kend) stage(xk + SZ, b ^ 1);
     for (int kk = 0; kk < xlen; kk += 64) {
       if (xk + kk + 64 < kend) loadw(nxt, xk + kk + 64);
-      step(cur, kk);
+      step(cur, b * SZ + kk);
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         cur[i][0] = nxt[i][0];
@@ -545,8 +559,8 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
 // tile, whose few accumulators let four blocks fit on an SM. More rows of
 // f32 x take the rounded kernel as pairs of rows (gpu/cuda's skinnyPairs).
 #define SKINNY1(NAME, T, EXACT, X, NT)                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) NAME##_t##NT(float* out, const X* x, const uint16_t* w, int n, \
-                                                                 int k, int m, int kchunk) {                      \
+  extern "C" __global__ void __launch_bounds__(128, 3)                                                             \
+      NAME##_t##NT(float* out, const X* x, const uint16_t* w, int n, int k, int m, int kchunk) {                   \
     gemm_skinny<T, EXACT, X, NT>(out, x, w, n, k, m, kchunk);                                                      \
   }
 SKINNY1(gemm_skinny_bf16, BF16, false, uint16_t, 8) SKINNY1(gemm_skinny_f16, F16, false, uint16_t, 8)
