@@ -217,7 +217,7 @@ func TestStreamShape(t *testing.T) {
 			t.Errorf("%s is %d in the kernel, %d on the host", name, got, want)
 		}
 	}
-	if !bytes.Contains(src, []byte("#define GS_SMEM (4 * GS_STAGES * 4096 + (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 1))")) {
+	if !bytes.Contains(src, []byte("#define GS_SMEM (4 * GS_STAGES * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 2))")) {
 		t.Error("GS_SMEM is not the host's streamShmem")
 	}
 }

@@ -407,12 +407,12 @@ const streamRows = 32
 // streamStages and streamXK are GS_STAGES and GS_XK in
 // kernels/cuda/gemm_wg.cu: a warp's ring of 64 k of its 32 rows of
 // weights, and the k of x a stage; streamShmem is GS_SMEM, the kernel's
-// dynamic shared memory (1 KiB more for the swizzle's alignment, and the
-// barriers).
+// dynamic shared memory (two stages of x, 1 KiB more for the swizzle's
+// alignment, and the barriers).
 const (
 	streamStages = 4
 	streamXK     = 256
-	streamShmem  = 4*streamStages*4096 + streamXK/64*4096 + 1024 + 8*(4*streamStages+1)
+	streamShmem  = 4*streamStages*4096 + 2*streamXK/64*4096 + 1024 + 8*(4*streamStages+2)
 )
 
 // skinnyName is gemm_skinny's entry point for x exact (f32, up to

@@ -318,14 +318,15 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 // lane 0 refilling a slot as soon as the warp has summed it, so GS_STAGES
 // - 1 copies stay in flight while it works, and the first GS_STAGES are
 // asked for before the wait for the kernel ahead. x comes GS_XK of k at a
-// time, one TMA copy of its 32 rows (zeros past n) a 64 k. Both operands'
-// fragments are formed by ldmatrix from the swizzled stages; the mma's k
+// time, one TMA copy of its 32 rows (zeros past n) a 64 k, into two
+// buffers: the next stage's copies are in flight while the block sums
+// one. Both operands' fragments are formed by ldmatrix from the swizzled stages; the mma's k
 // slots are k in order. A warp waits only for its own slots and the
 // block's stage of x. (At 33 to 64 rows, eight token tiles, it streamed no
 // faster than gemm_skinny: docs/cuda.md.)
 #define GS_STAGES 4
 #define GS_XK 256
-#define GS_SMEM (4 * GS_STAGES * 4096 + (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 1))
+#define GS_SMEM (4 * GS_STAGES * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 2))
 
 template <typename T>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
@@ -336,8 +337,8 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t ring = base + warp * (GS_STAGES * 4096);
-  const uint32_t xs = base + 4 * GS_STAGES * 4096;
-  const uint32_t xbar = xs + (GS_XK / 64) * 4096, wbar = xbar + 8 + warp * (8 * GS_STAGES);
+  const uint32_t xs = base + 4 * GS_STAGES * 4096;  // two stages of x, each (GS_XK / 64) * 4096 bytes
+  const uint32_t xbar = xs + 2 * (GS_XK / 64) * 4096, wbar = xbar + 16 + warp * (8 * GS_STAGES);
   const int row0 = blockIdx.x * 128 + warp * 32;
   const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
   constexpr int NT = 4;                 // token tiles of 8 rows
@@ -345,7 +346,10 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < GS_STAGES; s++) mbar_init(wbar + 8 * s, 1);
-    if (warp == 0) mbar_init(xbar, 1);
+    if (warp == 0) {
+      mbar_init(xbar, 1);
+      mbar_init(xbar + 8, 1);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -356,11 +360,20 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     mbar_arrive_expect_tx(bar, 4096);
     tma_load_2d(ring + (u % GS_STAGES) * 4096, tmw, bar, kbeg + 64 * u, row0);
   };
+  // stage asks for x's k from xk (to the split's end, at most GS_XK) in
+  // buffer b.
+  auto stage = [&](int xk, int b) {
+    const int slices = min(GS_XK, kend - xk) / 64;
+    mbar_arrive_expect_tx(xbar + 8 * b, slices * xbox);
+    for (int i = 0; i < slices; i++)
+      tma_load_2d(xs + b * (GS_XK / 64) * 4096 + i * (NT * 1024), tmx, xbar + 8 * b, xk + 64 * i, 0);
+  };
   // The weights, before the wait for the kernel ahead: nothing writes them.
   if (lane == 0)
     for (int u = 0; u < GS_STAGES; u++) fill(u);
   pdl_begin();
-  __syncthreads();  // x's barrier is initialised
+  __syncthreads();  // x's barriers are initialised
+  if (tid == 0) stage(kbeg, 0);
 
   float acc[2][NT][4] = {};
   // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8. A (weights,
@@ -369,19 +382,16 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   // A row r's 16-byte chunk c lies at r·128 + (c ^ r % 8)·16.
   const int lr = lane & 7, lm = lane >> 3;
   const uint32_t aoff = ((lm & 1) * 8 + lr) * 128, boff = lr * 128;
-  uint32_t xph = 0;
-  int j = 0;  // the step: 64 k
-  for (int xk = kbeg; xk < kend; xk += GS_XK) {
+  uint32_t xph = 0;  // bit b: the phase of buffer b's barrier
+  int j = 0;         // the step: 64 k
+  for (int xk = kbeg, b = 0; xk < kend; xk += GS_XK, b ^= 1) {
     const int slices = min(GS_XK, kend - xk) / 64;
-    if (xk != kbeg) __syncthreads();  // the last stage of x is consumed
-    if (tid == 0) {
-      mbar_arrive_expect_tx(xbar, slices * xbox);
-      for (int i = 0; i < slices; i++) tma_load_2d(xs + i * (NT * 1024), tmx, xbar, xk + 64 * i, 0);
-    }
-    mbar_wait(xbar, xph);
-    xph ^= 1;
+    if (xk != kbeg) __syncthreads();  // the stage before is consumed: its buffer is free
+    if (tid == 0 && xk + GS_XK < kend) stage(xk + GS_XK, b ^ 1);
+    mbar_wait(xbar + 8 * b, (xph >> b) & 1);
+    xph ^= 1u << b;
     for (int sl = 0; sl < slices; sl++, j++) {
-      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + sl * (NT * 1024);
+      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + b * (GS_XK / 64) * 4096 + sl * (NT * 1024);
       mbar_wait(wbar + 8 * (j % GS_STAGES), (j / GS_STAGES) & 1);
 #pragma unroll
       for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
