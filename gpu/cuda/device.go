@@ -409,7 +409,7 @@ func occupancyShape(name string) (threads, shmem int, ok bool) {
 	switch {
 	case strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv"):
 		return 256, 0, true
-	case strings.HasPrefix(name, "gemm_stream_"):
+	case strings.HasPrefix(name, "gemm_stream"):
 		return 128, streamShmem, true
 	case strings.HasPrefix(name, "attn_decode_"):
 		hd := 128

@@ -222,7 +222,7 @@ func TestSkinnyExact(t *testing.T) {
 		{gpu.F16, 1, 512, 300, 1e-5}, {gpu.BF16, 3, 576, 260, 1e-5}, {gpu.BF16, 8, 2048, 640, 1e-5},
 		{gpu.BF16, 9, 512, 300, 1e-5}, {gpu.BF16, 12, 704, 300, 1e-5}, {gpu.F16, 17, 576, 300, 1e-5}, {gpu.BF16, 24, 2048, 640, 1e-5},
 		{gpu.F16, 32, 1024, 200, 1e-5}, {gpu.BF16, 33, 512, 300, 1e-2}, {gpu.BF16, 64, 2048, 256, 1e-2},
-		{gpu.BF16, 40, 832, 200, 1e-2},
+		{gpu.BF16, 40, 832, 200, 1e-2}, {gpu.F16, 48, 1024, 300, 1e-2}, {gpu.F16, 57, 640, 130, 1e-2},
 		// Several stages of x and more steps a split than gemm_stream's
 		// ring of weights (up to 16 rows, as pairs), or gemm_skinny's.
 		{gpu.F16, 14, 2048, 8192, 1e-5}, {gpu.BF16, 16, 8192, 96, 1e-5}, {gpu.BF16, 40, 2048, 8192, 1e-2},
@@ -254,7 +254,7 @@ func TestSkinnyExact(t *testing.T) {
 	}
 }
 
-// TestStreamLoads: on a Hopper GPU the decode-batch products of up to 32
+// TestStreamLoads: on a Hopper GPU the decode-batch products of up to 64
 // rows of 16-bit x take gemm_stream (TestSkinnyExact checks its sums),
 // and the driver holds at least one block of it an SM with its shared
 // memory.
@@ -263,7 +263,7 @@ func TestStreamLoads(t *testing.T) {
 	if d.info.Code != codeCubin {
 		t.Skipf("%s runs the portable PTX, which has no TMA", d.Name())
 	}
-	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16"} {
+	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16", "gemm_stream8_bf16", "gemm_stream8_f16"} {
 		k := d.k(name)
 		if k == nil {
 			t.Fatalf("%s is not loaded", name)

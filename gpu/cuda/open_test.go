@@ -201,6 +201,23 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
+// TestStreamKernel: which decode-batch products the TMA-fed kernels take,
+// by the rows of rounded x (pairs count twice), and the rows of their boxes.
+func TestStreamKernel(t *testing.T) {
+	for _, c := range []struct {
+		rows int
+		name string
+		box  int
+	}{
+		{1, "gemm_stream_bf16", 32}, {18, "gemm_stream_bf16", 32}, {32, "gemm_stream_bf16", 32},
+		{33, "", 0}, {48, "", 0}, {49, "gemm_stream8_bf16", 64}, {64, "gemm_stream8_bf16", 64}, {65, "", 0},
+	} {
+		if name, box := streamKernel("bf16", c.rows); name != c.name || box != c.box {
+			t.Errorf("%d rows: %q over boxes of %d rows, want %q over %d", c.rows, name, box, c.name, c.box)
+		}
+	}
+}
+
 // TestStreamShape: the host's view of gemm_stream's ring, stage of x and
 // shared memory is the kernel's (kernels/cuda/gemm_wg.cu).
 func TestStreamShape(t *testing.T) {

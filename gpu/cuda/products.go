@@ -374,19 +374,33 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 }
 
 // skinnyRounded runs a decode-batch product of halves × n rows of 16-bit
-// x (xs): up to streamRows rows on gemm_stream, the weights streamed by
-// the TMA unit, where the device runs the Hopper cubin, else on
-// gemm_skinny; k split for about as many blocks an SM as the kernel holds.
+// x (xs) where the device runs the Hopper cubin: up to streamRows rows on
+// gemm_stream (four token tiles), more than stream8Rows on gemm_stream8
+// (eight), the weights streamed by the TMA unit; the rest on gemm_skinny.
+// k is split for about as many blocks an SM as the kernel holds.
 func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
 	rows := halves * n
-	if kern := d.k("gemm_stream_" + suf); kern != nil && rows <= streamRows && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
-		maps, err := d.tensorMaps(xs, rows, streamRows, w, m, 32, k)
+	name, box := streamKernel(suf, rows)
+	if kern := d.k(name); name != "" && kern != nil && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
+		maps, err := d.tensorMaps(xs, rows, box, w, m, 32, k)
 		if err != nil {
 			return err
 		}
 		return d.skinnyLaunch(kern, max(1, kern.occ), streamShmem, out, xs, w, n, k, m, halves, maps...)
 	}
 	return d.skinnyLaunch(d.k(skinnyName(suf, false)), skinnyPerSM(false), 0, out, xs, w, n, k, m, halves)
+}
+
+// streamKernel is the gemm_stream kernel for rows of x rounded to suf, and
+// the rows its boxes of x span; "" where gemm_skinny takes them.
+func streamKernel(suf string, rows int) (name string, box int) {
+	switch {
+	case rows <= streamRows:
+		return "gemm_stream_" + suf, streamRows
+	case rows > stream8Rows && rows <= 2*streamRows:
+		return "gemm_stream8_" + suf, 2 * streamRows
+	}
+	return "", 0
 }
 
 // skinnyLaunch runs a decode-batch product kernel (128 threads, blocks of
@@ -400,9 +414,15 @@ func (d *Device) skinnyLaunch(kern *kernel, perSM, shmem int, out, x, w *Buffer,
 // streamRows is the most rows of x gemm_stream takes (four token tiles):
 // pairs of 9 to 16 rows (skinnyPairs). Measured on an H200 (docs/cuda.md,
 // OLMo-2-1B at 512 tokens): 12 sequences 1.67-1.69 -> 1.62-1.63 ms a step,
-// 16 1.73-1.78 -> 1.69-1.73; with eight tiles, 33 to 64 rows streamed no
-// faster than on gemm_skinny.
+// 16 1.73-1.78 -> 1.69-1.73.
 const streamRows = 32
+
+// stream8Rows: products of more rows of x (up to 64) take gemm_stream8,
+// since its stages of x come in two buffers (before, eight tiles streamed
+// no faster than gemm_skinny). Measured on an H200 (docs/cuda.md,
+// OLMo-2-1B at 512 tokens), against gemm_skinny: 64 sequences 2.534 -> 2.500 ms a step, 32 (pairs: 64 rows)
+// 2.078 -> 2.061, but 24 (48 rows) 1.875 -> 1.881.
+const stream8Rows = 48
 
 // streamStages and streamXK are GS_STAGES and GS_XK in
 // kernels/cuda/gemm_wg.cu: a warp's ring of 64 k of its 32 rows of

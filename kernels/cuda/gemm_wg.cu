@@ -310,25 +310,25 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 
 // ---- gemm_stream: decode-batch products fed by the TMA unit ----
 //
-// gemm_skinny's product for up to 32 rows of 16-bit x (out [+ blockIdx.y·n·m]
-// = x[n,k] · w[m,k]ᵀ over the block's split of k; four warps of 32 rows of
-// w a block), with the weights' bytes in flight held in shared memory
+// gemm_skinny's product for up to NT·8 rows of 16-bit x (NT token tiles:
+// 4, or 8 for up to 64 rows; out [+ blockIdx.y·n·m] = x[n,k] · w[m,k]ᵀ over
+// the block's split of k; four warps of 32 rows of w a block), with the
+// weights' bytes in flight held in shared memory
 // instead of registers: each warp streams its 32 rows through a ring of
 // GS_STAGES slots of 64 k (4 KiB, one TMA copy each, 128-byte swizzle), its
 // lane 0 refilling a slot as soon as the warp has summed it, so GS_STAGES
 // - 1 copies stay in flight while it works, and the first GS_STAGES are
-// asked for before the wait for the kernel ahead. x comes GS_XK of k at a
-// time, one TMA copy of its 32 rows (zeros past n) a 64 k, into two
-// buffers: the next stage's copies are in flight while the block sums
-// one. Both operands' fragments are formed by ldmatrix from the swizzled stages; the mma's k
-// slots are k in order. A warp waits only for its own slots and the
-// block's stage of x. (At 33 to 64 rows, eight token tiles, it streamed no
-// faster than gemm_skinny: docs/cuda.md.)
+// asked for before the wait for the kernel ahead. x comes a stage of
+// GS_XK·4/NT of k at a time (16 KiB), one TMA copy of its NT·8 rows (zeros
+// past n) a 64 k, into two buffers: the next stage's copies are in flight
+// while the block sums one. Both operands' fragments are formed by
+// ldmatrix from the swizzled stages; the mma's k slots are k in order. A
+// warp waits only for its own slots and the block's stage of x.
 #define GS_STAGES 4
 #define GS_XK 256
 #define GS_SMEM (4 * GS_STAGES * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 2))
 
-template <typename T>
+template <typename T, int NT>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
@@ -337,11 +337,12 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t ring = base + warp * (GS_STAGES * 4096);
-  const uint32_t xs = base + 4 * GS_STAGES * 4096;  // two stages of x, each (GS_XK / 64) * 4096 bytes
-  const uint32_t xbar = xs + 2 * (GS_XK / 64) * 4096, wbar = xbar + 16 + warp * (8 * GS_STAGES);
+  constexpr int XK = GS_XK * 4 / NT;                // k of x a stage
+  constexpr uint32_t XSTAGE = (GS_XK / 64) * 4096;  // bytes of a stage, whatever NT
+  const uint32_t xs = base + 4 * GS_STAGES * 4096;  // two stages of x
+  const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + warp * (8 * GS_STAGES);
   const int row0 = blockIdx.x * 128 + warp * 32;
   const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
-  constexpr int NT = 4;                 // token tiles of 8 rows
   const uint32_t xbox = NT * 8 * 128;  // bytes of a 64 k of x (the host's box: the tiles' rows)
   if (lane == 0) {
 #pragma unroll
@@ -360,13 +361,12 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     mbar_arrive_expect_tx(bar, 4096);
     tma_load_2d(ring + (u % GS_STAGES) * 4096, tmw, bar, kbeg + 64 * u, row0);
   };
-  // stage asks for x's k from xk (to the split's end, at most GS_XK) in
+  // stage asks for x's k from xk (to the split's end, at most XK) in
   // buffer b.
   auto stage = [&](int xk, int b) {
-    const int slices = min(GS_XK, kend - xk) / 64;
+    const int slices = min(XK, kend - xk) / 64;
     mbar_arrive_expect_tx(xbar + 8 * b, slices * xbox);
-    for (int i = 0; i < slices; i++)
-      tma_load_2d(xs + b * (GS_XK / 64) * 4096 + i * (NT * 1024), tmx, xbar + 8 * b, xk + 64 * i, 0);
+    for (int i = 0; i < slices; i++) tma_load_2d(xs + b * XSTAGE + i * xbox, tmx, xbar + 8 * b, xk + 64 * i, 0);
   };
   // The weights, before the wait for the kernel ahead: nothing writes them.
   if (lane == 0)
@@ -384,14 +384,14 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   const uint32_t aoff = ((lm & 1) * 8 + lr) * 128, boff = lr * 128;
   uint32_t xph = 0;  // bit b: the phase of buffer b's barrier
   int j = 0;         // the step: 64 k
-  for (int xk = kbeg, b = 0; xk < kend; xk += GS_XK, b ^= 1) {
-    const int slices = min(GS_XK, kend - xk) / 64;
+  for (int xk = kbeg, b = 0; xk < kend; xk += XK, b ^= 1) {
+    const int slices = min(XK, kend - xk) / 64;
     if (xk != kbeg) __syncthreads();  // the stage before is consumed: its buffer is free
-    if (tid == 0 && xk + GS_XK < kend) stage(xk + GS_XK, b ^ 1);
+    if (tid == 0 && xk + XK < kend) stage(xk + XK, b ^ 1);
     mbar_wait(xbar + 8 * b, (xph >> b) & 1);
     xph ^= 1u << b;
     for (int sl = 0; sl < slices; sl++, j++) {
-      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + b * (GS_XK / 64) * 4096 + sl * (NT * 1024);
+      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + b * XSTAGE + sl * xbox;
       mbar_wait(wbar + 8 * (j % GS_STAGES), (j / GS_STAGES) & 1);
 #pragma unroll
       for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
@@ -436,14 +436,16 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 // gemm_stream_{bf16,f16}: decode-batch products of up to 32 rows of 16-bit
 // x (four token tiles, every one summed whatever its rows, so that no
 // branch keeps the mmas apart) with the weights streamed by TMA
-// (gemm_stream above); grid (ceil(m/128), splits of k), 128 threads,
-// GS_SMEM bytes of dynamic shared memory; tmx boxes 64 k of 32 rows of x,
-// tmw 64 k of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does.
-#define STREAM(NAME, T)                                                                                            \
+// (gemm_stream above); gemm_stream8_{bf16,f16} the same for up to 64 rows
+// (eight tiles). Grid (ceil(m/128), splits of k), 128 threads, GS_SMEM bytes
+// of dynamic shared memory; tmx boxes 64 k of 32 (64) rows of x, tmw 64 k
+// of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does.
+#define STREAM(NAME, T, NT)                                                                                        \
   extern "C" __global__ void __launch_bounds__(128) NAME(float* out, const uint16_t* x, const uint16_t* w, int n,   \
                                                          int k, int m, int kchunk,                                 \
                                                          const __grid_constant__ wgk::TMap tmx,                    \
                                                          const __grid_constant__ wgk::TMap tmw) {                  \
-    wgk::gemm_stream<T>(out, n, k, m, kchunk, &tmx, &tmw);                                                         \
+    wgk::gemm_stream<T, NT>(out, n, k, m, kchunk, &tmx, &tmw);                                                     \
   }
-STREAM(gemm_stream_bf16, BF16) STREAM(gemm_stream_f16, F16)
+STREAM(gemm_stream_bf16, BF16, 4) STREAM(gemm_stream_f16, F16, 4)
+STREAM(gemm_stream8_bf16, BF16, 8) STREAM(gemm_stream8_f16, F16, 8)
