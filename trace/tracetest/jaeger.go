@@ -135,12 +135,14 @@ func tryStartJaeger(t testing.TB, bin string) (Jaeger, error) {
 			return Jaeger{}, fmt.Errorf("exited early (%v):\n%s", waitErr, out.String())
 		default:
 		}
-		if ready(j.Query + "/api/services") {
+		// The receivers start apart from the query API: a span exported
+		// before its receiver listens is refused and lost.
+		if ready(j.Query+"/api/services") && listening(j.OTLPGRPC) && listening(j.OTLPHTTP) {
 			break
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return Jaeger{}, fmt.Errorf("query API not ready after 60s:\n%s", out.String())
+			return Jaeger{}, fmt.Errorf("query API or OTLP receivers not ready after 60s:\n%s", out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -161,6 +163,16 @@ func ready(u string) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// listening says whether something accepts connections at addr.
+func listening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // freePorts returns n loopback addresses whose ports were free a moment ago.
