@@ -420,8 +420,9 @@ const streamRows = 32
 // stream8Rows: products of more rows of x (up to 64) take gemm_stream8,
 // since its stages of x come in two buffers (before, eight tiles streamed
 // no faster than gemm_skinny). Measured on an H200 (docs/cuda.md,
-// OLMo-2-1B at 512 tokens), against gemm_skinny: 64 sequences 2.534 -> 2.500 ms a step, 32 (pairs: 64 rows)
-// 2.078 -> 2.061, but 24 (48 rows) 1.875 -> 1.881.
+// OLMo-2-1B at 512 tokens), against gemm_skinny: 64 sequences 2.534 ->
+// 2.500 ms a step, 32 (pairs: 64 rows) 2.078 -> 2.061, but 24 (48 rows)
+// 1.875 -> 1.881.
 const stream8Rows = 48
 
 // streamStages and streamXK are GS_STAGES and GS_XK in
