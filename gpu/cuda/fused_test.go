@@ -379,24 +379,27 @@ func TestPostNormMatVec(t *testing.T) {
 	}
 }
 
-// TestSplitSums checks, on decode batches whose products split k and
-// round x, the norms' rounded rows that the next product reads and the
-// sums of a split gate|up product taken by the gated MLP's activation:
-// bit for bit the same as round_x and splitk_sum, which a Sync between the
-// operations forces, and within bf16's rounding of the f64 reference.
+// TestSplitSums checks, on decode batches whose products split k, the
+// norms' rows and their rounding (or pairs) that the next product reads,
+// and the sums of a split gate|up product taken by the gated MLP's
+// activation: bit for bit the same as round_x, split_x and splitk_sum,
+// which a Sync between the operations forces, and within bf16's rounding
+// of the f64 reference. The batches span the exact kernel (6 rows), pairs
+// (24), gemm_skinny (40) and gemm_stream8 (64).
 func TestSplitSums(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
 	ctx := context.Background()
-	const k, m, f = 2048, 2048, 1024
-	for _, n := range []int{40, 64} {
+	const k, f = 2048, 1024
+	for _, c := range []struct{ n, m int }{{6, 2048}, {24, 2048}, {40, 1536}, {64, 2048}} {
+		n, m := c.n, c.m
 		r := rand.New(rand.NewPCG(uint64(n), 7))
 		wo, w2 := gputest.Encode(gpu.BF16, randF32(r, m*k, 0.05)), gputest.Encode(gpu.BF16, randF32(r, m*m, 0.05))
 		wgu, wd := gputest.Encode(gpu.BF16, randF32(r, 2*f*m, 0.05)), gputest.Encode(gpu.BF16, randF32(r, m*f, 0.05))
 		nw := gputest.Encode(gpu.BF16, randF32(r, m, 1))
 		x, res := randF32(r, n*k, 1), randF32(r, n*m, 1)
 		for mode, name := range []string{"rmsnorm", "addrmsnorm", "rmsnormadd"} {
-			t.Run(fmt.Sprintf("%s/n%d", name, n), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/n%d/m%d", name, n, m), func(t *testing.T) {
 				// run returns the norm's rows (out, or r) and the next
 				// product of them; sync puts a Sync after each operation.
 				run := func(dev gpu.Device, sync bool) (rows, z []float32) {
@@ -449,7 +452,7 @@ func TestSplitSums(t *testing.T) {
 				}
 			})
 		}
-		t.Run(fmt.Sprintf("silu/n%d", n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("silu/n%d/m%d", n, m), func(t *testing.T) {
 			run := func(sync bool) []float32 {
 				gu, out := alloc(t, d, gpu.F32, 2*n*f), alloc(t, d, gpu.F32, n*m)
 				if err := d.MatMul(gu, f32buf(t, d, x[:n*m]), weights(t, d, gpu.BF16, wgu), n, m, 2*f); err != nil {

@@ -283,9 +283,15 @@ extern "C" __global__ void splitk_sum(float* __restrict__ out, const float* __re
   long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (i + 4 <= count && (count & 3) == 0) {
     float4 acc = *reinterpret_cast<const float4*>(part + i);
-    for (int s = 1; s < splits; s++) {
-      float4 v = *reinterpret_cast<const float4*>(part + (long)s * count + i);
-      acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    // Eight parts' loads in flight, summed in split order.
+    for (int s0 = 1; s0 < splits; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++)
+        if (s0 + u < splits) v[u] = *reinterpret_cast<const float4*>(part + (long)(s0 + u) * count + i);
+#pragma unroll
+      for (int u = 0; u < 8; u++)
+        if (s0 + u < splits) acc.x += v[u].x, acc.y += v[u].y, acc.z += v[u].z, acc.w += v[u].w;
     }
     *reinterpret_cast<float4*>(out + i) = acc;
   } else {
