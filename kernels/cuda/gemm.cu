@@ -235,14 +235,24 @@ DEV void silu_rows(typename Elem<T>::raw* __restrict__ out, const float* __restr
     const float* g = gu + 2 * r * k + c;
     float4 a = *reinterpret_cast<const float4*>(g), b = *reinterpret_cast<const float4*>(g + 4);
     float4 u = *reinterpret_cast<const float4*>(g + k), v = *reinterpret_cast<const float4*>(g + k + 4);
-    for (int sp = 1; sp < splits; sp++) {
-      const float* gs = g + sp * part;
-      float4 a1 = *reinterpret_cast<const float4*>(gs), b1 = *reinterpret_cast<const float4*>(gs + 4);
-      float4 u1 = *reinterpret_cast<const float4*>(gs + k), v1 = *reinterpret_cast<const float4*>(gs + k + 4);
-      a.x += a1.x; a.y += a1.y; a.z += a1.z; a.w += a1.w;
-      b.x += b1.x; b.y += b1.y; b.z += b1.z; b.w += b1.w;
-      u.x += u1.x; u.y += u1.y; u.z += u1.z; u.w += u1.w;
-      v.x += v1.x; v.y += v1.y; v.z += v1.z; v.w += v1.w;
+    // Four parts' loads in flight, summed in split order.
+    for (int s0 = 1; s0 < splits; s0 += 4) {
+      float4 a1[4], b1[4], u1[4], v1[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (s0 + q < splits) {
+          const float* gs = g + (s0 + q) * part;
+          a1[q] = *reinterpret_cast<const float4*>(gs), b1[q] = *reinterpret_cast<const float4*>(gs + 4);
+          u1[q] = *reinterpret_cast<const float4*>(gs + k), v1[q] = *reinterpret_cast<const float4*>(gs + k + 4);
+        }
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (s0 + q < splits) {
+          a.x += a1[q].x; a.y += a1[q].y; a.z += a1[q].z; a.w += a1[q].w;
+          b.x += b1[q].x; b.y += b1[q].y; b.z += b1[q].z; b.w += b1[q].w;
+          u.x += u1[q].x; u.y += u1[q].y; u.z += u1[q].z; u.w += u1[q].w;
+          v.x += v1[q].x; v.y += v1[q].y; v.z += v1[q].z; v.w += v1[q].w;
+        }
     }
     float f[8] = {silu(a.x) * u.x, silu(a.y) * u.y, silu(a.z) * u.z, silu(a.w) * u.w,
                   silu(b.x) * v.x, silu(b.y) * v.y, silu(b.z) * v.z, silu(b.w) * v.w};
