@@ -182,11 +182,13 @@ func TestGEMMSplits(t *testing.T) {
 // rows or more blocks fit on an SM; and the token tiles of each size of
 // batch.
 func TestSkinnySplits(t *testing.T) {
-	for _, c := range []struct{ m, k, perSM, want int }{
-		{2048, 2048, 3, 16}, {8192, 2048, 3, 6}, {2048, 8192, 3, 16}, {100352, 2048, 3, 1}, {200, 128, 3, 1}, {300, 320, 3, 2},
-		{16384, 2048, 3, 3}, {16384, 2048, 4, 4}, {6144, 2048, 4, 11},
+	for _, c := range []struct{ m, k, perSM, rt, want int }{
+		{2048, 2048, 3, 1, 16}, {8192, 2048, 3, 1, 6}, {2048, 8192, 3, 1, 16}, {100352, 2048, 3, 1, 1}, {200, 128, 3, 1, 1},
+		{300, 320, 3, 1, 2}, {16384, 2048, 3, 1, 3}, {16384, 2048, 4, 1, 4}, {6144, 2048, 4, 1, 11},
+		// gemm_stream8: two tiles a block, one block an SM.
+		{2048, 2048, 1, 2, 16}, {6144, 2048, 1, 2, 5}, {16384, 2048, 1, 2, 2}, {2048, 8192, 1, 2, 16}, {100352, 2048, 1, 2, 1},
 	} {
-		splits, chunk := skinnySplits(c.m, c.k, 132, c.perSM)
+		splits, chunk := skinnySplits(c.m, c.k, 132, c.perSM, c.rt)
 		if splits != c.want {
 			t.Errorf("m=%d k=%d: %d splits, want %d", c.m, c.k, splits, c.want)
 		}
@@ -210,32 +212,42 @@ func TestStreamKernel(t *testing.T) {
 		box  int
 	}{
 		{1, "gemm_stream_bf16", 32}, {18, "gemm_stream_bf16", 32}, {32, "gemm_stream_bf16", 32},
-		{33, "", 0}, {48, "", 0}, {49, "gemm_stream8_bf16", 64}, {64, "gemm_stream8_bf16", 64}, {65, "", 0},
+		{33, "gemm_stream8_bf16", 64}, {48, "gemm_stream8_bf16", 64}, {64, "gemm_stream8_bf16", 64}, {65, "", 0},
 	} {
-		if name, box := streamKernel("bf16", c.rows); name != c.name || box != c.box {
+		if name, box, _ := streamKernel("bf16", c.rows); name != c.name || box != c.box {
 			t.Errorf("%d rows: %q over boxes of %d rows, want %q over %d", c.rows, name, box, c.name, c.box)
 		}
 	}
 }
 
-// TestStreamShape: the host's view of gemm_stream's ring, stage of x and
-// shared memory is the kernel's (kernels/cuda/gemm_wg.cu).
+// TestStreamShape: the host's view of the gemm_stream kernels' blocks
+// (tiles of w, ring slots, stage of x and shared memory) is the kernel's
+// (kernels/cuda/gemm_wg.cu).
 func TestStreamShape(t *testing.T) {
 	src, err := os.ReadFile("../../kernels/cuda/gemm_wg.cu")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]int{"GS_STAGES": streamStages, "GS_XK": streamXK} {
-		m := regexp.MustCompile(`#define ` + name + ` (\d+)`).FindSubmatch(src)
-		if m == nil {
-			t.Fatalf("no #define %s in gemm_wg.cu", name)
-		}
-		if got, _ := strconv.Atoi(string(m[1])); got != want {
-			t.Errorf("%s is %d in the kernel, %d on the host", name, got, want)
-		}
+	m := regexp.MustCompile(`#define GS_XK (\d+)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no #define GS_XK in gemm_wg.cu")
 	}
-	if !bytes.Contains(src, []byte("#define GS_SMEM (4 * GS_STAGES * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 2))")) {
-		t.Error("GS_SMEM is not the host's streamShmem")
+	if got, _ := strconv.Atoi(string(m[1])); got != streamXK {
+		t.Errorf("GS_XK is %d in the kernel, %d on the host", got, streamXK)
+	}
+	if !bytes.Contains(src, []byte("#define GS_SMEM_FOR(RT, ST) (4 * (RT) * (ST) * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))")) {
+		t.Error("GS_SMEM_FOR is not the host's streamShape.shmem")
+	}
+	entries := regexp.MustCompile(`STREAM\((gemm_stream\w*_)(?:bf16|f16), \w+, \d+, (\d+), (\d+)\)`).FindAllSubmatch(src, -1)
+	if len(entries) != 2*len(streamShapes) {
+		t.Errorf("%d gemm_stream entry points in the kernel, %d on the host", len(entries), 2*len(streamShapes))
+	}
+	for _, e := range entries {
+		rt, _ := strconv.Atoi(string(e[2]))
+		st, _ := strconv.Atoi(string(e[3]))
+		if got, want := streamShapes[string(e[1])], (streamShape{rt, st}); got != want {
+			t.Errorf("%s: the host's block is %+v, the kernel's %+v", e[1], got, want)
+		}
 	}
 }
 

@@ -163,11 +163,11 @@ func (d *Device) tensorMap(b *Buffer, rows, k, boxRows int) ([]byte, error) {
 // a weight for prompts and for decode batches.
 const maxTensorMaps = 4
 
-// skinnySplits cuts k (a multiple of 64) for gemm_skinny into parts of
-// at least 128 for about perSM blocks per SM (its occupancy); chunk is a
-// multiple of 64.
-func skinnySplits(m, k, sms, perSM int) (splits, chunk int) {
-	tiles := ceilDiv(m, skinnyCols)
+// skinnySplits cuts k (a multiple of 64) for a decode-batch product whose
+// blocks take rt tiles of skinnyCols rows of w into parts of at least 128
+// for about perSM blocks per SM (its occupancy); chunk is a multiple of 64.
+func skinnySplits(m, k, sms, perSM, rt int) (splits, chunk int) {
+	tiles := ceilDiv(m, rt*skinnyCols)
 	splits = max(1, min(perSM*sms/tiles, k/128, 16))
 	chunk = ceilDiv(k/64, splits) * 64
 	return ceilDiv(k, chunk), chunk
@@ -375,40 +375,66 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 
 // skinnyRounded runs a decode-batch product of halves × n rows of 16-bit
 // x (xs) where the device runs the Hopper cubin: up to streamRows rows on
-// gemm_stream (four token tiles), more than stream8Rows on gemm_stream8
-// (eight), the weights streamed by the TMA unit; the rest on gemm_skinny.
-// k is split for about as many blocks an SM as the kernel holds.
+// gemm_stream (four token tiles), up to twice that on gemm_stream8 (eight),
+// the weights streamed by the TMA unit; the rest on gemm_skinny. k is split
+// for about as many blocks an SM as the kernel holds.
 func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
 	rows := halves * n
-	name, box := streamKernel(suf, rows)
+	name, box, sh := streamKernel(suf, rows)
 	if kern := d.k(name); name != "" && kern != nil && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
 		maps, err := d.tensorMaps(xs, rows, box, w, m, 32, k)
 		if err != nil {
 			return err
 		}
-		return d.skinnyLaunch(kern, max(1, kern.occ), streamShmem, out, xs, w, n, k, m, halves, maps...)
+		return d.skinnyLaunch(kern, max(1, kern.occ), sh.rt, sh.shmem(), out, xs, w, n, k, m, halves, maps...)
 	}
-	return d.skinnyLaunch(d.k(skinnyName(suf, false)), skinnyPerSM(false), 0, out, xs, w, n, k, m, halves)
+	return d.skinnyLaunch(d.k(skinnyName(suf, false)), skinnyPerSM(false), 1, 0, out, xs, w, n, k, m, halves)
 }
 
-// streamKernel is the gemm_stream kernel for rows of x rounded to suf, and
-// the rows its boxes of x span; "" where gemm_skinny takes them.
-func streamKernel(suf string, rows int) (name string, box int) {
+// streamShape is a gemm_stream kernel's block: rt tiles of skinnyCols rows
+// of w sharing each stage of x (four warps a tile), and a ring of st slots
+// of 64 k a warp (STREAM and GS_SMEM_FOR in kernels/cuda/gemm_wg.cu).
+type streamShape struct{ rt, st int }
+
+func (s streamShape) threads() int { return 128 * s.rt }
+
+// shmem is the block's dynamic shared memory: the rings, two stages of x,
+// 1 KiB more for the swizzle's alignment, and the barriers.
+func (s streamShape) shmem() int {
+	return 4*s.rt*s.st*4096 + 2*streamXK/64*4096 + 1024 + 8*(4*s.rt*s.st+2)
+}
+
+// streamShapes are the gemm_stream kernels' blocks by entry point prefix.
+// gemm_stream8's two tiles of w a block read each stage of x once for both
+// and leave one block an SM; measured on an H200 (docs/cuda.md, "Two tiles
+// of weights a stage of x"), OLMo-2-1B at 512 tokens, against one tile and
+// four slots: 64 sequences 2.468 -> 2.410 ms a step, 32 2.002 -> 1.908, and
+// 24 (48 rows, on gemm_skinny before) 1.801 -> 1.735. Four slots or three
+// tiles were slower, and so was gemm_stream with two tiles at 12 sequences.
+var streamShapes = map[string]streamShape{
+	"gemm_stream_":  {1, 4},
+	"gemm_stream8_": {2, 3},
+}
+
+// streamKernel is the gemm_stream kernel for rows of x rounded to suf, the
+// rows its boxes of x span and its block; "" where gemm_skinny takes them.
+func streamKernel(suf string, rows int) (name string, box int, sh streamShape) {
 	switch {
 	case rows <= streamRows:
-		return "gemm_stream_" + suf, streamRows
-	case rows > stream8Rows && rows <= 2*streamRows:
-		return "gemm_stream8_" + suf, 2 * streamRows
+		return "gemm_stream_" + suf, streamRows, streamShapes["gemm_stream_"]
+	case rows <= 2*streamRows:
+		return "gemm_stream8_" + suf, 2 * streamRows, streamShapes["gemm_stream8_"]
 	}
-	return "", 0
+	return "", 0, streamShape{}
 }
 
-// skinnyLaunch runs a decode-batch product kernel (128 threads, blocks of
-// skinnyCols rows of w) with k split for about perSM blocks per SM.
-func (d *Device) skinnyLaunch(kern *kernel, perSM, shmem int, out, x, w *Buffer, n, k, m, halves int, more ...arg) error {
-	splits, chunk := skinnySplits(m, k, d.info.SMs, perSM)
-	grid := dim3{uint32(ceilDiv(m, skinnyCols)), uint32(splits), 1}
-	return d.splitProduct(kern, grid, 128, shmem, out, x, w, n, k, m, splits, chunk, halves, more...)
+// skinnyLaunch runs a decode-batch product kernel (blocks of rt·128
+// threads, rt·skinnyCols rows of w) with k split for about perSM blocks
+// per SM.
+func (d *Device) skinnyLaunch(kern *kernel, perSM, rt, shmem int, out, x, w *Buffer, n, k, m, halves int, more ...arg) error {
+	splits, chunk := skinnySplits(m, k, d.info.SMs, perSM, rt)
+	grid := dim3{uint32(ceilDiv(m, rt*skinnyCols)), uint32(splits), 1}
+	return d.splitProduct(kern, grid, 128*rt, shmem, out, x, w, n, k, m, splits, chunk, halves, more...)
 }
 
 // streamRows is the most rows of x gemm_stream takes (four token tiles):
@@ -417,24 +443,9 @@ func (d *Device) skinnyLaunch(kern *kernel, perSM, shmem int, out, x, w *Buffer,
 // 16 1.73-1.78 -> 1.69-1.73.
 const streamRows = 32
 
-// stream8Rows: products of more rows of x (up to 64) take gemm_stream8,
-// since its stages of x come in two buffers (before, eight tiles streamed
-// no faster than gemm_skinny). Measured on an H200 (docs/cuda.md,
-// OLMo-2-1B at 512 tokens), against gemm_skinny: 64 sequences 2.534 ->
-// 2.500 ms a step, 32 (pairs: 64 rows) 2.078 -> 2.061, but 24 (48 rows)
-// 1.875 -> 1.881.
-const stream8Rows = 48
-
-// streamStages and streamXK are GS_STAGES and GS_XK in
-// kernels/cuda/gemm_wg.cu: a warp's ring of 64 k of its 32 rows of
-// weights, and the k of x a stage; streamShmem is GS_SMEM, the kernel's
-// dynamic shared memory (two stages of x, 1 KiB more for the swizzle's
-// alignment, and the barriers).
-const (
-	streamStages = 4
-	streamXK     = 256
-	streamShmem  = 4*streamStages*4096 + 2*streamXK/64*4096 + 1024 + 8*(4*streamStages+2)
-)
+// streamXK is GS_XK in kernels/cuda/gemm_wg.cu: the k of x a stage of
+// four token tiles (eight take half as much k in the same bytes).
+const streamXK = 256
 
 // skinnyName is gemm_skinny's entry point for x exact (f32, up to
 // skinnyExactTile rows: one token tile) or rounded to the weights' type suf
@@ -471,7 +482,7 @@ func (d *Device) skinny(suf string, out, x, w *Buffer, n, k, m int) error {
 	if n > skinnyExactTile {
 		return fmt.Errorf("matmul: %d rows of f32 x on the exact kernel, at most %d", n, skinnyExactTile)
 	}
-	return d.skinnyLaunch(d.k(skinnyName(suf, true)), skinnyPerSM(true), skinnyExactTile*256*4, out, x, w, n, k, m, 1)
+	return d.skinnyLaunch(d.k(skinnyName(suf, true)), skinnyPerSM(true), 1, skinnyExactTile*256*4, out, x, w, n, k, m, 1)
 }
 
 // splitProduct launches a product kernel taking (out, x, w, rows, k, m,

@@ -312,23 +312,22 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 //
 // gemm_skinny's product for up to NT·8 rows of 16-bit x (NT token tiles:
 // 4, or 8 for up to 64 rows; out [+ blockIdx.y·n·m] = x[n,k] · w[m,k]ᵀ over
-// the block's split of k; four warps of 32 rows of w a block), with the
-// weights' bytes in flight held in shared memory
-// instead of registers: each warp streams its 32 rows through a ring of
-// GS_STAGES slots of 64 k (4 KiB, one TMA copy each, 128-byte swizzle), its
-// lane 0 refilling a slot as soon as the warp has summed it, so GS_STAGES
-// - 1 copies stay in flight while it works, and the first GS_STAGES are
-// asked for before the wait for the kernel ahead. x comes a stage of
-// GS_XK·4/NT of k at a time (16 KiB), one TMA copy of its NT·8 rows (zeros
-// past n) a 64 k, into two buffers: the next stage's copies are in flight
-// while the block sums one. Both operands' fragments are formed by
-// ldmatrix from the swizzled stages; the mma's k slots are k in order. A
-// warp waits only for its own slots and the block's stage of x.
-#define GS_STAGES 4
+// the block's split of k; RT·4 warps of 32 rows of w a block, RT tiles of
+// 128 rows sharing each stage of x), with the weights' bytes in flight
+// held in shared memory instead of registers: each warp streams its 32
+// rows through a ring of ST slots of 64 k (4 KiB, one TMA copy each,
+// 128-byte swizzle), its lane 0 refilling a slot as soon as the warp has
+// summed it, so ST - 1 copies stay in flight while it works, and the
+// first ST are asked for before the wait for the kernel ahead. x comes a
+// stage of GS_XK·4/NT of k at a time (16 KiB), one TMA copy of its NT·8
+// rows (zeros past n) a 64 k, into two buffers: the next stage's copies
+// are in flight while the block sums one. Both operands' fragments are
+// formed by ldmatrix from the swizzled stages; the mma's k slots are k in
+// order. A warp waits only for its own slots and the block's stage of x.
 #define GS_XK 256
-#define GS_SMEM (4 * GS_STAGES * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * GS_STAGES + 2))
+#define GS_SMEM_FOR(RT, ST) (4 * (RT) * (ST) * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
-template <typename T, int NT>
+template <typename T, int NT, int RT, int ST>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
@@ -336,17 +335,17 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const uint32_t ring = base + warp * (GS_STAGES * 4096);
+  const uint32_t ring = base + warp * (ST * 4096);
   constexpr int XK = GS_XK * 4 / NT;                // k of x a stage
   constexpr uint32_t XSTAGE = (GS_XK / 64) * 4096;  // bytes of a stage, whatever NT
-  const uint32_t xs = base + 4 * GS_STAGES * 4096;  // two stages of x
-  const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + warp * (8 * GS_STAGES);
-  const int row0 = blockIdx.x * 128 + warp * 32;
+  const uint32_t xs = base + 4 * RT * ST * 4096;  // two stages of x
+  const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + warp * (8 * ST);
+  const int row0 = blockIdx.x * (128 * RT) + warp * 32;
   const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
   const uint32_t xbox = NT * 8 * 128;  // bytes of a 64 k of x (the host's box: the tiles' rows)
   if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < GS_STAGES; s++) mbar_init(wbar + 8 * s, 1);
+    for (int s = 0; s < ST; s++) mbar_init(wbar + 8 * s, 1);
     if (warp == 0) {
       mbar_init(xbar, 1);
       mbar_init(xbar + 8, 1);
@@ -357,9 +356,9 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   // fill asks for step u's 64 k of the warp's rows in its slot of the ring.
   auto fill = [&](int u) {
     if (u >= steps) return;
-    const uint32_t bar = wbar + 8 * (u % GS_STAGES);
+    const uint32_t bar = wbar + 8 * (u % ST);
     mbar_arrive_expect_tx(bar, 4096);
-    tma_load_2d(ring + (u % GS_STAGES) * 4096, tmw, bar, kbeg + 64 * u, row0);
+    tma_load_2d(ring + (u % ST) * 4096, tmw, bar, kbeg + 64 * u, row0);
   };
   // stage asks for x's k from xk (to the split's end, at most XK) in
   // buffer b.
@@ -370,7 +369,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   };
   // The weights, before the wait for the kernel ahead: nothing writes them.
   if (lane == 0)
-    for (int u = 0; u < GS_STAGES; u++) fill(u);
+    for (int u = 0; u < ST; u++) fill(u);
   pdl_begin();
   __syncthreads();  // x's barriers are initialised
   if (tid == 0) stage(kbeg, 0);
@@ -391,8 +390,8 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     mbar_wait(xbar + 8 * b, (xph >> b) & 1);
     xph ^= 1u << b;
     for (int sl = 0; sl < slices; sl++, j++) {
-      const uint32_t wa = ring + (j % GS_STAGES) * 4096, xa = xs + b * XSTAGE + sl * xbox;
-      mbar_wait(wbar + 8 * (j % GS_STAGES), (j / GS_STAGES) & 1);
+      const uint32_t wa = ring + (j % ST) * 4096, xa = xs + b * XSTAGE + sl * xbox;
+      mbar_wait(wbar + 8 * (j % ST), (j / ST) & 1);
 #pragma unroll
       for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
         uint32_t a[2][2][4], b[NT][4];  // a[row slice][k-step]; b[token tile]: both k-steps
@@ -411,7 +410,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
             for (int rs = 0; rs < 2; rs++) mma16816<T>(acc[rs][t], a[rs][ks], &b[t][2 * ks]);
       }
       __syncwarp();
-      if (lane == 0) fill(j + GS_STAGES);  // the slot is summed: refill it
+      if (lane == 0) fill(j + ST);  // the slot is summed: refill it
     }
   }
   store_skinny<NT>(out, acc, n, m, row0, NT);
@@ -436,16 +435,19 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 // gemm_stream_{bf16,f16}: decode-batch products of up to 32 rows of 16-bit
 // x (four token tiles, every one summed whatever its rows, so that no
 // branch keeps the mmas apart) with the weights streamed by TMA
-// (gemm_stream above); gemm_stream8_{bf16,f16} the same for up to 64 rows
-// (eight tiles). Grid (ceil(m/128), splits of k), 128 threads, GS_SMEM bytes
-// of dynamic shared memory; tmx boxes 64 k of 32 (64) rows of x, tmw 64 k
-// of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does.
-#define STREAM(NAME, T, NT)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(128) NAME(float* out, const uint16_t* x, const uint16_t* w, int n,   \
-                                                         int k, int m, int kchunk,                                 \
-                                                         const __grid_constant__ wgk::TMap tmx,                    \
-                                                         const __grid_constant__ wgk::TMap tmw) {                  \
-    wgk::gemm_stream<T, NT>(out, n, k, m, kchunk, &tmx, &tmw);                                                     \
+// (gemm_stream above), a tile of 128 rows of w a block; gemm_stream8_{bf16,f16}
+// the same for up to 64 rows (eight tiles), two tiles of w a block sharing
+// x's stages, a ring of three slots a warp. Grid (ceil(m/(128·RT)), splits
+// of k), 128·RT threads, GS_SMEM_FOR(RT, ST) bytes of dynamic shared memory;
+// tmx boxes 64 k of 32 (64) rows of x, tmw 64 k of 32 rows of w. The
+// portable PTX traps, as gemm_wg_bf16 does. The host's streamShapes
+// (gpu/cuda) mirror the RT and ST of each.
+#define STREAM(NAME, T, NT, RT, ST)                                                                                \
+  extern "C" __global__ void __launch_bounds__(128 * RT) NAME(float* out, const uint16_t* x, const uint16_t* w,     \
+                                                              int n, int k, int m, int kchunk,                     \
+                                                              const __grid_constant__ wgk::TMap tmx,               \
+                                                              const __grid_constant__ wgk::TMap tmw) {             \
+    wgk::gemm_stream<T, NT, RT, ST>(out, n, k, m, kchunk, &tmx, &tmw);                                             \
   }
-STREAM(gemm_stream_bf16, BF16, 4) STREAM(gemm_stream_f16, F16, 4)
-STREAM(gemm_stream8_bf16, BF16, 8) STREAM(gemm_stream8_f16, F16, 8)
+STREAM(gemm_stream_bf16, BF16, 4, 1, 4) STREAM(gemm_stream_f16, F16, 4, 1, 4)
+STREAM(gemm_stream8_bf16, BF16, 8, 2, 3) STREAM(gemm_stream8_f16, F16, 8, 2, 3)
