@@ -410,8 +410,8 @@ func occupancyShape(name string) (threads, shmem int, ok bool) {
 	case strings.HasPrefix(name, "gemv_") && strings.Contains(name, "_nv"):
 		return 256, 0, true
 	case strings.HasPrefix(name, "gemm_stream"):
-		sh := streamShapes[name[:strings.LastIndexByte(name, '_')+1]]
-		return sh.threads(), sh.shmem(), true
+		sh, ok := streamShapes[name[:strings.LastIndexByte(name, '_')+1]]
+		return sh.threads(), sh.shmem(), ok
 	case strings.HasPrefix(name, "attn_decode_"):
 		hd := 128
 		if strings.HasSuffix(name, "_hd64") {

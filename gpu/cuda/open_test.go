@@ -249,6 +249,14 @@ func TestStreamShape(t *testing.T) {
 			t.Errorf("%s: the host's block is %+v, the kernel's %+v", e[1], got, want)
 		}
 	}
+	// The driver is asked how many blocks fit at the shape they launch
+	// with: gemm_stream8's two tiles, three slots, 256 threads and 129 KiB.
+	if threads, shmem, ok := occupancyShape("gemm_stream8_bf16"); !ok || threads != 256 || shmem != 132304 {
+		t.Errorf("gemm_stream8_bf16 asks about %d threads and %d bytes (%v), want 256 and 132304", threads, shmem, ok)
+	}
+	if _, _, ok := occupancyShape("gemm_stream9_bf16"); ok {
+		t.Error("an unknown gemm_stream kernel has a shape")
+	}
 }
 
 // TestProductX: how a decode batch's 16-bit product takes x, which the
