@@ -408,8 +408,8 @@ func (s streamShape) shmem() int {
 // gemm_stream8's two tiles of w a block read each stage of x once for both
 // and leave one block an SM; measured on an H200 (docs/cuda.md, "Two tiles
 // of weights a stage of x"), OLMo-2-1B at 512 tokens, against one tile and
-// four slots: 64 sequences 2.468 -> 2.410 ms a step, 32 2.002 -> 1.908, and
-// 24 (48 rows, on gemm_skinny before) 1.801 -> 1.735. Four slots or three
+// four slots: 64 sequences 2.467 -> 2.410 ms a step, 32 2.002 -> 1.909, and
+// 24 (48 rows, on gemm_skinny before) 1.797 -> 1.734. Four slots or three
 // tiles were slower, and so was gemm_stream with two tiles at 12 sequences.
 var streamShapes = map[string]streamShape{
 	"gemm_stream_":  {1, 4},
