@@ -235,24 +235,26 @@ func TestStreamShape(t *testing.T) {
 	if got, _ := strconv.Atoi(string(m[1])); got != streamXK {
 		t.Errorf("GS_XK is %d in the kernel, %d on the host", got, streamXK)
 	}
-	if !bytes.Contains(src, []byte("#define GS_SMEM_FOR(RT, ST) (4 * (RT) * (ST) * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))")) {
+	if !bytes.Contains(src, []byte("#define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))")) {
 		t.Error("GS_SMEM_FOR is not the host's streamShape.shmem")
 	}
-	entries := regexp.MustCompile(`STREAM\((gemm_stream\w*_)(?:bf16|f16), \w+, \d+, (\d+), (\d+)\)`).FindAllSubmatch(src, -1)
+	entries := regexp.MustCompile(`STREAM\((gemm_stream\w*_)(?:bf16|f16), \w+, \d+, (\d+), (\d+), (\d+)\)`).FindAllSubmatch(src, -1)
 	if len(entries) != 2*len(streamShapes) {
 		t.Errorf("%d gemm_stream entry points in the kernel, %d on the host", len(entries), 2*len(streamShapes))
 	}
 	for _, e := range entries {
 		rt, _ := strconv.Atoi(string(e[2]))
 		st, _ := strconv.Atoi(string(e[3]))
-		if got, want := streamShapes[string(e[1])], (streamShape{rt, st}); got != want {
+		xm, _ := strconv.Atoi(string(e[4]))
+		if got, want := streamShapes[string(e[1])], (streamShape{rt, st, xm}); got != want {
 			t.Errorf("%s: the host's block is %+v, the kernel's %+v", e[1], got, want)
 		}
 	}
 	// The driver is asked how many blocks fit at the shape they launch
-	// with: gemm_stream8's two tiles, three slots, 256 threads and 129 KiB.
-	if threads, shmem, ok := occupancyShape("gemm_stream8_bf16"); !ok || threads != 256 || shmem != 132304 {
-		t.Errorf("gemm_stream8_bf16 asks about %d threads and %d bytes (%v), want 256 and 132304", threads, shmem, ok)
+	// with: gemm_stream8's two tiles, three slots, stages of 32 KiB, 256
+	// threads and 161 KiB.
+	if threads, shmem, ok := occupancyShape("gemm_stream8_bf16"); !ok || threads != 256 || shmem != 165072 {
+		t.Errorf("gemm_stream8_bf16 asks about %d threads and %d bytes (%v), want 256 and 165072", threads, shmem, ok)
 	}
 	if _, _, ok := occupancyShape("gemm_stream9_bf16"); ok {
 		t.Error("an unknown gemm_stream kernel has a shape")

@@ -392,16 +392,17 @@ func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves i
 }
 
 // streamShape is a gemm_stream kernel's block: rt tiles of skinnyCols rows
-// of w sharing each stage of x (four warps a tile), and a ring of st slots
-// of 64 k a warp (STREAM and GS_SMEM_FOR in kernels/cuda/gemm_wg.cu).
-type streamShape struct{ rt, st int }
+// of w sharing each stage of x (four warps a tile), a ring of st slots
+// of 64 k a warp, and stages of x of xm·16 KiB (STREAM and GS_SMEM_FOR in
+// kernels/cuda/gemm_wg.cu).
+type streamShape struct{ rt, st, xm int }
 
 func (s streamShape) threads() int { return 128 * s.rt }
 
 // shmem is the block's dynamic shared memory: the rings, two stages of x,
 // 1 KiB more for the swizzle's alignment, and the barriers.
 func (s streamShape) shmem() int {
-	return 4*s.rt*s.st*4096 + 2*streamXK/64*4096 + 1024 + 8*(4*s.rt*s.st+2)
+	return 4*s.rt*s.st*4096 + 2*s.xm*streamXK/64*4096 + 1024 + 8*(4*s.rt*s.st+2)
 }
 
 // streamShapes are the gemm_stream kernels' blocks by entry point prefix.
@@ -411,9 +412,11 @@ func (s streamShape) shmem() int {
 // four slots: 64 sequences 2.467 -> 2.410 ms a step, 32 2.002 -> 1.909, and
 // 24 (48 rows, on gemm_skinny before) 1.797 -> 1.734. Four slots or three
 // tiles were slower, and so was gemm_stream with two tiles at 12 sequences.
+// Its stages of x of 128 k rather than 64 (one barrier a 128 k) took 64
+// sequences 2.444 -> 2.435 ms a step, 32 1.929 -> 1.917, 24 1.726 -> 1.718.
 var streamShapes = map[string]streamShape{
-	"gemm_stream_":  {1, 4},
-	"gemm_stream8_": {2, 3},
+	"gemm_stream_":  {1, 4, 1},
+	"gemm_stream8_": {2, 3, 2},
 }
 
 // streamKernel is the gemm_stream kernel for rows of x rounded to suf, the

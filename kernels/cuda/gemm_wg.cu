@@ -319,15 +319,16 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 // 128-byte swizzle), its lane 0 refilling a slot as soon as the warp has
 // summed it, so ST - 1 copies stay in flight while it works, and the
 // first ST are asked for before the wait for the kernel ahead. x comes a
-// stage of GS_XK·4/NT of k at a time (16 KiB), one TMA copy of its NT·8
-// rows (zeros past n) a 64 k, into two buffers: the next stage's copies
-// are in flight while the block sums one. Both operands' fragments are
+// stage of GS_XK·4·XM/NT of k at a time (XM·16 KiB), one TMA copy of its
+// NT·8 rows (zeros past n) a 64 k, into two buffers: the next stage's
+// copies are in flight while the block sums one, and the block waits at
+// a barrier once a stage. Both operands' fragments are
 // formed by ldmatrix from the swizzled stages; the mma's k slots are k in
 // order. A warp waits only for its own slots and the block's stage of x.
 #define GS_XK 256
-#define GS_SMEM_FOR(RT, ST) (4 * (RT) * (ST) * 4096 + 2 * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
+#define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
-template <typename T, int NT, int RT, int ST>
+template <typename T, int NT, int RT, int ST, int XM>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
@@ -336,8 +337,8 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t ring = base + warp * (ST * 4096);
-  constexpr int XK = GS_XK * 4 / NT;                // k of x a stage
-  constexpr uint32_t XSTAGE = (GS_XK / 64) * 4096;  // bytes of a stage, whatever NT
+  constexpr int XK = GS_XK * 4 * XM / NT;                // k of x a stage
+  constexpr uint32_t XSTAGE = XM * (GS_XK / 64) * 4096;  // bytes of a stage
   const uint32_t xs = base + 4 * RT * ST * 4096;  // two stages of x
   const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + warp * (8 * ST);
   const int row0 = blockIdx.x * (128 * RT) + warp * 32;
@@ -437,17 +438,17 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 // branch keeps the mmas apart) with the weights streamed by TMA
 // (gemm_stream above), a tile of 128 rows of w a block; gemm_stream8_{bf16,f16}
 // the same for up to 64 rows (eight tiles), two tiles of w a block sharing
-// x's stages, a ring of three slots a warp. Grid (ceil(m/(128·RT)), splits
-// of k), 128·RT threads, GS_SMEM_FOR(RT, ST) bytes of dynamic shared memory;
-// tmx boxes 64 k of 32 (64) rows of x, tmw 64 k of 32 rows of w. The
-// portable PTX traps, as gemm_wg_bf16 does. The host's streamShapes
-// (gpu/cuda) mirror the RT and ST of each.
-#define STREAM(NAME, T, NT, RT, ST)                                                                                \
+// x's stages of 128 k (32 KiB), a ring of three slots a warp. Grid
+// (ceil(m/(128·RT)), splits of k), 128·RT threads, GS_SMEM_FOR(RT, ST, XM)
+// bytes of dynamic shared memory; tmx boxes 64 k of 32 (64) rows of x, tmw
+// 64 k of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does. The
+// host's streamShapes (gpu/cuda) mirror the RT, ST and XM of each.
+#define STREAM(NAME, T, NT, RT, ST, XM)                                                                              \
   extern "C" __global__ void __launch_bounds__(128 * RT) NAME(float* out, const uint16_t* x, const uint16_t* w,     \
                                                               int n, int k, int m, int kchunk,                     \
                                                               const __grid_constant__ wgk::TMap tmx,               \
                                                               const __grid_constant__ wgk::TMap tmw) {             \
-    wgk::gemm_stream<T, NT, RT, ST>(out, n, k, m, kchunk, &tmx, &tmw);                                             \
+    wgk::gemm_stream<T, NT, RT, ST, XM>(out, n, k, m, kchunk, &tmx, &tmw);                                         \
   }
-STREAM(gemm_stream_bf16, BF16, 4, 1, 4) STREAM(gemm_stream_f16, F16, 4, 1, 4)
-STREAM(gemm_stream8_bf16, BF16, 8, 2, 3) STREAM(gemm_stream8_f16, F16, 8, 2, 3)
+STREAM(gemm_stream_bf16, BF16, 4, 1, 4, 1) STREAM(gemm_stream_f16, F16, 4, 1, 4, 1)
+STREAM(gemm_stream8_bf16, BF16, 8, 2, 3, 2) STREAM(gemm_stream8_f16, F16, 8, 2, 3, 2)
