@@ -412,8 +412,9 @@ func (s streamShape) shmem() int {
 // four slots: 64 sequences 2.467 -> 2.410 ms a step, 32 2.002 -> 1.909, and
 // 24 (48 rows, on gemm_skinny before) 1.797 -> 1.734. Four slots or three
 // tiles were slower, and so was gemm_stream with two tiles at 12 sequences.
-// Its stages of x of 128 k rather than 64 (one barrier a 128 k) took 64
-// sequences 2.444 -> 2.435 ms a step, 32 1.929 -> 1.917, 24 1.726 -> 1.718.
+// Its stages of x of 128 k rather than 64 (a barrier a 128 k) took 64
+// sequences 2.390-2.391 -> 2.385-2.388 ms a step, 32 1.902 -> 1.890-1.894,
+// 24 1.728 -> 1.719-1.721 (docs/cuda.md, "Stages of x of 128 k").
 var streamShapes = map[string]streamShape{
 	"gemm_stream_":  {1, 4, 1},
 	"gemm_stream8_": {2, 3, 2},
