@@ -447,8 +447,9 @@ func (d *Device) skinnyLaunch(kern *kernel, perSM, rt, shmem int, out, x, w *Buf
 // 16 1.73-1.78 -> 1.69-1.73.
 const streamRows = 32
 
-// streamXK is GS_XK in kernels/cuda/gemm_wg.cu: the k of x a stage of
-// four token tiles (eight take half as much k in the same bytes).
+// streamXK is GS_XK in kernels/cuda/gemm_wg.cu: the k of x in a stage of
+// 16 KiB of four token tiles (a kernel's stage is xm·16 KiB, of
+// streamXK·4·xm/tiles k).
 const streamXK = 256
 
 // skinnyName is gemm_skinny's entry point for x exact (f32, up to
