@@ -21,7 +21,7 @@ func fusedKernelNames() []string {
 	var names []string
 	for _, w := range []string{"f32", "bf16", "f16"} {
 		for _, c := range []string{"f32", "bf16", "f16"} {
-			names = append(names, "qkv_prep_"+w+"_"+c)
+			names = append(names, "qkv_prep_"+w+"_"+c, "qkv_prep_parts_"+w+"_"+c)
 		}
 	}
 	for _, dt := range []string{"f32", "bf16", "f16"} {
@@ -152,11 +152,14 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 		}
 		normArgs = []arg{bufArg("qNorm", b[9], wdt, wq), bufArg("kNorm", b[10], wdt, wk)}
 	}
+	capSlots := min(b[6].n, b[7].n) / kw
+	if ok, err := d.prepareParts(b, wdt, normArgs, capSlots, a); ok || err != nil {
+		return err
+	}
 	kern := d.k("qkv_prep_" + suffix(wdt) + "_" + suffix(b[6].dt))
 	if kern == nil {
 		return fmt.Errorf("%s: the fused kernels are not loaded: rebuild with kernels/build.sh", op)
 	}
-	capSlots := min(b[6].n, b[7].n) / kw
 	args := []arg{
 		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("q", b[1], gpu.F32, lq), bufArg("k", b[2], gpu.F32, lk),
 		bufArg("v", b[3], gpu.F32, lk), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
@@ -168,6 +171,33 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	// step 1.1% faster on the OLMo-2-7B shape, 1.4% on 1B (H200); 512
 	// are slower again.
 	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(256), 0, args...)
+}
+
+// prepareParts runs PrepareQKV on qkv_prep_parts where q, k and v (b[1],
+// b[2], b[3]) are the rows of one packed product whose k was split and
+// whose parts are not summed yet: one kernel sums the parts, stores the
+// product and prepares its rows, where splitk_sum and qkv_prep took two.
+// It reports whether it ran; otherwise any pending sum has been summed.
+func (d *Device) prepareParts(b []*Buffer, wdt gpu.DType, normArgs []arg, capSlots int, a gpu.QKVArgs) (bool, error) {
+	n, ld, qw, kw := a.N, a.Stride, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+	kern := d.k("qkv_prep_parts_" + suffix(wdt) + "_" + suffix(b[6].dt))
+	threads := min(1024, max(qw, kw)/2)
+	packed := ld == qw+2*kw && b[2].ptr == b[1].ptr+uint64(4*qw) && b[3].ptr == b[2].ptr+uint64(4*kw)
+	if kern == nil || !packed || a.Norm == gpu.QKNormSums || a.HeadDim%64 != 0 || max(qw, kw) > 4*threads {
+		return false, d.flushSum()
+	}
+	parts, splits, err := d.takeSum(b[1], n*ld)
+	if err != nil || splits == 1 {
+		return false, err
+	}
+	args := []arg{
+		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("qkv", b[1], gpu.F32, n*ld), bufArg("parts", parts, gpu.F32, splits*n*ld),
+		i32Arg(splits), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
+		bufArg("invFreq", b[5], gpu.F32, a.HeadDim/2), bufArg("kc", b[6], b[6].dt, capSlots*kw),
+		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n),
+		rawArg(qkvParams(a, capSlots, ld, ld)), devPtrArg(d.faultDev),
+	}
+	return true, d.launch(kern, dim3{3, uint32(n), 1}, grid1(threads), 0, args...)
 }
 
 // SiLUMatMul implements gpu.SiLUMatMuler. More than 8 rows with 16-bit

@@ -93,50 +93,24 @@ func TestPrepareQKV(t *testing.T) {
 					}
 
 					// Reference: the separate operations in float64.
-					hb := func(v []float32) gpu.Buffer {
-						b := alloc(t, rf, gpu.F32, len(v))
-						_ = rf.Write(b, 0, gpu.F32Bytes(v))
-						return b
+					ra, rqv, rkv := a, qv, kv
+					if norm == gpu.QKNormSums {
+						ra.Norm = gpu.QKNormNone
+						rqv = wholeRowsNormed(t, rf, qv, oq, qn, oqn, n, qw)
+						rkv = wholeRowsNormed(t, rf, kv, ok, kn, okn, n, kw)
 					}
-					hi := func(v []int32) gpu.Buffer {
-						b := alloc(t, rf, gpu.I32, len(v))
-						_ = rf.Write(b, 0, gpu.I32Bytes(v))
-						return b
-					}
-					rq, rk, rv := hb(qv), hb(kv), hb(vv)
-					rkc, rvc := alloc(t, rf, cdt, slots*kw), alloc(t, rf, cdt, slots*kw)
-					rp := hi(pos)
-					switch norm {
-					case gpu.QKNormRow:
-						_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n, qw, 1e-6)
-						_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n, kw, 1e-6)
-					case gpu.QKNormHead:
-						_ = rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*heads, hd, 1e-6)
-						_ = rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*kvheads, hd, 1e-6)
-					case gpu.QKNormSums:
-						rq = hb(wholeRowsNormed(t, rf, qv, oq, qn, oqn, n, qw))
-						rk = hb(wholeRowsNormed(t, rf, kv, ok, kn, okn, n, kw))
-					}
-					for _, err := range []error{
-						rf.RoPE(rq, rp, hb(inv), n, heads, hd),
-						rf.RoPE(rk, rp, hb(inv), n, kvheads, hd),
-						rf.StoreKV(rkc, rvc, rk, rv, hi(slot), n, kw),
-					} {
-						if err != nil {
-							t.Fatal(err)
-						}
-					}
+					rq, rkc, rvc := prepareRef(t, rf, ra, cdt, slots, rqv, rkv, vv, qn, kn, pos, slot, inv)
 					tol := 1e-5
 					if cdt == gpu.BF16 {
 						tol = 4e-3
 					}
-					if e := gputest.RelL2(readF32(t, d, qout), readF32(t, rf, rq)); e > 1e-5 {
+					if e := gputest.RelL2(readF32(t, d, qout), rq); e > 1e-5 {
 						t.Errorf("q: error %.3g", e)
 					}
-					if e := gputest.RelL2(readCache(t, d, kc), readCache(t, rf, rkc)); e > tol {
+					if e := gputest.RelL2(readCache(t, d, kc), rkc); e > tol {
 						t.Errorf("k cache: error %.3g", e)
 					}
-					if e := gputest.RelL2(readCache(t, d, vc), readCache(t, rf, rvc)); e > tol {
+					if e := gputest.RelL2(readCache(t, d, vc), rvc); e > tol {
 						t.Errorf("v cache: error %.3g", e)
 					}
 					if got := readF32(t, d, k)[:len(kv)]; !packed && gputest.RelL2(got, kv) != 0 {
@@ -168,6 +142,143 @@ func TestPrepareQKV(t *testing.T) {
 	} {
 		if err := d.PrepareQKV(alloc(t, d, gpu.F32, qw), q, kv, kv, qn, kn, p, inv, kc, kc, i32buf(t, d, []int32{0}), bad); err == nil {
 			t.Errorf("sums %v, widths %d and %d: no error", bad.Sums, bad.QWidth, bad.KWidth)
+		}
+	}
+}
+
+// prepareRef is PrepareQKV (a's shape and norm, QKNormSums excepted) as the
+// float64 reference's separate operations: RMSNorm of q and k ([n, width]
+// each) with the 16-bit weights qn and kn, RoPE at pos, and StoreKV of k and
+// v into caches of slots slots of type cdt at slot. It returns q and the
+// two caches.
+func prepareRef(t *testing.T, rf *ref.Device, a gpu.QKVArgs, cdt gpu.DType, slots int, qv, kv, vv []float32, qn, kn []byte, pos, slot []int32, inv []float32) (q, kc, vc []float32) {
+	t.Helper()
+	n, hd := a.N, a.HeadDim
+	qw, kw := a.Heads*hd, a.KVHeads*hd
+	hi := func(v []int32) gpu.Buffer {
+		b := alloc(t, rf, gpu.I32, len(v))
+		if err := rf.Write(b, 0, gpu.I32Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	rq, rk, rv := f32buf(t, rf, qv), f32buf(t, rf, kv), f32buf(t, rf, vv)
+	rkc, rvc := alloc(t, rf, cdt, slots*kw), alloc(t, rf, cdt, slots*kw)
+	rp := hi(pos)
+	errs := []error{}
+	switch a.Norm {
+	case gpu.QKNormRow:
+		errs = append(errs, rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n, qw, a.Eps),
+			rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n, kw, a.Eps))
+	case gpu.QKNormHead:
+		errs = append(errs, rf.RMSNorm(rq, rq, weights(t, rf, gpu.BF16, qn), n*a.Heads, hd, a.Eps),
+			rf.RMSNorm(rk, rk, weights(t, rf, gpu.BF16, kn), n*a.KVHeads, hd, a.Eps))
+	}
+	errs = append(errs, rf.RoPE(rq, rp, f32buf(t, rf, inv), n, a.Heads, hd),
+		rf.RoPE(rk, rp, f32buf(t, rf, inv), n, a.KVHeads, hd),
+		rf.StoreKV(rkc, rvc, rk, rv, hi(slot), n, kw))
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return readF32(t, rf, rq), readCache(t, rf, rkc), readCache(t, rf, rvc)
+}
+
+// TestPrepareQKVParts checks PrepareQKV on a packed q|k|v product whose k
+// was split, the parts summed where they are read (qkv_prep_parts): the
+// product's rows left in place bit for bit as splitk_sum sums them (a Sync
+// between the two operations forces splitk_sum and qkv_prep), and q and
+// the caches within f32's and the cache's rounding of that path and of the
+// float64 reference. The batches span the exact kernel (6 rows), pairs
+// (24) and gemm_stream8 (64); MHA and GQA, head dims 64 and 128.
+func TestPrepareQKVParts(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	ctx := context.Background()
+	const hidden, slots = 1024, 160
+	for _, c := range []struct{ n, heads, kvheads, hd int }{{6, 8, 8, 128}, {24, 16, 4, 64}, {64, 16, 16, 128}, {64, 32, 8, 64}} {
+		for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead} {
+			for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
+				n, hd := c.n, c.hd
+				qw, kw := c.heads*hd, c.kvheads*hd
+				ld := qw + 2*kw
+				t.Run(fmt.Sprintf("n%d/h%d-%d/hd%d/norm%d/%s", n, c.heads, c.kvheads, hd, norm, cdt), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(n*hd), uint64(norm)))
+					xv, wv := randF32(r, n*hidden, 1), gputest.Encode(gpu.BF16, randF32(r, ld*hidden, 0.05))
+					wq, wk := qw, kw
+					if norm == gpu.QKNormHead {
+						wq, wk = hd, hd
+					}
+					qn, kn := gputest.Encode(gpu.BF16, randF32(r, wq, 1)), gputest.Encode(gpu.BF16, randF32(r, wk, 1))
+					inv := gputest.InvFreq(hd, 10000)
+					pos, slot := make([]int32, n), make([]int32, n)
+					for i := range n {
+						pos[i], slot[i] = int32(r.IntN(4000)), int32((7*i+3)%slots)
+					}
+					a := gpu.QKVArgs{N: n, Heads: c.heads, KVHeads: c.kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6, Stride: ld}
+					run := func(sync bool) (rows, q, kc, vc []float32) {
+						all, qout := alloc(t, d, gpu.F32, n*ld), alloc(t, d, gpu.F32, n*qw)
+						if err := d.MatMul(all, f32buf(t, d, xv), weights(t, d, gpu.BF16, wv), n, hidden, ld); err != nil {
+							t.Fatal(err)
+						}
+						if sync {
+							if err := d.Sync(ctx); err != nil {
+								t.Fatal(err)
+							}
+						}
+						var qnb, knb gpu.Buffer
+						if norm != gpu.QKNormNone {
+							qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
+						}
+						kcb, vcb := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
+						err := d.PrepareQKV(qout, slice(t, d, all, 0, n*ld), slice(t, d, all, qw, n*ld-qw), slice(t, d, all, qw+kw, n*ld-qw-kw),
+							qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kcb, vcb, i32buf(t, d, slot), a)
+						if err != nil {
+							t.Fatal(err)
+						}
+						return readF32(t, d, all), readF32(t, d, qout), readCache(t, d, kcb), readCache(t, d, vcb)
+					}
+					rows, q, kc, vc := run(false)
+					rows1, q1, kc1, vc1 := run(true)
+					if !slices.Equal(rows, rows1) {
+						t.Errorf("the product's rows differ from splitk_sum's")
+					}
+					tol := 1e-6
+					if cdt == gpu.BF16 {
+						tol = 4e-3
+					}
+					for _, e := range []struct {
+						what      string
+						got, want []float32
+						tol       float64
+					}{{"q", q, q1, 1e-6}, {"k cache", kc, kc1, tol}, {"v cache", vc, vc1, 0}} {
+						if err := gputest.RelL2(e.got, e.want); err > e.tol {
+							t.Errorf("%s: error %.3g against splitk_sum and qkv_prep", e.what, err)
+						}
+					}
+					// The reference, from the product's rows as the device summed them.
+					qv, kv, vv := make([]float32, n*qw), make([]float32, n*kw), make([]float32, n*kw)
+					for i := range n {
+						copy(qv[i*qw:], rows[i*ld:i*ld+qw])
+						copy(kv[i*kw:], rows[i*ld+qw:i*ld+qw+kw])
+						copy(vv[i*kw:], rows[i*ld+qw+kw:(i+1)*ld])
+					}
+					rq, rkc, rvc := prepareRef(t, rf, a, cdt, slots, qv, kv, vv, qn, kn, pos, slot, inv)
+					if e := gputest.RelL2(q, rq); e > 1e-5 {
+						t.Errorf("q: error %.3g against the reference", e)
+					}
+					if cdt == gpu.F32 {
+						tol = 1e-5
+					}
+					if e := gputest.RelL2(kc, rkc); e > tol {
+						t.Errorf("k cache: error %.3g against the reference", e)
+					}
+					if e := gputest.RelL2(vc, rvc); e > tol {
+						t.Errorf("v cache: error %.3g against the reference", e)
+					}
+				})
+			}
 		}
 	}
 }

@@ -5,7 +5,8 @@ import "github.com/troupe/troupe/gpu"
 // A product whose k is split writes one part per split; the parts' sum,
 // in split order, is the product. Rather than a kernel of its own that
 // sums them (splitk_sum), a gated MLP's activation (silu_rows, reading the
-// gate|up product) sums them where it reads them. Whatever else comes
+// gate|up product) and the preparation of a packed q|k|v product
+// (qkv_prep_parts) sum them where they read them. Whatever else comes
 // first, an operation of any other kind, a copy, a launch or the end of a
 // recording, has splitk_sum sum them first, so the deferral is never
 // observable. (A norm reading the parts was slower: its one block a row
@@ -21,7 +22,7 @@ type pendingSum struct {
 // readsSums says whether operation op may read a pending product's parts
 // (through takeSum); entering any other operation sums them first.
 func readsSums(op string) bool {
-	return op == "silu matmul"
+	return op == "silu matmul" || op == "prepare qkv"
 }
 
 // takeSum returns what a kernel reading count values of x should read: the

@@ -101,12 +101,159 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
   }
 }
 
+// qkv_prep_parts: qkv_prep (norm 0, 1 or 2) for the rows of a packed
+// q|k|v product (row stride ldq) whose k was split: its splits parts (part
+// s at parts + s·n·ldq) are summed in split order, as splitk_sum sums
+// them, and stored to qkv, so that the product is in place as if summed;
+// then q and k are normalised and rotated, q going to qout and k and v to
+// cache slot slots[t]. A block a token and a third of its row: grid (3, n),
+// blockIdx.x 0 for q, 1 for k, 2 for v. A thread takes a pair of values,
+// dims d and d + hd/2 of a head, QP_PAIRS times at most: up to 2,048
+// values a row with 1,024 threads. hd % 64 == 0, so that a warp's pairs lie
+// in one head.
+#define QP_PAIRS 2
+template <typename W, typename C>
+DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const float* __restrict__ parts, int splits,
+                        const typename Elem<W>::raw* __restrict__ qn, const typename Elem<W>::raw* __restrict__ kn,
+                        const int* __restrict__ pos, const float* __restrict__ inv_freq, typename Elem<C>::raw* kc,
+                        typename Elem<C>::raw* vc, const int* __restrict__ slots, QKVParams pa, unsigned* fault) {
+  __shared__ float scratch[32];
+  __shared__ float hs[QP_PAIRS][32];  // the warps' sums of squares (norm 2)
+  const int heads = pa.heads, kvheads = pa.kvheads, hd = pa.hd, half = hd >> 1, norm = pa.norm;
+  const int part = blockIdx.x, t = blockIdx.y, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nh = part == 0 ? heads : kvheads, pairs = nh * half;
+  const long count = (long)pa.n * pa.ldq;
+  const long row = (long)t * pa.ldq + (part == 0 ? 0 : part == 1 ? (long)heads * hd : (long)(heads + kvheads) * hd);
+  const bool rotate = part < 2, normed = rotate && norm != 0;
+  const typename Elem<W>::raw* w = part == 0 ? qn : kn;
+  // The pairs' elements in the row (-1: none), and before the wait for
+  // the kernel ahead, what nothing writes: the norm weights and the
+  // rotation's frequencies.
+  long e[QP_PAIRS];
+  float w0[QP_PAIRS], w1[QP_PAIRS], fr[QP_PAIRS];
+#pragma unroll
+  for (int j = 0; j < QP_PAIRS; j++) {
+    int i = threadIdx.x + j * nt, h = i / half, d = i % half;
+    e[j] = i < pairs ? row + (long)h * hd + d : -1;
+    w0[j] = w1[j] = fr[j] = 0.f;
+    if (e[j] >= 0 && normed) {
+      long wo = norm == 1 ? (long)h * hd + d : d;
+      w0[j] = Elem<W>::load(w, wo);
+      w1[j] = Elem<W>::load(w, wo + half);
+    }
+    if (e[j] >= 0 && rotate) fr[j] = inv_freq[d];
+  }
+  pdl_begin();
+  float a[QP_PAIRS], b[QP_PAIRS];
+#pragma unroll
+  for (int j = 0; j < QP_PAIRS; j++) {
+    a[j] = e[j] >= 0 ? parts[e[j]] : 0.f;
+    b[j] = e[j] >= 0 ? parts[e[j] + half] : 0.f;
+  }
+  // Four parts' loads in flight, summed in split order.
+  for (int s0 = 1; s0 < splits; s0 += 4) {
+    float a1[4][QP_PAIRS], b1[4][QP_PAIRS];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int j = 0; j < QP_PAIRS; j++)
+        if (s0 + u < splits && e[j] >= 0) {
+          const float* ps = parts + (long)(s0 + u) * count;
+          a1[u][j] = ps[e[j]];
+          b1[u][j] = ps[e[j] + half];
+        }
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int j = 0; j < QP_PAIRS; j++)
+        if (s0 + u < splits && e[j] >= 0) {
+          a[j] += a1[u][j];
+          b[j] += b1[u][j];
+        }
+  }
+#pragma unroll
+  for (int j = 0; j < QP_PAIRS; j++)
+    if (e[j] >= 0) {
+      qkv[e[j]] = a[j];
+      qkv[e[j] + half] = b[j];
+    }
+  float inv[QP_PAIRS];
+#pragma unroll
+  for (int j = 0; j < QP_PAIRS; j++) inv[j] = 1.f;
+  if (normed && norm == 1) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < QP_PAIRS; j++) ss += a[j] * a[j] + b[j] * b[j];
+    ss = block_sum(ss, scratch);
+    float iv = rsqrtf(ss / (float)(nh * hd) + pa.eps);
+#pragma unroll
+    for (int j = 0; j < QP_PAIRS; j++) inv[j] = iv;
+  } else if (normed) {  // norm 2: a head's sums are its warps', in order
+#pragma unroll
+    for (int j = 0; j < QP_PAIRS; j++) {
+      float s = warp_sum(a[j] * a[j] + b[j] * b[j]);
+      if (lane == 0) hs[j][warp] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < QP_PAIRS; j++)
+      if (e[j] >= 0) {
+        int h = (threadIdx.x + j * nt) / half;
+        float s = 0.f;
+        for (int p = h * half; p < (h + 1) * half; p += 32) s += hs[p / nt][(p % nt) >> 5];
+        inv[j] = rsqrtf(s / (float)hd + pa.eps);
+      }
+  }
+  int slot = 0;
+  if (part != 0) {
+    slot = slots[t];
+    if (slot < 0 || slot >= pa.cap) {
+      if (threadIdx.x == 0 && part == 1) record_fault(fault, FAULT_STOREKV_SLOT, t, slot);
+      return;
+    }
+  }
+  const double p = (double)pos[t];
+#pragma unroll
+  for (int j = 0; j < QP_PAIRS; j++) {
+    if (e[j] < 0) continue;
+    int i = threadIdx.x + j * nt, h = i / half, d = i % half;
+    float x0 = a[j], x1 = b[j];
+    long c = ((long)slot * kvheads + h) * hd + d;
+    if (!rotate) {
+      Elem<C>::store(vc, c, x0);
+      Elem<C>::store(vc, c + half, x1);
+      continue;
+    }
+    if (normed) {
+      x0 = x0 * inv[j] * w0[j];
+      x1 = x1 * inv[j] * w1[j];
+    }
+    float sn, cs;
+    rope_sincos(p, fr[j], &sn, &cs);
+    float ra = x0 * cs - x1 * sn, rb = x1 * cs + x0 * sn;
+    if (part == 1) {
+      Elem<C>::store(kc, c, ra);
+      Elem<C>::store(kc, c + half, rb);
+    } else {
+      float* qo = qout + ((long)t * heads + h) * hd + d;
+      qo[0] = ra;
+      qo[half] = rb;
+    }
+  }
+}
+
 #define QKV_PREP(W, wn, C, cn)                                                                                       \
   extern "C" __global__ void qkv_prep_##wn##_##cn(                                                                   \
       float* qout, const float* q, const float* k, const float* v, const Elem<W>::raw* qn, const Elem<W>::raw* kn,   \
       const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, const float* sums, \
       QKVParams a, unsigned* fault) {                                                                                \
     qkv_prep<W, C>(qout, q, k, v, qn, kn, pos, inv_freq, kc, vc, slots, sums, a, fault);                             \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) qkv_prep_parts_##wn##_##cn(                                     \
+      float* qout, float* qkv, const float* parts, int splits, const Elem<W>::raw* qn, const Elem<W>::raw* kn,       \
+      const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, QKVParams a,      \
+      unsigned* fault) {                                                                                             \
+    qkv_prep_parts<W, C>(qout, qkv, parts, splits, qn, kn, pos, inv_freq, kc, vc, slots, a, fault);                  \
   }
 #define QKV_PREP_W(C, cn) QKV_PREP(float, f32, C, cn) QKV_PREP(BF16, bf16, C, cn) QKV_PREP(F16, f16, C, cn)
 QKV_PREP_W(float, f32)

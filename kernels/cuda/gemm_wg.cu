@@ -322,9 +322,9 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 // stage of GS_XK·4·XM/NT of k at a time (XM·16 KiB), one TMA copy of its
 // NT·8 rows (zeros past n) a 64 k, into two buffers: the next stage's
 // copies are in flight while the block sums one, and the block waits at
-// a barrier once a stage. Both operands' fragments are
-// formed by ldmatrix from the swizzled stages; the mma's k slots are k in
-// order. A warp waits only for its own slots and the block's stage of x.
+// a barrier once a stage. Both operands' fragments are formed by ldmatrix
+// from the swizzled stages; the mma's k slots are k in order. A warp waits
+// only for its own slots and the block's stage of x.
 #define GS_XK 256
 #define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
