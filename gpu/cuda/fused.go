@@ -21,7 +21,7 @@ func fusedKernelNames() []string {
 	var names []string
 	for _, w := range []string{"f32", "bf16", "f16"} {
 		for _, c := range []string{"f32", "bf16", "f16"} {
-			names = append(names, "qkv_prep_"+w+"_"+c, "qkv_prep_parts_"+w+"_"+c)
+			names = append(names, "qkv_prep_"+w+"_"+c, "qkv_prep_rows_"+w+"_"+c)
 		}
 	}
 	for _, dt := range []string{"f32", "bf16", "f16"} {
@@ -59,9 +59,10 @@ func qkvParams(a gpu.QKVArgs, capSlots, ldq, ldk int) []byte {
 	return raw
 }
 
-// PrepareQKV implements gpu.QKVPreparer with one kernel: a block per
-// (token, head) of q and k. A slot outside the caches is skipped and
-// reported by the next Sync or Read.
+// PrepareQKV implements gpu.QKVPreparer with one kernel: three blocks a
+// token (qkv_prep_rows) where q, k and v are the rows of one packed
+// product, else a block per (token, head) of q and k (qkv_prep). A slot
+// outside the caches is skipped and reported by the next Sync or Read.
 func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, slots gpu.Buffer, a gpu.QKVArgs) error {
 	const op = "prepare qkv"
 	if err := d.enter(op); err != nil {
@@ -153,7 +154,7 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 		normArgs = []arg{bufArg("qNorm", b[9], wdt, wq), bufArg("kNorm", b[10], wdt, wk)}
 	}
 	capSlots := min(b[6].n, b[7].n) / kw
-	if ok, err := d.prepareParts(b, wdt, normArgs, capSlots, a); ok || err != nil {
+	if ok, err := d.prepareRows(b, wdt, sums, normArgs, capSlots, a); ok || err != nil {
 		return err
 	}
 	kern := d.k("qkv_prep_" + suffix(wdt) + "_" + suffix(b[6].dt))
@@ -173,28 +174,32 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 	return d.launch(kern, grid1(n*(a.Heads+a.KVHeads)), grid1(256), 0, args...)
 }
 
-// prepareParts runs PrepareQKV on qkv_prep_parts where q, k and v (b[1],
-// b[2], b[3]) are the rows of one packed product whose k was split and
-// whose parts are not summed yet: one kernel sums the parts, stores the
-// product and prepares its rows, where splitk_sum and qkv_prep took two.
-// It reports whether it ran; otherwise any pending sum has been summed.
-func (d *Device) prepareParts(b []*Buffer, wdt gpu.DType, normArgs []arg, capSlots int, a gpu.QKVArgs) (bool, error) {
+// prepareRows runs PrepareQKV on qkv_prep_rows where q, k and v (b[1],
+// b[2], b[3]) are the rows of one packed product: three blocks a token,
+// where qkv_prep takes one a head. When the product's k was split and its
+// parts are not summed yet, the kernel sums them, stores the product and
+// prepares its rows, where splitk_sum and qkv_prep took two kernels. It
+// reports whether it ran; otherwise any pending sum has been summed.
+func (d *Device) prepareRows(b []*Buffer, wdt gpu.DType, sums arg, normArgs []arg, capSlots int, a gpu.QKVArgs) (bool, error) {
 	n, ld, qw, kw := a.N, a.Stride, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
-	kern := d.k("qkv_prep_parts_" + suffix(wdt) + "_" + suffix(b[6].dt))
+	if ld == 0 && n == 1 { // one token's q, k and v: packed if they are adjacent
+		ld = qw + 2*kw
+	}
+	kern := d.k("qkv_prep_rows_" + suffix(wdt) + "_" + suffix(b[6].dt))
 	threads := min(1024, max(qw, kw)/2)
-	packed := ld == qw+2*kw && b[2].ptr == b[1].ptr+uint64(4*qw) && b[3].ptr == b[2].ptr+uint64(4*kw)
-	if kern == nil || !packed || a.Norm == gpu.QKNormSums || a.HeadDim%64 != 0 || max(qw, kw) > 4*threads {
+	packed := ld == qw+2*kw && b[1].n >= n*ld && b[2].ptr == b[1].ptr+uint64(4*qw) && b[3].ptr == b[2].ptr+uint64(4*kw)
+	if kern == nil || !packed || a.HeadDim%64 != 0 || max(qw, kw) > 4*threads {
 		return false, d.flushSum()
 	}
-	parts, splits, err := d.takeSum(b[1], n*ld)
-	if err != nil || splits == 1 {
+	src, splits, err := d.takeSum(b[1], n*ld)
+	if err != nil {
 		return false, err
 	}
 	args := []arg{
-		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("qkv", b[1], gpu.F32, n*ld), bufArg("parts", parts, gpu.F32, splits*n*ld),
+		bufArg("qOut", b[0], gpu.F32, n*qw), bufArg("qkv", b[1], gpu.F32, n*ld), bufArg("src", src, gpu.F32, splits*n*ld),
 		i32Arg(splits), normArgs[0], normArgs[1], bufArg("pos", b[4], gpu.I32, n),
 		bufArg("invFreq", b[5], gpu.F32, a.HeadDim/2), bufArg("kc", b[6], b[6].dt, capSlots*kw),
-		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n),
+		bufArg("vc", b[7], b[7].dt, capSlots*kw), bufArg("slots", b[8], gpu.I32, n), sums,
 		rawArg(qkvParams(a, capSlots, ld, ld)), devPtrArg(d.faultDev),
 	}
 	return true, d.launch(kern, dim3{3, uint32(n), 1}, grid1(threads), 0, args...)

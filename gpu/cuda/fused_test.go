@@ -42,81 +42,85 @@ func readCache(t *testing.T, d gpu.Device, b gpu.Buffer) []float32 {
 func TestPrepareQKV(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
-	const n, heads, kvheads, hd, slots = 3, 4, 2, 64, 16
+	const heads, kvheads, hd, slots = 4, 2, 64, 16
 	qw, kw := heads*hd, kvheads*hd
-	pos, slot := []int32{5, 700, 3000}, []int32{7, 0, 12}
 	for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead, gpu.QKNormSums} {
 		for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
 			for _, packed := range []bool{false, true} {
-				t.Run(fmt.Sprintf("norm%d/%s/packed=%v", norm, cdt, packed), func(t *testing.T) {
-					r := rand.New(rand.NewPCG(uint64(norm), 3))
-					qv, kv, vv := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, n*kw, 1)
-					wq, wk := qw, kw
-					if norm == gpu.QKNormHead {
-						wq, wk = hd, hd
-					}
-					qn, kn := gputest.Encode(gpu.BF16, randF32(r, wq, 1)), gputest.Encode(gpu.BF16, randF32(r, wk, 1))
-					inv := gputest.InvFreq(hd, 10000)
-					a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
-					// QKNormSums: the other rank's halves of the rows and weights.
-					oq, ok, oqn, okn := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, qw, 1), randF32(r, kw, 1)
-					if norm == gpu.QKNormSums {
-						sums := make([]float32, 2*n)
-						for i := range n {
-							sums[i] = float32(sumSq(qv[i*qw:(i+1)*qw]) + sumSq(oq[i*qw:(i+1)*qw]))
-							sums[n+i] = float32(sumSq(kv[i*kw:(i+1)*kw]) + sumSq(ok[i*kw:(i+1)*kw]))
+				for _, n := range []int{1, 3} {
+					pos, slot := []int32{5, 700, 3000}[:n], []int32{7, 0, 12}[:n]
+					t.Run(fmt.Sprintf("norm%d/%s/packed=%v/n%d", norm, cdt, packed, n), func(t *testing.T) {
+						r := rand.New(rand.NewPCG(uint64(norm), 3))
+						qv, kv, vv := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, n*kw, 1)
+						wq, wk := qw, kw
+						if norm == gpu.QKNormHead {
+							wq, wk = hd, hd
 						}
-						a.Sums, a.QWidth, a.KWidth = f32buf(t, d, sums), 2*qw, 2*kw
-					}
-
-					// Device: q, k and v dense, or as rows of one q|k|v buffer.
-					q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
-					if packed {
-						ld := qw + 2*kw
-						rows := make([]float32, n*ld)
-						for i := range n {
-							copy(rows[i*ld:], qv[i*qw:(i+1)*qw])
-							copy(rows[i*ld+qw:], kv[i*kw:(i+1)*kw])
-							copy(rows[i*ld+qw+kw:], vv[i*kw:(i+1)*kw])
+						qn, kn := gputest.Encode(gpu.BF16, randF32(r, wq, 1)), gputest.Encode(gpu.BF16, randF32(r, wk, 1))
+						inv := gputest.InvFreq(hd, 10000)
+						a := gpu.QKVArgs{N: n, Heads: heads, KVHeads: kvheads, HeadDim: hd, Norm: norm, Eps: 1e-6}
+						// QKNormSums: the other rank's halves of the rows and weights.
+						oq, ok, oqn, okn := randF32(r, n*qw, 1), randF32(r, n*kw, 1), randF32(r, qw, 1), randF32(r, kw, 1)
+						if norm == gpu.QKNormSums {
+							sums := make([]float32, 2*n)
+							for i := range n {
+								sums[i] = float32(sumSq(qv[i*qw:(i+1)*qw]) + sumSq(oq[i*qw:(i+1)*qw]))
+								sums[n+i] = float32(sumSq(kv[i*kw:(i+1)*kw]) + sumSq(ok[i*kw:(i+1)*kw]))
+							}
+							a.Sums, a.QWidth, a.KWidth = f32buf(t, d, sums), 2*qw, 2*kw
 						}
-						all := f32buf(t, d, rows)
-						q, k, v = slice(t, d, all, 0, n*ld), slice(t, d, all, qw, n*ld-qw), slice(t, d, all, qw+kw, n*ld-qw-kw)
-						a.Stride = ld
-					}
-					kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
-					var qnb, knb gpu.Buffer
-					if norm != gpu.QKNormNone {
-						qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
-					}
-					if err := d.PrepareQKV(qout, q, k, v, qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kc, vc, i32buf(t, d, slot), a); err != nil {
-						t.Fatal(err)
-					}
 
-					// Reference: the separate operations in float64.
-					ra, rqv, rkv := a, qv, kv
-					if norm == gpu.QKNormSums {
-						ra.Norm = gpu.QKNormNone
-						rqv = wholeRowsNormed(t, rf, qv, oq, qn, oqn, n, qw)
-						rkv = wholeRowsNormed(t, rf, kv, ok, kn, okn, n, kw)
-					}
-					rq, rkc, rvc := prepareRef(t, rf, ra, cdt, slots, rqv, rkv, vv, qn, kn, pos, slot, inv)
-					tol := 1e-5
-					if cdt == gpu.BF16 {
-						tol = 4e-3
-					}
-					if e := gputest.RelL2(readF32(t, d, qout), rq); e > 1e-5 {
-						t.Errorf("q: error %.3g", e)
-					}
-					if e := gputest.RelL2(readCache(t, d, kc), rkc); e > tol {
-						t.Errorf("k cache: error %.3g", e)
-					}
-					if e := gputest.RelL2(readCache(t, d, vc), rvc); e > tol {
-						t.Errorf("v cache: error %.3g", e)
-					}
-					if got := readF32(t, d, k)[:len(kv)]; !packed && gputest.RelL2(got, kv) != 0 {
-						t.Errorf("k changed")
-					}
-				})
+						// Device: q, k and v dense, or as rows of one q|k|v buffer.
+						q, k, v, qout := f32buf(t, d, qv), f32buf(t, d, kv), f32buf(t, d, vv), alloc(t, d, gpu.F32, n*qw)
+						if packed {
+							ld := qw + 2*kw
+							rows := make([]float32, n*ld)
+							for i := range n {
+								copy(rows[i*ld:], qv[i*qw:(i+1)*qw])
+								copy(rows[i*ld+qw:], kv[i*kw:(i+1)*kw])
+								copy(rows[i*ld+qw+kw:], vv[i*kw:(i+1)*kw])
+							}
+							all := f32buf(t, d, rows)
+							q, k, v = slice(t, d, all, 0, n*ld), slice(t, d, all, qw, n*ld-qw), slice(t, d, all, qw+kw, n*ld-qw-kw)
+							if n > 1 { // one token's adjacent q, k and v need no stride
+								a.Stride = ld
+							}
+						}
+						kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
+						var qnb, knb gpu.Buffer
+						if norm != gpu.QKNormNone {
+							qnb, knb = weights(t, d, gpu.BF16, qn), weights(t, d, gpu.BF16, kn)
+						}
+						if err := d.PrepareQKV(qout, q, k, v, qnb, knb, i32buf(t, d, pos), f32buf(t, d, inv), kc, vc, i32buf(t, d, slot), a); err != nil {
+							t.Fatal(err)
+						}
+
+						// Reference: the separate operations in float64.
+						ra, rqv, rkv := a, qv, kv
+						if norm == gpu.QKNormSums {
+							ra.Norm = gpu.QKNormNone
+							rqv = wholeRowsNormed(t, rf, qv, oq, qn, oqn, n, qw)
+							rkv = wholeRowsNormed(t, rf, kv, ok, kn, okn, n, kw)
+						}
+						rq, rkc, rvc := prepareRef(t, rf, ra, cdt, slots, rqv, rkv, vv, qn, kn, pos, slot, inv)
+						tol := 1e-5
+						if cdt == gpu.BF16 {
+							tol = 4e-3
+						}
+						if e := gputest.RelL2(readF32(t, d, qout), rq); e > 1e-5 {
+							t.Errorf("q: error %.3g", e)
+						}
+						if e := gputest.RelL2(readCache(t, d, kc), rkc); e > tol {
+							t.Errorf("k cache: error %.3g", e)
+						}
+						if e := gputest.RelL2(readCache(t, d, vc), rvc); e > tol {
+							t.Errorf("v cache: error %.3g", e)
+						}
+						if got := readF32(t, d, k)[:len(kv)]; !packed && gputest.RelL2(got, kv) != 0 {
+							t.Errorf("k changed")
+						}
+					})
+				}
 			}
 		}
 	}
@@ -186,7 +190,7 @@ func prepareRef(t *testing.T, rf *ref.Device, a gpu.QKVArgs, cdt gpu.DType, slot
 }
 
 // TestPrepareQKVParts checks PrepareQKV on a packed q|k|v product whose k
-// was split, the parts summed where they are read (qkv_prep_parts): the
+// was split, the parts summed where they are read (qkv_prep_rows): the
 // product's rows left in place bit for bit as splitk_sum sums them (a Sync
 // between the two operations forces splitk_sum and qkv_prep), and q and
 // the caches within f32's and the cache's rounding of that path and of the

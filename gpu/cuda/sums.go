@@ -6,7 +6,7 @@ import "github.com/troupe/troupe/gpu"
 // in split order, is the product. Rather than a kernel of its own that
 // sums them (splitk_sum), a gated MLP's activation (silu_rows, reading the
 // gate|up product) and the preparation of a packed q|k|v product
-// (qkv_prep_parts) sum them where they read them. Whatever else comes
+// (qkv_prep_rows) sum them where they read them. Whatever else comes
 // first, an operation of any other kind, a copy, a launch or the end of a
 // recording, has splitk_sum sum them first, so the deferral is never
 // observable. (A norm reading the parts was slower: its one block a row

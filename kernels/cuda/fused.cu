@@ -101,22 +101,24 @@ DEV void qkv_prep(float* __restrict__ qout, const float* __restrict__ q, const f
   }
 }
 
-// qkv_prep_parts: qkv_prep (norm 0, 1 or 2) for the rows of a packed
-// q|k|v product (row stride ldq) whose k was split: its splits parts (part
-// s at parts + s·n·ldq) are summed in split order, as splitk_sum sums
-// them, and stored to qkv, so that the product is in place as if summed;
-// then q and k are normalised and rotated, q going to qout and k and v to
-// cache slot slots[t]. A block a token and a third of its row: grid (3, n),
-// blockIdx.x 0 for q, 1 for k, 2 for v. A thread takes a pair of values,
-// dims d and d + hd/2 of a head, QP_PAIRS times at most: up to 2,048
-// values a row with 1,024 threads. hd % 64 == 0, so that a warp's pairs lie
-// in one head.
+// qkv_prep_rows: qkv_prep for the rows of a packed q|k|v product (row
+// stride ldq) in blocks of a token and a third of its row: grid (3, n),
+// blockIdx.x 0 for q, 1 for k, 2 for v, where qkv_prep takes a block a
+// head. The rows are read from src. With splits > 1, src holds the parts of
+// a product whose k was split (part s at src + s·n·ldq): they are summed in
+// split order, as splitk_sum sums them, and stored to qkv, so that the
+// product is in place as if summed. q and k are then normalised (norms 1
+// to 3 as qkv_prep's) and rotated, q going to qout and k and v to cache
+// slot slots[t]. A thread takes a pair of values, dims d and d + hd/2 of a
+// head, QP_PAIRS times at most: up to 4,096 values a row with 1,024
+// threads. hd % 64 == 0, so that a warp's pairs lie in one head.
 #define QP_PAIRS 2
 template <typename W, typename C>
-DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const float* __restrict__ parts, int splits,
-                        const typename Elem<W>::raw* __restrict__ qn, const typename Elem<W>::raw* __restrict__ kn,
-                        const int* __restrict__ pos, const float* __restrict__ inv_freq, typename Elem<C>::raw* kc,
-                        typename Elem<C>::raw* vc, const int* __restrict__ slots, QKVParams pa, unsigned* fault) {
+DEV void qkv_prep_rows(float* __restrict__ qout, float* qkv, const float* src, int splits,
+                       const typename Elem<W>::raw* __restrict__ qn, const typename Elem<W>::raw* __restrict__ kn,
+                       const int* __restrict__ pos, const float* __restrict__ inv_freq, typename Elem<C>::raw* kc,
+                       typename Elem<C>::raw* vc, const int* __restrict__ slots, const float* __restrict__ sums,
+                       QKVParams pa, unsigned* fault) {
   __shared__ float scratch[32];
   __shared__ float hs[QP_PAIRS][32];  // the warps' sums of squares (norm 2)
   const int heads = pa.heads, kvheads = pa.kvheads, hd = pa.hd, half = hd >> 1, norm = pa.norm;
@@ -137,7 +139,7 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
     e[j] = i < pairs ? row + (long)h * hd + d : -1;
     w0[j] = w1[j] = fr[j] = 0.f;
     if (e[j] >= 0 && normed) {
-      long wo = norm == 1 ? (long)h * hd + d : d;
+      long wo = norm == 2 ? d : (long)h * hd + d;
       w0[j] = Elem<W>::load(w, wo);
       w1[j] = Elem<W>::load(w, wo + half);
     }
@@ -147,8 +149,8 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
   float a[QP_PAIRS], b[QP_PAIRS];
 #pragma unroll
   for (int j = 0; j < QP_PAIRS; j++) {
-    a[j] = e[j] >= 0 ? parts[e[j]] : 0.f;
-    b[j] = e[j] >= 0 ? parts[e[j] + half] : 0.f;
+    a[j] = e[j] >= 0 ? src[e[j]] : 0.f;
+    b[j] = e[j] >= 0 ? src[e[j] + half] : 0.f;
   }
   // Four parts' loads in flight, summed in split order.
   for (int s0 = 1; s0 < splits; s0 += 4) {
@@ -158,7 +160,7 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
 #pragma unroll
       for (int j = 0; j < QP_PAIRS; j++)
         if (s0 + u < splits && e[j] >= 0) {
-          const float* ps = parts + (long)(s0 + u) * count;
+          const float* ps = src + (long)(s0 + u) * count;
           a1[u][j] = ps[e[j]];
           b1[u][j] = ps[e[j] + half];
         }
@@ -173,7 +175,7 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
   }
 #pragma unroll
   for (int j = 0; j < QP_PAIRS; j++)
-    if (e[j] >= 0) {
+    if (e[j] >= 0 && splits > 1) {
       qkv[e[j]] = a[j];
       qkv[e[j] + half] = b[j];
     }
@@ -186,6 +188,10 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
     for (int j = 0; j < QP_PAIRS; j++) ss += a[j] * a[j] + b[j] * b[j];
     ss = block_sum(ss, scratch);
     float iv = rsqrtf(ss / (float)(nh * hd) + pa.eps);
+#pragma unroll
+    for (int j = 0; j < QP_PAIRS; j++) inv[j] = iv;
+  } else if (normed && norm == 3) {
+    float iv = rsqrtf(sums[part == 0 ? t : pa.n + t] * (part == 0 ? pa.inv_qw : pa.inv_kw) + pa.eps);
 #pragma unroll
     for (int j = 0; j < QP_PAIRS; j++) inv[j] = iv;
   } else if (normed) {  // norm 2: a head's sums are its warps', in order
@@ -249,11 +255,11 @@ DEV void qkv_prep_parts(float* __restrict__ qout, float* __restrict__ qkv, const
       QKVParams a, unsigned* fault) {                                                                                \
     qkv_prep<W, C>(qout, q, k, v, qn, kn, pos, inv_freq, kc, vc, slots, sums, a, fault);                             \
   }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(1024) qkv_prep_parts_##wn##_##cn(                                     \
-      float* qout, float* qkv, const float* parts, int splits, const Elem<W>::raw* qn, const Elem<W>::raw* kn,       \
-      const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, QKVParams a,      \
-      unsigned* fault) {                                                                                             \
-    qkv_prep_parts<W, C>(qout, qkv, parts, splits, qn, kn, pos, inv_freq, kc, vc, slots, a, fault);                  \
+  extern "C" __global__ void __launch_bounds__(1024) qkv_prep_rows_##wn##_##cn(                                      \
+      float* qout, float* qkv, const float* src, int splits, const Elem<W>::raw* qn, const Elem<W>::raw* kn,         \
+      const int* pos, const float* inv_freq, Elem<C>::raw* kc, Elem<C>::raw* vc, const int* slots, const float* sums, \
+      QKVParams a, unsigned* fault) {                                                                                \
+    qkv_prep_rows<W, C>(qout, qkv, src, splits, qn, kn, pos, inv_freq, kc, vc, slots, sums, a, fault);               \
   }
 #define QKV_PREP_W(C, cn) QKV_PREP(float, f32, C, cn) QKV_PREP(BF16, bf16, C, cn) QKV_PREP(F16, f16, C, cn)
 QKV_PREP_W(float, f32)
