@@ -194,14 +194,15 @@ func prepareRef(t *testing.T, rf *ref.Device, a gpu.QKVArgs, cdt gpu.DType, slot
 // product's rows left in place bit for bit as splitk_sum sums them (a Sync
 // between the two operations forces splitk_sum and qkv_prep), and q and
 // the caches within f32's and the cache's rounding of that path and of the
-// float64 reference. The batches span the exact kernel (6 rows), pairs
-// (24) and gemm_stream8 (64); MHA and GQA, head dims 64 and 128.
+// float64 reference. The batches span the exact kernel (6 rows, whose
+// parts splitk_sum sums first: few tokens), pairs (12 and 24: ten parts
+// at 12) and gemm_stream8 (64); MHA and GQA, head dims 64 and 128.
 func TestPrepareQKVParts(t *testing.T) {
 	d := open(t)
 	rf := ref.New()
 	ctx := context.Background()
 	const hidden, slots = 1024, 160
-	for _, c := range []struct{ n, heads, kvheads, hd int }{{6, 8, 8, 128}, {24, 16, 4, 64}, {64, 16, 16, 128}, {64, 32, 8, 64}} {
+	for _, c := range []struct{ n, heads, kvheads, hd int }{{6, 8, 8, 128}, {12, 8, 8, 128}, {24, 16, 4, 64}, {64, 16, 16, 128}, {64, 32, 8, 64}} {
 		for _, norm := range []gpu.QKNorm{gpu.QKNormNone, gpu.QKNormRow, gpu.QKNormHead} {
 			for _, cdt := range []gpu.DType{gpu.F32, gpu.BF16} {
 				n, hd := c.n, c.hd
