@@ -1197,7 +1197,7 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			} else {
 				e.do(d.MatMul(s.qkv1, in, ly.qkv, 1, c.Hidden, qw+2*kw))
 			}
-			q, k, v = s.q1, s.k1, s.v1
+			q, k, v, stride = s.q1, s.k1, s.v1, qw+2*kw
 		case n <= s.packedRows && ly.qkv != nil && s.qkv1 != nil && m.qp != nil && m.sn == nil:
 			// Only the fused preparation reads strided rows (and the
 			// sums of squares of a sharded QK-norm need dense ones).

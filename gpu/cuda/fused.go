@@ -183,9 +183,6 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 // been summed.
 func (d *Device) prepareRows(b []*Buffer, wdt gpu.DType, sums arg, normArgs []arg, capSlots int, a gpu.QKVArgs) (bool, error) {
 	n, ld, qw, kw := a.N, a.Stride, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
-	if ld == 0 && n == 1 { // one token's q, k and v: packed if they are adjacent
-		ld = qw + 2*kw
-	}
 	kern := d.k("qkv_prep_rows_" + suffix(wdt) + "_" + suffix(b[6].dt))
 	threads := min(1024, max(qw, kw)/2)
 	packed := ld == qw+2*kw && b[1].n >= n*ld && b[2].ptr == b[1].ptr+uint64(4*qw) && b[3].ptr == b[2].ptr+uint64(4*kw)

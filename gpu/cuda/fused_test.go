@@ -82,9 +82,7 @@ func TestPrepareQKV(t *testing.T) {
 							}
 							all := f32buf(t, d, rows)
 							q, k, v = slice(t, d, all, 0, n*ld), slice(t, d, all, qw, n*ld-qw), slice(t, d, all, qw+kw, n*ld-qw-kw)
-							if n > 1 { // one token's adjacent q, k and v need no stride
-								a.Stride = ld
-							}
+							a.Stride = ld
 						}
 						kc, vc := alloc(t, d, cdt, slots*kw), alloc(t, d, cdt, slots*kw)
 						var qnb, knb gpu.Buffer
