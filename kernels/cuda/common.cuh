@@ -118,11 +118,36 @@ template <> DEV void unpack8<F16>(uint4 u, float* o) {
   o[4] = h2f(u.z & 0xffff); o[5] = h2f(u.z >> 16); o[6] = h2f(u.w & 0xffff); o[7] = h2f(u.w >> 16);
 }
 
-// Streaming 16-byte load that skips L1 (weights are read once).
+// Streaming 16-byte load that skips L1.
 DEV uint4 ld_stream(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// evict_first is an L2 cache policy for bytes a step reads once (a decode
+// step's weights, and its cached keys and values when they outgrow the
+// L2): the L2 evicts them before anything else, which keeps what is read
+// again (the stages of x, a split product's parts, the activations)
+// resident while they stream through. evict_normal is the default.
+DEV uint64_t evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+DEV uint64_t evict_normal() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// ld_once is ld_stream for bytes read once a step (evict_first): the
+// decode products' weights.
+DEV uint4 ld_once(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(evict_first()));
   return r;
 }
 

@@ -467,8 +467,8 @@ DEV void gemm_skinny(float* __restrict__ out, const X* __restrict__ x, const uin
   auto loadw = [&](uint4 (&v)[4][2], int kk) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      v[i][0] = ld_stream(wr[i] + kk);
-      v[i][1] = ld_stream(wr[i] + kk + 32);
+      v[i][0] = ld_once(wr[i] + kk);
+      v[i][1] = ld_once(wr[i] + kk + 32);
     }
   };
   // mma16 adds x's B fragment b times the A fragment of this thread's rows

@@ -108,6 +108,16 @@ DEV void tma_load_2d(uint32_t dst, const TMap* map, uint32_t bar, int c0, int c1
       : "memory");
 }
 
+// tma_load_once is tma_load_2d for bytes read once (evict_first): the
+// decode-batch products' weights.
+DEV void tma_load_once(uint32_t dst, const TMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(evict_first())
+      : "memory");
+}
+
 // ---- wgmma (PTX ISA 9.x section 9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
 DEV void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 DEV void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -359,7 +369,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     if (u >= steps) return;
     const uint32_t bar = wbar + 8 * (u % ST);
     mbar_arrive_expect_tx(bar, 4096);
-    tma_load_2d(ring + (u % ST) * 4096, tmw, bar, kbeg + 64 * u, row0);
+    tma_load_once(ring + (u % ST) * 4096, tmw, bar, kbeg + 64 * u, row0);
   };
   // stage asks for x's k from xk (to the split's end, at most XK) in
   // buffer b.

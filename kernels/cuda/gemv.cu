@@ -58,7 +58,7 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       int row = min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1);
       const uint16_t* wp = w + (long)row * k;
 #pragma unroll
-      for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_stream(wp + off(v)) : make_uint4(0, 0, 0, 0);
+      for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_once(wp + off(v)) : make_uint4(0, 0, 0, 0);
     }
   };
   const int stride = gridDim.x * ITEMS;

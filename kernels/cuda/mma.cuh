@@ -45,6 +45,11 @@ DEV void ldmatrix_x4_trans(uint32_t* r, const void* p) {
 DEV void cp_async16(void* dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
+// cp_async16_hint is cp_async16 under the L2 cache policy pol.
+DEV void cp_async16_hint(void* dst, const void* src, bool ok, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(ok ? 16 : 0), "l"(pol));
+}
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
