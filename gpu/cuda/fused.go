@@ -184,9 +184,19 @@ func (d *Device) PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, s
 func (d *Device) prepareRows(b []*Buffer, wdt gpu.DType, sums arg, normArgs []arg, capSlots int, a gpu.QKVArgs) (bool, error) {
 	n, ld, qw, kw := a.N, a.Stride, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
 	kern := d.k("qkv_prep_rows_" + suffix(wdt) + "_" + suffix(b[6].dt))
-	threads := min(1024, max(qw, kw)/2)
+	// A thread takes one pair of values, or two (QP_PAIRS): a block of
+	// 1,024 threads at 64 registers fills an SM, so where the 3n blocks
+	// would take more than one wave of SMs, two pairs a thread let two
+	// blocks share one. Measured on an H200 (docs/cuda.md): 64 sequences
+	// 2% faster a step with two pairs, 12 to 32 sequences 0.3-0.8%
+	// slower.
+	rowThreads := func(pairs int) int { return 32 * ceilDiv(max(qw, kw), 64*pairs) }
+	threads := rowThreads(1)
+	if threads > 1024 || 3*n > d.info.SMs {
+		threads = rowThreads(2)
+	}
 	packed := ld == qw+2*kw && b[1].n >= n*ld && b[2].ptr == b[1].ptr+uint64(4*qw) && b[3].ptr == b[2].ptr+uint64(4*kw)
-	if kern == nil || !packed || a.HeadDim%64 != 0 || max(qw, kw) > 4*threads {
+	if kern == nil || !packed || a.HeadDim%64 != 0 || threads > 1024 {
 		return false, d.flushSum()
 	}
 	// Few tokens' 3n blocks would read every part on a few SMs: up to a
