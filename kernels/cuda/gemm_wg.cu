@@ -188,6 +188,24 @@ DEV void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
       : "l"(da), "l"(db), "r"(1));
 }
 
+// d[32] += A(64x16, desc da) * B(16x64, desc db); both K-major, 128B
+// swizzle; T the 16-bit type of both.
+#define WGMMA_M64N64K16(TY)                                                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                      \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                           \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                   \
+               "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                      \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),   \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),         \
+                 "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),       \
+                 "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),       \
+                 "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                            \
+               : "l"(da), "l"(db), "r"(1))
+template <typename T> DEV void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db);
+template <> DEV void wgmma_m64n64k16<BF16>(float (&d)[32], uint64_t da, uint64_t db) { WGMMA_M64N64K16("bf16"); }
+template <> DEV void wgmma_m64n64k16<F16>(float (&d)[32], uint64_t da, uint64_t db) { WGMMA_M64N64K16("f16"); }
+
 template <int BN>
 struct Mma;
 template <>
@@ -326,37 +344,52 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 // 128 rows sharing each stage of x), with the weights' bytes in flight
 // held in shared memory instead of registers: each warp streams its 32
 // rows through a ring of ST slots of 64 k (4 KiB, one TMA copy each,
-// 128-byte swizzle), its lane 0 refilling a slot as soon as the warp has
-// summed it, so ST - 1 copies stay in flight while it works, and the
-// first ST are asked for before the wait for the kernel ahead. x comes a
-// stage of GS_XK·4·XM/NT of k at a time (XM·16 KiB), one TMA copy of its
-// NT·8 rows (zeros past n) a 64 k, into two buffers: the next stage's
-// copies are in flight while the block sums one, and the block waits at
-// a barrier once a stage. Both operands' fragments are formed by ldmatrix
-// from the swizzled stages; the mma's k slots are k in order. A warp waits
-// only for its own slots and the block's stage of x.
+// 128-byte swizzle), refilling a slot as soon as it is summed, so ST - 1
+// copies stay in flight while the block works, and the first ST are asked
+// for before the wait for the kernel ahead. x comes a stage of
+// GS_XK·4·XM/NT of k at a time (XM·16 KiB), one TMA copy of its NT·8 rows
+// (zeros past n) a 64 k, into two buffers: the next stage's copies are in
+// flight while the block sums one, and the block waits at a barrier once
+// a stage.
+//
+// With WG (eight token tiles), each warpgroup sums its 128 rows on the
+// warpgroup tensor cores: wgmma m64n64k16 with the weights as A and the
+// stage of x as B, both read by descriptor from the swizzled slots. The
+// ring then lies slot by slot, every warp's 4 KiB of a slot warp after
+// warp, so that a warpgroup's 128 rows are two runs of 64 (wgmma's M); a
+// slot's four copies complete one barrier of the warpgroup, and the warps
+// refill it once all four are past it. Otherwise each warp forms both
+// operands' fragments by ldmatrix and sums on mma.sync, waiting only for
+// its own slots. The k slots are k in order either way.
 #define GS_XK 256
 #define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
-template <typename T, int NT, int RT, int ST, int XM>
+template <typename T, int NT, int RT, int ST, int XM, bool WG>
 DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
 #else
+  static_assert(!WG || NT == 8, "the warpgroup product takes 64 rows of x");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const uint32_t ring = base + warp * (ST * 4096);
+  constexpr int W = 4 * RT;                              // warps
+  // A warp's rows of slot s: warp after warp within each slot with WG (a
+  // warpgroup's 128 rows in one run), else slot after slot within each
+  // warp's ring.
+  auto slot = [&](int s) { return WG ? base + s * (W * 4096) + warp * 4096 : base + (warp * ST + s) * 4096; };
   constexpr int XK = GS_XK * 4 * XM / NT;                // k of x a stage
   constexpr uint32_t XSTAGE = XM * (GS_XK / 64) * 4096;  // bytes of a stage
-  const uint32_t xs = base + 4 * RT * ST * 4096;  // two stages of x
-  const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + warp * (8 * ST);
+  const uint32_t xs = base + ST * W * 4096;             // two stages of x
+  // The weights' barriers: a warp's a slot, or with WG its warpgroup's
+  // (four arrivals, one a warp's copy).
+  const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + (WG ? warp >> 2 : warp) * (8 * ST);
   const int row0 = blockIdx.x * (128 * RT) + warp * 32;
   const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
   const uint32_t xbox = NT * 8 * 128;  // bytes of a 64 k of x (the host's box: the tiles' rows)
-  if (lane == 0) {
+  if (lane == 0 && (!WG || (warp & 3) == 0)) {
 #pragma unroll
-    for (int s = 0; s < ST; s++) mbar_init(wbar + 8 * s, 1);
+    for (int s = 0; s < ST; s++) mbar_init(wbar + 8 * s, WG ? 4 : 1);
     if (warp == 0) {
       mbar_init(xbar, 1);
       mbar_init(xbar + 8, 1);
@@ -364,12 +397,13 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
+  if constexpr (WG) __syncthreads();  // a warpgroup's barriers, before its warps' copies
   // fill asks for step u's 64 k of the warp's rows in its slot of the ring.
   auto fill = [&](int u) {
     if (u >= steps) return;
     const uint32_t bar = wbar + 8 * (u % ST);
     mbar_arrive_expect_tx(bar, 4096);
-    tma_load_once(ring + (u % ST) * 4096, tmw, bar, kbeg + 64 * u, row0);
+    tma_load_once(slot(u % ST), tmw, bar, kbeg + 64 * u, row0);
   };
   // stage asks for x's k from xk (to the split's end, at most XK) in
   // buffer b.
@@ -385,7 +419,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   __syncthreads();  // x's barriers are initialised
   if (tid == 0) stage(kbeg, 0);
 
-  float acc[2][NT][4] = {};
+  float acc[2][NT][4] = {};  // mma.sync: [row slice][token tile]; WG: acc[h] is m64n64's 32 of half h
   // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8. A (weights,
   // rows × k): matrices (rows 0-7 | 8-15) × (chunk c | c + 1) of a 16-row
   // slice; B (x, tokens × k): chunks c .. c + 3 of a token tile's 8 rows.
@@ -401,30 +435,66 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
     mbar_wait(xbar + 8 * b, (xph >> b) & 1);
     xph ^= 1u << b;
     for (int sl = 0; sl < slices; sl++, j++) {
-      const uint32_t wa = ring + (j % ST) * 4096, xa = xs + b * XSTAGE + sl * xbox;
+      const uint32_t xa = xs + b * XSTAGE + sl * xbox;
       mbar_wait(wbar + 8 * (j % ST), (j / ST) & 1);
+      if constexpr (WG) {
+        float (&d0)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0][0]);
+        float (&d1)[32] = *reinterpret_cast<float(*)[32]>(&acc[1][0][0]);
+        const uint32_t wa = base + (j % ST) * (W * 4096) + (warp >> 2) * 16384;  // the warpgroup's 128 rows
+        wg_fence();
+        fence_acc(d0);
+        fence_acc(d1);
 #pragma unroll
-      for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
-        uint32_t a[2][2][4], b[NT][4];  // a[row slice][k-step]; b[token tile]: both k-steps
+        for (int kk = 0; kk < 4; kk++) {
+          const uint64_t db = make_desc(xa + 32 * kk);
+          wgmma_m64n64k16<T>(d0, make_desc(wa + 32 * kk), db);
+          wgmma_m64n64k16<T>(d1, make_desc(wa + 8192 + 32 * kk), db);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_acc(d0);
+        fence_acc(d1);
+        // The warpgroup's four warps are past the slot (a named barrier).
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + (warp >> 2)) : "memory");
+      } else {
+        const uint32_t wa = slot(j % ST);
 #pragma unroll
-        for (int rs = 0; rs < 2; rs++)
+        for (int h = 0; h < 2; h++) {  // k 32h .. 32h + 31: two mma k-steps
+          uint32_t a[2][2][4], bx[NT][4];  // a[row slice][k-step]; bx[token tile]: both k-steps
+#pragma unroll
+          for (int rs = 0; rs < 2; rs++)
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++)
+              ldsm4(a[rs][ks], wa + rs * 2048 + aoff + (((4 * h + 2 * ks + (lm >> 1)) ^ lr) << 4));
+#pragma unroll
+          for (int t = 0; t < NT; t++) ldsm4(bx[t], xa + t * 1024 + boff + (((4 * h + lm) ^ lr) << 4));
 #pragma unroll
           for (int ks = 0; ks < 2; ks++)
-            ldsm4(a[rs][ks], wa + rs * 2048 + aoff + (((4 * h + 2 * ks + (lm >> 1)) ^ lr) << 4));
 #pragma unroll
-        for (int t = 0; t < NT; t++) ldsm4(b[t], xa + t * 1024 + boff + (((4 * h + lm) ^ lr) << 4));
+            for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int ks = 0; ks < 2; ks++)
-#pragma unroll
-          for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int rs = 0; rs < 2; rs++) mma16816<T>(acc[rs][t], a[rs][ks], &b[t][2 * ks]);
+              for (int rs = 0; rs < 2; rs++) mma16816<T>(acc[rs][t], a[rs][ks], &bx[t][2 * ks]);
+        }
+        __syncwarp();
       }
-      __syncwarp();
       if (lane == 0) fill(j + ST);  // the slot is summed: refill it
     }
   }
-  store_skinny<NT>(out, acc, n, m, row0, NT);
+  if constexpr (WG) {
+    // wgmma's m64nN f32 fragment: warp w of the warpgroup holds rows
+    // 16w + g (+ 8) of each 64, columns (tokens) 8c + 2q (+ 1).
+    const int g = lane >> 2, q = lane & 3, r = blockIdx.x * (128 * RT) + (warp >> 2) * 128 + (warp & 3) * 16 + g;
+    float* o = out + (long)blockIdx.y * n * m;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 32; e++) {
+        const int t = 8 * (e >> 2) + 2 * q + (e & 1), row = r + 64 * h + 8 * ((e >> 1) & 1);
+        if (t < n && row < m) o[(long)t * m + row] = acc[h][e >> 2][e & 3];
+      }
+  } else {
+    store_skinny<NT>(out, acc, n, m, row0, NT);
+  }
 #endif
 }
 }  // namespace wgk
@@ -447,8 +517,9 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 // x (four token tiles, every one summed whatever its rows, so that no
 // branch keeps the mmas apart) with the weights streamed by TMA
 // (gemm_stream above), a tile of 128 rows of w a block; gemm_stream8_{bf16,f16}
-// the same for up to 64 rows (eight tiles), two tiles of w a block sharing
-// x's stages of 128 k (32 KiB), a ring of three slots a warp. Grid
+// the same for up to 64 rows (eight tiles) on the warpgroup tensor cores,
+// two tiles of w a block sharing x's stages of 128 k (32 KiB), a ring of
+// three slots a warp. Grid
 // (ceil(m/(128·RT)), splits of k), 128·RT threads, GS_SMEM_FOR(RT, ST, XM)
 // bytes of dynamic shared memory; tmx boxes 64 k of 32 (64) rows of x, tmw
 // 64 k of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does. The
@@ -458,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
                                                               int n, int k, int m, int kchunk,                     \
                                                               const __grid_constant__ wgk::TMap tmx,               \
                                                               const __grid_constant__ wgk::TMap tmw) {             \
-    wgk::gemm_stream<T, NT, RT, ST, XM>(out, n, k, m, kchunk, &tmx, &tmw);                                         \
+    wgk::gemm_stream<T, NT, RT, ST, XM, NT == 8>(out, n, k, m, kchunk, &tmx, &tmw);                                  \
   }
 STREAM(gemm_stream_bf16, BF16, 4, 1, 4, 1) STREAM(gemm_stream_f16, F16, 4, 1, 4, 1)
 STREAM(gemm_stream8_bf16, BF16, 8, 2, 3, 2) STREAM(gemm_stream8_f16, F16, 8, 2, 3, 2)
