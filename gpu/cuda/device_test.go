@@ -226,6 +226,8 @@ func TestSkinnyExact(t *testing.T) {
 		// Several stages of x and more steps a split than gemm_stream's
 		// ring of weights (up to 16 rows, as pairs), or gemm_skinny's.
 		{gpu.F16, 14, 2048, 8192, 1e-5}, {gpu.BF16, 16, 8192, 96, 1e-5}, {gpu.BF16, 40, 2048, 8192, 1e-2},
+		// Weights of enough rows for two tiles a block (gemm_stream8).
+		{gpu.BF16, 48, 128, 40000, 1e-2}, {gpu.F16, 35, 192, 40000, 1e-2},
 	} {
 		wv, xv := randF32(r, c.m*c.k, 0.05), randF32(r, c.n*c.k, 1)
 		raw := gputest.Encode(gpu.BF16, wv)
@@ -263,7 +265,7 @@ func TestStreamLoads(t *testing.T) {
 	if d.info.Code != codeCubin {
 		t.Skipf("%s runs the portable PTX, which has no TMA", d.Name())
 	}
-	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16", "gemm_stream8_bf16", "gemm_stream8_f16"} {
+	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16", "gemm_stream8_bf16", "gemm_stream8_f16", "gemm_stream8n_bf16", "gemm_stream8n_f16"} {
 		k := d.k(name)
 		if k == nil {
 			t.Fatalf("%s is not loaded", name)

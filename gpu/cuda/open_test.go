@@ -188,7 +188,9 @@ func TestSkinnySplits(t *testing.T) {
 		{2048, 2048, 3, 1, 16}, {8192, 2048, 3, 1, 6}, {2048, 8192, 3, 1, 16}, {100352, 2048, 3, 1, 1}, {200, 128, 3, 1, 1},
 		{300, 320, 3, 1, 2}, {16384, 2048, 3, 1, 3}, {16384, 2048, 4, 1, 4}, {6144, 2048, 4, 1, 11},
 		// gemm_stream8: two tiles a block, one block an SM.
-		{2048, 2048, 1, 2, 16}, {6144, 2048, 1, 2, 5}, {16384, 2048, 1, 2, 2}, {2048, 8192, 1, 2, 16}, {100352, 2048, 1, 2, 1},
+		{100352, 2048, 1, 2, 1}, {40000, 2048, 1, 2, 1},
+		// gemm_stream8n: one tile a block, one block an SM.
+		{2048, 2048, 1, 1, 8}, {6144, 2048, 1, 1, 2}, {16384, 2048, 1, 1, 1}, {2048, 8192, 1, 1, 8},
 	} {
 		splits, chunk := skinnySplits(c.m, c.k, 132, c.perSM, c.rt)
 		if splits != c.want {
@@ -206,18 +208,21 @@ func TestSkinnySplits(t *testing.T) {
 }
 
 // TestStreamKernel: which decode-batch products the TMA-fed kernels take,
-// by the rows of rounded x (pairs count twice), and the rows of their boxes.
+// by the rows of rounded x (pairs count twice) and of w on 132 SMs, and the
+// rows of their boxes: two tiles of w a block from 64 rows where their
+// tiles fill the SMs.
 func TestStreamKernel(t *testing.T) {
 	for _, c := range []struct {
-		rows int
-		name string
-		box  int
+		rows, m int
+		name    string
+		box     int
 	}{
-		{1, "gemm_stream_bf16", 32}, {18, "gemm_stream_bf16", 32}, {32, "gemm_stream_bf16", 32},
-		{33, "gemm_stream8_bf16", 64}, {48, "gemm_stream8_bf16", 64}, {64, "gemm_stream8_bf16", 64}, {65, "", 0},
+		{1, 2048, "gemm_stream_bf16", 32}, {18, 100352, "gemm_stream_bf16", 32}, {32, 2048, "gemm_stream_bf16", 32},
+		{33, 2048, "gemm_stream8n_bf16", 64}, {48, 16384, "gemm_stream8n_bf16", 64}, {64, 33536, "gemm_stream8n_bf16", 64},
+		{64, 33537, "gemm_stream8_bf16", 64}, {33, 100352, "gemm_stream8_bf16", 64}, {65, 2048, "", 0},
 	} {
-		if name, box, _ := streamKernel("bf16", c.rows); name != c.name || box != c.box {
-			t.Errorf("%d rows: %q over boxes of %d rows, want %q over %d", c.rows, name, box, c.name, c.box)
+		if name, box, _ := streamKernel("bf16", c.rows, c.m, 132); name != c.name || box != c.box {
+			t.Errorf("%d rows of x, %d of w: %q over boxes of %d rows, want %q over %d", c.rows, c.m, name, box, c.name, c.box)
 		}
 	}
 }
@@ -257,6 +262,10 @@ func TestStreamShape(t *testing.T) {
 	// threads and 161 KiB.
 	if threads, shmem, ok := occupancyShape("gemm_stream8_bf16"); !ok || threads != 256 || shmem != 165072 {
 		t.Errorf("gemm_stream8_bf16 asks about %d threads and %d bytes (%v), want 256 and 165072", threads, shmem, ok)
+	}
+	// gemm_stream8n's one tile, four slots: 128 threads and 129 KiB.
+	if threads, shmem, ok := occupancyShape("gemm_stream8n_f16"); !ok || threads != 128 || shmem != 132240 {
+		t.Errorf("gemm_stream8n_f16 asks about %d threads and %d bytes (%v), want 128 and 132240", threads, shmem, ok)
 	}
 	if _, _, ok := occupancyShape("gemm_stream9_bf16"); ok {
 		t.Error("an unknown gemm_stream kernel has a shape")

@@ -375,12 +375,13 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 
 // skinnyRounded runs a decode-batch product of halves × n rows of 16-bit
 // x (xs) where the device runs the Hopper cubin: up to streamRows rows on
-// gemm_stream (four token tiles), up to twice that on gemm_stream8 (eight),
+// gemm_stream (four token tiles), up to twice that on gemm_stream8 or
+// gemm_stream8n (eight; streamKernel),
 // the weights streamed by the TMA unit; the rest on gemm_skinny. k is split
 // for about as many blocks an SM as the kernel holds.
 func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
 	rows := halves * n
-	name, box, sh := streamKernel(suf, rows)
+	name, box, sh := streamKernel(suf, rows, m, d.info.SMs)
 	if kern := d.k(name); name != "" && kern != nil && d.info.Code == codeCubin && w.ptr%16 == 0 && xs.ptr%16 == 0 {
 		maps, err := d.tensorMaps(xs, rows, box, w, m, 32, k)
 		if err != nil {
@@ -415,17 +416,32 @@ func (s streamShape) shmem() int {
 // Its stages of x of 128 k rather than 64 (a barrier a 128 k) took 64
 // sequences 2.390-2.391 -> 2.385-2.388 ms a step, 32 1.902 -> 1.890-1.894,
 // 24 1.728 -> 1.719-1.721 (docs/cuda.md, "Stages of x of 128 k").
+//
+// gemm_stream8n is gemm_stream8 at one tile of w a block and four slots:
+// where two tiles a block leave fewer tiles than SMs, so that k is split
+// for the rest, tiles of one take the SMs with half the splits (half the
+// partial products to store and sum; each stage of x read by twice the
+// blocks). Measured on an H200 (docs/cuda.md, "Decode-batch products at one
+// tile a block"), OLMo-2-1B at 512 tokens, every product but the LM head:
+// 64 sequences 2.2403-2.2414 -> 2.2050-2.2051 ms a step, 48 1.9455-1.9462
+// -> 1.9345-1.9366, 32 1.7641-1.7664 -> 1.6978-1.6979, 24 1.6171-1.6178
+// -> 1.5646-1.5662; the LM head too was slower (64: 2.2066-2.2087), and
+// so were three slots or two blocks an SM.
 var streamShapes = map[string]streamShape{
-	"gemm_stream_":  {1, 4, 1},
-	"gemm_stream8_": {2, 3, 2},
+	"gemm_stream_":   {1, 4, 1},
+	"gemm_stream8_":  {2, 3, 2},
+	"gemm_stream8n_": {1, 4, 2},
 }
 
-// streamKernel is the gemm_stream kernel for rows of x rounded to suf, the
-// rows its boxes of x span and its block; "" where gemm_skinny takes them.
-func streamKernel(suf string, rows int) (name string, box int, sh streamShape) {
+// streamKernel is the gemm_stream kernel for rows of x rounded to suf and
+// m rows of w on sms SMs, the rows its boxes of x span and its block; ""
+// where gemm_skinny takes them.
+func streamKernel(suf string, rows, m, sms int) (name string, box int, sh streamShape) {
 	switch {
 	case rows <= streamRows:
 		return "gemm_stream_" + suf, streamRows, streamShapes["gemm_stream_"]
+	case rows <= 2*streamRows && ceilDiv(m, 2*skinnyCols) < sms:
+		return "gemm_stream8n_" + suf, 2 * streamRows, streamShapes["gemm_stream8n_"]
 	case rows <= 2*streamRows:
 		return "gemm_stream8_" + suf, 2 * streamRows, streamShapes["gemm_stream8_"]
 	}

@@ -519,7 +519,9 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 // (gemm_stream above), a tile of 128 rows of w a block; gemm_stream8_{bf16,f16}
 // the same for up to 64 rows (eight tiles) on the warpgroup tensor cores,
 // two tiles of w a block sharing x's stages of 128 k (32 KiB), a ring of
-// three slots a warp. Grid
+// three slots a warp; gemm_stream8n_{bf16,f16} the same at one tile of w
+// a block and four slots, for weights of too few rows to fill the SMs
+// with two tiles a block. Grid
 // (ceil(m/(128·RT)), splits of k), 128·RT threads, GS_SMEM_FOR(RT, ST, XM)
 // bytes of dynamic shared memory; tmx boxes 64 k of 32 (64) rows of x, tmw
 // 64 k of 32 rows of w. The portable PTX traps, as gemm_wg_bf16 does. The
@@ -533,3 +535,4 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
   }
 STREAM(gemm_stream_bf16, BF16, 4, 1, 4, 1) STREAM(gemm_stream_f16, F16, 4, 1, 4, 1)
 STREAM(gemm_stream8_bf16, BF16, 8, 2, 3, 2) STREAM(gemm_stream8_f16, F16, 8, 2, 3, 2)
+STREAM(gemm_stream8n_bf16, BF16, 8, 1, 4, 2) STREAM(gemm_stream8n_f16, F16, 8, 1, 4, 2)
