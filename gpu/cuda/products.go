@@ -378,7 +378,13 @@ func (d *Device) skinnyPairs(suf string, out, x, w *Buffer, n, k, m int, silu bo
 // gemm_stream (four token tiles), up to twice that on gemm_stream8 or
 // gemm_stream8n (eight; streamKernel),
 // the weights streamed by the TMA unit; the rest on gemm_skinny. k is split
-// for about as many blocks an SM as the kernel holds.
+// for about as many blocks an SM as gemm_skinny holds, and for one block an
+// SM on the gemm_stream kernels, even where two of gemm_stream's fit: half
+// the splits measured faster on an H200 (docs/cuda.md, "Decode-batch
+// products at one tile a block"), OLMo-2-1B at 512 tokens, 16 sequences
+// 1.4365-1.4375 -> 1.4008-1.4030 ms a step, 12 1.3629-1.3636 ->
+// 1.3376-1.3387, 9 1.2602-1.2615 -> 1.2470-1.2482; a third as many
+// (three blocks an SM's worth) slower, 16 sequences 1.5586-1.5615.
 func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves int) error {
 	rows := halves * n
 	name, box, sh := streamKernel(suf, rows, m, d.info.SMs)
@@ -387,7 +393,7 @@ func (d *Device) skinnyRounded(suf string, out, xs, w *Buffer, n, k, m, halves i
 		if err != nil {
 			return err
 		}
-		return d.skinnyLaunch(kern, max(1, kern.occ), sh.rt, sh.shmem(), out, xs, w, n, k, m, halves, maps...)
+		return d.skinnyLaunch(kern, 1, sh.rt, sh.shmem(), out, xs, w, n, k, m, halves, maps...)
 	}
 	return d.skinnyLaunch(d.k(skinnyName(suf, false)), skinnyPerSM(false), 1, 0, out, xs, w, n, k, m, halves)
 }
