@@ -165,7 +165,7 @@ const maxTensorMaps = 4
 
 // skinnySplits cuts k (a multiple of 64) for a decode-batch product whose
 // blocks take rt tiles of skinnyCols rows of w into parts of at least 128
-// for about perSM blocks per SM (its occupancy); chunk is a multiple of 64.
+// for about perSM blocks per SM; chunk is a multiple of 64.
 func skinnySplits(m, k, sms, perSM, rt int) (splits, chunk int) {
 	tiles := ceilDiv(m, rt*skinnyCols)
 	splits = max(1, min(perSM*sms/tiles, k/128, 16))
