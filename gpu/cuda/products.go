@@ -446,7 +446,7 @@ func streamKernel(suf string, rows, m, sms int) (name string, box int, sh stream
 	switch {
 	case rows <= streamRows:
 		return "gemm_stream_" + suf, streamRows, streamShapes["gemm_stream_"]
-	case rows <= 2*streamRows && ceilDiv(m, 2*skinnyCols) < sms:
+	case rows <= 2*streamRows && ceilDiv(m, streamShapes["gemm_stream8_"].rt*skinnyCols) < sms:
 		return "gemm_stream8n_" + suf, 2 * streamRows, streamShapes["gemm_stream8n_"]
 	case rows <= 2*streamRows:
 		return "gemm_stream8_" + suf, 2 * streamRows, streamShapes["gemm_stream8_"]
