@@ -379,15 +379,22 @@ func TestWSPingDropsSilentClient(t *testing.T) {
 
 	sendWS(t, live, `{"type":"generate","id":"a","model":"echo-1","prompt":"hi"}`)
 	var text string
-	for f := range frames {
-		if f.Type == "token" {
-			text += f.Text
-		}
-		if f.Type == "done" || f.Type == "error" {
+	timeout := time.After(10 * time.Second)
+	for done := false; !done; {
+		select {
+		case f, ok := <-frames:
+			if !ok {
+				t.Fatalf("live socket closed after %q", text)
+			}
 			if f.Type == "error" {
 				t.Fatalf("error frame %+v", f)
 			}
-			break
+			if f.Type == "token" {
+				text += f.Text
+			}
+			done = f.Type == "done"
+		case <-timeout:
+			t.Fatalf("live socket: no done frame within 10 s, text so far %q", text)
 		}
 	}
 	if text != "hi" {

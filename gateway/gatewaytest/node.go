@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -49,19 +50,34 @@ func NodeProject(t testing.TB, npmDir, pkg string) string {
 }
 
 // RunNode runs a script of a NodeProject directory with extra environment
-// variables and returns what it printed.
+// variables and returns what it printed; the test fails if the script fails or
+// outlives timeout.
 func RunNode(t testing.TB, dir, script string, timeout time.Duration, env ...string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	out, stderr, err := runNode(ctx, dir, script, env)
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr)
+	}
+	return out
+}
+
+// runNode runs node script in dir, in a process group of its own: when ctx
+// ends the whole group is killed, the browsers a script started included, so
+// a child holding the output pipe open cannot keep runNode waiting.
+func runNode(ctx context.Context, dir, script string, env []string) (stdout []byte, stderr string, err error) {
 	cmd := exec.CommandContext(ctx, "node", script)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", script, err, out, stderr.String())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	stdout, err = cmd.Output()
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever the script left running
 	}
-	return out
+	return stdout, errb.String(), err
 }

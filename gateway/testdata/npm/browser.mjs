@@ -6,10 +6,16 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 
+// within rejects when promise has not settled in ms, naming what it waited for,
+// so a page that stops short fails the test with a reason instead of hanging it.
+const within = (promise, ms, what) => Promise.race([promise, new Promise((_, reject) =>
+  setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms).unref())]);
+
 const profile = mkdtempSync(join(tmpdir(), "troupe-chromium-"));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.TROUPE_CHROMIUM,
   headless: true,
+  timeout: 60000,
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run"],
 });
@@ -29,6 +35,7 @@ try {
   // arrived after that.
   const partial = page.evaluate(() => new Promise((resolve) => {
     const count = () => document.querySelectorAll(".msg.assistant a.tok").length;
+    if (count() >= 3) return resolve(count());
     const obs = new MutationObserver(() => {
       const n = count();
       if (n >= 3) {
@@ -39,7 +46,7 @@ try {
     obs.observe(document.body, { childList: true, subtree: true });
   }));
   await page.click("#send");
-  result.partialTokens = await partial;
+  result.partialTokens = await within(partial, 30000, "three streamed tokens");
   await page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 30000 });
   result.tokens = await page.locator(".msg.assistant a.tok").count();
   result.text = await page.locator(".msg.assistant .body").innerText();
