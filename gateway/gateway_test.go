@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -191,6 +193,10 @@ type testEnv struct {
 	client  *http.Client
 }
 
+// testLimit bounds a test of the package that starts a gateway: each takes
+// seconds, so one still running after this is stuck.
+const testLimit = 3 * time.Minute
+
 // newEnv starts a gateway on a loopback httptest server. Cleanup shuts both down.
 func newEnv(t *testing.T, cfg Config, b *echoBackend) *testEnv {
 	t.Helper()
@@ -204,7 +210,14 @@ func newEnv(t *testing.T, cfg Config, b *echoBackend) *testEnv {
 	ts := httptest.NewServer(srv.Handler())
 	tr := &http.Transport{MaxIdleConnsPerHost: 200}
 	env := &testEnv{srv: srv, ts: ts, backend: b, client: &http.Client{Transport: tr}}
+	watchdog := time.AfterFunc(testLimit, func() {
+		// A test that hangs names itself last, after every goroutine's stack.
+		buf := make([]byte, 1<<22)
+		os.Stderr.Write(buf[:runtime.Stack(buf, true)])
+		panic(fmt.Sprintf("%s still running after %s", t.Name(), testLimit))
+	})
 	t.Cleanup(func() {
+		defer watchdog.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(ctx); err != nil {
