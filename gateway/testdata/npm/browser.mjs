@@ -11,7 +11,13 @@ import { chromium } from "playwright-core";
 const within = (promise, ms, what) => Promise.race([promise, new Promise((_, reject) =>
   setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms).unref())]);
 
+// step notes on stderr how far the script got; the Go test prints it when the
+// script fails.
+const started = Date.now();
+const step = (what) => process.stderr.write(`${((Date.now() - started) / 1000).toFixed(1)}s ${what}\n`);
+
 const profile = mkdtempSync(join(tmpdir(), "troupe-chromium-"));
+step("launching Chromium");
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.TROUPE_CHROMIUM,
   headless: true,
@@ -25,9 +31,11 @@ try {
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
   page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+  step("opening the page");
   await page.goto(process.env.TROUPE_BASE_URL + "/?api_key=" + encodeURIComponent(process.env.TROUPE_API_KEY));
   await page.waitForFunction(() => document.getElementById("status").textContent === "connected");
   await page.waitForFunction(() => document.querySelectorAll("#model option").length > 0);
+  step("connected; sending a prompt");
   await page.fill("#prompt", "Hello from the browser");
   // Tokens arrive one by one: see a partial message first, then the whole of it.
   // The page counts them on the DOM change that reaches three (an observer set
@@ -47,6 +55,7 @@ try {
   }));
   await page.click("#send");
   result.partialTokens = await within(partial, 30000, "three streamed tokens");
+  step("tokens streaming; waiting for the end");
   await page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 30000 });
   result.tokens = await page.locator(".msg.assistant a.tok").count();
   result.text = await page.locator(".msg.assistant .body").innerText();
@@ -55,6 +64,7 @@ try {
   result.tps = await page.locator("#tps").innerText();
   result.tokenTitle = await page.locator(".msg.assistant a.tok").nth(2).getAttribute("title");
   result.traceHref = await page.locator(".msg.assistant a.tok").first().getAttribute("href");
+  step("opening a token's trace");
   await page.locator(".msg.assistant a.tok").first().click();
   await page.waitForSelector("#waterfall .row.span");
   result.spans = await page.locator("#waterfall .row.span").count();
@@ -62,7 +72,10 @@ try {
   if (process.env.TROUPE_SCREENSHOT) await page.screenshot({ path: process.env.TROUPE_SCREENSHOT, fullPage: true });
   result.errors = errors;
 } finally {
-  await context.close();
+  step("closing Chromium");
+  // A browser slow to close does not hold the result back: the Go test kills
+  // what the script leaves running.
+  await within(context.close(), 20000, "Chromium to close").catch((e) => step(String(e)));
   rmSync(profile, { recursive: true, force: true });
 }
-console.log(JSON.stringify(result));
+process.stdout.write(JSON.stringify(result) + "\n", () => process.exit(0));
