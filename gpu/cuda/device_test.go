@@ -265,7 +265,7 @@ func TestStreamLoads(t *testing.T) {
 	if d.info.Code != codeCubin {
 		t.Skipf("%s runs the portable PTX, which has no TMA", d.Name())
 	}
-	for _, name := range []string{"gemm_stream_bf16", "gemm_stream_f16", "gemm_stream8_bf16", "gemm_stream8_f16", "gemm_stream8n_bf16", "gemm_stream8n_f16"} {
+	for _, name := range streamKernelNames() {
 		k := d.k(name)
 		if k == nil {
 			t.Fatalf("%s is not loaded", name)

@@ -55,7 +55,8 @@ func kernelNames() []string {
 // optionalKernelNames are kernels an older artifact set may lack: the
 // device opens without them and the operations that need them fail.
 func optionalKernelNames() []string {
-	return append([]string{"gemm_wg_bf16", "gemm_stream_bf16", "gemm_stream_f16", "gemm_stream8_bf16", "gemm_stream8_f16", "gemm_stream8n_bf16", "gemm_stream8n_f16", "sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}, fusedKernelNames()...)
+	names := append([]string{"gemm_wg_bf16", "sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}, streamKernelNames()...)
+	return append(names, fusedKernelNames()...)
 }
 
 func (d *Device) k(name string) *kernel { return d.kern[name] }

@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
@@ -437,6 +439,16 @@ var streamShapes = map[string]streamShape{
 	"gemm_stream_":   {1, 4, 1},
 	"gemm_stream8_":  {2, 3, 2},
 	"gemm_stream8n_": {1, 4, 2},
+}
+
+// streamKernelNames are the gemm_stream kernels' entry points: each block
+// of streamShapes in bf16 and f16.
+func streamKernelNames() []string {
+	var names []string
+	for _, prefix := range slices.Sorted(maps.Keys(streamShapes)) {
+		names = append(names, prefix+"bf16", prefix+"f16")
+	}
+	return names
 }
 
 // streamKernel is the gemm_stream kernel for rows of x rounded to suf and
