@@ -15,12 +15,23 @@ import (
 	"github.com/troupe/troupe/models/safetensors"
 )
 
-// shared returns the shared test data directory, skipping when it is absent.
+// shared returns the shared test data path parts, skipping when it is
+// absent.
 func shared(t testing.TB, parts ...string) string {
 	t.Helper()
+	p := sharedDir(parts...)
+	if p == "" {
+		t.Skipf("shared test data not present (%s)", filepath.Join(parts...))
+	}
+	return p
+}
+
+// sharedDir is the shared test data path parts (beside the module's
+// root), or "" when absent.
+func sharedDir(parts ...string) string {
 	dir, err := os.Getwd()
 	if err != nil {
-		t.Fatal(err)
+		return ""
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -28,13 +39,13 @@ func shared(t testing.TB, parts ...string) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
+			return ""
 		}
 		dir = parent
 	}
 	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared test data not present (%s): %v", filepath.Join(parts...), err)
+		return ""
 	}
 	return p
 }

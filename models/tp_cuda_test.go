@@ -115,29 +115,6 @@ func TestCUDATensorParallel(t *testing.T) {
 	}
 }
 
-// sharedDir is the shared test data path parts, or "" when absent.
-func sharedDir(parts ...string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
-	if _, err := os.Stat(p); err != nil {
-		return ""
-	}
-	return p
-}
-
 // cudaConfig is GPU 0's configuration; TROUPE_CUDA_KERNELS names a
 // kernels/ directory to load instead of the embedded artifacts, and
 // TROUPE_CUDA_SERIAL=1 turns overlapped launches off.
