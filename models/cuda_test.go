@@ -45,7 +45,7 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 	})
 	for _, name := range []string{"llama-gqa", "olmo2", "qwen3", "qwen3-moe"} {
 		t.Run(name, func(t *testing.T) {
-			dir := sharedDir("fixtures", name)
+			dir := sharedDir(t, "fixtures", name)
 			if dir == "" {
 				t.Skip("shared fixture not present")
 			}
@@ -352,7 +352,7 @@ func TestCUDALongPrompt(t *testing.T) {
 // olmo2 fixture; where moving u by 1e-9 changes the host's choice either
 // neighbour is accepted.
 func TestCUDASampleMatchesHost(t *testing.T) {
-	dir := sharedDir("fixtures", "olmo2")
+	dir := sharedDir(t, "fixtures", "olmo2")
 	if dir == "" {
 		t.Skip("shared fixture not present")
 	}

@@ -19,7 +19,7 @@ import (
 // absent.
 func shared(t testing.TB, parts ...string) string {
 	t.Helper()
-	p := sharedDir(parts...)
+	p := sharedDir(t, parts...)
 	if p == "" {
 		t.Skipf("shared test data not present (%s)", filepath.Join(parts...))
 	}
@@ -28,10 +28,11 @@ func shared(t testing.TB, parts ...string) string {
 
 // sharedDir is the shared test data path parts (beside the module's
 // root), or "" when absent.
-func sharedDir(parts ...string) string {
+func sharedDir(t testing.TB, parts ...string) string {
+	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
-		return ""
+		t.Fatal(err)
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -39,7 +40,7 @@ func sharedDir(parts ...string) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return ""
+			t.Fatal("go.mod not found above the test directory")
 		}
 		dir = parent
 	}

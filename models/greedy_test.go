@@ -25,7 +25,7 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 	if demo.Embedded() {
 		checkpoints = append(checkpoints, "demo")
 	}
-	if root := sharedDir("fixtures"); root != "" {
+	if root := sharedDir(t, "fixtures"); root != "" {
 		for _, name := range []string{"olmo2", "llama-gqa"} {
 			if _, err := os.Stat(filepath.Join(root, name)); err == nil {
 				checkpoints = append(checkpoints, filepath.Join(root, name))
