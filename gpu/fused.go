@@ -92,11 +92,14 @@ type QKVPreparer interface {
 	PrepareQKV(qOut, q, k, v, qNorm, kNorm, pos, invFreq, kc, vc, slots Buffer, a QKVArgs) error
 }
 
-// SiLUMatMuler folds a gated MLP's activation into its down projection:
-// out[r, j] = Σ_i silu(gu[r, i]) * gu[r, k+i] * w[j, i], for n rows of gu
-// [n, 2k] (each gate then up, f32), w [m, k], out [n, m] (f32).
-type SiLUMatMuler interface {
-	SiLUMatMul(out, gu, w Buffer, n, k, m int) error
+// GatedMLPer runs a gated MLP's two products for n rows of x ([n, k],
+// f32): out = (silu(x·gateᵀ) * (x·upᵀ))·downᵀ, with gateUp the gate rows
+// then the up rows ([2f, k]), down [m, f] and out [n, m] (f32). gu ([n,
+// 2f], f32) is scratch that may receive the gate|up product (each row gate
+// then up); what it holds afterwards is unspecified. The device may form
+// the activation inside either product.
+type GatedMLPer interface {
+	GatedMLP(out, gu, x, gateUp, down Buffer, n, k, f, m int) error
 }
 
 // GatedMatVecer forms a gated MLP's activation in its gate and up

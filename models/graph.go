@@ -202,7 +202,7 @@ func (m *Model) ensureIndex(maxBlocks int) error {
 // qkvFuseTokens tokens, when a layer has packed weights. The views start
 // at each part's first row and run to the buffer's end: a step of one
 // token reads them as dense rows, a longer step with the packed row
-// stride (gpu.QKVArgs.Stride, gpu.SiLUMatMuler).
+// stride (gpu.QKVArgs.Stride, gpu.GatedMLPer).
 func (m *Model) allocPacked() error {
 	c := &m.Config
 	sl, ok := m.dev.(gpu.Slicer)

@@ -61,7 +61,7 @@ type Model struct {
 	owned               []gpu.Buffer
 	rn                  gpu.ResidualNormer   // nil when the device has no fused norms
 	qp                  gpu.QKVPreparer      // nil when the device does not fuse QK-norm, RoPE and the KV store
-	sm                  gpu.SiLUMatMuler     // nil when the device does not fold SiLU into the down projection
+	gm                  gpu.GatedMLPer       // nil when the device does not run a gated MLP's products as one operation
 	gmv                 gpu.GatedMatVecer    // nil when the device does not form one token's activation in gate|up
 	pn                  gpu.PostNormMatVecer // nil when the device does not fold a post-norm into the next product
 
@@ -150,7 +150,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 		}
 	}
 	m.rn, _ = dev.(gpu.ResidualNormer)
-	m.sm, _ = dev.(gpu.SiLUMatMuler)
+	m.gm, _ = dev.(gpu.GatedMLPer)
 	m.gmv, _ = dev.(gpu.GatedMatVecer)
 	m.pn, _ = dev.(gpu.PostNormMatVecer)
 	m.qp, _ = dev.(gpu.QKVPreparer)
@@ -1334,12 +1334,11 @@ func (m *Model) mlp(ly *layer, in, out gpu.Buffer, n int) error {
 		e.do(d.MatMul(out, s.g1, ly.down, 1, F, c.Hidden))
 		return e.err
 	}
-	if ly.gateUp != nil && s.gu1 != nil && (n == 1 || n <= s.packedRows && m.sm != nil) {
+	if ly.gateUp != nil && s.gu1 != nil && n <= s.packedRows && m.gm != nil {
+		return m.gm.GatedMLP(out, s.gu1, in, ly.gateUp, ly.down, n, c.Hidden, F, c.Hidden)
+	}
+	if ly.gateUp != nil && s.gu1 != nil && n == 1 {
 		e.do(d.MatMul(s.gu1, in, ly.gateUp, n, c.Hidden, 2*F))
-		if m.sm != nil {
-			e.do(m.sm.SiLUMatMul(out, s.gu1, ly.down, n, F, c.Hidden))
-			return e.err
-		}
 		e.do(d.SiLUMul(s.g1, s.g1, s.u1, F))
 		e.do(d.MatMul(out, s.g1, ly.down, 1, F, c.Hidden))
 		return e.err

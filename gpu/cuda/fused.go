@@ -10,7 +10,7 @@ import (
 
 var (
 	_ gpu.QKVPreparer      = (*Device)(nil)
-	_ gpu.SiLUMatMuler     = (*Device)(nil)
+	_ gpu.GatedMLPer       = (*Device)(nil)
 	_ gpu.GatedMatVecer    = (*Device)(nil)
 	_ gpu.PostNormMatVecer = (*Device)(nil)
 )
@@ -223,11 +223,101 @@ func (d *Device) prepareRows(b []*Buffer, wdt gpu.DType, sums arg, normArgs []ar
 	return true, d.launch(kern, dim3{3, uint32(n), 1}, grid1(threads), 0, args...)
 }
 
-// SiLUMatMul implements gpu.SiLUMatMuler. More than 8 rows with 16-bit
-// weights form the rounded x of the tensor-core product from gu
-// (silu_rows) and run it; other shapes, and the decode batches whose
-// product takes x in f32, form silu(gate)*up in f32 scratch, then MatMul.
-// (One token is faster through GatedMatVec and a plain MatMul.)
+// GatedMLP implements gpu.GatedMLPer. Where the gate|up product of 33 to
+// 64 rows runs whole on gemm_stream8n (16-bit weights, f a multiple of 64,
+// k unsplit), gemm_stream8g takes each block's gate rows with the same up
+// rows and stores silu(gate)·up rounded for the down product, which reads
+// it: no gate|up product in memory, no silu_rows (gu is left as it was).
+// Otherwise the gate|up product goes to gu and the down product follows
+// as SiLUMatMul runs it.
+func (d *Device) GatedMLP(out, gu, x, gateUp, down gpu.Buffer, n, k, f, m int) error {
+	const op = "gated mlp"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	names := []string{"out", "gu", "x", "gateUp", "down"}
+	b, err := d.bufs2(op, names, out, gu, x, gateUp, down)
+	if err != nil {
+		return err
+	}
+	if err := positive(op, n, k, f, m); err != nil {
+		return err
+	}
+	if err := checkLens(op, names, b, []int{n * m, 2 * n * f, n * k, 2 * f * k, m * f}); err != nil {
+		return err
+	}
+	for i := range 3 {
+		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
+			return err
+		}
+	}
+	for _, i := range []int{3, 4} {
+		if !b[i].dt.IsFloat() {
+			return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[i], b[i].dt)
+		}
+	}
+	if ok, err := d.gatedStream(b[0], b[2], b[3], b[4], n, k, f, m); ok || err != nil {
+		return err
+	}
+	if err := d.matmul(b[1], b[2], b[3], n, k, 2*f); err != nil {
+		return err
+	}
+	return d.siluMatMul(op, b[0], b[1], b[4], n, f, m)
+}
+
+// gatedStream runs GatedMLP's products through gemm_stream8g where it
+// applies (GatedMLP); ok is false where it does not.
+func (d *Device) gatedStream(out, x, gateUp, down *Buffer, n, k, f, m int) (ok bool, err error) {
+	suf := suffix(gateUp.dt)
+	kern := d.k("gemm_stream8g_" + suf)
+	if kern == nil || d.info.Code != codeCubin || gateUp.dt == gpu.F32 || down.dt != gateUp.dt || gateUp.ptr%16 != 0 ||
+		!streamsGated(n, k, f, d.info.SMs) {
+		return false, nil
+	}
+	xs, err := d.productX(gateUp.dt, n, k, false)
+	if err != nil {
+		return true, err
+	}
+	if err := d.roundOnce(xs, x, n*k, false); err != nil {
+		return true, err
+	}
+	xg, err := d.scratchBuf("gemm.glu."+suf, gateUp.dt, n*f)
+	if err != nil {
+		return true, err
+	}
+	maps, err := d.tensorMaps(xs, n, 2*streamRows, gateUp, 2*f, 32, k)
+	if err != nil {
+		return true, err
+	}
+	sh := streamShapes["gemm_stream8g_"]
+	if err := d.launch(kern, dim3{uint32(f / 64), 1, 1}, grid1(sh.threads()), sh.shmem(),
+		append([]arg{bufArg("out", xg, xg.dt, n*f), bufArg("x", xs, xs.dt, n*k), bufArg("w", gateUp, gateUp.dt, 2*f*k),
+			i32Arg(n), i32Arg(k), i32Arg(2 * f), i32Arg(k)}, maps...)...); err != nil {
+		return true, err
+	}
+	if r := d.rounded.x; r != nil && out.ptr < r.ptr+uint64(r.size) && r.ptr < out.ptr+uint64(out.size) {
+		d.rounded = roundedX{} // the down product overwrites the rounded x
+	}
+	return true, d.skinnyRounded(suf, out, xg, down, n, f, m, 1)
+}
+
+// streamsGated says whether gemm_stream8g takes a gated MLP's products of
+// n rows of x over k, f rows each of gate and up, on sms SMs: x rounded to
+// 16 bits (more rows than the exact products take, at most skinnyRows),
+// and gate|up's 2f rows on gemm_stream8n, k unsplit.
+func streamsGated(n, k, f, sms int) bool {
+	if n <= skinnyExactRows || n > skinnyRows || k%64 != 0 || f%64 != 0 {
+		return false
+	}
+	name, _, _ := streamKernel("", n, 2*f, sms)
+	splits, _ := skinnySplits(2*f, k, sms, 1, 1)
+	return name == "gemm_stream8n_" && splits == 1
+}
+
+// SiLUMatMul runs a gated MLP's down projection with its activation
+// folded in: out[r, j] = Σ_i silu(gu[r, i]) * gu[r, k+i] * w[j, i], for n
+// rows of gu [n, 2k] (each gate then up, f32), w [m, k], out [n, m] (f32).
 func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	const op = "silu matmul"
 	if err := d.enter(op); err != nil {
@@ -244,17 +334,27 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
 		return err
 	}
-	if b[2].dt != gpu.F32 && (roundsX(n, k) || paired(n, k)) {
-		return d.gemm(b[0], b[1], b[2], n, k, m, true)
+	return d.siluMatMul(op, b[0], b[1], b[2], n, k, m)
+}
+
+// siluMatMul is SiLUMatMul inside operation op, on checked buffers. More
+// than 8 rows with 16-bit weights form the rounded x of the tensor-core
+// product from gu (silu_rows) and run it; other shapes, and the decode
+// batches whose product takes x in f32, form silu(gate)*up in f32
+// scratch, then the product. (One token is faster through GatedMatVec and
+// a plain MatMul.)
+func (d *Device) siluMatMul(op string, out, gu, w *Buffer, n, k, m int) error {
+	if w.dt != gpu.F32 && (roundsX(n, k) || paired(n, k)) {
+		return d.gemm(out, gu, w, n, k, m, true)
 	}
 	s, err := d.scratchBuf("silu", gpu.F32, n*k)
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := d.siluRows(s, b[1], n, k, false); err != nil {
+	if err := d.siluRows(s, gu, n, k, false); err != nil {
 		return err
 	}
-	return d.matmul(b[0], s, b[2], n, k, m)
+	return d.matmul(out, s, w, n, k, m)
 }
 
 // checkProduct checks the lengths of a product's output, input and

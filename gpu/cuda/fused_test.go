@@ -411,6 +411,97 @@ func TestGatedMatVec(t *testing.T) {
 	}
 }
 
+// TestGatedMLP checks a gated MLP's two products against the f64
+// reference's MatMul, SiLUMul and MatMul: on gemm_stream8g (OLMo-2-1B's
+// widths at 33 and 64 rows, bf16, and a narrower f16 one), where gu stays
+// as it was and the result is MatMul then SiLUMatMul's within the fast
+// exponential's error, and otherwise through gu (or the split parts of its
+// product) as MatMul then SiLUMatMul run it, bit for bit.
+func TestGatedMLP(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	for _, c := range []struct {
+		dt         gpu.DType
+		n, k, f, m int
+		tol        float64
+	}{
+		{gpu.BF16, 64, 2048, 8192, 2048, 1e-2}, {gpu.BF16, 33, 2048, 8192, 2048, 1e-2}, {gpu.F16, 40, 1024, 4480, 512, 1e-2},
+		{gpu.BF16, 64, 2048, 2048, 2048, 1e-2}, {gpu.BF16, 64, 2048, 8200, 512, 1e-2}, {gpu.BF16, 17, 512, 300, 256, 1e-2},
+		{gpu.BF16, 1, 2048, 8192, 2048, 1e-5}, {gpu.F32, 3, 24, 40, 16, 1e-5}, {gpu.BF16, 40, 24, 40, 16, 1e-2},
+	} {
+		t.Run(fmt.Sprintf("%s/%dx%dx%dx%d", c.dt, c.n, c.k, c.f, c.m), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k*c.n), uint64(c.f+c.m)))
+			x, wgu, wd := randF32(r, c.n*c.k, 1), randF32(r, 2*c.f*c.k, 0.05), randF32(r, c.m*c.f, 0.05)
+			rawGU, rawD := gputest.Encode(c.dt, wgu), gputest.Encode(c.dt, wd)
+			gateUp, down := weights(t, d, c.dt, rawGU), weights(t, d, c.dt, rawD)
+			sentinel := make([]float32, 2*c.n*c.f)
+			for i := range sentinel {
+				sentinel[i] = float32(i % 977)
+			}
+			xb, gu, out := f32buf(t, d, x), f32buf(t, d, sentinel), alloc(t, d, gpu.F32, c.n*c.m)
+			// The gated product's scratch, dropped: it is there afterwards
+			// only if gemm_stream8g ran.
+			glu := "gemm.glu." + suffix(c.dt)
+			if b := d.scratch[glu]; b != nil {
+				d.retired = append(d.retired, b)
+				delete(d.scratch, glu)
+			}
+			if err := d.GatedMLP(out, gu, xb, gateUp, down, c.n, c.k, c.f, c.m); err != nil {
+				t.Fatal(err)
+			}
+			got := readF32(t, d, out)
+
+			// The reference: gate|up, silu(gate)*up, down.
+			rgu := alloc(t, rf, gpu.F32, 2*c.n*c.f)
+			if err := rf.MatMul(rgu, f32buf(t, rf, x), weights(t, rf, c.dt, rawGU), c.n, c.k, 2*c.f); err != nil {
+				t.Fatal(err)
+			}
+			all := readF32(t, rf, rgu)
+			g, u := make([]float32, c.n*c.f), make([]float32, c.n*c.f)
+			for i := range c.n {
+				copy(g[i*c.f:], all[2*i*c.f:(2*i+1)*c.f])
+				copy(u[i*c.f:], all[(2*i+1)*c.f:(2*i+2)*c.f])
+			}
+			rg, ru, ro := f32buf(t, rf, g), f32buf(t, rf, u), alloc(t, rf, gpu.F32, c.n*c.m)
+			if err := rf.SiLUMul(rg, rg, ru, c.n*c.f); err != nil {
+				t.Fatal(err)
+			}
+			if err := rf.MatMul(ro, rg, weights(t, rf, c.dt, rawD), c.n, c.f, c.m); err != nil {
+				t.Fatal(err)
+			}
+			if e := gputest.RelL2(got, readF32(t, rf, ro)); e > c.tol {
+				t.Errorf("error %.3g against the reference, want at most %.0e", e, c.tol)
+			}
+
+			streamed := c.dt != gpu.F32 && d.k("gemm_stream8g_"+suffix(c.dt)) != nil && d.info.Code == codeCubin &&
+				streamsGated(c.n, c.k, c.f, d.info.SMs)
+			if ran := d.scratch[glu] != nil; ran != streamed {
+				t.Errorf("gemm_stream8g ran: %v, want %v", ran, streamed)
+			}
+			if left := readF32(t, d, gu); streamed && !slices.Equal(left, sentinel) {
+				t.Error("gu was written, want it left as it was (the gate|up product on gemm_stream8g)")
+			}
+			// The same sums as the gate|up product, then SiLUMatMul.
+			gu2, out2 := alloc(t, d, gpu.F32, 2*c.n*c.f), alloc(t, d, gpu.F32, c.n*c.m)
+			if err := d.MatMul(gu2, xb, gateUp, c.n, c.k, 2*c.f); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SiLUMatMul(out2, gu2, down, c.n, c.f, c.m); err != nil {
+				t.Fatal(err)
+			}
+			want := readF32(t, d, out2)
+			if e := gputest.RelL2(got, want); streamed && e > 1e-3 || !streamed && !slices.Equal(got, want) {
+				t.Errorf("differs from MatMul then SiLUMatMul: error %.3g", e)
+			}
+		})
+	}
+	// Lengths are checked before the GPU sees them.
+	if err := d.GatedMLP(alloc(t, d, gpu.F32, 64*16), alloc(t, d, gpu.F32, 2*64*64), alloc(t, d, gpu.F32, 64*64),
+		alloc(t, d, gpu.BF16, 2*64*64-1), alloc(t, d, gpu.BF16, 16*64), 64, 64, 64, 16); err == nil {
+		t.Error("a short gateUp was accepted")
+	}
+}
+
 // TestPostNormMatVec checks a post-norm's new residual formed inside the
 // one-token product that reads it (plain and gated) against the float64
 // reference's RMSNorm, Add and MatMul (SiLUMul): the fused kernels at the

@@ -211,6 +211,25 @@ func TestSkinnySplits(t *testing.T) {
 // by the rows of rounded x (pairs count twice) and of w on 132 SMs, and the
 // rows of their boxes: two tiles of w a block from 64 rows where their
 // tiles fill the SMs.
+// TestStreamsGated: gemm_stream8g takes the gated MLPs of OLMo-2-1B and
+// 7B (and Llama-3.2-1B's) at 33 to 64 rows on an H200's 132 SMs, not
+// fewer rows, more, widths that are not whole tiles, or gate|up products
+// too narrow to leave k unsplit (Qwen3-0.6B's).
+func TestStreamsGated(t *testing.T) {
+	for _, c := range []struct {
+		n, k, f, sms int
+		want         bool
+	}{
+		{64, 2048, 8192, 132, true}, {33, 2048, 8192, 132, true}, {48, 4096, 11008, 132, true},
+		{32, 2048, 8192, 132, false}, {65, 2048, 8192, 132, false}, {64, 2048, 8200, 132, false},
+		{64, 2040, 8192, 132, false}, {64, 1024, 3072, 132, false}, {64, 2048, 8192, 300, false},
+	} {
+		if got := streamsGated(c.n, c.k, c.f, c.sms); got != c.want {
+			t.Errorf("%d rows over %d, f %d, %d SMs: %v, want %v", c.n, c.k, c.f, c.sms, got, c.want)
+		}
+	}
+}
+
 func TestStreamKernel(t *testing.T) {
 	for _, c := range []struct {
 		rows, m int
@@ -245,7 +264,7 @@ func TestStreamShape(t *testing.T) {
 	if !bytes.Contains(src, []byte("#define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))")) {
 		t.Error("GS_SMEM_FOR is not the host's streamShape.shmem")
 	}
-	entries := regexp.MustCompile(`STREAM\((gemm_stream\w*_)(?:bf16|f16), \w+, \d+, (\d+), (\d+), (\d+)\)`).FindAllSubmatch(src, -1)
+	entries := regexp.MustCompile(`STREAM(?:_GLU)?\((gemm_stream\w*_)(?:bf16|f16), \w+, \d+, (\d+), (\d+), (\d+)\)`).FindAllSubmatch(src, -1)
 	if len(entries) != 2*len(streamShapes) {
 		t.Errorf("%d gemm_stream entry points in the kernel, %d on the host", len(entries), 2*len(streamShapes))
 	}

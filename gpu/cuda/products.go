@@ -439,6 +439,7 @@ var streamShapes = map[string]streamShape{
 	"gemm_stream_":   {1, 4, 1},
 	"gemm_stream8_":  {2, 3, 2},
 	"gemm_stream8n_": {1, 4, 2},
+	"gemm_stream8g_": {1, 4, 2}, // gemm_stream8n's block for a gated MLP (GatedMLP)
 }
 
 // streamKernelNames are the gemm_stream kernels' entry points: each block

@@ -364,12 +364,27 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 #define GS_XK 256
 #define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
-template <typename T, int NT, int RT, int ST, int XM, bool WG>
-DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
+// silu_fast is silu with the hardware's approximate exponential and
+// division (within a few ulp of silu). The gated product (GLU below) forms
+// its block's 64 × 64 activations after its last weights, in the
+// product's tail, where silu's exact exponential and division cost a
+// 64 × 512 OLMo-2-1B step about 0.01 ms (docs/cuda.md).
+DEV float silu_fast(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+
+// gemm_stream with GLU (one tile a block, on the warpgroup tensor cores,
+// one split of k): w is a gated MLP's gate rows then its up rows (m = 2f),
+// and the block's tile is 64 gate rows (warps 0 and 1) and the same 64 up
+// rows (warps 2 and 3). wgmma's two halves then hold gate and up of the
+// same (token, row) in the same registers, and the block stores
+// silu_fast(gate)·up rounded to T, out [n, f] of 16 bits: the down
+// product's x.
+template <typename T, int NT, int RT, int ST, int XM, bool WG, bool GLU = false>
+DEV void gemm_stream(void* __restrict__ out, int n, int k, int m, int kchunk, const TMap* tmx, const TMap* tmw) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("trap;");  // no TMA: the host launches the sm_90a cubin only
 #else
   static_assert(!WG || NT == 8, "the warpgroup product takes 64 rows of x");
+  static_assert(!GLU || (WG && RT == 1), "the gated product takes one warpgroup tile a block");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -384,7 +399,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
   // The weights' barriers: a warp's a slot, or with WG its warpgroup's
   // (four arrivals, one a warp's copy).
   const uint32_t xbar = xs + 2 * XSTAGE, wbar = xbar + 16 + (WG ? warp >> 2 : warp) * (8 * ST);
-  const int row0 = blockIdx.x * (128 * RT) + warp * 32;
+  const int row0 = GLU ? (warp >> 1) * (m >> 1) + blockIdx.x * 64 + (warp & 1) * 32 : blockIdx.x * (128 * RT) + warp * 32;
   const int kbeg = blockIdx.y * kchunk, kend = min(k, kbeg + kchunk), steps = (kend - kbeg) / 64;
   const uint32_t xbox = NT * 8 * 128;  // bytes of a 64 k of x (the host's box: the tiles' rows)
   if (lane == 0 && (!WG || (warp & 3) == 0)) {
@@ -480,11 +495,20 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
       if (lane == 0) fill(j + ST);  // the slot is summed: refill it
     }
   }
-  if constexpr (WG) {
+  if constexpr (GLU) {
+    // Half 0 holds the gate rows, half 1 the same up rows (fragment as below).
+    const int f = m >> 1, g = lane >> 2, q = lane & 3, r = blockIdx.x * 64 + (warp & 3) * 16 + g;
+    typename Elem<T>::raw* o = static_cast<typename Elem<T>::raw*>(out);
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      const int t = 8 * (e >> 2) + 2 * q + (e & 1), row = r + 8 * ((e >> 1) & 1);
+      if (t < n && row < f) Elem<T>::store(o, (long)t * f + row, silu_fast(acc[0][e >> 2][e & 3]) * acc[1][e >> 2][e & 3]);
+    }
+  } else if constexpr (WG) {
     // wgmma's m64nN f32 fragment: warp w of the warpgroup holds rows
     // 16w + g (+ 8) of each 64, columns (tokens) 8c + 2q (+ 1).
     const int g = lane >> 2, q = lane & 3, r = blockIdx.x * (128 * RT) + (warp >> 2) * 128 + (warp & 3) * 16 + g;
-    float* o = out + (long)blockIdx.y * n * m;
+    float* o = static_cast<float*>(out) + (long)blockIdx.y * n * m;
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -493,7 +517,7 @@ DEV void gemm_stream(float* __restrict__ out, int n, int k, int m, int kchunk, c
         if (t < n && row < m) o[(long)t * m + row] = acc[h][e >> 2][e & 3];
       }
   } else {
-    store_skinny<NT>(out, acc, n, m, row0, NT);
+    store_skinny<NT>(static_cast<float*>(out), acc, n, m, row0, NT);
   }
 #endif
 }
@@ -536,3 +560,16 @@ extern "C" __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
 STREAM(gemm_stream_bf16, BF16, 4, 1, 4, 1) STREAM(gemm_stream_f16, F16, 4, 1, 4, 1)
 STREAM(gemm_stream8_bf16, BF16, 8, 2, 3, 2) STREAM(gemm_stream8_f16, F16, 8, 2, 3, 2)
 STREAM(gemm_stream8n_bf16, BF16, 8, 1, 4, 2) STREAM(gemm_stream8n_f16, F16, 8, 1, 4, 2)
+
+// gemm_stream8g_{bf16,f16}: gemm_stream8n's block for a gated MLP's gate|up
+// weights ([2f, k], f a multiple of 64), k unsplit: out [n, f] (16-bit) =
+// silu(x·gateᵀ)·(x·upᵀ) rounded to T, the down product's x (GLU above).
+// Grid (f/64, 1).
+#define STREAM_GLU(NAME, T, NT, RT, ST, XM)                                                                          \
+  extern "C" __global__ void __launch_bounds__(128 * RT) NAME(uint16_t* out, const uint16_t* x, const uint16_t* w,  \
+                                                              int n, int k, int m, int kchunk,                     \
+                                                              const __grid_constant__ wgk::TMap tmx,               \
+                                                              const __grid_constant__ wgk::TMap tmw) {             \
+    wgk::gemm_stream<T, NT, RT, ST, XM, true, true>(out, n, k, m, kchunk, &tmx, &tmw);                               \
+  }
+STREAM_GLU(gemm_stream8g_bf16, BF16, 8, 1, 4, 2) STREAM_GLU(gemm_stream8g_f16, F16, 8, 1, 4, 2)
