@@ -369,7 +369,12 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 // its block's 64 × 64 activations after its last weights, in the
 // product's tail, where silu's exact exponential and division cost a
 // 64 × 512 OLMo-2-1B step about 0.01 ms (docs/cuda.md).
-DEV float silu_fast(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+DEV float silu_fast(float g) {
+  const float h = 0.5f * g;
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(h));
+  return fmaf(h, t, h);
+}
 
 // gemm_stream with GLU (one tile a block, on the warpgroup tensor cores,
 // one split of k): w is a gated MLP's gate rows then its up rows (m = 2f),
@@ -497,12 +502,24 @@ DEV void gemm_stream(void* __restrict__ out, int n, int k, int m, int kchunk, co
   }
   if constexpr (GLU) {
     // Half 0 holds the gate rows, half 1 the same up rows (fragment as below).
-    const int f = m >> 1, g = lane >> 2, q = lane & 3, r = blockIdx.x * 64 + (warp & 3) * 16 + g;
-    typename Elem<T>::raw* o = static_cast<typename Elem<T>::raw*>(out);
+    // The tile goes through shared memory (the ring's first slots, all
+    // summed): [token][row], rows padded to 72 so that a warp's stores
+    // fall in distinct banks, then 16 bytes a thread, a token's 64 rows
+    // in one 128-byte run.
+    const int f = m >> 1, g = lane >> 2, q = lane & 3, rl = (warp & 3) * 16 + g;
+    uint16_t* st = reinterpret_cast<uint16_t*>(smem_raw + (base - smem_addr(smem_raw)));
+    __syncthreads();
 #pragma unroll
     for (int e = 0; e < 32; e++) {
-      const int t = 8 * (e >> 2) + 2 * q + (e & 1), row = r + 8 * ((e >> 1) & 1);
-      if (t < n && row < f) Elem<T>::store(o, (long)t * f + row, silu_fast(acc[0][e >> 2][e & 3]) * acc[1][e >> 2][e & 3]);
+      const int t = 8 * (e >> 2) + 2 * q + (e & 1), row = rl + 8 * ((e >> 1) & 1);
+      Elem<T>::store(st, t * 72 + row, silu_fast(acc[0][e >> 2][e & 3]) * acc[1][e >> 2][e & 3]);
+    }
+    __syncthreads();
+    uint16_t* o = static_cast<uint16_t*>(out);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int c = tid + 128 * i, t = c >> 3, p = c & 7;
+      if (t < n) *reinterpret_cast<uint4*>(o + (long)t * f + blockIdx.x * 64 + 8 * p) = *reinterpret_cast<const uint4*>(st + t * 72 + 8 * p);
     }
   } else if constexpr (WG) {
     // wgmma's m64nN f32 fragment: warp w of the warpgroup holds rows
