@@ -364,11 +364,14 @@ DEV void gemm_wg_body(float* __restrict__ out, int n, int k, int m, const TMap* 
 #define GS_XK 256
 #define GS_SMEM_FOR(RT, ST, XM) (4 * (RT) * (ST) * 4096 + 2 * (XM) * (GS_XK / 64) * 4096 + 1024 + 8 * (4 * (RT) * (ST) + 2))
 
-// silu_fast is silu with the hardware's approximate exponential and
-// division (within a few ulp of silu). The gated product (GLU below) forms
-// its block's 64 × 64 activations after its last weights, in the
-// product's tail, where silu's exact exponential and division cost a
-// 64 × 512 OLMo-2-1B step about 0.01 ms (docs/cuda.md).
+// silu_fast is silu(g) = g·σ(g) = h + h·tanh(h), h = g/2, on the
+// hardware's approximate tanh: one special-function instruction, where
+// __expf and __fdividef take two (and expf and a true division more). The
+// gated product (GLU below) forms its block's 64 × 64 activations after
+// its last weights, in the product's tail, where each of those
+// instructions shows in a 64 × 512 OLMo-2-1B step (docs/cuda.md). Its
+// error is below the 16-bit rounding of the result but for silu's small
+// negative tail, where it is about |g|·2^-12 absolute.
 DEV float silu_fast(float g) {
   const float h = 0.5f * g;
   float t;
@@ -505,7 +508,9 @@ DEV void gemm_stream(void* __restrict__ out, int n, int k, int m, int kchunk, co
     // The tile goes through shared memory (the ring's first slots, all
     // summed): [token][row], rows padded to 72 so that a warp's stores
     // fall in distinct banks, then 16 bytes a thread, a token's 64 rows
-    // in one 128-byte run.
+    // in one 128-byte run (f is a multiple of 64: the host launches f / 64
+    // blocks). Stored one value at a time from the fragments, the tile
+    // made the 64 × 512 step 0.7% slower (docs/cuda.md).
     const int f = m >> 1, g = lane >> 2, q = lane & 3, rl = (warp & 3) * 16 + g;
     uint16_t* st = reinterpret_cast<uint16_t*>(smem_raw + (base - smem_addr(smem_raw)));
     __syncthreads();
