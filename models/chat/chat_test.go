@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/troupe/troupe/models/demo"
 )
 
 // The golden files in testdata hold what Jinja (with the trim_blocks and
@@ -57,29 +59,8 @@ func configFor(t testing.TB, templateFile string, extra map[string]any) *Config 
 	return c
 }
 
-// demoDir returns the demo model folder beside the repository root,
-// skipping the test when it is absent.
-func demoDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		if filepath.Dir(dir) == dir {
-			t.Skip("repository root (go.mod) not found; shared test data unavailable")
-		}
-		dir = filepath.Dir(dir)
-	}
-	p := filepath.Join(dir, "..", "shared", "models", "docs-olmo2-17m")
-	if _, err := os.Stat(filepath.Join(p, "tokenizer_config.json")); err != nil {
-		t.Skipf("demo model config is absent: %v", err)
-	}
-	return p
-}
+// demoModel is the demo model's folder in this repository.
+var demoModel = filepath.Join("..", "demo", demo.Name)
 
 func checkGolden(t *testing.T, c *Config, prefix string, cases []chatCase) {
 	t.Helper()
@@ -112,7 +93,7 @@ func TestTemplates(t *testing.T) {
 }
 
 func TestDemoModel(t *testing.T) {
-	c, err := LoadConfig(demoDir(t))
+	c, err := LoadConfig(demoModel)
 	if err != nil {
 		t.Fatal(err)
 	}

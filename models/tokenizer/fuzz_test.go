@@ -7,27 +7,13 @@ import (
 )
 
 // fuzzTokenizers returns the tokenizers the round-trip targets run on: a
-// small synthetic one and, when the shared data is there, the demo model's.
+// small synthetic one and the demo model's.
 func fuzzTokenizers(f *testing.F) []*Tokenizer {
 	f.Helper()
-	toks := []*Tokenizer{spec{
+	return []*Tokenizer{spec{
 		merges: []string{"Ġ t", "h e", "Ġt he", "l l", "he ll", "Ġ Ġ", "Ã ©"},
 		added:  []map[string]any{added(1000, "<|sp|>", true), added(1001, "[R]", false, "rstrip")},
-	}.build(f)}
-	if demo := tryLoadShared(f, "models", "docs-olmo2-17m", "tokenizer.json"); demo != nil {
-		toks = append(toks, demo)
-	}
-	return toks
-}
-
-// tryLoadShared is loadShared that returns nil instead of skipping when
-// the shared data is absent.
-func tryLoadShared(t testing.TB, parts ...string) *Tokenizer {
-	t.Helper()
-	if _, err := findShared(parts...); err != nil {
-		return nil
-	}
-	return loadShared(t, parts...)
+	}.build(f), loadDemo(f)}
 }
 
 // FuzzEncodeDecode checks that decoding undoes encoding for valid UTF-8 and

@@ -2,20 +2,22 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/troupe/troupe/models/demo"
 )
 
-// findShared returns the path of parts in the shared test data folder
-// beside the repository root, or an error saying why it is unavailable.
-func findShared(parts ...string) (string, error) {
+// sharedDir returns the path of parts in the shared test data folder
+// beside the repository root, skipping the test when it is absent.
+func sharedDir(t testing.TB, parts ...string) string {
+	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
-		return "", err
+		t.Fatal(err)
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -23,23 +25,12 @@ func findShared(parts ...string) (string, error) {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("repository root (go.mod) not found")
+			t.Fatal("repository root (go.mod) not found above the test directory")
 		}
 		dir = parent
 	}
 	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
 	if _, err := os.Stat(p); err != nil {
-		return "", err
-	}
-	return p, nil
-}
-
-// sharedDir returns the path of parts in the shared test data, skipping
-// the test when it is absent.
-func sharedDir(t testing.TB, parts ...string) string {
-	t.Helper()
-	p, err := findShared(parts...)
-	if err != nil {
 		t.Skipf("shared test data %s is absent: %v", filepath.Join(parts...), err)
 	}
 	return p
@@ -50,10 +41,25 @@ var (
 	loadCache = map[string]*Tokenizer{}
 )
 
-// loadShared loads a tokenizer from the shared data once per test binary.
+// demoModel is the demo model's folder in this repository.
+var demoModel = filepath.Join("..", "demo", demo.Name)
+
+// loadDemo loads the demo model's tokenizer once per test binary.
+func loadDemo(t testing.TB) *Tokenizer {
+	t.Helper()
+	return load(t, filepath.Join(demoModel, "tokenizer.json"))
+}
+
+// loadShared loads a tokenizer from the shared data once per test binary,
+// skipping the test when it is absent.
 func loadShared(t testing.TB, parts ...string) *Tokenizer {
 	t.Helper()
-	p := sharedDir(t, parts...)
+	return load(t, sharedDir(t, parts...))
+}
+
+// load loads the tokenizer at p once per test binary.
+func load(t testing.TB, p string) *Tokenizer {
+	t.Helper()
 	loadMu.Lock()
 	defer loadMu.Unlock()
 	if tok, ok := loadCache[p]; ok {
@@ -122,7 +128,7 @@ func TestDolma2Samples(t *testing.T) {
 }
 
 func TestDemoModelPrompts(t *testing.T) {
-	tok := loadShared(t, "models", "docs-olmo2-17m", "tokenizer.json")
+	tok := loadDemo(t)
 	var ref struct {
 		Samples []struct {
 			Prompt    string  `json:"prompt"`
@@ -131,7 +137,7 @@ func TestDemoModelPrompts(t *testing.T) {
 			Text      string  `json:"text"`
 		} `json:"samples"`
 	}
-	readJSON(t, sharedDir(t, "models", "docs-olmo2-17m", "reference.json"), &ref)
+	readJSON(t, filepath.Join(demoModel, "reference.json"), &ref)
 	if len(ref.Samples) == 0 {
 		t.Fatal("reference.json has no samples")
 	}
@@ -154,7 +160,7 @@ func TestDemoModelPrompts(t *testing.T) {
 }
 
 func TestConcurrentEncode(t *testing.T) {
-	tok := loadShared(t, "models", "docs-olmo2-17m", "tokenizer.json")
+	tok := loadDemo(t)
 	texts := []string{"The kernel's boot loader", "To create a new branch, run `git branch`", "SELECT * FROM t;\n", "  spaces\tand\ttabs  "}
 	want := make([][]int32, len(texts))
 	for i, s := range texts {
