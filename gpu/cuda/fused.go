@@ -244,18 +244,8 @@ func (d *Device) GatedMLP(out, gu, x, gateUp, down gpu.Buffer, n, k, f, m int) e
 	if err := positive(op, n, k, f, m); err != nil {
 		return err
 	}
-	if err := checkLens(op, names, b, []int{n * m, 2 * n * f, n * k, 2 * f * k, m * f}); err != nil {
+	if err := checkProduct(op, names, b, []int{n * m, 2 * n * f, n * k, 2 * f * k, m * f}, 3); err != nil {
 		return err
-	}
-	for i := range 3 {
-		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
-			return err
-		}
-	}
-	for _, i := range []int{3, 4} {
-		if !b[i].dt.IsFloat() {
-			return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[i], b[i].dt)
-		}
 	}
 	if ok, err := d.gatedStream(b[0], b[2], b[3], b[4], n, k, f, m); ok || err != nil {
 		return err
@@ -331,7 +321,7 @@ func (d *Device) SiLUMatMul(out, gu, w gpu.Buffer, n, k, m int) error {
 	if err := positive(op, n, k, m); err != nil {
 		return err
 	}
-	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}); err != nil {
+	if err := checkProduct(op, []string{"out", "gu", "w"}, b, []int{n * m, 2 * n * k, m * k}, 2); err != nil {
 		return err
 	}
 	return d.siluMatMul(op, b[0], b[1], b[2], n, k, m)
@@ -357,20 +347,22 @@ func (d *Device) siluMatMul(op string, out, gu, w *Buffer, n, k, m int) error {
 	return d.matmul(out, s, w, n, k, m)
 }
 
-// checkProduct checks the lengths of a product's output, input and
-// weights (b, named names), that the first two are f32 and the weights a
-// float type.
-func checkProduct(op string, names []string, b []*Buffer, lens []int) error {
+// checkProduct checks the lengths of a product's buffers (b, named
+// names): that the first f32s (outputs and activations) are f32 and the
+// rest (weights) a float type.
+func checkProduct(op string, names []string, b []*Buffer, lens []int, f32s int) error {
 	if err := checkLens(op, names, b, lens); err != nil {
 		return err
 	}
-	for i := range 2 {
+	for i := range f32s {
 		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
 			return err
 		}
 	}
-	if !b[2].dt.IsFloat() {
-		return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[2], b[2].dt)
+	for i := f32s; i < len(b); i++ {
+		if !b[i].dt.IsFloat() {
+			return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[i], b[i].dt)
+		}
 	}
 	return nil
 }
@@ -392,7 +384,7 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 	if err := positive(op, k, f); err != nil {
 		return err
 	}
-	if err := checkProduct(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}); err != nil {
+	if err := checkProduct(op, []string{"out", "x", "w"}, b, []int{f, k, 2 * f * k}, 2); err != nil {
 		return err
 	}
 	return d.gatedMatVec(op, b[0], b[1], b[2], k, f)
@@ -441,18 +433,8 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 	if glu {
 		rows = 2 * m
 	}
-	if err := checkLens(op, names, b, []int{m, k, k, k, k, rows * k}); err != nil {
+	if err := checkProduct(op, names, b, []int{m, k, k, k, k, rows * k}, 4); err != nil {
 		return err
-	}
-	for i := range 4 {
-		if err := wantDT(op, names[i], b[i], gpu.F32); err != nil {
-			return err
-		}
-	}
-	for _, i := range []int{4, 5} {
-		if !b[i].dt.IsFloat() {
-			return fmt.Errorf("%s: %s is %s, want f32, bf16 or f16", op, names[i], b[i].dt)
-		}
 	}
 	// The outputs are written while other blocks still read the inputs.
 	for o := range 2 {

@@ -28,7 +28,7 @@ func (d *Device) MatMul(out, x, w gpu.Buffer, n, k, m int) error {
 	if err := positive("matmul", n, k, m); err != nil {
 		return err
 	}
-	if err := checkProduct("matmul", []string{"out", "x", "w"}, b, []int{n * m, n * k, m * k}); err != nil {
+	if err := checkProduct("matmul", []string{"out", "x", "w"}, b, []int{n * m, n * k, m * k}, 2); err != nil {
 		return err
 	}
 	return d.matmul(b[0], b[1], b[2], n, k, m)
