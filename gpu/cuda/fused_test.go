@@ -414,8 +414,8 @@ func TestGatedMatVec(t *testing.T) {
 // TestGatedMLP checks a gated MLP's two products against the f64
 // reference's MatMul, SiLUMul and MatMul: on gemm_stream8g (OLMo-2-1B's
 // widths at 33 and 64 rows, bf16, and a narrower f16 one), where gu stays
-// as it was and the result is MatMul then SiLUMatMul's within the fast
-// exponential's error, and otherwise through gu (or the split parts of its
+// as it was and the result is MatMul then SiLUMatMul's within the
+// approximate silu's error (tanh.approx), and otherwise through gu (or the split parts of its
 // product) as MatMul then SiLUMatMul run it, bit for bit.
 func TestGatedMLP(t *testing.T) {
 	d := open(t)
