@@ -272,7 +272,7 @@ func (d *Device) gatedStream(out, x, gateUp, down *Buffer, n, k, f, m int) (ok b
 	if err := d.roundOnce(xs, x, n*k, false); err != nil {
 		return true, err
 	}
-	xg, err := d.scratchBuf("gemm.glu."+suf, gateUp.dt, n*f)
+	xg, err := d.scratchBuf(gluScratch(gateUp.dt), gateUp.dt, n*f)
 	if err != nil {
 		return true, err
 	}
@@ -286,11 +286,13 @@ func (d *Device) gatedStream(out, x, gateUp, down *Buffer, n, k, f, m int) (ok b
 			i32Arg(n), i32Arg(k), i32Arg(2 * f), i32Arg(k)}, maps...)...); err != nil {
 		return true, err
 	}
-	if r := d.rounded.x; r != nil && out.ptr < r.ptr+uint64(r.size) && r.ptr < out.ptr+uint64(out.size) {
-		d.rounded = roundedX{} // the down product overwrites the rounded x
-	}
+	d.overwrite(out) // by the down product
 	return true, d.skinnyRounded(suf, out, xg, down, n, f, m, 1)
 }
+
+// gluScratch names the scratch where gemm_stream8g stores the down
+// product's x of weights of type dt.
+func gluScratch(dt gpu.DType) string { return "gemm.glu." + suffix(dt) }
 
 // streamsGated says whether gemm_stream8g takes a gated MLP's products of
 // n rows of x over k, f rows each of gate and up, on sms SMs: x rounded to

@@ -441,7 +441,7 @@ func TestGatedMLP(t *testing.T) {
 			xb, gu, out := f32buf(t, d, x), f32buf(t, d, sentinel), alloc(t, d, gpu.F32, c.n*c.m)
 			// The gated product's scratch, dropped: it is there afterwards
 			// only if gemm_stream8g ran.
-			glu := "gemm.glu." + suffix(c.dt)
+			glu := gluScratch(c.dt)
 			if b := d.scratch[glu]; b != nil {
 				d.retired = append(d.retired, b)
 				delete(d.scratch, glu)

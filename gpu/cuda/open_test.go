@@ -207,10 +207,6 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
-// TestStreamKernel: which decode-batch products the TMA-fed kernels take,
-// by the rows of rounded x (pairs count twice) and of w on 132 SMs, and the
-// rows of their boxes: two tiles of w a block from 64 rows where their
-// tiles fill the SMs.
 // TestStreamsGated: gemm_stream8g takes the gated MLPs of OLMo-2-1B and
 // 7B (and Llama-3.2-1B's) at 33 to 64 rows on an H200's 132 SMs, not
 // fewer rows, more, widths that are not whole tiles, or gate|up products
@@ -230,6 +226,10 @@ func TestStreamsGated(t *testing.T) {
 	}
 }
 
+// TestStreamKernel: which decode-batch products the TMA-fed kernels take,
+// by the rows of rounded x (pairs count twice) and of w on 132 SMs, and the
+// rows of their boxes: two tiles of w a block from 64 rows where their
+// tiles fill the SMs.
 func TestStreamKernel(t *testing.T) {
 	for _, c := range []struct {
 		rows, m int

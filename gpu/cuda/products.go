@@ -43,10 +43,16 @@ type roundedX struct {
 	pairs bool // split_x's rounding and remainder, 2n rows
 }
 
-func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
+// overwrite forgets the rounded x on record when out, which a product is
+// about to write, overlaps the rows it was formed from.
+func (d *Device) overwrite(out *Buffer) {
 	if r := d.rounded.x; r != nil && out.ptr < r.ptr+uint64(r.size) && r.ptr < out.ptr+uint64(out.size) {
-		d.rounded = roundedX{} // the product overwrites the rounded x
+		d.rounded = roundedX{}
 	}
+}
+
+func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
+	d.overwrite(out)
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 {
 		if kern, grid := d.fastGEMV(false, n, k, m); kern != nil {
