@@ -232,6 +232,11 @@ func (d *Device) upload(dst uint64, src []byte) error {
 		n := min(len(src), half)
 		h := &d.halves[d.cur]
 		if h.used+n > half {
+			// Leaving the half: its event marks the end of the copies
+			// from it, and the other half's the end of its own.
+			if err := d.drv.cuEventRecord.call(h.ev, d.stream); err != nil {
+				return err
+			}
 			d.cur ^= 1
 			h = &d.halves[d.cur]
 			if err := d.drv.cuEventSynchronize.call(h.ev); err != nil {
@@ -241,10 +246,11 @@ func (d *Device) upload(dst uint64, src []byte) error {
 		}
 		host := unsafe.Add(d.staging, d.cur*half+h.used)
 		copy(unsafe.Slice((*byte)(host), n), src[:n])
-		if err := d.drv.cuMemcpyHtoDAsync_v2.call(uintptr(dst), uintptr(host), uintptr(n), d.stream); err != nil {
-			return err
-		}
-		if err := d.drv.cuEventRecord.call(h.ev, d.stream); err != nil {
+		if src := d.stageDev + uint64(d.cur*half+h.used); wordCopy(dst, src, n) {
+			if err := d.copyWords(dst, src, n/4); err != nil {
+				return err
+			}
+		} else if err := d.drv.cuMemcpyHtoDAsync_v2.call(uintptr(dst), uintptr(host), uintptr(n), d.stream); err != nil {
 			return err
 		}
 		h.used += (n + 255) &^ 255
@@ -304,6 +310,7 @@ const lateSlotBytes = 4096
 // that marks the copy done.
 type lateSlot struct {
 	host    unsafe.Pointer
+	dev     uint64 // host's address on the device
 	ev      uintptr
 	pending bool
 }
@@ -339,7 +346,11 @@ func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, err
 	d.lateNext ^= 1
 	src := cb.ptr + uint64(off*cb.dt.Size())
 	d.post(func() error {
-		if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(s.host), uintptr(src), uintptr(len(dst)), d.stream); err != nil {
+		if wordCopy(s.dev, src, len(dst)) {
+			if err := d.copyWords(s.dev, src, len(dst)/4); err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+		} else if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(s.host), uintptr(src), uintptr(len(dst)), d.stream); err != nil {
 			return fmt.Errorf("%s: %w", op, err)
 		}
 		return d.drv.cuEventRecord.call(s.ev, d.stream)

@@ -75,6 +75,7 @@ type Device struct {
 	faultDev  uint64
 	counters  *Buffer // maxCounters zeroed words (see init)
 	staging   unsafe.Pointer
+	stageDev  uint64 // staging's address on the device
 	halves    [2]stageHalf
 	late      [2]lateSlot // ReadLater's pinned slots
 	lateNext  int
@@ -82,6 +83,9 @@ type Device struct {
 	modules   []uintptr
 }
 
+// stageHalf is one half of the pinned staging buffer that posted writes
+// copy through: used bytes staged since the half was last entered, and ev,
+// recorded when it was left, done once the copies from it are.
 type stageHalf struct {
 	used int
 	ev   uintptr
@@ -269,8 +273,11 @@ func (d *Device) init() error {
 	if err := drv.cuMemHostGetDevicePointer_v2.call(ptr(&d.faultDev), uintptr(d.faultHost), 0); err != nil {
 		return err
 	}
-	if err := drv.cuMemHostAlloc.call(ptr(&d.staging), uintptr(d.cfg.StagingBytes), hostAllocPortable); err != nil {
+	if err := drv.cuMemHostAlloc.call(ptr(&d.staging), uintptr(d.cfg.StagingBytes), hostAllocPortable|hostAllocDeviceMap); err != nil {
 		return fmt.Errorf("cuda: pinned staging of %d bytes: %w", d.cfg.StagingBytes, err)
+	}
+	if err := drv.cuMemHostGetDevicePointer_v2.call(ptr(&d.stageDev), uintptr(d.staging), 0); err != nil {
+		return err
 	}
 	for i := range d.halves {
 		if err := drv.cuEventCreate.call(ptr(&d.halves[i].ev), eventDisableTiming); err != nil {
@@ -278,8 +285,11 @@ func (d *Device) init() error {
 		}
 	}
 	for i := range d.late {
-		if err := drv.cuMemHostAlloc.call(ptr(&d.late[i].host), lateSlotBytes, hostAllocPortable); err != nil {
+		if err := drv.cuMemHostAlloc.call(ptr(&d.late[i].host), lateSlotBytes, hostAllocPortable|hostAllocDeviceMap); err != nil {
 			return fmt.Errorf("cuda: pinned read slot: %w", err)
+		}
+		if err := drv.cuMemHostGetDevicePointer_v2.call(ptr(&d.late[i].dev), uintptr(d.late[i].host), 0); err != nil {
+			return err
 		}
 		if err := drv.cuEventCreate.call(ptr(&d.late[i].ev), eventDisableTiming); err != nil {
 			return err

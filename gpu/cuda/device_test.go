@@ -870,3 +870,120 @@ func TestKeptListsStayBounded(t *testing.T) {
 	}
 	t.Logf("%d draws: at most %d entries kept", steps, most)
 }
+
+// TestSmallCopies checks the copies between host and device in either
+// form: copy_words over mapped pinned memory (whole 32-bit words up to
+// smallCopyBytes) and the copy engine (the rest), through staging halves
+// small enough that every few writes switch halves. Each write is followed
+// by work that reads it, so a half reused before its copies ran would show
+// in the sums.
+func TestSmallCopies(t *testing.T) {
+	cfg := Config{Ordinal: 0, Serial: *serial, StagingBytes: 64 << 10}
+	if *kernelDir != "" {
+		cfg.Kernels = os.DirFS(*kernelDir)
+	}
+	d, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	rng := rand.New(rand.NewPCG(7, 7))
+
+	// Writes of words at many sizes and offsets, two beyond a half (copied
+	// a half at a time), mirrored on the host.
+	const n = 100_000
+	ib := alloc(t, d, gpu.I32, n)
+	host := make([]int32, n)
+	for _, c := range []struct{ off, k int }{{0, 1}, {5, 7}, {100, 1000}, {3000, 8191}, {20000, 8192}, {30000, 20000}, {1, 70000}, {n - 3, 3}} {
+		v := make([]int32, c.k)
+		for i := range v {
+			v[i] = rng.Int32()
+		}
+		copy(host[c.off:], v)
+		if err := d.Write(ib, c.off, gpu.I32Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]int32, n)
+	if err := d.Read(gpu.I32Bytes(got), ib, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != host[i] {
+			t.Fatalf("word %d read back %d, want %d", i, got[i], host[i])
+		}
+	}
+
+	// 16-bit elements at odd offsets and lengths go by the copy engine.
+	hb := alloc(t, d, gpu.BF16, 64)
+	h16 := make([]uint16, 64)
+	for _, c := range []struct{ off, k int }{{1, 3}, {4, 8}, {13, 50}} {
+		v := make([]uint16, c.k)
+		for i := range v {
+			v[i] = uint16(rng.Uint32())
+		}
+		copy(h16[c.off:], v)
+		if err := d.Write(hb, c.off, gpu.U16Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g16 := make([]uint16, 64)
+	if err := d.Read(gpu.U16Bytes(g16), hb, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(g16[1:], h16[1:]) {
+		t.Fatalf("16-bit elements read back %v, want %v", g16[1:], h16[1:])
+	}
+
+	// 300 writes of 1 KiB into one buffer, each summed into acc before the
+	// next: 256-byte slots of 32 KiB halves switch every 32 writes.
+	const w = 256
+	x := alloc(t, d, gpu.F32, w)
+	acc := f32buf(t, d, make([]float32, w))
+	want := make([]float64, w)
+	for range 300 {
+		v := make([]float32, w)
+		for i := range v {
+			v[i] = float32(rng.IntN(1000))
+			want[i] += float64(v[i])
+		}
+		if err := d.Write(x, 0, gpu.F32Bytes(v)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Add(acc, acc, x, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum := make([]float32, w)
+	if err := d.Read(gpu.F32Bytes(sum), acc, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sum {
+		if float64(sum[i]) != want[i] {
+			t.Fatalf("sum[%d] = %v, want %v: a write was lost or overwritten", i, sum[i], want[i])
+		}
+	}
+
+	// Late reads of words (copy_words) and of an odd 16-bit span (the copy
+	// engine).
+	var words [3]int32
+	var halves [2]uint16
+	wait1, err := d.ReadLater(gpu.I32Bytes(words[:]), ib, 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait2, err := d.ReadLater(gpu.U16Bytes(halves[:]), hb, 13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(wait1(), wait2()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(words[:], host[30000:30003]) || !slices.Equal(halves[:], h16[13:15]) {
+		t.Fatalf("late reads %v and %v, want %v and %v", words, halves, host[30000:30003], h16[13:15])
+	}
+}

@@ -169,3 +169,11 @@ extern "C" __global__ void reduce_sum_f32(float* out, const float4* x, long n4) 
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) atomicAdd(out, s);
 }
+
+// copy_words: n 32-bit words from src to dst, either of them pinned host
+// memory mapped for the device: the small copies between a step's graphs
+// (its indexes in, its chosen tokens out) without the copy engine.
+extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, int n) {
+  pdl_begin();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
