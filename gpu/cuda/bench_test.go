@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
@@ -282,11 +281,7 @@ func BenchmarkEager(b *testing.B) {
 }
 
 func benchEager(b *testing.B, spin time.Duration) {
-	cfg := Config{Spin: spin}
-	if *kernelDir != "" {
-		cfg.Kernels = os.DirFS(*kernelDir)
-	}
-	d, err := Open(b.Context(), cfg)
+	d, err := Open(b.Context(), withKernels(Config{Spin: spin}))
 	if err != nil {
 		b.Fatal(err)
 	}

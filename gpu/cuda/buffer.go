@@ -246,8 +246,8 @@ func (d *Device) upload(dst uint64, src []byte) error {
 		}
 		host := unsafe.Add(d.staging, d.cur*half+h.used)
 		copy(unsafe.Slice((*byte)(host), n), src[:n])
-		if src := d.stageDev + uint64(d.cur*half+h.used); wordCopy(dst, src, n) {
-			if err := d.copyWords(dst, src, n/4); err != nil {
+		if mapped := d.stageDev + uint64(d.cur*half+h.used); wordCopy(dst, mapped, n) {
+			if err := d.copyWords(dst, mapped, n/4); err != nil {
 				return err
 			}
 		} else if err := d.drv.cuMemcpyHtoDAsync_v2.call(uintptr(dst), uintptr(host), uintptr(n), d.stream); err != nil {

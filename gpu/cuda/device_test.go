@@ -23,13 +23,27 @@ var kernelDir = flag.String("cuda.kernels", "", "load kernel artifacts from this
 
 var serial = flag.Bool("cuda.serial", false, "launch kernels without programmatic dependent launch")
 
+// open opens GPU 0 as the package's tests run it (-cuda.serial,
+// -cuda.kernels), closed when the test ends.
 func open(t testing.TB) *Device {
 	t.Helper()
-	cfg := Config{Ordinal: 0, Serial: *serial}
+	return openWith(t, Config{Ordinal: 0, Serial: *serial})
+}
+
+// withKernels is cfg loading the kernel artifacts -cuda.kernels names,
+// if any.
+func withKernels(cfg Config) Config {
 	if *kernelDir != "" {
 		cfg.Kernels = os.DirFS(*kernelDir)
 	}
-	d, err := Open(context.Background(), cfg)
+	return cfg
+}
+
+// openWith opens the device cfg describes (withKernels), closed when the
+// test ends.
+func openWith(t testing.TB, cfg Config) *Device {
+	t.Helper()
+	d, err := Open(context.Background(), withKernels(cfg))
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -682,11 +696,7 @@ func TestPeer(t *testing.T) {
 	if ok, err := d.CanAccessPeer(d); !ok || err != nil {
 		t.Fatalf("self access: %v, %v", ok, err)
 	}
-	cfg := Config{Ordinal: 1}
-	if *kernelDir != "" {
-		cfg.Kernels = os.DirFS(*kernelDir)
-	}
-	p, err := Open(context.Background(), cfg)
+	p, err := Open(context.Background(), withKernels(Config{Ordinal: 1}))
 	if err != nil {
 		t.Skipf("no second GPU: %v", err)
 	}
@@ -878,19 +888,7 @@ func TestKeptListsStayBounded(t *testing.T) {
 // by work that reads it, so a half reused before its copies ran would show
 // in the sums.
 func TestSmallCopies(t *testing.T) {
-	cfg := Config{Ordinal: 0, Serial: *serial, StagingBytes: 64 << 10}
-	if *kernelDir != "" {
-		cfg.Kernels = os.DirFS(*kernelDir)
-	}
-	d, err := Open(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	defer func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
+	d := openWith(t, Config{Ordinal: 0, Serial: *serial, StagingBytes: 64 << 10})
 	rng := rand.New(rand.NewPCG(7, 7))
 
 	// Writes of words at many sizes and offsets, two beyond a half (copied
