@@ -119,3 +119,13 @@ type GatedMatVecer interface {
 type PostNormMatVecer interface {
 	PostNormMatVec(out, rOut, r, y, wn, w Buffer, k, m int, glu bool, eps float32) error
 }
+
+// HeadMatVecer folds a step's last residual update and its final norm into
+// the LM head over one token: x = rmsnorm(r + u) * wf over k values, with
+// u = rmsnorm(y) * wn (a post-norm, OLMo 2) or u = y when wn is nil, then
+// out = w·x (w [m, k]); and when next is not nil, next[0] = the argmax of
+// out as Argmaxer chooses it. r and y are left as they were; out and next
+// must not overlap the inputs or each other.
+type HeadMatVecer interface {
+	HeadMatVec(out, next, r, y, wn, wf, w Buffer, k, m int, eps float32) error
+}

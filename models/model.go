@@ -64,6 +64,7 @@ type Model struct {
 	gm                  gpu.GatedMLPer       // nil when the device does not run a gated MLP's products as one operation
 	gmv                 gpu.GatedMatVecer    // nil when the device does not form one token's activation in gate|up
 	pn                  gpu.PostNormMatVecer // nil when the device does not fold a post-norm into the next product
+	hm                  gpu.HeadMatVecer     // nil when the device does not fold the last norms into the LM head
 
 	// Tensor parallelism: full is the whole model's configuration (Config
 	// is this rank's slice of it); group, on rank 0 only, lists every rank,
@@ -153,6 +154,7 @@ func Load(cfg *Config, ckpt *safetensors.Checkpoint, dev gpu.Device, o Options) 
 	m.gm, _ = dev.(gpu.GatedMLPer)
 	m.gmv, _ = dev.(gpu.GatedMatVecer)
 	m.pn, _ = dev.(gpu.PostNormMatVecer)
+	m.hm, _ = dev.(gpu.HeadMatVecer)
 	m.qp, _ = dev.(gpu.QKVPreparer)
 	if err := m.load(ckpt); err != nil {
 		m.Close()
@@ -1119,13 +1121,28 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool, from tokenSource) error
 			return fmt.Errorf("forward: %w", err)
 		}
 	}
-	if err := m.layersForward(cache, n); err != nil {
+	head := m.headFused(n, r)
+	t, err := m.layersForward(cache, n, head)
+	if err != nil {
 		return err
 	}
 	if !m.last() || r == 0 {
 		return nil
 	}
 	var e errs
+	if t.y != nil {
+		// One token: its last residual update, the final norm and the
+		// argmax inside the LM head.
+		var next gpu.Buffer
+		if argmax {
+			next = s.next
+		}
+		e.do(m.hm.HeadMatVec(s.logits, next, t.r, t.y, t.wn, m.norm, m.lmHead, c.Hidden, c.Vocab, float32(c.NormEps)))
+		if e.err != nil {
+			return fmt.Errorf("forward: logits: %w", e.err)
+		}
+		return nil
+	}
 	e.do(d.Embed(s.last, s.x, s.idx.rows, r, c.Hidden))
 	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
 	if m.headSplit {
@@ -1154,8 +1171,22 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool, from tokenSource) error
 // 0.4 ms slower on an H200); decode steps, up to 64 tokens, gain.
 const qkvFuseTokens = 64
 
-// layersForward runs every layer over the n tokens in s.x.
-func (m *Model) layersForward(cache *Cache, n int) error {
+// headFused says whether a step of n tokens and r logits rows leaves its
+// last residual update to the LM head (gpu.HeadMatVecer): one token on the
+// whole model's last stage.
+func (m *Model) headFused(n, r int) bool {
+	return n == 1 && r == 1 && m.hm != nil && m.last() && !m.headSplit && m.group == nil &&
+		(m.opts.Shard == nil || m.opts.Shard.Size == 1)
+}
+
+// residual is an update of the residual r that layersForward leaves to
+// the LM head: r + rmsnorm(y)·wn, or r + y when wn is nil. y is nil when
+// the residual is whole in s.x.
+type residual struct{ r, y, wn gpu.Buffer }
+
+// layersForward runs every layer over the n tokens in s.x. With toHead it
+// may leave the last layer's residual update to the LM head.
+func (m *Model) layersForward(cache *Cache, n int, toHead bool) (residual, error) {
 	c, s, d := &m.Config, &m.s, m.dev
 	qw, kw := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	eps := float32(c.NormEps)
@@ -1249,9 +1280,10 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 		e.do(d.Attention(s.att, q, cache.k[i], cache.v[i], attn))
 		e.do(d.MatMul(s.o, s.att, ly.o, n, qw, c.Hidden))
 		switch {
-		case fused && i < len(m.layers)-1:
+		case fused && (i < len(m.layers)-1 || toHead):
 			// The gate|up product forms the post-attention norm's
-			// residual, and the next q|k|v product the post-MLP one's.
+			// residual, and the next q|k|v product (or the LM head) the
+			// post-MLP one's.
 			e.do(m.pn.PostNormMatVec(s.g1, alt, res, s.o, ly.postAttnNorm, ly.gateUp, c.Hidden, c.Intermediate, true, eps))
 			res, alt, post = alt, res, ly.postFFNorm
 			e.do(d.MatMul(s.o, s.g1, ly.down, 1, c.Intermediate, c.Hidden))
@@ -1282,29 +1314,35 @@ func (m *Model) layersForward(cache *Cache, n int) error {
 			e.do(d.Add(s.x, s.x, s.o, n*c.Hidden))
 		}
 		if e.err != nil {
-			return fmt.Errorf("forward: layer %d: %w", m.opts.FirstLayer+i, e.err)
+			return residual{}, fmt.Errorf("forward: layer %d: %w", m.opts.FirstLayer+i, e.err)
 		}
 	}
-	if res != s.x || post != nil {
-		return fmt.Errorf("forward: the residual ended outside its buffer")
+	switch {
+	case toHead && post != nil:
+		return residual{r: res, y: s.o, wn: post}, nil
+	case toHead && pending:
+		return residual{r: s.x, y: s.o}, nil
+	case res != s.x || post != nil:
+		return residual{}, fmt.Errorf("forward: the residual ended outside its buffer")
 	}
 	if pending {
 		if err := m.reduce(s.o, n*c.Hidden); err != nil {
-			return fmt.Errorf("forward: residual: %w", err)
+			return residual{}, fmt.Errorf("forward: residual: %w", err)
 		}
 		if err := d.Add(s.x, s.x, s.o, n*c.Hidden); err != nil {
-			return fmt.Errorf("forward: residual: %w", err)
+			return residual{}, fmt.Errorf("forward: residual: %w", err)
 		}
 	}
-	return nil
+	return residual{r: s.x}, nil
 }
 
 // postFused says whether a step of n tokens has OLMo 2's post-norms
 // formed by the one-token products that read the residual they update
 // (gpu.PostNormMatVecer): the gate|up product the post-attention norm's,
 // the next layer's q|k|v product the post-MLP norm's; the last layer's
-// run as norms. The updates alternate between s.x and s.h (which OLMo 2
-// leaves unused), 2·(layers−1) of them, so the residual ends in s.x.
+// run as norms, or are formed by the LM head (headFused). The updates
+// alternate between s.x and s.h (which OLMo 2 leaves unused), 2·(layers−1)
+// of them, so the residual ends in s.x unless the LM head takes the last.
 func (m *Model) postFused(n int) bool {
 	c, s := &m.Config, &m.s
 	if n != 1 || m.pn == nil || c.Arch != OLMo2 || s.qkv1 == nil || s.g1 == nil || (m.opts.Shard != nil && m.opts.Shard.Size > 1) {

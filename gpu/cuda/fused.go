@@ -13,6 +13,7 @@ var (
 	_ gpu.GatedMLPer       = (*Device)(nil)
 	_ gpu.GatedMatVecer    = (*Device)(nil)
 	_ gpu.PostNormMatVecer = (*Device)(nil)
+	_ gpu.HeadMatVecer     = (*Device)(nil)
 )
 
 // fusedKernelNames are the kernels of the fused decode operations; they are
@@ -28,8 +29,13 @@ func fusedKernelNames() []string {
 		names = append(names, "silu_rows_"+dt)
 	}
 	for _, s := range gemvSplits {
-		for _, kind := range []string{"glu_bf16", postKind(false), postKind(true)} {
+		for _, kind := range []string{"glu_bf16", postKind(false), postKind(true), "bf16_head"} {
 			names = append(names, fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, s.nv, s.ks))
+		}
+		if s.nv <= 2 {
+			for _, glu := range []bool{false, true} {
+				names = append(names, fmt.Sprintf("gemv_%s_ahead_nv%d_ks%d", postKind(glu), s.nv, s.ks))
+			}
 		}
 	}
 	return names
@@ -448,6 +454,10 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 	}
 	if (b[4].dt == gpu.BF16 || b[4].dt == gpu.F32) && b[5].dt == gpu.BF16 {
 		if kern, grid := d.gemvKernel(postKind(glu), k, rows); kern != nil {
+			_, ks, _ := d.gemvShape(k, rows)
+			if ak, _ := d.gemvKernel(postKind(glu)+"_ahead", k, rows); ak != nil && postAhead(glu, ks, m, int(grid.x)) {
+				kern = ak
+			}
 			return d.launch(kern, grid, grid1(256), 0,
 				bufArg("out", b[0], gpu.F32, m), bufArg("y", b[3], gpu.F32, k), bufArg("w", b[5], gpu.BF16, rows*k),
 				i32Arg(k), i32Arg(rows), bufArg("rOut", b[1], gpu.F32, k), bufArg("r", b[2], gpu.F32, k),
@@ -464,6 +474,137 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 		return d.gatedMatVec(op, b[0], b[1], b[5], k, m)
 	}
 	return d.matmul(b[0], b[1], b[5], 1, k, m)
+}
+
+// HeadMatVec implements gpu.HeadMatVecer. With bf16 weights (the norms'
+// bf16 or f32) and k a multiple of 8, the split-K GEMV forms x in every
+// block from the rows of r, y and the norms its warps load, and its blocks
+// hand their best logits to the last to finish (gemv_bf16_head_*): no
+// norm or argmax kernels around the LM head. Other shapes run the norms,
+// the product and the argmax one after another in scratch.
+func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps float32) error {
+	const op = "head matvec"
+	if err := d.enter(op); err != nil {
+		return err
+	}
+	defer d.leave()
+	names := []string{"out", "r", "y", "wf", "w"}
+	bs := []gpu.Buffer{out, r, y, wf, w}
+	lens := []int{m, k, k, k, m * k}
+	if wn != nil {
+		names, bs, lens = append(names, "wn"), append(bs, wn), append(lens, k)
+	}
+	if next != nil {
+		names, bs, lens = append(names, "next"), append(bs, next), append(lens, 1)
+	}
+	b, err := d.bufs2(op, names, bs...)
+	if err != nil {
+		return err
+	}
+	if err := positive(op, k, m); err != nil {
+		return err
+	}
+	if err := checkProduct(op, names[:5], b[:5], lens[:5], 3); err != nil {
+		return err
+	}
+	bo, bw, bwn, bnext := b[0], b[4], (*Buffer)(nil), (*Buffer)(nil)
+	for i := 5; i < len(b); i++ {
+		if err := gpu.CheckLen(op, names[i], b[i], lens[i]); err != nil {
+			return err
+		}
+		if names[i] == "wn" {
+			bwn = b[i]
+			if !bwn.dt.IsFloat() {
+				return fmt.Errorf("%s: wn is %s, want f32, bf16 or f16", op, bwn.dt)
+			}
+		} else {
+			bnext = b[i]
+			if err := wantDT(op, "next", bnext, gpu.I32); err != nil {
+				return err
+			}
+		}
+	}
+	// The outputs are written while other blocks still read the inputs.
+	for i, o := range b {
+		for j := i + 1; j < len(b); j++ {
+			if (o == bo || o == bnext || b[j] == bo || b[j] == bnext) && overlaps(o, b[j]) {
+				return fmt.Errorf("%s: %s overlaps %s", op, names[i], names[j])
+			}
+		}
+	}
+	d.overwrite(bo)
+	norms := func(n *Buffer) bool { return n == nil || n.dt == gpu.BF16 || n.dt == gpu.F32 }
+	if bw.dt == gpu.BF16 && norms(bwn) && norms(b[3]) {
+		if kern, grid := d.gemvKernel("bf16_head", k, m); kern != nil {
+			wnArg, wnF32 := devPtrArg(0), 0
+			if bwn != nil {
+				wnArg, wnF32 = bufArg("wn", bwn, bwn.dt, k), b2i(bwn.dt == gpu.F32)
+			}
+			am := []arg{devPtrArg(0), devPtrArg(0), devPtrArg(0), devPtrArg(0)}
+			if bnext != nil {
+				parts := int(grid.x)
+				pv, err := d.scratchBuf("head.v", gpu.F32, parts)
+				if err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+				pi, err := d.scratchBuf("head.i", gpu.I32, parts)
+				if err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+				am = []arg{bufArg("next", bnext, gpu.I32, 1), bufArg("pv", pv, gpu.F32, parts),
+					bufArg("pi", pi, gpu.I32, parts), bufArg("cnt", d.counters, gpu.I32, 1)}
+			}
+			return d.launch(kern, grid, grid1(256), 0, append([]arg{
+				bufArg("out", bo, gpu.F32, m), bufArg("y", b[2], gpu.F32, k), bufArg("w", bw, gpu.BF16, m*k),
+				i32Arg(k), i32Arg(m), bufArg("r", b[1], gpu.F32, k), wnArg, i32Arg(wnF32),
+				bufArg("wf", b[3], b[3].dt, k), i32Arg(b2i(b[3].dt == gpu.F32)), f32Arg(eps)}, am...)...)
+		}
+	}
+	// x = rmsnorm(r + u) * wf in scratch: r's copy takes u, then the norm.
+	sr, err := d.scratchBuf("head.r", gpu.F32, k)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	sx, err := d.scratchBuf("head.x", gpu.F32, k)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if err := d.copyD(sr, b[1], 4*k); err != nil {
+		return err
+	}
+	if bwn != nil {
+		if err := d.normLocked(op, 2, nil, sr, b[2], bwn, 1, k, eps); err != nil {
+			return err
+		}
+		if err := d.normLocked(op, 0, sx, nil, sr, b[3], 1, k, eps); err != nil {
+			return err
+		}
+	} else if err := d.normLocked(op, 1, sx, sr, b[2], b[3], 1, k, eps); err != nil {
+		return err
+	}
+	if err := d.matmul(bo, sx, bw, 1, k, m); err != nil {
+		return err
+	}
+	if bnext == nil {
+		return nil
+	}
+	return d.argmax(bnext, bo, 1, m)
+}
+
+// postAhead says whether a post-norm product of m outputs, its rows' k
+// split over ks warps, on a grid of blocks takes the kernel that asks for
+// its second group of weights before the post-norm's prologue
+// (gemv_*_post_ahead_*, up to two units of k a warp): where each block
+// sums at most 8 groups, so that the prologue is a large part of its
+// life. Measured on an H200 (docs/cuda.md): OLMo-2-1B's q|k|v and gate|up
+// products (3 and 8 groups a block) 0.8095 → 0.800 ms a token; OLMo-2-7B's
+// (12 and 21) would go 3.591 → 3.607.
+func postAhead(glu bool, ks, m, blocks int) bool {
+	items := 8 / ks * 2 // outputs of a block's group
+	if glu {
+		items = 8 / ks
+	}
+	return ceilDiv(ceilDiv(m, items), blocks) <= 8
 }
 
 // postKind is the kind of fast GEMV (gemvKernel) that forms its row of x

@@ -679,3 +679,137 @@ func TestSplitSums(t *testing.T) {
 		})
 	}
 }
+
+// TestHeadMatVec checks the LM head with the step's last residual update
+// and final norm folded in against the float64 reference, and its argmax
+// against the host's over the logits it stored: ties to the lowest index,
+// NaNs skipped, the blocks' counter left zero from call to call.
+func TestHeadMatVec(t *testing.T) {
+	d := open(t)
+	rf := ref.New()
+	const eps = 1e-5
+	for _, c := range []struct {
+		dt, nd gpu.DType // the head's weights, the norms'
+		k, m   int
+		post   bool // a post-norm on y (OLMo 2); else r + y
+		ties   string
+	}{
+		{gpu.BF16, gpu.BF16, 2048, 100352, true, ""}, {gpu.BF16, gpu.F32, 4096, 32000, false, ""},
+		{gpu.BF16, gpu.BF16, 1024, 151936, false, ""}, {gpu.BF16, gpu.BF16, 2048, 4096, true, "equal"},
+		{gpu.BF16, gpu.BF16, 2048, 4096, true, "nan"}, {gpu.BF16, gpu.BF16, 24, 40, true, ""},
+		{gpu.BF16, gpu.BF16, 264, 33, false, ""}, {gpu.BF16, gpu.F16, 256, 40, true, ""},
+		{gpu.BF16, gpu.BF16, 20, 12, true, ""}, {gpu.F32, gpu.F32, 64, 48, false, ""},
+	} {
+		t.Run(fmt.Sprintf("%s/%s/%dx%d/post=%v/%s", c.dt, c.nd, c.m, c.k, c.post, c.ties), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.k), uint64(c.m)))
+			fast := c.dt == gpu.BF16 && c.nd != gpu.F16 && c.k%8 == 0
+			if kern, _ := d.gemvKernel("bf16_head", c.k, c.m); fast && kern == nil {
+				t.Error("no fused kernel takes the shape")
+			}
+			res, y := randF32(r, c.k, 1), randF32(r, c.k, 3)
+			wv := randF32(r, c.m*c.k, 0.05)
+			switch c.ties {
+			case "equal": // every row the same: every logit ties, 0 wins
+				for i := 1; i < c.m; i++ {
+					copy(wv[i*c.k:(i+1)*c.k], wv[:c.k])
+				}
+			case "nan": // row 0 gives NaN, the rest tie: 1 wins
+				for i := 2; i < c.m; i++ {
+					copy(wv[i*c.k:(i+1)*c.k], wv[c.k:2*c.k])
+				}
+				wv[3] = float32(math.NaN())
+			}
+			raw := gputest.Encode(c.dt, wv)
+			rawF := gputest.Encode(c.nd, randF32(r, c.k, 1))
+			var rawN []byte
+			var wn gpu.Buffer
+			if c.post {
+				rawN = gputest.Encode(c.nd, randF32(r, c.k, 1))
+				wn = weights(t, d, c.nd, rawN)
+			}
+			out, next := alloc(t, d, gpu.F32, c.m), alloc(t, d, gpu.I32, 1)
+			rb, yb, wf, w := f32buf(t, d, res), f32buf(t, d, y), weights(t, d, c.nd, rawF), weights(t, d, c.dt, raw)
+			// The reference: x = rmsnorm(r + u)·wf, u = rmsnorm(y)·wn or y.
+			nr, u := f32buf(t, rf, res), f32buf(t, rf, y)
+			if c.post {
+				if err := rf.RMSNorm(u, u, weights(t, rf, c.nd, rawN), 1, c.k, eps); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := rf.Add(nr, nr, u, c.k); err != nil {
+				t.Fatal(err)
+			}
+			if err := rf.RMSNorm(nr, nr, weights(t, rf, c.nd, rawF), 1, c.k, eps); err != nil {
+				t.Fatal(err)
+			}
+			prod := alloc(t, rf, gpu.F32, c.m)
+			if err := rf.MatMul(prod, nr, weights(t, rf, c.dt, raw), 1, c.k, c.m); err != nil {
+				t.Fatal(err)
+			}
+			want := readF32(t, rf, prod)
+			for call := range 3 {
+				nb := next
+				if call == 1 {
+					nb = nil // the logits alone
+				}
+				if err := d.HeadMatVec(out, nb, rb, yb, wn, wf, w, c.k, c.m, eps); err != nil {
+					t.Fatal(err)
+				}
+				got, lo := readF32(t, d, out), 0
+				if c.ties == "nan" {
+					if lo = 1; !math.IsNaN(float64(got[0])) {
+						t.Errorf("call %d: logit 0 is %g, want NaN", call, got[0])
+					}
+				}
+				if e := gputest.RelL2(got[lo:], want[lo:]); !(e <= 1e-5) {
+					t.Errorf("call %d: logits: error %.3g, want at most 1e-5", call, e)
+				}
+				if nb == nil {
+					continue
+				}
+				best := make([]int32, 1)
+				if err := d.Read(gpu.I32Bytes(best), next, 0); err != nil {
+					t.Fatal(err)
+				}
+				host := hostArgmax(got)
+				if best[0] != host {
+					t.Errorf("call %d: argmax %d, the host's over the same logits %d", call, best[0], host)
+				}
+				if w := map[string]int32{"equal": 0, "nan": 1}[c.ties]; c.ties != "" && best[0] != w {
+					t.Errorf("call %d: argmax %d, want %d", call, best[0], w)
+				}
+			}
+			if !slices.Equal(readF32(t, d, rb), res) || !slices.Equal(readF32(t, d, yb), y) {
+				t.Error("r or y changed")
+			}
+		})
+	}
+	// Checked before the GPU sees them.
+	k, m := 64, 16
+	rb, yb, wf, w := alloc(t, d, gpu.F32, k), alloc(t, d, gpu.F32, k), alloc(t, d, gpu.BF16, k), alloc(t, d, gpu.BF16, m*k)
+	if err := d.HeadMatVec(yb, nil, rb, yb, nil, wf, alloc(t, d, gpu.BF16, k*k), k, k, eps); err == nil {
+		t.Error("out overlapping y was accepted")
+	}
+	out := alloc(t, d, gpu.F32, m)
+	if err := d.HeadMatVec(out, out, rb, yb, nil, wf, w, k, m, eps); err == nil {
+		t.Error("next overlapping out was accepted")
+	}
+	if err := d.HeadMatVec(out, alloc(t, d, gpu.F32, 1), rb, yb, nil, wf, w, k, m, eps); err == nil {
+		t.Error("an f32 next was accepted")
+	}
+	if err := d.HeadMatVec(out, nil, rb, yb, nil, wf, w, k, m+1, eps); err == nil {
+		t.Error("a short w was accepted")
+	}
+}
+
+// hostArgmax is the index of the largest of v, the lowest among equals,
+// NaNs skipped (0 when every value is NaN), as the device's argmax.
+func hostArgmax(v []float32) int32 {
+	best := -1
+	for i, x := range v {
+		if !math.IsNaN(float64(x)) && (best < 0 || x > v[best]) {
+			best = i
+		}
+	}
+	return int32(max(best, 0))
+}

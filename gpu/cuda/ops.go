@@ -290,6 +290,12 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 	if err != nil {
 		return err
 	}
+	return d.argmax(b[0], b[1], n, width)
+}
+
+// argmax is Argmax inside an operation.
+func (d *Device) argmax(out, logits *Buffer, n, width int) error {
+	b := []*Buffer{out, logits}
 	if err := positive("argmax", n, width); err != nil {
 		return err
 	}

@@ -142,12 +142,16 @@ DEV uint64_t evict_normal() {
   return pol;
 }
 
-// ld_once is ld_stream for bytes read once a step (evict_first): the
+// weight_policy is the L2 policy of a decode product's weights, read
+// once a step.
+DEV uint64_t weight_policy() { return evict_first(); }
+
+// ld_once is ld_stream for bytes read once a step (weight_policy): the
 // decode products' weights.
 DEV uint4 ld_once(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(evict_first()));
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(weight_policy()));
   return r;
 }
 
@@ -155,6 +159,72 @@ DEV float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// better keeps (v, i) in (bv, bi) when v is larger, or equal at a lower
+// index: an argmax whose ties go to the lowest index and which skips NaNs.
+DEV void better(float& bv, int& bi, float v, int i) {
+  if (v > bv || (v == bv && i < bi)) {
+    bv = v;
+    bi = i;
+  }
+}
+
+// block_best reduces (bv, bi) over the block; thread 0 gets the result.
+DEV void block_best(float& bv, int& bi, float* sv, int* si) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float v = __shfl_xor_sync(0xffffffffu, bv, o);
+    int j = __shfl_xor_sync(0xffffffffu, bi, o);
+    better(bv, bi, v, j);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int nw = blockDim.x >> 5;
+    bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float v = __shfl_xor_sync(0xffffffffu, bv, o);
+      int j = __shfl_xor_sync(0xffffffffu, bi, o);
+      better(bv, bi, v, j);
+    }
+  }
+}
+
+// grid_best finishes an argmax that nb blocks share: block b hands its
+// (bv, bi) to pv[b] and pi[b], and the last block to arrive (counted in
+// *cnt, which it resets for the next launch) reduces them and stores the
+// best index to *out (0 when every value was NaN). Every thread of the
+// block calls it.
+DEV void grid_best(float bv, int bi, float* pv, int* pi, unsigned* cnt, int* out, int b, int nb) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  __shared__ bool last;
+  block_best(bv, bi, sv, si);
+  if (threadIdx.x == 0) {
+    pv[b] = bv;
+    pi[b] = bi;
+    __threadfence();
+    last = atomicAdd(cnt, 1u) == (unsigned)nb - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  bv = -__int_as_float(0x7f800000);
+  bi = 0x7fffffff;
+  for (int j = threadIdx.x; j < nb; j += blockDim.x) better(bv, bi, __ldcg(pv + j), __ldcg(pi + j));
+  block_best(bv, bi, sv, si);
+  if (threadIdx.x == 0) {
+    *out = bi == 0x7fffffff ? 0 : bi;
+    *cnt = 0;
+  }
 }
 
 DEV float warp_max(float v) {

@@ -77,51 +77,12 @@ extern "C" __global__ void storekv_f16(uint16_t* kc, uint16_t* vc, const float* 
 }
 
 // Argmax over rows of width; ties go to the lowest index, NaNs are skipped
-// (a row of NaNs gives 0). gridDim.x blocks share a row (blockIdx.y): each
-// finds its chunk's best and writes it to pv/pi, and the last block of the
-// row to finish (counted in cnt[row], which it resets for the next launch)
-// reduces those in block order, so the result does not depend on timing.
-DEV void better(float& bv, int& bi, float v, int i) {
-  if (v > bv || (v == bv && i < bi)) {
-    bv = v;
-    bi = i;
-  }
-}
-
-// block_best reduces (bv, bi) over the block; thread 0 gets the result.
-DEV void block_best(float& bv, int& bi, float* sv, int* si) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float v = __shfl_xor_sync(0xffffffffu, bv, o);
-    int j = __shfl_xor_sync(0xffffffffu, bi, o);
-    better(bv, bi, v, j);
-  }
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    int nw = blockDim.x >> 5;
-    bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
-    bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float v = __shfl_xor_sync(0xffffffffu, bv, o);
-      int j = __shfl_xor_sync(0xffffffffu, bi, o);
-      better(bv, bi, v, j);
-    }
-  }
-}
-
+// (a row of NaNs gives 0). gridDim.x blocks share a row (blockIdx.y), each
+// taking a chunk, and the last to finish reduces their results
+// (grid_best, with cnt[row]).
 extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int width, float* pv, int* pi,
                                       unsigned* cnt) {
   pdl_begin();
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  __shared__ bool last;
   int row = blockIdx.y;
   if (row >= n) return;
   const float* x = logits + (long)row * width;
@@ -130,25 +91,8 @@ extern "C" __global__ void argmax_f32(int* out, const float* logits, int n, int 
   float bv = -__int_as_float(0x7f800000);
   int bi = 0x7fffffff;
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, x[i], i);
-  block_best(bv, bi, sv, si);
   long p = (long)row * gridDim.x;
-  if (threadIdx.x == 0) {
-    pv[p + blockIdx.x] = bv;
-    pi[p + blockIdx.x] = bi;
-    __threadfence();
-    last = atomicAdd(&cnt[row], 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  bv = -__int_as_float(0x7f800000);
-  bi = 0x7fffffff;
-  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) better(bv, bi, __ldcg(pv + p + b), __ldcg(pi + p + b));
-  block_best(bv, bi, sv, si);
-  if (threadIdx.x == 0) {
-    out[row] = bi == 0x7fffffff ? 0 : bi;
-    cnt[row] = 0;
-  }
+  grid_best(bv, bi, pv + p, pi + p, cnt + row, out + row, blockIdx.x, gridDim.x);
 }
 
 // Read-only bandwidth probe: sums n4 float4s into *out.

@@ -1,6 +1,7 @@
 // Matrix-vector products for decode: out[b,j] = sum_i x[b,i] * w[j,i] with
 // f32 x and out, f32/bf16/f16 w, f32 accumulation.
 #include "common.cuh"
+#include "mma.cuh"
 
 // What a fast GEMV gives: out = w·x (PLAIN), or a gated MLP's activation
 // from its packed gate and up projection, w holding the gate rows then the
@@ -21,22 +22,53 @@ enum { GEMV_PLAIN, GEMV_GLU };
 // two blocks fill an SM's registers). The first D-1 groups' weights are
 // requested before the kernel waits for x (pdl_begin).
 //
-// With POST (one row of x), the product's input is a post-norm block's new
-// residual, x = r + rmsnorm(y) * wn (wn bf16 or f32), formed in the block:
-// x names y, and block 0 stores the new residual into r_out.
+// With POST_RES (one row of x), the product's input is a post-norm block's
+// new residual, x = r + rmsnorm(y) * wn (wn bf16 or f32), formed in the
+// block: x names y, and block 0 stores the new residual into r_out. With
+// POST_HEAD, a step's last residual update and final norm before the LM
+// head: x = rmsnorm(r + u) * wf, u = rmsnorm(y) * wn (a post-norm) or y
+// (wn null); the residual is not stored.
+enum { POST_NONE, POST_RES, POST_HEAD };
 struct PostNorm {
   float* r_out;
   const float* r;
   const void* wn;  // the norm's weights: bf16, or f32 with wn_f32
   int wn_f32;
   float eps;
+  const void* wf;  // POST_HEAD's final norm weights: bf16, or f32 with wf_f32
+  int wf_f32;
 };
 
-template <int NV, int KS, int R, int MODE, int D, int NB, bool POST = false>
+// With AM, the product's argmax (ties to the lowest index, NaNs skipped)
+// goes to *next: each block's best output to pv/pi, reduced by the last
+// block to finish (grid_best, counted in *cnt).
+struct ArgmaxOut {
+  int* next;
+  float* pv;
+  int* pi;
+  unsigned* cnt;
+};
+
+// norm8 reads the 8 norm weights at o (bf16, or f32 with f32 set).
+DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
+  if (f32) {
+    const float4* wp = reinterpret_cast<const float4*>(wn) + o / 4;
+    float4 p = wp[0], q = wp[1];
+    wf[0] = p.x; wf[1] = p.y; wf[2] = p.z; wf[3] = p.w; wf[4] = q.x; wf[5] = q.y; wf[6] = q.z; wf[7] = q.w;
+  } else {
+    unpack8<BF16>(*(reinterpret_cast<const uint4*>(wn) + o / 8), wf);
+  }
+}
+
+// With AHEAD (POST_RES, up to two units a warp), the group after the
+// first is asked for before the post-norm's prologue (see below).
+template <int NV, int KS, int R, int MODE, int D, int NB, int POST = POST_NONE, bool AM = false, bool AHEAD = false>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
-                        int k, int m, PostNorm pn = {}) {
+                        int k, int m, PostNorm pn = {}, ArgmaxOut am = {}) {
+  static_assert(!AHEAD || (POST == POST_RES && NV <= 2 && D == 2), "the group ahead goes to shared memory");
   static_assert(MODE != GEMV_GLU || (R == 2 && NB == 1), "GLU pairs a gate row with its up row, for one row of x");
-  static_assert(!POST || NB == 1, "a post-norm forms one row of x");
+  static_assert(POST == POST_NONE || NB == 1, "a post-norm forms one row of x");
+  static_assert(!AM || (MODE == GEMV_PLAIN && NB == 1), "the argmax of one plain row");
   constexpr int GROUPS = 8 / KS;                  // row groups per block
   constexpr int IR = MODE == GEMV_GLU ? 1 : R;    // outputs of a row group
   constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration and row of x
@@ -66,6 +98,24 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   if (base < mo) loadw(w0, base + grp * IR);
   if (D == 3 && base + stride < mo) loadw(w1, base + stride + grp * IR);
   pdl_begin();
+  // With AHEAD, the second group, which the first step would ask for
+  // after the post-norm's prologue (two waits on loads of y and r, and
+  // two barriers), is asked for before it, so that the weights keep
+  // streaming: into shared memory (cp.async; the registers are full),
+  // each thread to its own slots, moved to registers once the first group
+  // is summed.
+  __shared__ uint4 wsm[AHEAD ? R * NV * 256 : 1];
+  if (AHEAD && base + stride < mo) {
+    const uint64_t pol = weight_policy();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      int row = min(MODE == GEMV_GLU ? base + stride + grp * IR + r * mo : base + stride + grp * IR + r, m - 1);
+      const uint16_t* wp = w + (long)row * k;
+#pragma unroll
+      for (int v = 0; v < NV; v++) cp_async16_hint(&wsm[(r * NV + v) * 256 + threadIdx.x], wp + off(v), off(v) < k, pol);
+    }
+    cp_async_commit();
+  }
   float xv[NB][NV][8];
 #pragma unroll
   for (int b = 0; b < NB; b++)
@@ -81,49 +131,66 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       xv[b][v][0] = a.x; xv[b][v][1] = a.y; xv[b][v][2] = a.z; xv[b][v][3] = a.w;
       xv[b][v][4] = c.x; xv[b][v][5] = c.y; xv[b][v][6] = c.z; xv[b][v][7] = c.w;
     }
-  if constexpr (POST) {
+  if constexpr (POST != POST_NONE) {
     // Each row group's KS warps hold every unit of k, so the block sums
-    // y's squares from registers, every group (and block) in one order.
-    __shared__ float ssw[8];
-    float ss = 0.f;
+    // x's squares from registers, every group (and block) in one order.
+    __shared__ float ssw[2][8];
+    auto inv_rms = [&](int s) {
+      float ss = 0.f;
 #pragma unroll
-    for (int v = 0; v < NV; v++)
+      for (int v = 0; v < NV; v++)
 #pragma unroll
-      for (int e = 0; e < 8; e++) ss = fmaf(xv[0][v][e], xv[0][v][e], ss);
-    ss = warp_sum(ss);
-    if (lane == 0) ssw[warp] = ss;
-    __syncthreads();
-    float tot = 0.f;
+        for (int e = 0; e < 8; e++) ss = fmaf(xv[0][v][e], xv[0][v][e], ss);
+      ss = warp_sum(ss);
+      if (lane == 0) ssw[s][warp] = ss;
+      __syncthreads();
+      float tot = 0.f;
 #pragma unroll
-    for (int q = 0; q < KS; q++) tot += ssw[grp * KS + q];
-    const float inv = rsqrtf(tot / (float)k + pn.eps);
-    const bool keep = blockIdx.x == 0 && grp == 0;
+      for (int q = 0; q < KS; q++) tot += ssw[s][grp * KS + q];
+      return rsqrtf(tot / (float)k + pn.eps);
+    };
+    const bool normy = POST == POST_RES || pn.wn != nullptr;  // uniform over the block
+    const float inv = normy ? inv_rms(0) : 1.f;
+    const bool keep = POST == POST_RES && blockIdx.x == 0 && grp == 0;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       if (off(v) >= k) continue;
       const float4* rp = reinterpret_cast<const float4*>(pn.r + off(v));
       float4 a = rp[0], c = rp[1];
       float rv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w}, wf[8];
-      if (pn.wn_f32) {
-        const float4* wp = reinterpret_cast<const float4*>(pn.wn) + off(v) / 4;
-        float4 p = wp[0], q = wp[1];
-        wf[0] = p.x; wf[1] = p.y; wf[2] = p.z; wf[3] = p.w; wf[4] = q.x; wf[5] = q.y; wf[6] = q.z; wf[7] = q.w;
-      } else {
-        unpack8<BF16>(*(reinterpret_cast<const uint4*>(pn.wn) + off(v) / 8), wf);
-      }
+      if (normy) {
+        norm8(pn.wn, pn.wn_f32, off(v), wf);
 #pragma unroll
-      for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * inv * wf[e] + rv[e];
+        for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * inv * wf[e] + rv[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[0][v][e] += rv[e];
+      }
       if (keep) {
         float4* op = reinterpret_cast<float4*>(pn.r_out + off(v));
         op[0] = make_float4(xv[0][v][0], xv[0][v][1], xv[0][v][2], xv[0][v][3]);
         op[1] = make_float4(xv[0][v][4], xv[0][v][5], xv[0][v][6], xv[0][v][7]);
       }
     }
+    if constexpr (POST == POST_HEAD) {
+      const float invf = inv_rms(1);
+#pragma unroll
+      for (int v = 0; v < NV; v++) {
+        if (off(v) >= k) continue;
+        float wf[8];
+        norm8(pn.wf, pn.wf_f32, off(v), wf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * invf * wf[e];
+      }
+    }
   }
+  // The block's best output so far, with AM.
+  float bv = -__int_as_float(0x7f800000);
+  int bi = 0x7fffffff;
   // step sums the group at base from cur, after issuing the loads of the
   // group D-1 ahead into nxt (cur's predecessor, summed already).
-  auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf) {
-    if (base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
+  auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf, bool first) {
+    if (!(AHEAD && first) && base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
     int i0 = base + grp * IR;
     float acc[R][NB];
 #pragma unroll
@@ -155,7 +222,10 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
           for (int r = 0; r < R; r++)
             if (lane == b * R + r) s = acc[r][b];
         if constexpr (NB == 1) {
-          if (i0 + lane < mo) out[i0 + lane] = s;
+          if (i0 + lane < mo) {
+            out[i0 + lane] = s;
+            if constexpr (AM) better(bv, bi, s, i0 + lane);
+          }
         } else {
           int b = lane / R, r = lane % R;
           if (b < n && i0 + r < mo) out[(long)b * mo + i0 + r] = s;
@@ -188,16 +258,25 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
         for (int q = 0; q < KS; q++) s += part[buf][q][j];
         out[(long)b * mo + base + i] = s;
+        if constexpr (AM) better(bv, bi, s, base + i);
       }
     }
   };
   // The buffers rotate by name, so that they stay in registers.
   for (int it = 0; base < mo; it++, base += stride) {
     int ph = it % D;
-    if (ph == 0) step(w0, D == 3 ? w2 : w1, base, it & 1);
-    else if (ph == 1) step(w1, w0, base, it & 1);
-    else step(w2, w1, base, it & 1);
+    if (AHEAD && it == 1) {
+      cp_async_wait<0>();
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) w1[r][v] = wsm[(r * NV + v) * 256 + threadIdx.x];
+    }
+    if (ph == 0) step(w0, D == 3 ? w2 : w1, base, it & 1, it == 0);
+    else if (ph == 1) step(w1, w0, base, it & 1, false);
+    else step(w2, w1, base, it & 1, false);
   }
+  if constexpr (AM) grid_best(bv, bi, am.pv, am.pi, am.cnt, am.next, blockIdx.x, gridDim.x);
 }
 
 // Entry points for the (NV, KS) pairs gemvShape in gpu/cuda picks: KS = 8
@@ -222,13 +301,40 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
       NAME##_post_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, float* r_out,       \
                                   const float* r, const void* wn, int wn_f32, float eps) {                        \
-    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2, 1, true>(out, y, w, 1, k, m,                     \
-                                                                           PostNorm{r_out, r, wn, wn_f32, eps});   \
+    gemv_bf16_fast<NV, KS, 2, MODE, (NV == 3 || NV == 6) ? 3 : 2, 1, POST_RES>(out, y, w, 1, k, m,                 \
+                                                                               PostNorm{r_out, r, wn, wn_f32, eps}); \
+  }
+// gemv_bf16_post_ahead_* and gemv_glu_bf16_post_ahead_*: the same with the
+// second group asked for before the prologue (AHEAD), for up to two units
+// a warp.
+#define POSTA(NAME, MODE, NV, KS)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(256, 4)                                                              \
+      NAME##_post_ahead_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, float* r_out, \
+                                        const float* r, const void* wn, int wn_f32, float eps) {                  \
+    gemv_bf16_fast<NV, KS, 2, MODE, 2, 1, POST_RES, false, true>(out, y, w, 1, k, m,                               \
+                                                                 PostNorm{r_out, r, wn, wn_f32, eps});             \
+  }
+// gemv_bf16_head_*: an LM head over one row whose x is formed from the
+// step's last residual update and final norm (POST_HEAD), with the
+// argmax of its outputs into *next unless next is null.
+#define HEAD1(NV, KS)                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
+      gemv_bf16_head_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, const float* r,  \
+                                     const void* wn, int wn_f32, const void* wf, int wf_f32, float eps, int* next, \
+                                     float* pv, int* pi, unsigned* cnt) {                                          \
+    constexpr int D = (NV == 3 || NV == 6) ? 3 : 2;                                                                \
+    PostNorm pn{nullptr, r, wn, wn_f32, eps, wf, wf_f32};                                                          \
+    if (next != nullptr)                                                                                           \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, D, 1, POST_HEAD, true>(out, y, w, 1, k, m, pn, ArgmaxOut{next, pv, pi, cnt}); \
+    else                                                                                                           \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, D, 1, POST_HEAD>(out, y, w, 1, k, m, pn);                              \
   }
 #define FAST(NV, KS)                                                                                                \
   FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS) POST1(gemv_bf16, GEMV_PLAIN, NV, KS)   \
-  POST1(gemv_glu_bf16, GEMV_GLU, NV, KS)
+  POST1(gemv_glu_bf16, GEMV_GLU, NV, KS) HEAD1(NV, KS)
 FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
+#define AHEADS(NV, KS) POSTA(gemv_bf16, GEMV_PLAIN, NV, KS) POSTA(gemv_glu_bf16, GEMV_GLU, NV, KS)
+AHEADS(1, 1) AHEADS(2, 1) AHEADS(2, 2) AHEADS(2, 4) AHEADS(2, 8)
 FASTB(2, 1, 1) FASTB(2, 2, 1) FASTB(2, 2, 2) FASTB(2, 2, 4) FASTB(2, 2, 8) FASTB(2, 3, 8) FASTB(2, 4, 8) FASTB(2, 6, 8)
 FASTB(4, 1, 1) FASTB(4, 2, 1) FASTB(4, 2, 2) FASTB(4, 2, 4) FASTB(4, 2, 8) FASTB(4, 3, 8) FASTB(4, 4, 8)
 
