@@ -54,7 +54,7 @@ func BenchmarkTokenPath(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		st := &stream{key: streamKey{"", "bench"}, cancel: func() {}, limit: 8192}
-		srv.runStream(b.Context(), st, j, time.Now())
+		srv.runStream(b.Context(), st, j, time.Now(), func() {})
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*tokens), "ns/token")
 }

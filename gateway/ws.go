@@ -410,8 +410,7 @@ func (c *wsConn) generate(f *wsFrame, key streamKey) {
 	}
 	started := s.start(true, func() {
 		defer cancel()
-		defer s.lim.release(1)
-		s.runStream(ctx, st, j, received)
+		s.runStream(ctx, st, j, received, func() { s.lim.release(1) })
 	})
 	if !started {
 		s.lim.release(1)
@@ -419,8 +418,11 @@ func (c *wsConn) generate(f *wsFrame, key streamKey) {
 	}
 }
 
-// runStream runs a websocket generation into its stream's buffer.
-func (s *Server) runStream(ctx context.Context, st *stream, j *job, received time.Time) {
+// runStream runs a websocket generation into its stream's buffer. It calls
+// release, which frees the request's in-flight slot, before it appends the
+// final frame: a client that has read the done frame may start another
+// request at once.
+func (s *Server) runStream(ctx context.Context, st *stream, j *job, received time.Time, release func()) {
 	id := st.key.id
 	res, err := s.generate(ctx, j.request(newID("ws-"), 0), received, func(ev *tokenEvent) error {
 		f := wsTokenFrame{Type: wsFrameTypeToken, ID: id, Seq: ev.seq, Text: ev.text, TokenID: ev.tok.ID, TraceID: ev.tok.TraceID,
@@ -456,6 +458,7 @@ func (s *Server) runStream(ctx context.Context, st *stream, j *job, received tim
 			Usage: usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.PromptTokens + f.CompletionTokens}}
 	}
 	b, _ := json.Marshal(final)
+	release()
 	st.append(b, true)
 }
 
