@@ -381,6 +381,34 @@ func TestStreamingMidwayErrorAndDone(t *testing.T) {
 	}
 }
 
+// TestStreamDoneFreesSlot: a streamed answer frees its in-flight slot
+// before its [DONE], so at the limit a client that has read [DONE] may
+// start another request at once, while the first response is still open.
+func TestStreamDoneFreesSlot(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxInFlight = 1
+	env := newEnv(t, cfg, &echoBackend{})
+	for i := range 20 {
+		resp, err := streamReq(t.Context(), env, `{"model":"echo-1","prompt":"abc","stream":true}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		done := false
+		for !done && sc.Scan() {
+			done = sc.Text() == "data: [DONE]"
+		}
+		if !done {
+			t.Fatalf("request %d: the stream ended without [DONE]", i)
+		}
+		status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, nil)
+		resp.Body.Close()
+		if status != 200 {
+			t.Fatalf("request %d after [DONE]: %d %s, want 200", i, status, body)
+		}
+	}
+}
+
 func TestServeAndGracefulShutdown(t *testing.T) {
 	b := &echoBackend{delay: 5 * time.Millisecond, started: make(chan string, 1)}
 	srv, err := New(testConfig(), b, byteTokenizer{}, lineTemplate{})

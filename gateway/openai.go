@@ -161,7 +161,10 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 		writeAPIError(w, tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
 		return
 	}
-	defer s.lim.release(n)
+	// A streamed answer frees its in-flight slots before its [DONE], so
+	// that a client that has read it may start another request at once.
+	release := sync.OnceFunc(func() { s.lim.release(n) })
+	defer release()
 	ctx, cancel := s.workContext(r.Context())
 	defer cancel()
 	prefix := "cmpl-"
@@ -170,7 +173,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	}
 	id := newID(prefix)
 	if j.stream {
-		s.streamJob(ctx, cancel, w, j, chat, id, received)
+		s.streamJob(ctx, cancel, w, j, chat, id, received, release)
 		return
 	}
 	results := make([]choiceResult, n)
@@ -363,8 +366,9 @@ func (e *sse) isStarted() bool {
 	return e.started
 }
 
-// streamJob answers a job as server-sent events.
-func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, j *job, chat bool, id string, received time.Time) {
+// streamJob answers a job as server-sent events, calling release (which
+// frees the job's in-flight slots) before it writes [DONE].
+func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, j *job, chat bool, id string, received time.Time, release func()) {
 	out := &sse{w: w}
 	created := received.Unix()
 	model := j.model.ID
@@ -434,6 +438,7 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 		}
 		if out.err == nil {
 			_ = out.send(ae.body())
+			release()
 			_ = out.raw([]byte("[DONE]"))
 		}
 		return
@@ -453,5 +458,6 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 			return
 		}
 	}
+	release()
 	_ = out.raw([]byte("[DONE]"))
 }
