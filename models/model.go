@@ -1129,7 +1129,6 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool, from tokenSource) error
 	if !m.last() || r == 0 {
 		return nil
 	}
-	var e errs
 	if t.y != nil {
 		// One token: its last residual update, the final norm and the
 		// argmax inside the LM head.
@@ -1137,12 +1136,12 @@ func (m *Model) ops(cache *Cache, n, r int, argmax bool, from tokenSource) error
 		if argmax {
 			next = s.next
 		}
-		e.do(m.hm.HeadMatVec(s.logits, next, t.r, t.y, t.wn, m.norm, m.lmHead, c.Hidden, c.Vocab, float32(c.NormEps)))
-		if e.err != nil {
-			return fmt.Errorf("forward: logits: %w", e.err)
+		if err := m.hm.HeadMatVec(s.logits, next, t.r, t.y, t.wn, m.norm, m.lmHead, c.Hidden, c.Vocab, float32(c.NormEps)); err != nil {
+			return fmt.Errorf("forward: logits: %w", err)
 		}
 		return nil
 	}
+	var e errs
 	e.do(d.Embed(s.last, s.x, s.idx.rows, r, c.Hidden))
 	e.do(d.RMSNorm(s.last, s.last, m.norm, r, c.Hidden, float32(c.NormEps)))
 	if m.headSplit {
