@@ -452,6 +452,8 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 			}
 		}
 	}
+	d.overwrite(b[0])
+	d.overwrite(b[1])
 	if (b[4].dt == gpu.BF16 || b[4].dt == gpu.F32) && b[5].dt == gpu.BF16 {
 		if kern, grid := d.gemvKernel(postKind(glu), k, rows); kern != nil {
 			_, ks, _ := d.gemvShape(k, rows)
