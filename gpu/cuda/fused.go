@@ -457,7 +457,7 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 	if (b[4].dt == gpu.BF16 || b[4].dt == gpu.F32) && b[5].dt == gpu.BF16 {
 		if kern, grid := d.gemvKernel(postKind(glu), k, rows); kern != nil {
 			_, ks, _ := d.gemvShape(k, rows)
-			if ak, _ := d.gemvKernel(postKind(glu)+"_ahead", k, rows); ak != nil && postAhead(glu, ks, m, int(grid.x)) {
+			if ak, _ := d.gemvKernel(postKind(glu)+"_ahead", k, rows); ak != nil && postAhead(ks, rows, int(grid.x)) {
 				kern = ak
 			}
 			return d.launch(kern, grid, grid1(256), 0,
@@ -491,47 +491,48 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 	}
 	defer d.leave()
 	names := []string{"out", "r", "y", "wf", "w"}
-	bs := []gpu.Buffer{out, r, y, wf, w}
-	lens := []int{m, k, k, k, m * k}
-	if wn != nil {
-		names, bs, lens = append(names, "wn"), append(bs, wn), append(lens, k)
-	}
-	if next != nil {
-		names, bs, lens = append(names, "next"), append(bs, next), append(lens, 1)
-	}
-	b, err := d.bufs2(op, names, bs...)
+	b, err := d.bufs2(op, names, out, r, y, wf, w)
 	if err != nil {
 		return err
 	}
 	if err := positive(op, k, m); err != nil {
 		return err
 	}
-	if err := checkProduct(op, names[:5], b[:5], lens[:5], 3); err != nil {
+	if err := checkProduct(op, names, b, []int{m, k, k, k, m * k}, 3); err != nil {
 		return err
 	}
-	bo, bw, bwn, bnext := b[0], b[4], (*Buffer)(nil), (*Buffer)(nil)
-	for i := 5; i < len(b); i++ {
-		if err := gpu.CheckLen(op, names[i], b[i], lens[i]); err != nil {
+	bo, bw := b[0], b[4]
+	var bwn, bnext *Buffer
+	if wn != nil {
+		if bwn, err = d.buf(op, "wn", wn); err != nil {
 			return err
 		}
-		if names[i] == "wn" {
-			bwn = b[i]
-			if !bwn.dt.IsFloat() {
-				return fmt.Errorf("%s: wn is %s, want f32, bf16 or f16", op, bwn.dt)
-			}
-		} else {
-			bnext = b[i]
-			if err := wantDT(op, "next", bnext, gpu.I32); err != nil {
-				return err
-			}
+		if err := checkProduct(op, []string{"wn"}, []*Buffer{bwn}, []int{k}, 0); err != nil {
+			return err
+		}
+		names, b = append(names, "wn"), append(b, bwn)
+	}
+	if next != nil {
+		if bnext, err = d.buf(op, "next", next); err != nil {
+			return err
+		}
+		if err := gpu.CheckLen(op, "next", bnext, 1); err != nil {
+			return err
+		}
+		if err := wantDT(op, "next", bnext, gpu.I32); err != nil {
+			return err
+		}
+		if overlaps(bo, bnext) {
+			return fmt.Errorf("%s: next overlaps out", op)
 		}
 	}
 	// The outputs are written while other blocks still read the inputs.
-	for i, o := range b {
-		for j := i + 1; j < len(b); j++ {
-			if (o == bo || o == bnext || b[j] == bo || b[j] == bnext) && overlaps(o, b[j]) {
-				return fmt.Errorf("%s: %s overlaps %s", op, names[i], names[j])
-			}
+	for i, ib := range b[1:] {
+		if overlaps(bo, ib) {
+			return fmt.Errorf("%s: out overlaps %s", op, names[1+i])
+		}
+		if bnext != nil && overlaps(bnext, ib) {
+			return fmt.Errorf("%s: next overlaps %s", op, names[1+i])
 		}
 	}
 	d.overwrite(bo)
@@ -545,11 +546,7 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 			am := []arg{devPtrArg(0), devPtrArg(0), devPtrArg(0), devPtrArg(0)}
 			if bnext != nil {
 				parts := int(grid.x)
-				pv, err := d.scratchBuf("head.v", gpu.F32, parts)
-				if err != nil {
-					return fmt.Errorf("%s: %w", op, err)
-				}
-				pi, err := d.scratchBuf("head.i", gpu.I32, parts)
+				pv, pi, err := d.argmaxParts(parts)
 				if err != nil {
 					return fmt.Errorf("%s: %w", op, err)
 				}
@@ -593,20 +590,16 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 	return d.argmax(bnext, bo, 1, m)
 }
 
-// postAhead says whether a post-norm product of m outputs, its rows' k
-// split over ks warps, on a grid of blocks takes the kernel that asks for
+// postAhead says whether a post-norm product of rows rows of weights, each
+// row's k split over ks warps, on a grid of blocks takes the kernel that asks for
 // its second group of weights before the post-norm's prologue
 // (gemv_*_post_ahead_*, up to two units of k a warp): where each block
 // sums at most 8 groups, so that the prologue is a large part of its
 // life. Measured on an H200 (docs/cuda.md): OLMo-2-1B's q|k|v and gate|up
 // products (3 and 8 groups a block) 0.8095 → 0.800 ms a token; OLMo-2-7B's
 // (12 and 21) would go 3.591 → 3.607.
-func postAhead(glu bool, ks, m, blocks int) bool {
-	items := 8 / ks * 2 // outputs of a block's group
-	if glu {
-		items = 8 / ks
-	}
-	return ceilDiv(ceilDiv(m, items), blocks) <= 8
+func postAhead(ks, rows, blocks int) bool {
+	return ceilDiv(gemvGroups(ks, rows), blocks) <= 8
 }
 
 // postKind is the kind of fast GEMV (gemvKernel) that forms its row of x

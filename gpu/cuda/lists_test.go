@@ -71,3 +71,18 @@ func TestPlanLists(t *testing.T) {
 		t.Fatalf("plain rows: %+v, %v", p, err)
 	}
 }
+
+// TestPostAhead checks which one-token post-norm products take the kernels
+// that ask for their second group before the prologue: OLMo-2-1B's q|k|v
+// (6,144 rows of 2,048) and gate|up (16,384), not OLMo-2-7B's (12,288 and
+// 22,016 rows of 4,096), on an H200's grid of 4 × 132 blocks.
+func TestPostAhead(t *testing.T) {
+	for _, c := range []struct {
+		ks, rows int
+		want     bool
+	}{{4, 6144, true}, {4, 16384, true}, {8, 12288, false}, {8, 22016, false}} {
+		if got := postAhead(c.ks, c.rows, 528); got != c.want {
+			t.Errorf("postAhead(ks %d, %d rows) = %v, want %v", c.ks, c.rows, got, c.want)
+		}
+	}
+}

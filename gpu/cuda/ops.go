@@ -293,6 +293,16 @@ func (d *Device) Argmax(out, logits gpu.Buffer, n, width int) error {
 	return d.argmax(b[0], b[1], n, width)
 }
 
+// argmaxParts is the scratch where n blocks of an argmax leave their best
+// values and indexes for the last to finish (grid_best).
+func (d *Device) argmaxParts(n int) (pv, pi *Buffer, err error) {
+	if pv, err = d.scratchBuf("argmax.v", gpu.F32, n); err != nil {
+		return nil, nil, err
+	}
+	pi, err = d.scratchBuf("argmax.i", gpu.I32, n)
+	return pv, pi, err
+}
+
 // argmax is Argmax inside an operation.
 func (d *Device) argmax(out, logits *Buffer, n, width int) error {
 	b := []*Buffer{out, logits}
@@ -313,11 +323,7 @@ func (d *Device) argmax(out, logits *Buffer, n, width int) error {
 	}
 	// Blocks of about 2048 values share a row; the last to finish reduces.
 	parts := max(1, min(ceilDiv(width, 2048), 128))
-	pv, err := d.scratchBuf("argmax.v", gpu.F32, n*parts)
-	if err != nil {
-		return fmt.Errorf("argmax: %w", err)
-	}
-	pi, err := d.scratchBuf("argmax.i", gpu.I32, n*parts)
+	pv, pi, err := d.argmaxParts(n * parts)
 	if err != nil {
 		return fmt.Errorf("argmax: %w", err)
 	}

@@ -640,5 +640,9 @@ func (d *Device) gemvGrid(ks, m, occ int) int {
 	if occ > 0 {
 		perSM = min(perSM, occ)
 	}
-	return min(ceilDiv(m, 8/ks*2), perSM*d.info.SMs)
+	return min(gemvGroups(ks, m), perSM*d.info.SMs)
 }
+
+// gemvGroups is how many groups the fast GEMV cuts m rows into with ks
+// warps a row: 8/ks row groups of 2 rows a block step.
+func gemvGroups(ks, m int) int { return ceilDiv(m, 8/ks*2) }
