@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +22,10 @@ import (
 // calls its Lease's Write. lead's context ends when the key may be lost: a
 // quarter of a TTL before the entry would expire since the last renewal
 // that succeeded, so that it has stopped before any other node can take
-// the key, or at once when another node holds it. lead's Lease also holds
+// the key, or at once when another node holds it. A renewal whose answer
+// never came may still have landed: the next one, meeting its revision,
+// reads the entry back and goes on from it when it is that renewal's,
+// rather than take it for another node's. lead's Lease also holds
 // the last entry a holder wrote, as this node read it while it stood by or,
 // when it took a key given up before it first tried, as the bucket keeps
 // it (zero if none): what to take over. When lead returns while the key is
@@ -152,6 +156,9 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *
 	renewed := time.Now()
 	t := time.NewTicker(every)
 	held := true
+	// Renewals sent since rev whose answers never came: one may have
+	// landed, and the next renewal then meets its revision.
+	var unsure []sentWrite
 	for held && lctx.Err() == nil {
 		var reply chan error
 		select {
@@ -182,11 +189,18 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *
 			dl = giveUp
 		}
 		rctx, cancel := context.WithDeadline(lctx, dl)
+		sent := time.Now()
 		next, err := r.kv.Update(rctx, key, data, rev)
+		if isWrongRevision(err) {
+			if own, at, ok := r.landed(rctx, key, rev, unsure); ok {
+				rev, renewed, unsure = own, at, nil
+				next, err = r.kv.Update(rctx, key, data, rev)
+			}
+		}
 		cancel()
 		switch {
 		case err == nil:
-			rev, renewed = next, time.Now()
+			rev, renewed, unsure = next, sent, nil
 			answer(nil)
 		case isWrongRevision(err):
 			held = false // another node holds it: the entry expired
@@ -194,6 +208,7 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *
 		case lctx.Err() != nil:
 			answer(ErrLeaseEnded) // lead returned during the write
 		default:
+			unsure = append(unsure, sentWrite{data, sent})
 			answer(fmt.Errorf("registry: %s: %w", key, err))
 			if !time.Now().Before(giveUp) {
 				held = false
@@ -211,6 +226,32 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *
 		defer cancel()
 		_ = r.kv.Delete(dctx, key, jetstream.LastRevision(rev))
 	}
+}
+
+// sentWrite is a renewal whose answer never came.
+type sentWrite struct {
+	data []byte
+	at   time.Time
+}
+
+// landed reports whether key's entry past revision rev is one of the
+// unsure renewals, and if so its revision and when that renewal was sent
+// (its entry lives at least a TTL from then): the holder's own write,
+// whose answer was lost, and not another node's.
+func (r *Registry) landed(ctx context.Context, key string, rev uint64, unsure []sentWrite) (uint64, time.Time, bool) {
+	if len(unsure) == 0 {
+		return 0, time.Time{}, false
+	}
+	kve, err := r.kv.Get(ctx, key)
+	if err != nil || kve.Revision() <= rev {
+		return 0, time.Time{}, false
+	}
+	for _, w := range unsure { // the earliest first: the entry lives at least this long
+		if bytes.Equal(kve.Value(), w.data) {
+			return kve.Revision(), w.at, true
+		}
+	}
+	return 0, time.Time{}, false
 }
 
 // isWrongRevision reports whether err says the key changed under its

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // campaigner is one node campaigning through Lead on its own connection.
@@ -239,5 +240,53 @@ func TestLeaseWrite(t *testing.T) {
 	defer wcancel()
 	if err := l.Write(wctx); !errors.Is(err, ErrLeaseEnded) {
 		t.Errorf("Write after the key was given up: %v, want ErrLeaseEnded", err)
+	}
+}
+
+// lostAnswers is a bucket whose next Update lands but answers as if the
+// server never replied.
+type lostAnswers struct {
+	jetstream.KeyValue
+	lose atomic.Int32
+}
+
+func (k *lostAnswers) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	next, err := k.KeyValue.Update(ctx, key, value, rev)
+	if err == nil && k.lose.Add(-1) >= 0 {
+		return 0, context.DeadlineExceeded
+	}
+	return next, err
+}
+
+// TestLeaseKeepsLandedWrite: a renewal whose answer was lost, though it
+// landed, is the holder's own write: the next one goes on from its
+// revision, and the key is not taken for another node's.
+func TestLeaseKeepsLandedWrite(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 20*time.Second)
+	kv := &lostAnswers{KeyValue: reg.kv}
+	reg.kv = kv
+	ctx := context.Background()
+	var state atomic.Value
+	l, _ := holdLease(t, reg, &state)
+	write := func(v string) error {
+		state.Store(v)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return l.Write(wctx)
+	}
+	kv.lose.Store(2)
+	for _, v := range []string{"v2", "v3"} {
+		if err := write(v); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Write %s, its answer lost: %v", v, err)
+		}
+	}
+	for _, v := range []string{"v4", "v5"} {
+		if err := write(v); err != nil {
+			t.Fatalf("Write %s after two lost answers: %v", v, err)
+		}
+		if rec, err := reg.Get(ctx, "lease", "g"); err != nil || rec.State != v || rec.Node != "a" {
+			t.Fatalf("the entry once Write %s returned: %+v, %v", v, rec, err)
+		}
 	}
 }
