@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 // the key, or at once when another node holds it. A renewal whose answer
 // never came may still have landed: the next one, meeting its revision,
 // reads the entry back and goes on from it when it is that renewal's,
-// rather than take it for another node's. lead's Lease also holds
+// rather than take it for another node's; so does a take whose answer
+// never came. lead's Lease also holds
 // the last entry a holder wrote, as this node read it while it stood by or,
 // when it took a key given up before it first tried, as the bucket keeps
 // it (zero if none): what to take over. When lead returns while the key is
@@ -35,26 +37,42 @@ import (
 func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx context.Context, l *Lease)) {
 	every := r.ttl / 4
 	self := entry()
+	key := registryKey(self.Kind, self.ID)
 	var last Record
+	var unsure []sentWrite // takes whose answers never came
 	for {
-		rev, err := r.acquire(ctx, entry())
+		sent := time.Now()
+		rev, data, err := r.acquire(ctx, entry())
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			gctx, cancel := context.WithTimeout(ctx, every)
+			if own, at, ok := r.landed(gctx, key, 0, unsure); ok {
+				rev, sent, err = own, at, nil // this node's take landed
+			}
+			cancel()
+		}
 		switch {
 		case err == nil:
+			unsure = nil
 			if last.Node == "" {
 				// Not read while standing by (the holder gave the key up
 				// before this node first tried): the bucket's history.
 				last = r.before(ctx, self.Kind, self.ID, rev)
 			}
 			l := &Lease{Last: last, renew: make(chan chan error, 1), ended: make(chan struct{})}
-			r.hold(ctx, entry, rev, l, func(ctx context.Context) { lead(ctx, l) })
+			r.hold(ctx, entry, rev, sent, l, func(ctx context.Context) { lead(ctx, l) })
 			last = Record{}
 		case errors.Is(err, jetstream.ErrKeyExists):
+			unsure = nil
 			gctx, cancel := context.WithTimeout(ctx, every)
 			// Its own entry too: one this node wrote before it restarted.
 			if rec, err := r.Get(gctx, self.Kind, self.ID); err == nil {
 				last = rec
 			}
 			cancel()
+		case data != nil:
+			// One sent a TTL ago has expired if it landed.
+			unsure = slices.DeleteFunc(unsure, func(w sentWrite) bool { return time.Since(w.at) >= r.ttl })
+			unsure = append(unsure, sentWrite{data, sent})
 		}
 		select {
 		case <-ctx.Done():
@@ -127,22 +145,24 @@ func (l *Lease) Write(ctx context.Context) error {
 	}
 }
 
-// acquire writes e's entry if no live one exists, and returns its revision.
-func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, error) {
+// acquire writes e's entry if no live one exists, and returns its revision
+// and the entry as written (nil if it could not be encoded).
+func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, []byte, error) {
 	data, err := bus.Encode(e)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	actx, cancel := context.WithTimeout(ctx, r.ttl/4)
 	defer cancel()
-	return r.kv.Create(actx, registryKey(e.Kind, e.ID), data)
+	rev, err := r.kv.Create(actx, registryKey(e.Kind, e.ID), data)
+	return rev, data, err
 }
 
-// hold runs lead while it renews the entry at revision rev (at once when
-// l asks, answering a Write), and gives the key up when lead returns or
+// hold runs lead while it renews the entry at revision rev, written no
+// earlier than renewed (at once when l asks, answering a Write), and gives the key up when lead returns or
 // ctx ends. l.ended closes when it writes no more, before it waits for
 // lead, which may be waiting on a Write.
-func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *Lease, lead func(ctx context.Context)) {
+func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, renewed time.Time, l *Lease, lead func(ctx context.Context)) {
 	e := entry()
 	key := registryKey(e.Kind, e.ID)
 	lctx, stop := context.WithCancel(ctx)
@@ -153,7 +173,6 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, l *
 		lead(lctx)
 	})
 	every := r.ttl / 4
-	renewed := time.Now()
 	t := time.NewTicker(every)
 	held := true
 	// Renewals sent since rev whose answers never came: one may have

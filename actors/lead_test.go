@@ -243,11 +243,19 @@ func TestLeaseWrite(t *testing.T) {
 	}
 }
 
-// lostAnswers is a bucket whose next Update lands but answers as if the
-// server never replied.
+// lostAnswers is a bucket whose next Updates (lose) and Creates
+// (loseTake) land but answer as if the server never replied.
 type lostAnswers struct {
 	jetstream.KeyValue
-	lose atomic.Int32
+	lose, loseTake atomic.Int32
+}
+
+func (k *lostAnswers) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	rev, err := k.KeyValue.Create(ctx, key, value, opts...)
+	if err == nil && k.loseTake.Add(-1) >= 0 {
+		return 0, context.DeadlineExceeded
+	}
+	return rev, err
 }
 
 func (k *lostAnswers) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
@@ -288,5 +296,27 @@ func TestLeaseKeepsLandedWrite(t *testing.T) {
 		if rec, err := reg.Get(ctx, "lease", "g"); err != nil || rec.State != v || rec.Node != "a" {
 			t.Fatalf("the entry once Write %s returned: %+v, %v", v, rec, err)
 		}
+	}
+}
+
+// TestLeadKeepsLandedTake: a take of the key whose answer was lost, though
+// it landed, is this node's: it leads from it, as from its own key, not
+// once its own entry expires as a predecessor's.
+func TestLeadKeepsLandedTake(t *testing.T) {
+	node, _ := testBus(t, "server")
+	reg := testRegistry(t, node, 4*time.Second)
+	kv := &lostAnswers{KeyValue: reg.kv}
+	kv.loseTake.Store(1)
+	reg.kv = kv
+	var state atomic.Value
+	l, _ := holdLease(t, reg, &state)
+	if l.Last.Node != "" {
+		t.Errorf("the lease took over %+v, its own take: it waited for that entry to expire", l.Last)
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	state.Store("v2")
+	if err := l.Write(wctx); err != nil {
+		t.Fatalf("Write from the landed take: %v", err)
 	}
 }

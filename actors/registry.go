@@ -153,7 +153,7 @@ var ErrClaimed = errors.New("claimed")
 // within each TTL; one that lapses is taken by the next Claim.
 func (r *Registry) Claim(ctx context.Context, e Entry) (Record, error) {
 	for {
-		_, err := r.acquire(ctx, e)
+		_, _, err := r.acquire(ctx, e)
 		if err == nil {
 			return Record{}, nil
 		}
