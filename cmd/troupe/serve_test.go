@@ -45,11 +45,15 @@ func startServe(t testing.TB, mutate func(*serveConfig)) *server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &server{url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- serve(ctx, cfg, ln, io.Discard) }()
+	var log syncBuffer
+	go func() { s.done <- serve(ctx, cfg, ln, &log) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-s.done; err != nil {
 			t.Errorf("serve: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("the server's log:\n%s", log.String())
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
