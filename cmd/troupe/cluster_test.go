@@ -194,7 +194,7 @@ func TestClaimNames(t *testing.T) {
 	ctx := context.Background()
 	cfg := defaultServeConfig()
 	cfg.Node = "test"
-	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	n, tp := startTestNode(t, cfg, nil, nil)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
 	if err := n.registry.Put(ctx, actors.Entry{Kind: nameKind, ID: "g", Node: "test", Status: actors.StatusRunning, State: claimGroup}); err != nil {

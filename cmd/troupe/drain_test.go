@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +24,7 @@ func longRequest(t *testing.T) (*node, <-chan streamed) {
 	t.Helper()
 	cfg := defaultServeConfig()
 	cfg.Node = "test"
-	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	n, tp := startTestNode(t, cfg, nil, nil)
 	t.Cleanup(func() {
 		n.Close()
 		tp.Shutdown(context.Background())

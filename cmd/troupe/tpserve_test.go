@@ -90,7 +90,7 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	ctx := context.Background()
 	cfg := defaultServeConfig()
 	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Replicas, cfg.Threads = "test", 256, 2, 2, 2
-	n, tp := startTestNode(t, cfg, nil, io.Discard)
+	n, tp := startTestNode(t, cfg, nil, nil)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
 	devices := map[any]bool{}
@@ -146,15 +146,27 @@ func startTPNode(t *testing.T) (*node, *trace.Provider, *tracetest.InMemoryExpor
 	exp := tracetest.NewInMemoryExporter()
 	cfg := defaultServeConfig()
 	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
-	n, tp := startTestNode(t, cfg, exp, io.Discard)
+	n, tp := startTestNode(t, cfg, exp, nil)
 	return n, tp, exp
 }
 
 // startTestNode starts a node of cfg, traced (its spans in exp, when not
-// nil), logging to log. The caller closes the node, then tp.
+// nil), logging to log (when not nil); a failed test prints that log. The
+// caller closes the node, then tp.
 func startTestNode(t *testing.T, cfg serveConfig, exp sdktrace.SpanExporter, log io.Writer) (*node, *trace.Provider) {
 	t.Helper()
 	ctx := context.Background()
+	var kept syncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node %s's log:\n%s", cfg.Node, kept.String())
+		}
+	})
+	if log == nil {
+		log = &kept
+	} else {
+		log = io.MultiWriter(log, &kept)
+	}
 	tcfg := trace.DefaultConfig()
 	tcfg.NodeName, tcfg.SpanExporter = cfg.Node, exp
 	tp, err := trace.Setup(ctx, tcfg)
