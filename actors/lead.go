@@ -43,12 +43,16 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 	for {
 		sent := time.Now()
 		rev, data, err := r.acquire(ctx, entry())
+		var found jetstream.KeyValueEntry // the entry the take met
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			gctx, cancel := context.WithTimeout(ctx, every)
-			if own, at, ok := r.landed(gctx, key, 0, unsure); ok {
-				rev, sent, err = own, at, nil // this node's take landed
+			if kve, err := r.kv.Get(gctx, key); err == nil {
+				found = kve
 			}
 			cancel()
+			if at, ok := own(found, 0, unsure); ok {
+				rev, sent, err = found.Revision(), at, nil // this node's take landed
+			}
 		}
 		switch {
 		case err == nil:
@@ -63,12 +67,12 @@ func (r *Registry) Lead(ctx context.Context, entry func() Entry, lead func(ctx c
 			last = Record{}
 		case errors.Is(err, jetstream.ErrKeyExists):
 			unsure = nil
-			gctx, cancel := context.WithTimeout(ctx, every)
 			// Its own entry too: one this node wrote before it restarted.
-			if rec, err := r.Get(gctx, self.Kind, self.ID); err == nil {
-				last = rec
+			if found != nil {
+				if rec, err := r.record(found); err == nil {
+					last = rec
+				}
 			}
-			cancel()
 		case data != nil:
 			// One sent a TTL ago has expired if it landed.
 			unsure = slices.DeleteFunc(unsure, func(w sentWrite) bool { return time.Since(w.at) >= r.ttl })
@@ -159,9 +163,9 @@ func (r *Registry) acquire(ctx context.Context, e Entry) (uint64, []byte, error)
 }
 
 // hold runs lead while it renews the entry at revision rev, written no
-// earlier than renewed (at once when l asks, answering a Write), and gives the key up when lead returns or
-// ctx ends. l.ended closes when it writes no more, before it waits for
-// lead, which may be waiting on a Write.
+// earlier than renewed (at once when l asks, answering a Write), and gives
+// the key up when lead returns or ctx ends. l.ended closes when it writes
+// no more, before it waits for lead, which may be waiting on a Write.
 func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, renewed time.Time, l *Lease, lead func(ctx context.Context)) {
 	e := entry()
 	key := registryKey(e.Kind, e.ID)
@@ -210,10 +214,12 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, ren
 		rctx, cancel := context.WithDeadline(lctx, dl)
 		sent := time.Now()
 		next, err := r.kv.Update(rctx, key, data, rev)
-		if isWrongRevision(err) {
-			if own, at, ok := r.landed(rctx, key, rev, unsure); ok {
-				rev, renewed, unsure = own, at, nil
-				next, err = r.kv.Update(rctx, key, data, rev)
+		if isWrongRevision(err) && len(unsure) > 0 {
+			if found, gerr := r.kv.Get(rctx, key); gerr == nil {
+				if at, ok := own(found, rev, unsure); ok {
+					rev, renewed, unsure = found.Revision(), at, nil
+					next, err = r.kv.Update(rctx, key, data, rev)
+				}
 			}
 		}
 		cancel()
@@ -247,30 +253,26 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, ren
 	}
 }
 
-// sentWrite is a renewal whose answer never came.
+// sentWrite is a take or renewal whose answer never came.
 type sentWrite struct {
 	data []byte
 	at   time.Time
 }
 
-// landed reports whether key's entry past revision rev is one of the
-// unsure renewals, and if so its revision and when that renewal was sent
-// (its entry lives at least a TTL from then): the holder's own write,
+// own reports whether entry kve (nil if none was read), written past
+// revision rev, is one of the unsure writes, and if so when that write was
+// sent (the entry lives at least a TTL from then): this node's write,
 // whose answer was lost, and not another node's.
-func (r *Registry) landed(ctx context.Context, key string, rev uint64, unsure []sentWrite) (uint64, time.Time, bool) {
-	if len(unsure) == 0 {
-		return 0, time.Time{}, false
-	}
-	kve, err := r.kv.Get(ctx, key)
-	if err != nil || kve.Revision() <= rev {
-		return 0, time.Time{}, false
+func own(kve jetstream.KeyValueEntry, rev uint64, unsure []sentWrite) (time.Time, bool) {
+	if kve == nil || kve.Revision() <= rev {
+		return time.Time{}, false
 	}
 	for _, w := range unsure { // the earliest first: the entry lives at least this long
 		if bytes.Equal(kve.Value(), w.data) {
-			return kve.Revision(), w.at, true
+			return w.at, true
 		}
 	}
-	return 0, time.Time{}, false
+	return time.Time{}, false
 }
 
 // isWrongRevision reports whether err says the key changed under its
