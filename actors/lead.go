@@ -114,11 +114,32 @@ type Lease struct {
 	Last  Record
 	renew chan chan error // a write at once, and where to say how it went
 	ended chan struct{}   // closed when the holder writes no more
+	lost  error           // why, when the key was lost; set before ended closes
 }
 
 // ErrLeaseEnded is what Write returns once the holder writes the key no
 // more: it was lost, or given up.
 var ErrLeaseEnded = errors.New("registry: the key is no longer held")
+
+// Lost says why the key was lost once lead's context has ended: another
+// node held it, or it was not renewed in time. It is nil while the key is
+// held and when it was given up.
+func (l *Lease) Lost() error {
+	select {
+	case <-l.ended:
+		return l.lost
+	default:
+		return nil
+	}
+}
+
+// endedErr is ErrLeaseEnded, with why the key was lost when it was.
+func (l *Lease) endedErr() error {
+	if l.lost != nil {
+		return fmt.Errorf("%w: %w", ErrLeaseEnded, l.lost)
+	}
+	return ErrLeaseEnded
+}
 
 // Write writes the key's entry at once and returns when the write has
 // landed, or why it did not: the key was lost (ErrLeaseEnded, or another
@@ -130,7 +151,7 @@ func (l *Lease) Write(ctx context.Context) error {
 	select {
 	case l.renew <- done:
 	case <-l.ended:
-		return ErrLeaseEnded
+		return l.endedErr()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -142,7 +163,7 @@ func (l *Lease) Write(ctx context.Context) error {
 		case err := <-done: // answered as the holder stopped
 			return err
 		default:
-			return ErrLeaseEnded
+			return l.endedErr()
 		}
 	case <-ctx.Done():
 		return ctx.Err()
@@ -229,7 +250,8 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, ren
 			answer(nil)
 		case isWrongRevision(err):
 			held = false // another node holds it: the entry expired
-			answer(fmt.Errorf("registry: %s: another node holds it: %w", key, ErrLeaseEnded))
+			l.lost = fmt.Errorf("%s: another node holds it", key)
+			answer(fmt.Errorf("registry: %w: %w", l.lost, ErrLeaseEnded))
 		case lctx.Err() != nil:
 			answer(ErrLeaseEnded) // lead returned during the write
 		default:
@@ -237,6 +259,7 @@ func (r *Registry) hold(ctx context.Context, entry func() Entry, rev uint64, ren
 			answer(fmt.Errorf("registry: %s: %w", key, err))
 			if !time.Now().Before(giveUp) {
 				held = false
+				l.lost = fmt.Errorf("%s: not renewed for %v: %w", key, time.Since(renewed).Round(time.Millisecond), err)
 			}
 		}
 	}

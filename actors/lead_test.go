@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,7 @@ func TestLead(t *testing.T) {
 	var mu sync.Mutex
 	leading := map[string]bool{}
 	took := map[string]string{} // leader -> the state it took over
+	lost := map[string]error{}  // leader -> why its lease ended (Lost)
 	var overlaps []string
 	lead := func(name string) func(context.Context, *Lease) {
 		return func(ctx context.Context, l *Lease) {
@@ -43,6 +45,7 @@ func TestLead(t *testing.T) {
 			<-ctx.Done()
 			mu.Lock()
 			delete(leading, name)
+			lost[name] = l.Lost()
 			mu.Unlock()
 		}
 	}
@@ -108,9 +111,22 @@ func TestLead(t *testing.T) {
 	var third string
 	waitFor(t, "the third leader", func() bool { third = leader(); return third != "" && third != second })
 	waitFor(t, "the registry naming the third leader", func() bool { return holderIs(third) })
+	waitFor(t, "the second leader's end", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := lost[second]
+		return ok
+	})
 
 	mu.Lock()
 	defer mu.Unlock()
+	// The first gave its key up; the second lost it, and says why.
+	if lost[first] != nil {
+		t.Errorf("the first leader, which stopped, lost its key: %v", lost[first])
+	}
+	if err := lost[second]; err == nil || !strings.Contains(err.Error(), "not renewed for") {
+		t.Errorf("why the second leader, cut off, lost its key: %v", err)
+	}
 	if len(overlaps) > 0 {
 		t.Errorf("two leaders at once: %v", overlaps)
 	}

@@ -372,7 +372,11 @@ func (n *node) leadGroups(ctx context.Context, replicas int, l *actors.Lease) {
 		n.retire(done, rep, false)
 	}
 	if err == nil {
-		fmt.Fprintf(n.log, "node %s: no longer schedules group %s\n", n.cfg.Node, n.cfg.Group)
+		why := ""
+		if lost := l.Lost(); lost != nil {
+			why = ": its key was lost: " + lost.Error()
+		}
+		fmt.Fprintf(n.log, "node %s: no longer schedules group %s%s\n", n.cfg.Node, n.cfg.Group, why)
 	}
 }
 
