@@ -152,8 +152,8 @@ func TestClusterCommand(t *testing.T) {
 // memory freed; the stages of a live replica stay.
 func TestReapOrphans(t *testing.T) {
 	ctx := context.Background()
-	cfg := defaultServeConfig()
-	cfg.Node, cfg.MaxBatchTokens, cfg.OrphanGrace = "test", 256, minOrphanGrace
+	cfg := testServeConfig()
+	cfg.MaxBatchTokens, cfg.OrphanGrace = 256, minOrphanGrace
 	var log syncBuffer
 	n, tp := startTestNode(t, cfg, nil, &log)
 	defer tp.Shutdown(ctx)
@@ -192,8 +192,7 @@ func TestReapOrphans(t *testing.T) {
 // node and a group of one name that claim it at once, exactly one wins.
 func TestClaimNames(t *testing.T) {
 	ctx := context.Background()
-	cfg := defaultServeConfig()
-	cfg.Node = "test"
+	cfg := testServeConfig()
 	n, tp := startTestNode(t, cfg, nil, nil)
 	defer tp.Shutdown(ctx)
 	defer n.Close()

@@ -22,8 +22,7 @@ type streamed struct {
 // closed when the test ends.
 func longRequest(t *testing.T) (*node, <-chan streamed) {
 	t.Helper()
-	cfg := defaultServeConfig()
-	cfg.Node = "test"
+	cfg := testServeConfig()
 	n, tp := startTestNode(t, cfg, nil, nil)
 	t.Cleanup(func() {
 		n.Close()

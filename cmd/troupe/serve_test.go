@@ -31,10 +31,20 @@ type server struct {
 	done   chan error
 }
 
+// testServeConfig is the default configuration of node "test", with 8 of
+// the demo model's full contexts of KV cache a replica rather than
+// max-seqs' 64 (1.6 GB of f32): the tests need no more, and under -race
+// each allocation that size stalled the whole process for seconds, long
+// enough for a group's node to lose its key mid-scale.
+func testServeConfig() serveConfig {
+	cfg := defaultServeConfig()
+	cfg.Node, cfg.KVBlocks = "test", 512
+	return cfg
+}
+
 func startServe(t testing.TB, mutate func(*serveConfig)) *server {
 	t.Helper()
-	cfg := defaultServeConfig()
-	cfg.Node = "test"
+	cfg := testServeConfig()
 	cfg.MaxBatchTokens = 256
 	if mutate != nil {
 		mutate(&cfg)

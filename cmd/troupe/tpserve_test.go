@@ -88,8 +88,8 @@ func TestServeTensorParallel(t *testing.T) {
 // replica's ranks hold devices of their own.
 func TestServeTensorParallelReplicas(t *testing.T) {
 	ctx := context.Background()
-	cfg := defaultServeConfig()
-	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Replicas, cfg.Threads = "test", 256, 2, 2, 2
+	cfg := testServeConfig()
+	cfg.MaxBatchTokens, cfg.TP, cfg.Replicas, cfg.Threads = 256, 2, 2, 2
 	n, tp := startTestNode(t, cfg, nil, nil)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
@@ -144,8 +144,8 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 func startTPNode(t *testing.T) (*node, *trace.Provider, *tracetest.InMemoryExporter) {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
-	cfg := defaultServeConfig()
-	cfg.Node, cfg.MaxBatchTokens, cfg.TP, cfg.Threads = "test", 256, 2, 2
+	cfg := testServeConfig()
+	cfg.MaxBatchTokens, cfg.TP, cfg.Threads = 256, 2, 2
 	n, tp := startTestNode(t, cfg, exp, nil)
 	return n, tp, exp
 }
