@@ -82,13 +82,13 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   auto off = [&](int v) { return (v * KS + ks) * 256 + lane * 8; };
   static_assert(D == 2 || D == 3, "two or three groups of loads");
   uint4 w0[R][NV], w1[R][NV], w2[R][NV];  // w2 only with D == 3
-  // loadw loads the rows of the group whose first output is i0 (rows past
-  // the end read the last row; their sums are not stored).
+  // rowp is row r of the group whose first output is i0 (rows past the end
+  // read the last row; their sums are not stored); loadw loads its rows.
+  auto rowp = [&](int i0, int r) { return w + (long)min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1) * k; };
   auto loadw = [&](uint4 (&wv)[R][NV], int i0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      int row = min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1);
-      const uint16_t* wp = w + (long)row * k;
+      const uint16_t* wp = rowp(i0, r);
 #pragma unroll
       for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_once(wp + off(v)) : make_uint4(0, 0, 0, 0);
     }
@@ -109,8 +109,7 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     const uint64_t pol = weight_policy();
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      int row = min(MODE == GEMV_GLU ? base + stride + grp * IR + r * mo : base + stride + grp * IR + r, m - 1);
-      const uint16_t* wp = w + (long)row * k;
+      const uint16_t* wp = rowp(base + stride + grp * IR, r);
 #pragma unroll
       for (int v = 0; v < NV; v++) cp_async16_hint(&wsm[(r * NV + v) * 256 + threadIdx.x], wp + off(v), off(v) < k, pol);
     }
