@@ -44,3 +44,11 @@ type LateReader interface {
 type Sampler interface {
 	Sample(out, logits Buffer, n, width int, rows []SampleRow) error
 }
+
+// MemoryReporter is a device that says how much memory it has free now and
+// in all, in bytes: a GPU its own memory, a host lane the memory the
+// operating system (and the process's memory limit, where one is set)
+// leaves it. Servers size their KV caches by it.
+type MemoryReporter interface {
+	FreeMemory() (free, total int64, err error)
+}

@@ -173,12 +173,15 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		return nil, err
 	}
 	mc := n.bundle.Config
-	n.blocks = cfg.KVBlocks
-	if n.blocks <= 0 {
-		n.blocks = min(cfg.MaxSeqs, 64) * ((mc.MaxPositions + 15) / 16)
-	}
 	if n.cacheDT, err = kvCacheType(cfg.KVCache, cfg.Device); err != nil {
 		return nil, err
+	}
+	var kvNote string
+	if n.blocks, kvNote, err = kvBlocks(cfg, mc, n.bundle.Checkpoint.Bytes(), n.cacheDT, n.dev); err != nil {
+		return nil, err
+	}
+	if kvNote != "" {
+		fmt.Fprintln(log, kvNote)
 	}
 	// The device actor owns the device: every shard on it runs its forward
 	// passes there, one at a time.

@@ -164,7 +164,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "requests waiting before 429s")
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "tokens per step")
 	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")
-	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts)")
+	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts, at most 64, or as many as 90% of the free memory holds)")
 	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
 	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
 	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")

@@ -548,6 +548,20 @@ func (d *Device) Name() string {
 // Info describes the device.
 func (d *Device) Info() Info { return d.info }
 
+// FreeMemory implements gpu.MemoryReporter: the device memory free now
+// (cuMemGetInfo, so other processes' allocations count) and in all.
+func (d *Device) FreeMemory() (free, total int64, err error) {
+	if err := d.enter("free memory"); err != nil {
+		return 0, 0, err
+	}
+	defer d.leave()
+	var f, t uint64
+	if err := d.do(func() error { return d.drv.cuMemGetInfo_v2.call(ptr(&f), ptr(&t)) }); err != nil {
+		return 0, 0, fmt.Errorf("cuda: free memory: %w", err)
+	}
+	return int64(f), int64(t), nil
+}
+
 // Sync implements gpu.Device: it waits for all issued work and returns the
 // first error any of it met. If ctx ends first, Sync returns ctx's error
 // and the work goes on.

@@ -201,6 +201,36 @@ func TestGEMVShapes(t *testing.T) {
 	}
 }
 
+// TestFreeMemory: the device's free memory is at most its size, and a
+// 1 GiB allocation takes at least that much of it until freed.
+func TestFreeMemory(t *testing.T) {
+	d := open(t)
+	var _ gpu.MemoryReporter = d
+	free, total, err := d.FreeMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != d.Info().MemBytes || free <= 0 || free > total {
+		t.Fatalf("free %d of %d bytes; the device has %d", free, total, d.Info().MemBytes)
+	}
+	b, err := d.Alloc(gpu.F32, 1<<28)
+	if err != nil {
+		t.Fatal(err)
+	}
+	during, _, err := d.FreeMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Free(b)
+	after, _, err := d.FreeMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free-during < 1<<30 || after-during < 1<<30 {
+		t.Errorf("free %d bytes before a 1 GiB allocation, %d with it, %d after it", free, during, after)
+	}
+}
+
 // TestDecodeRoom: the driver's occupancy of attn_decode, which the
 // decode attention's one-split rule reads (planAttention), is known for
 // every entry point; on an H200 it is what TestDecodeAttentionPlan takes.

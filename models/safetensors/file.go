@@ -122,6 +122,16 @@ func (c *Checkpoint) Names() []string {
 	return out
 }
 
+// Bytes is the size of every tensor's data, the weights a device holds
+// for the whole checkpoint in its dtypes.
+func (c *Checkpoint) Bytes() int64 {
+	var n int64
+	for _, t := range c.tensors {
+		n += int64(len(t.Data))
+	}
+	return n
+}
+
 // Close unmaps the files.
 func (c *Checkpoint) Close() error {
 	var first error

@@ -102,6 +102,9 @@ func TestOpenDirSharded(t *testing.T) {
 	if got := strings.Join(c.Names(), ","); got != "x,y" {
 		t.Errorf("names = %s", got)
 	}
+	if got := c.Bytes(); got != 8 {
+		t.Errorf("the shards' tensors hold %d bytes, want 8", got)
+	}
 	if x, _ := c.Tensor("x"); !bytes.Equal(x.Data, []byte{0, 0, 128, 63}) {
 		t.Errorf("x = %v", x.Data)
 	}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/ref"
+	"github.com/troupe/troupe/models"
+)
+
+// memDev is a device that reports free bytes of memory, or err.
+type memDev struct {
+	gpu.Device
+	free int64
+	err  error
+}
+
+func (d memDev) FreeMemory() (int64, int64, error) { return d.free, 2 * d.free, d.err }
+
+// TestKVBlocks sizes the KV cache of OLMo-2-1B's shape (16 layers, 16
+// KV heads of 128, 4,096 positions: a bf16 block of 16 tokens is 2 MiB,
+// a full context 256 blocks) by the device's free memory.
+func TestKVBlocks(t *testing.T) {
+	mc := &models.Config{Layers: 16, KVHeads: 16, HeadDim: 128, MaxPositions: 4096, Vocab: 100352, Hidden: 2048, Intermediate: 8192}
+	const gib, weights = int64(1) << 30, int64(2_560_000_000)
+	cfg := defaultServeConfig()
+	scratch := int64(cfg.MaxBatchTokens) * int64(mc.Vocab+8*mc.Hidden+4*mc.Intermediate) * 4
+	fits := func(free int64, replicas int) int {
+		return int((int64(kvShare*float64(free)) - weights - int64(replicas)*scratch) / (int64(replicas) * (2 << 20)))
+	}
+	for _, c := range []struct {
+		name     string
+		kvBlocks int
+		replicas int
+		tp       int
+		dev      gpu.Device
+		want     int
+		note     string // a part of the log line; "" for none
+		err      string
+	}{
+		{"--kv-blocks", 100, 1, 1, memDev{Device: ref.New(), free: gib}, 100, "", ""},
+		{"no memory figures", 0, 1, 1, struct{ gpu.Device }{ref.New()}, 64 * 256, "", ""},
+		{"figures unknown", 0, 1, 1, memDev{Device: ref.New(), err: errors.New("no /proc")}, 64 * 256, "free memory unknown: no /proc", ""},
+		{"room for all", 0, 1, 1, memDev{Device: ref.New(), free: 141 * gib}, 64 * 256, "64 full contexts, of 141.00 GiB free", ""},
+		{"room for some", 0, 1, 1, memDev{Device: ref.New(), free: 20 * gib}, fits(20*gib, 1), "where --max-seqs asks for 64", ""},
+		{"two replicas share it", 0, 2, 1, memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", ""},
+		{"less than a context", 0, 1, 1, memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", ""},
+		{"too little", 0, 1, 1, memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks"},
+		{"tensor-parallel ranks halve it", 0, 2, 2, memDev{Device: ref.New(), free: 10 * gib}, 0, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := cfg
+			cfg.KVBlocks, cfg.Replicas, cfg.TP = c.kvBlocks, c.replicas, c.tp
+			got, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("got %d blocks, error %v; want an error naming %s", got, err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.tp > 1 {
+				// Each rank holds half the weights and half of every
+				// block, one replica a device.
+				want := int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20))
+				if got != want {
+					t.Errorf("got %d blocks, want %d", got, want)
+				}
+				return
+			}
+			if got != c.want {
+				t.Errorf("got %d blocks, want %d", got, c.want)
+			}
+			if (c.note == "") != (note == "") || !strings.Contains(note, c.note) {
+				t.Errorf("note %q, want one containing %q", note, c.note)
+			}
+		})
+	}
+}
