@@ -82,19 +82,24 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 	if err != nil {
 		return want, fmt.Sprintf("kv cache: %d blocks of 16 tokens a replica (free memory unknown: %v)", want, err), nil
 	}
-	// Tensor-parallel ranks each hold a share of the weights and the
-	// cache's heads on a device of their own, one replica a device;
-	// otherwise every replica shares this device and its weights.
-	tp, replicas := max(1, cfg.TP), max(1, cfg.Replicas)
-	if tp > 1 {
-		replicas = 1
-	}
 	n := kvNeeds{
-		want: want, context: ctx, replicas: replicas,
-		blockBytes: int64(2*mc.Layers*16*mc.KVHeads*mc.HeadDim*cache.Size()) / int64(tp),
-		weights:    ckpt / int64(tp),
+		want: want, context: ctx, replicas: max(1, cfg.Replicas),
+		blockBytes: int64(2 * mc.Layers * 16 * mc.KVHeads * mc.HeadDim * cache.Size()),
+		weights:    ckpt,
 		// The logits of a step's rows and room for its activations, f32.
 		scratch: int64(cfg.MaxBatchTokens) * int64(mc.Vocab+8*mc.Hidden+4*mc.Intermediate) * 4,
+	}
+	if tp := int64(max(1, cfg.TP)); tp > 1 {
+		if cfg.Device == "cuda" {
+			// Each rank holds a share of the weights and of every block on
+			// a GPU of its own, one replica a GPU.
+			n.replicas, n.blockBytes, n.weights = 1, n.blockBytes/tp, n.weights/tp
+		} else {
+			// The ranks share the host's memory, and each replica's ranks
+			// load their own shares of the weights.
+			n.weights *= int64(n.replicas)
+			n.scratch *= tp
+		}
 	}
 	p, err := planKV(n, free)
 	if err != nil {

@@ -48,11 +48,15 @@ func TestKVBlocks(t *testing.T) {
 		{"two replicas share it", 0, 2, 1, memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", ""},
 		{"less than a context", 0, 1, 1, memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", ""},
 		{"too little", 0, 1, 1, memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks"},
-		{"tensor-parallel ranks halve it", 0, 2, 2, memDev{Device: ref.New(), free: 10 * gib}, 0, "", ""},
+		{"tensor-parallel GPUs halve it", 0, 2, 2, memDev{Device: ref.New(), free: 10 * gib}, 0, "", ""},
+		{"tensor-parallel CPU ranks share the memory", 0, 2, 2, memDev{Device: ref.New(), free: 40 * gib}, 0, "", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := cfg
 			cfg.KVBlocks, cfg.Replicas, cfg.TP = c.kvBlocks, c.replicas, c.tp
+			if strings.Contains(c.name, "GPUs") {
+				cfg.Device = "cuda"
+			}
 			got, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
@@ -64,9 +68,14 @@ func TestKVBlocks(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.tp > 1 {
-				// Each rank holds half the weights and half of every
-				// block, one replica a device.
+				// On GPUs each rank holds half the weights and half of
+				// every block, one replica a GPU; on the CPU lane the two
+				// replicas' four ranks share the memory, each replica
+				// holding the whole weights and every rank its scratch.
 				want := int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20))
+				if cfg.Device != "cuda" {
+					want = int((int64(kvShare*float64(40*gib)) - 2*weights - 2*2*scratch) / (2 * (2 << 20)))
+				}
 				if got != want {
 					t.Errorf("got %d blocks, want %d", got, want)
 				}
