@@ -176,6 +176,14 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.cacheDT, err = kvCacheType(cfg.KVCache, cfg.Device); err != nil {
 		return nil, err
 	}
+	what := fmt.Sprintf("%d replica(s) of %d stage(s)", cfg.Replicas, cfg.Shards)
+	if cfg.Placement != "" {
+		what = "placements " + cfg.Placement
+		if cfg.Group != "" {
+			what += " of group " + cfg.Group
+		}
+	}
+	fmt.Fprintf(log, "loading %s (%s) on %s: %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), what)
 	var kvNote string
 	if n.blocks, kvNote, err = kvBlocks(cfg, mc, n.bundle.Checkpoint.Bytes(), n.cacheDT, n.dev); err != nil {
 		return nil, err
@@ -235,7 +243,6 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		n.shape = shape{placement: cfg.Placement}
 		replicas = max(1, cfg.Replicas)
 		if cfg.Group != "" {
-			fmt.Fprintf(log, "loading %s (%s) on %s: placements %s of group %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement, cfg.Group)
 			n.publish(nil)
 			n.wg.Add(1)
 			go func() {
@@ -255,9 +262,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 			}()
 			return n, nil
 		}
-		fmt.Fprintf(log, "loading %s (%s) on %s: placements %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Placement)
 	} else {
-		fmt.Fprintf(log, "loading %s (%s) on %s: %d replica(s) of %d stage(s)\n", n.bundle.Name, mc.Describe(), n.dev.Name(), cfg.Replicas, cfg.Shards)
 		if cfg.Shards > mc.Layers {
 			return nil, fmt.Errorf("serve: %d stages for %d layers", cfg.Shards, mc.Layers)
 		}
