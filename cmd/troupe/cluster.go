@@ -339,7 +339,7 @@ func (n *node) startGroup(ctx, runCtx context.Context, id, spec string) (_ *repl
 		g.fo.Down(p)
 		fmt.Fprintf(n.log, "replica %s: placement %s starts down: a node of it is not alive\n", g.replica, names[p])
 	}
-	kv, kvRef, err := n.startKV(ctx, g.replica)
+	kv, kvRef, err := n.startKV(ctx, g.replica, n.blocks)
 	if kvRef != nil {
 		rep.actors = append(rep.actors, kvRef)
 	}

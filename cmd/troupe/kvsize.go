@@ -66,21 +66,22 @@ func planKV(n kvNeeds, free int64) (kvPlan, error) {
 // kvBlocks is a replica's KV cache in blocks of 16 tokens: --kv-blocks,
 // or with 0 --max-seqs full contexts (at most 64) where the device's free
 // memory holds them (gpu.MemoryReporter), else as many as it holds. The
-// second result says how it was chosen, for the log ("" for --kv-blocks
-// or a device that does not report its memory).
-func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, dev gpu.Device) (int, string, error) {
+// second result is what sized it by memory, for the replicas added while
+// serving (nil for --kv-blocks or a device that does not report its
+// memory); the third says how it was chosen, for the log.
+func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, dev gpu.Device) (int, *kvNeeds, string, error) {
 	if cfg.KVBlocks > 0 {
-		return cfg.KVBlocks, "", nil
+		return cfg.KVBlocks, nil, "", nil
 	}
 	ctx := (mc.MaxPositions + 15) / 16
 	want := min(cfg.MaxSeqs, 64) * ctx
 	mr, ok := dev.(gpu.MemoryReporter)
 	if !ok {
-		return want, "", nil
+		return want, nil, "", nil
 	}
 	free, _, err := mr.FreeMemory()
 	if err != nil {
-		return want, fmt.Sprintf("kv cache: %d blocks of 16 tokens a replica (free memory unknown: %v)", want, err), nil
+		return want, nil, fmt.Sprintf("kv cache: %d blocks of 16 tokens a replica (free memory unknown: %v)", want, err), nil
 	}
 	n := kvNeeds{
 		want: want, context: ctx, replicas: max(1, cfg.Replicas),
@@ -103,7 +104,44 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 	}
 	p, err := planKV(n, free)
 	if err != nil {
-		return 0, "", err
+		return 0, nil, "", err
 	}
-	return p.blocks, p.note, nil
+	return p.blocks, &n, p.note, nil
+}
+
+// addedBlocks sizes the cache of a local replica of stageCount stages
+// added while serving, where the node's caches are sized by memory
+// (n.kvAuto): the start's n.blocks where the device's free memory holds
+// them beside the weights of the stages not loaded here yet and the
+// replica's activations, else as many as fit, and an error where fewer
+// than minKVBlocks do. The replicas of the node's start, of tensor-parallel
+// nodes and of groups over placements take n.blocks.
+func (n *node) addedBlocks(stageCount int) (int, error) {
+	mr, ok := n.dev.(gpu.MemoryReporter)
+	if n.kvAuto == nil || !n.started || !ok {
+		return n.blocks, nil
+	}
+	free, _, err := mr.FreeMemory()
+	if err != nil {
+		return n.blocks, nil
+	}
+	need := *n.kvAuto
+	need.want, need.replicas, need.weights = n.blocks, 1, 0
+	layers := n.bundle.Config.Layers
+	n.weightsMu.Lock()
+	for s := range stageCount {
+		if span := [2]int{s * layers / stageCount, (s + 1) * layers / stageCount}; n.weights[span] == nil {
+			need.weights += n.kvAuto.weights * int64(span[1]-span[0]) / int64(layers)
+		}
+	}
+	n.weightsMu.Unlock()
+	p, err := planKV(need, free)
+	if err != nil {
+		return 0, fmt.Errorf("a new replica: %w", err)
+	}
+	if p.blocks < n.blocks {
+		fmt.Fprintf(n.log, "kv cache: %d blocks of 16 tokens (%s) for a new replica, where the others have %d, as fits in %s free\n",
+			p.blocks, bytesOf(int64(p.blocks)*need.blockBytes), n.blocks, bytesOf(free))
+	}
+	return p.blocks, nil
 }

@@ -57,7 +57,7 @@ func TestKVBlocks(t *testing.T) {
 			if strings.Contains(c.name, "GPUs") {
 				cfg.Device = "cuda"
 			}
-			got, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
+			got, auto, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("got %d blocks, error %v; want an error naming %s", got, err, c.err)
@@ -86,6 +86,53 @@ func TestKVBlocks(t *testing.T) {
 			}
 			if (c.note == "") != (note == "") || !strings.Contains(note, c.note) {
 				t.Errorf("note %q, want one containing %q", note, c.note)
+			}
+			// What sized the cache by memory is kept for the replicas
+			// added later.
+			if _, reports := c.dev.(gpu.MemoryReporter); (auto != nil) != (reports && c.kvBlocks == 0 && !strings.Contains(c.name, "unknown")) {
+				t.Errorf("sized by memory: %v", auto != nil)
+			}
+		})
+	}
+}
+
+// TestAddedBlocks sizes the cache of a replica added while serving by the
+// memory free then: the start's size where it fits, with the weights of
+// stages not loaded yet, else less, else an error.
+func TestAddedBlocks(t *testing.T) {
+	mc := &models.Config{Layers: 16, KVHeads: 16, HeadDim: 128, MaxPositions: 4096, Vocab: 100352, Hidden: 2048, Intermediate: 8192}
+	const gib, weights = int64(1) << 30, int64(2 << 30)
+	need := kvNeeds{want: 64 * 256, context: 256, replicas: 1, blockBytes: 2 << 20, weights: weights, scratch: 300 << 20}
+	loaded := map[[2]int]*sharedWeights{{0, 16}: {}}
+	for _, c := range []struct {
+		name    string
+		auto    *kvNeeds
+		started bool
+		free    int64
+		stages  int
+		want    int
+		err     bool
+	}{
+		{"the start's replicas", &need, false, 1 * gib, 1, 4096, false},
+		{"--kv-blocks", nil, true, 1 * gib, 1, 4096, false},
+		{"room for the start's size", &need, true, 20 * gib, 1, 4096, false},
+		{"less room", &need, true, 5 * gib, 1, int((int64(0.9*float64(5*gib)) - need.scratch) / (2 << 20)), false},
+		{"new stages load weights", &need, true, 5 * gib, 2, int((int64(0.9*float64(5*gib)) - weights - need.scratch) / (2 << 20)), false},
+		{"no room", &need, true, 400 << 20, 1, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log strings.Builder
+			n := &node{bundle: &models.Bundle{Config: mc}, dev: memDev{Device: ref.New(), free: c.free}, log: &log,
+				blocks: 4096, kvAuto: c.auto, started: c.started, weights: loaded}
+			got, err := n.addedBlocks(c.stages)
+			if (err != nil) != c.err {
+				t.Fatalf("got %d blocks, error %v", got, err)
+			}
+			if err == nil && got != c.want {
+				t.Errorf("got %d blocks, want %d", got, c.want)
+			}
+			if said := log.Len() > 0; err == nil && said != (got < 4096) {
+				t.Errorf("log %q for %d blocks of 4096", log.String(), got)
 			}
 		})
 	}

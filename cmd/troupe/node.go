@@ -45,7 +45,9 @@ type node struct {
 	view     *clusterView
 	tp       *trace.Provider
 	log      io.Writer
-	blocks   int
+	blocks   int      // KV blocks a replica of the node's start
+	kvAuto   *kvNeeds // what sized blocks by memory; nil for --kv-blocks
+	started  bool     // the start's replicas are up; guarded by resizeMu
 	cacheDT  gpu.DType
 
 	cancel  context.CancelFunc
@@ -185,7 +187,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	}
 	fmt.Fprintf(log, "loading %s (%s) on %s: %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), what)
 	var kvNote string
-	if n.blocks, kvNote, err = kvBlocks(cfg, mc, n.bundle.Checkpoint.Bytes(), n.cacheDT, n.dev); err != nil {
+	if n.blocks, n.kvAuto, kvNote, err = kvBlocks(cfg, mc, n.bundle.Checkpoint.Bytes(), n.cacheDT, n.dev); err != nil {
 		return nil, err
 	}
 	if kvNote != "" {
@@ -279,6 +281,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		reps = append(reps, rep)
 		n.publish(reps)
 	}
+	n.started = true
 	n.publish(reps)
 	return n, nil
 }
@@ -426,11 +429,15 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 // stageCount pipeline stages, its KV-manager and its scheduler.
 func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCount int) (*replica, error) {
 	mc := n.bundle.Config
+	blocks, err := n.addedBlocks(stageCount)
+	if err != nil {
+		return nil, err
+	}
 	rep := &replica{id: id, shape: shape{stages: stageCount}}
 	var stages []string
 	for s := 0; s < stageCount; s++ {
 		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: rep.id, Index: s,
-			First: s * mc.Layers / stageCount, Last: (s + 1) * mc.Layers / stageCount, Blocks: n.blocks, BlockSize: 16}
+			First: s * mc.Layers / stageCount, Last: (s + 1) * mc.Layers / stageCount, Blocks: blocks, BlockSize: 16}
 		p, err := n.startShard(ctx, scheduler.ShardID(rep.id, s), args)
 		if err != nil {
 			n.stopActors(rep)
@@ -439,7 +446,7 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCo
 		rep.actors = append(rep.actors, p)
 		stages = append(stages, p.Subject()+".forward")
 	}
-	kv, kvRef, err := n.startKV(ctx, rep.id)
+	kv, kvRef, err := n.startKV(ctx, rep.id, blocks)
 	if err != nil {
 		n.stopActors(rep)
 		return nil, err
@@ -475,9 +482,10 @@ func (n *node) stopActors(rep *replica) {
 	rep.actors = nil
 }
 
-// startKV spawns replica's KV-manager and returns a client of it.
-func (n *node) startKV(ctx context.Context, replica string) (*scheduler.KVClient, actors.Process, error) {
-	pool, err := scheduler.NewKV(n.blocks, 16)
+// startKV spawns replica's KV-manager, over a pool of blocks blocks, and
+// returns a client of it.
+func (n *node) startKV(ctx context.Context, replica string, blocks int) (*scheduler.KVClient, actors.Process, error) {
+	pool, err := scheduler.NewKV(blocks, 16)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -149,7 +149,9 @@ func shardIDs(t *testing.T, url string) []string {
 // of replicas with it, while clients stream without pause: every text
 // equals the reference, and the old stages are gone after each change.
 func TestScaleStagesWhileServing(t *testing.T) {
-	s := startServe(t, func(c *serveConfig) { c.MaxSeqs = 8 })
+	// The KV caches sized by the host's free memory: 8 full contexts
+	// where they fit, for the start's replica and every replica added.
+	s := startServe(t, func(c *serveConfig) { c.MaxSeqs, c.KVBlocks = 8, 0 })
 	l := startLoad(t, s.url, 6)
 	steps := []struct {
 		args   []string

@@ -234,7 +234,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 	}
 	// The device actors stop after the ranks that use them.
 	rep.actors = append(rep.actors, devProcs...)
-	kv, kvRef, err := n.startKV(ctx, rep.id)
+	kv, kvRef, err := n.startKV(ctx, rep.id, n.blocks)
 	if kvRef != nil {
 		rep.actors = append(rep.actors, kvRef)
 	}
