@@ -48,7 +48,7 @@ func planKV(n kvNeeds, free int64) (kvPlan, error) {
 		return fmt.Sprintf("%d blocks of 16 tokens (%s)", b, bytesOf(int64(b)*n.blockBytes))
 	}
 	if blocks < minKVBlocks {
-		return kvPlan{}, fmt.Errorf("serve: the KV cache does not fit: %s of %s free leaves room for %d blocks of 16 tokens a replica (%d replica(s), weights %s), fewer than %d; give --kv-blocks, fewer --replicas or --max-batch-tokens, or a device with more memory",
+		return kvPlan{}, fmt.Errorf("the KV cache does not fit: %s of %s free leaves room for %d blocks of 16 tokens a replica (%d replica(s), weights %s), fewer than %d; give --kv-blocks, fewer --replicas or --max-batch-tokens, or a device with more memory",
 			bytesOf(int64(kvShare*float64(free))), bytesOf(free), max(0, fits), n.replicas, bytesOf(n.weights), minKVBlocks)
 	}
 	p := kvPlan{blocks: blocks}
@@ -104,7 +104,7 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 	}
 	p, err := planKV(n, free)
 	if err != nil {
-		return 0, nil, "", err
+		return 0, nil, "", fmt.Errorf("serve: %w", err)
 	}
 	return p.blocks, &n, p.note, nil
 }
@@ -137,7 +137,7 @@ func (n *node) addedBlocks(stageCount int) (int, error) {
 	n.weightsMu.Unlock()
 	p, err := planKV(need, free)
 	if err != nil {
-		return 0, fmt.Errorf("a new replica: %w", err)
+		return 0, fmt.Errorf("a replica added: %w", err)
 	}
 	if p.blocks < n.blocks {
 		fmt.Fprintf(n.log, "kv cache: %d blocks of 16 tokens (%s) for a new replica, where the others have %d, as fits in %s free\n",
