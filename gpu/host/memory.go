@@ -13,7 +13,9 @@ import (
 // FreeMemory implements gpu.MemoryReporter on Linux: MemAvailable and
 // MemTotal from /proc/meminfo, each bounded by the memory limits of the
 // process's cgroup (v2, or v1's memory controller) and its parents, less
-// what they use, where any is set (a container's limit).
+// what they use, where any is set (a container's limit). A group's use
+// leaves out its inactive file pages, which the kernel reclaims before
+// the limit is reached (the working set, as container runtimes count it).
 func (Memory) FreeMemory() (free, total int64, err error) {
 	return freeMemory(os.ReadFile)
 }
@@ -39,6 +41,9 @@ func freeMemory(read func(string) ([]byte, error)) (free, total int64, err error
 			cur, curErr := read(path.Join(g.root, dir, g.usage))
 			if limErr == nil && curErr == nil {
 				if limit, used, ok := cgroupLimit(lim, cur); ok {
+					if stat, err := read(path.Join(g.root, dir, "memory.stat")); err == nil {
+						used -= min(used, statField(stat, g.inactive))
+					}
 					total = min(total, limit)
 					free = min(free, max(0, limit-used))
 				}
@@ -86,8 +91,9 @@ func parseMeminfo(raw []byte) (avail, total int64, err error) {
 }
 
 // cgroup is where a cgroup's memory limit and usage are read: files limit
-// and usage in root/path and its parents.
-type cgroup struct{ root, path, limit, usage string }
+// and usage in root/path and its parents, and memory.stat's field
+// inactive, the inactive file pages.
+type cgroup struct{ root, path, limit, usage, inactive string }
 
 // cgroups reads the process's memory cgroups from /proc/self/cgroup: the
 // v2 group (a line "0::/path") and v1's memory controller ("N:...memory...:/path").
@@ -101,9 +107,9 @@ func cgroups(raw []byte) []cgroup {
 		p := path.Clean(string(f[2]))
 		switch {
 		case string(f[0]) == "0" && len(f[1]) == 0:
-			gs = append(gs, cgroup{"/sys/fs/cgroup", p, "memory.max", "memory.current"})
+			gs = append(gs, cgroup{"/sys/fs/cgroup", p, "memory.max", "memory.current", "inactive_file"})
 		case slices.Contains(strings.Split(string(f[1]), ","), "memory"):
-			gs = append(gs, cgroup{"/sys/fs/cgroup/memory", p, "memory.limit_in_bytes", "memory.usage_in_bytes"})
+			gs = append(gs, cgroup{"/sys/fs/cgroup/memory", p, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"})
 		}
 	}
 	return gs
@@ -122,4 +128,19 @@ func cgroupLimit(limitRaw, usageRaw []byte) (limit, used int64, ok bool) {
 		return 0, 0, false
 	}
 	return l, u, true
+}
+
+// statField is the count a memory.stat file gives for name (lines "name
+// count"), 0 where it has none or not a count.
+func statField(raw []byte, name string) int64 {
+	for _, line := range bytes.Split(raw, []byte("\n")) {
+		f := bytes.Fields(line)
+		if len(f) == 2 && string(f[0]) == name {
+			if v, err := strconv.ParseInt(string(f[1]), 10, 64); err == nil && v > 0 {
+				return v
+			}
+			return 0
+		}
+	}
+	return 0
 }

@@ -38,13 +38,22 @@ func TestFreeMemory(t *testing.T) {
 		{"v2 limit on a parent", map[string]string{"/proc/meminfo": meminfo, "/proc/self/cgroup": "0::/kube/pod/c\n",
 			"/sys/fs/cgroup/kube/pod/memory.max": "8589934592\n", "/sys/fs/cgroup/kube/pod/memory.current": "2147483648\n"},
 			6 * gib, 8 * gib, false},
+		{"v2 page cache left out of the use", map[string]string{"/proc/meminfo": meminfo, "/proc/self/cgroup": "0::/ci\n",
+			"/sys/fs/cgroup/ci/memory.max": "8589934592\n", "/sys/fs/cgroup/ci/memory.current": "7516192768\n",
+			"/sys/fs/cgroup/ci/memory.stat": "anon 1073741824\nfile 6442450944\nactive_file 1073741824\ninactive_file 5368709120\n"},
+			6 * gib, 8 * gib, false},
+		{"v2 with a stat beyond the use", map[string]string{"/proc/meminfo": meminfo, "/proc/self/cgroup": "0::/ci\n",
+			"/sys/fs/cgroup/ci/memory.max": "8589934592\n", "/sys/fs/cgroup/ci/memory.current": "1073741824\n",
+			"/sys/fs/cgroup/ci/memory.stat": "inactive_file 9999999999\n"},
+			8 * gib, 8 * gib, false},
 		{"v2 inside a container (the mount's root)", map[string]string{"/proc/meminfo": meminfo, "/proc/self/cgroup": "0::/../../kube/c\n",
 			"/sys/fs/cgroup/memory.max": "4294967296", "/sys/fs/cgroup/memory.current": "5368709120"},
 			0, 4 * gib, false},
 		{"v1 memory controller", map[string]string{"/proc/meminfo": meminfo,
 			"/proc/self/cgroup":                           "5:devices:/\n4:cpu,memory:/docker/abc\n1:name=systemd:/\n",
 			"/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n", "/sys/fs/cgroup/memory/memory.usage_in_bytes": "1\n",
-			"/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "2147483648\n", "/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": "1073741824\n"},
+			"/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "2147483648\n", "/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": "1610612736\n",
+			"/sys/fs/cgroup/memory/docker/abc/memory.stat": "cache 600000000\ninactive_file 1\ntotal_inactive_file 536870912\n"},
 			1 * gib, 2 * gib, false},
 		{"no meminfo", map[string]string{}, 0, 0, true},
 		{"meminfo without MemAvailable", map[string]string{"/proc/meminfo": "MemTotal: 100 kB\n"}, 0, 0, true},
@@ -79,9 +88,9 @@ func TestFreeMemoryHere(t *testing.T) {
 }
 
 func FuzzMemoryFiles(f *testing.F) {
-	f.Add([]byte(meminfo), []byte("0::/a/b\n4:memory:/c\n"), []byte("max"), []byte("12"))
-	f.Add([]byte("MemAvailable: x kB"), []byte("0::"), []byte("-1"), []byte(""))
-	f.Fuzz(func(t *testing.T, mi, cg, limit, usage []byte) {
+	f.Add([]byte(meminfo), []byte("0::/a/b\n4:memory:/c\n"), []byte("max"), []byte("12"), []byte("inactive_file 5\n"))
+	f.Add([]byte("MemAvailable: x kB"), []byte("0::"), []byte("-1"), []byte(""), []byte("total_inactive_file -3"))
+	f.Fuzz(func(t *testing.T, mi, cg, limit, usage, stat []byte) {
 		read := func(name string) ([]byte, error) {
 			switch name {
 			case "/proc/meminfo":
@@ -89,8 +98,11 @@ func FuzzMemoryFiles(f *testing.F) {
 			case "/proc/self/cgroup":
 				return cg, nil
 			}
-			if strings.HasSuffix(name, "memory.max") || strings.HasSuffix(name, "limit_in_bytes") {
+			switch {
+			case strings.HasSuffix(name, "memory.max") || strings.HasSuffix(name, "limit_in_bytes"):
 				return limit, nil
+			case strings.HasSuffix(name, "memory.stat"):
+				return stat, nil
 			}
 			return usage, nil
 		}
