@@ -130,7 +130,7 @@ func (n *node) addedBlocks(stageCount int) (int, error) {
 	layers := n.bundle.Config.Layers
 	n.weightsMu.Lock()
 	for s := range stageCount {
-		if span := [2]int{s * layers / stageCount, (s + 1) * layers / stageCount}; n.weights[span] == nil {
+		if span := stageSpan(s, stageCount, layers); n.weights[span] == nil {
 			need.weights += n.kvAuto.weights * int64(span[1]-span[0]) / int64(layers)
 		}
 	}

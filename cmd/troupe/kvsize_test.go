@@ -35,28 +35,32 @@ func TestKVBlocks(t *testing.T) {
 		kvBlocks int
 		replicas int
 		tp       int
+		device   string
 		dev      gpu.Device
 		want     int
 		note     string // a part of the log line; "" for none
 		err      string
 	}{
-		{"--kv-blocks", 100, 1, 1, memDev{Device: ref.New(), free: gib}, 100, "", ""},
-		{"no memory figures", 0, 1, 1, struct{ gpu.Device }{ref.New()}, 64 * 256, "", ""},
-		{"figures unknown", 0, 1, 1, memDev{Device: ref.New(), err: errors.New("no /proc")}, 64 * 256, "free memory unknown: no /proc", ""},
-		{"room for all", 0, 1, 1, memDev{Device: ref.New(), free: 141 * gib}, 64 * 256, "64 full contexts, of 141.00 GiB free", ""},
-		{"room for some", 0, 1, 1, memDev{Device: ref.New(), free: 20 * gib}, fits(20*gib, 1), "where --max-seqs asks for 64", ""},
-		{"two replicas share it", 0, 2, 1, memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", ""},
-		{"less than a context", 0, 1, 1, memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", ""},
-		{"too little", 0, 1, 1, memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks"},
-		{"tensor-parallel GPUs halve it", 0, 2, 2, memDev{Device: ref.New(), free: 10 * gib}, 0, "", ""},
-		{"tensor-parallel CPU ranks share the memory", 0, 2, 2, memDev{Device: ref.New(), free: 40 * gib}, 0, "", ""},
+		{"--kv-blocks", 100, 1, 1, "cpu", memDev{Device: ref.New(), free: gib}, 100, "", ""},
+		{"no memory figures", 0, 1, 1, "cpu", struct{ gpu.Device }{ref.New()}, 64 * 256, "", ""},
+		{"figures unknown", 0, 1, 1, "cpu", memDev{Device: ref.New(), err: errors.New("no /proc")}, 64 * 256, "free memory unknown: no /proc", ""},
+		{"room for all", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 141 * gib}, 64 * 256, "64 full contexts, of 141.00 GiB free", ""},
+		{"room for some", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 20 * gib}, fits(20*gib, 1), "where --max-seqs asks for 64", ""},
+		{"two replicas share it", 0, 2, 1, "cpu", memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", ""},
+		{"less than a context", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", ""},
+		{"too little", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks"},
+		// On GPUs each rank holds half the weights and half of every
+		// block, one replica a GPU; on the CPU lane the two replicas' four
+		// ranks share the memory, each replica holding the whole weights
+		// and every rank its scratch.
+		{"tensor-parallel GPUs halve it", 0, 2, 2, "cuda", memDev{Device: ref.New(), free: 10 * gib},
+			int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20)), "where --max-seqs asks for 64", ""},
+		{"tensor-parallel CPU ranks share the memory", 0, 2, 2, "cpu", memDev{Device: ref.New(), free: 40 * gib},
+			int((int64(kvShare*float64(40*gib)) - 2*weights - 2*2*scratch) / (2 * (2 << 20))), "where --max-seqs asks for 64", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := cfg
-			cfg.KVBlocks, cfg.Replicas, cfg.TP = c.kvBlocks, c.replicas, c.tp
-			if strings.Contains(c.name, "GPUs") {
-				cfg.Device = "cuda"
-			}
+			cfg.KVBlocks, cfg.Replicas, cfg.TP, cfg.Device = c.kvBlocks, c.replicas, c.tp, c.device
 			got, auto, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
@@ -67,20 +71,6 @@ func TestKVBlocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.tp > 1 {
-				// On GPUs each rank holds half the weights and half of
-				// every block, one replica a GPU; on the CPU lane the two
-				// replicas' four ranks share the memory, each replica
-				// holding the whole weights and every rank its scratch.
-				want := int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20))
-				if cfg.Device != "cuda" {
-					want = int((int64(kvShare*float64(40*gib)) - 2*weights - 2*2*scratch) / (2 * (2 << 20)))
-				}
-				if got != want {
-					t.Errorf("got %d blocks, want %d", got, want)
-				}
-				return
-			}
 			if got != c.want {
 				t.Errorf("got %d blocks, want %d", got, c.want)
 			}
@@ -89,7 +79,7 @@ func TestKVBlocks(t *testing.T) {
 			}
 			// What sized the cache by memory is kept for the replicas
 			// added later.
-			if _, reports := c.dev.(gpu.MemoryReporter); (auto != nil) != (reports && c.kvBlocks == 0 && !strings.Contains(c.name, "unknown")) {
+			if _, reports := c.dev.(gpu.MemoryReporter); (auto != nil) != (reports && c.kvBlocks == 0 && !strings.Contains(c.note, "unknown")) {
 				t.Errorf("sized by memory: %v", auto != nil)
 			}
 		})

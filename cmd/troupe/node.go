@@ -436,8 +436,9 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCo
 	rep := &replica{id: id, shape: shape{stages: stageCount}}
 	var stages []string
 	for s := 0; s < stageCount; s++ {
+		span := stageSpan(s, stageCount, mc.Layers)
 		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: rep.id, Index: s,
-			First: s * mc.Layers / stageCount, Last: (s + 1) * mc.Layers / stageCount, Blocks: blocks, BlockSize: 16}
+			First: span[0], Last: span[1], Blocks: blocks, BlockSize: 16}
 		p, err := n.startShard(ctx, scheduler.ShardID(rep.id, s), args)
 		if err != nil {
 			n.stopActors(rep)
@@ -469,6 +470,12 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCo
 		return nil, err
 	}
 	return rep, nil
+}
+
+// stageSpan is the layers [first, last) of stage s of a local replica of
+// stages stages over layers layers.
+func stageSpan(s, stages, layers int) [2]int {
+	return [2]int{s * layers / stages, (s + 1) * layers / stages}
 }
 
 // stopActors stops a replica's actors and frees their memory.
