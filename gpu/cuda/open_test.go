@@ -5,6 +5,7 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/binary"
+	"io/fs"
 	"os"
 	"regexp"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/kernels"
 )
 
 // TestOpenMissingDriver needs no GPU: a library that does not exist must
@@ -469,14 +471,18 @@ func TestMoEPath(t *testing.T) {
 // TestMHARegisters: the decode attention's splits are planned for four
 // blocks of attn_mha an SM (planAttention), which its registers allow
 // only at 128 or fewer: the committed cubin's counts (EIATTR_REGCOUNT in
-// .nv.info). The compiler's choice follows the launch bounds; declared
-// for one block an SM, it took 149 and the 64 × 512 step ran 2% slower.
+// .nv.info) among the artifacts the binary embeds. The compiler's choice
+// follows the launch bounds; declared for one block an SM, it took 149
+// and the 64 × 512 step ran 2% slower.
 func TestMHARegisters(t *testing.T) {
-	f, err := elf.Open("../../kernels/cuda/attention.sm_90a.cubin")
+	cubin, err := fs.ReadFile(kernels.FS(), "cuda/attention.sm_90a.cubin")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	f, err := elf.NewFile(bytes.NewReader(cubin))
+	if err != nil {
+		t.Fatal(err)
+	}
 	syms, err := f.Symbols()
 	if err != nil {
 		t.Fatal(err)
