@@ -75,17 +75,22 @@ func (g *fakeGroup) collective() error {
 // rankActor is a scripted rank: behave decides, per step, whether it
 // joins the collective, fails, or waits for the abort without joining.
 type rankActor struct {
+	stage   int
 	rank    int
 	g       *fakeGroup
 	plane   *xgmi.Host
 	running *atomic.Int32
 	behave  func(step uint64) string
 	seen    chan<- ForwardMsg // each drawn step's plan
+	plans   chan<- ForwardMsg // every plan, where not nil
 }
 
 func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 	a.running.Add(1)
 	defer a.running.Add(-1)
+	if a.plans != nil {
+		a.plans <- c.Req
+	}
 	switch a.behave(c.Req.Step) {
 	case "fail":
 		c.Fail(errors.New("scripted failure"))
@@ -108,10 +113,10 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 		a.seen <- c.Req
 	}
 	if c.Req.Argmax || len(c.Req.Sample) > 0 {
-		return c.Reply(ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}})
+		return c.Reply(ForwardReply{IDs: []int32{int32(1000*a.stage+100*a.rank) + int32(c.Req.Step)}})
 	}
-	name := fmt.Sprintf("rank/%d", a.rank)
-	out := []float32{float32(a.rank), float32(c.Req.Step)}
+	name := fmt.Sprintf("rank/%d/%d", a.stage, a.rank)
+	out := []float32{float32(10*a.stage + a.rank), float32(c.Req.Step)}
 	a.plane.Publish(name, out)
 	return c.Reply(ForwardReply{Output: bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}})
 }
@@ -150,7 +155,7 @@ func TestLockstep(t *testing.T) {
 		}
 		refs = append(refs, ref)
 	}
-	l, err := NewLockstep(refs, g, plane, 2)
+	l, err := NewLockstep([]LockstepStage{{Ranks: refs, Group: g}}, plane, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,5 +280,116 @@ func TestDrawsWire(t *testing.T) {
 	var s SubmitMsg
 	if err := bus.Decode(raw, &s); err != nil || s.PresencePenalty != -1.5 || s.FrequencyPenalty != 0.25 || len(s.LogitBias) != 2 || s.LogitBias[5] != -100 || s.LogitBias[6] != 2 {
 		t.Fatalf("submit decoded as %+v, %v", s, err)
+	}
+}
+
+// TestLockstepStages drives two stages of two scripted ranks each: every
+// rank of the second stage reads the activations rank 0 of the first
+// published, only the last stage chooses or draws, the step's output is
+// the last stage's rank 0's, and a rank that fails in the second stage
+// fails the step and resets that stage's group alone.
+func TestLockstepStages(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	node, nc := testBus(t)
+	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown(context.Background())
+	plane := xgmi.NewHost(node.Name())
+	var running atomic.Int32
+	plans := make(chan ForwardMsg, 64)
+	var stages []LockstepStage
+	for s := range 2 {
+		g := newFakeGroup(2, &running)
+		st := LockstepStage{Group: g}
+		for r := range 2 {
+			ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("s%d-t%d", s, r),
+				New: func() actors.Actor[ShardCall] {
+					return rankActor{stage: s, rank: r, g: g, plane: plane, running: &running, seen: make(chan ForwardMsg, 8), plans: plans,
+						behave: func(step uint64) string {
+							if step == 2 && s == 1 && r == 1 {
+								return "fail"
+							}
+							return "ok"
+						}}
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Ranks = append(st.Ranks, ref)
+		}
+		stages = append(stages, st)
+	}
+	l, err := NewLockstep(stages, plane, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// plansOf takes a step's four plans: the first stage's, then the
+	// second's.
+	plansOf := func() [2][]ForwardMsg {
+		var got [2][]ForwardMsg
+		for range 4 {
+			m := <-plans
+			s := 0
+			if m.Tokens == nil {
+				s = 1
+			}
+			got[s] = append(got[s], m)
+		}
+		return got
+	}
+	b := &models.Batch{Tokens: []int32{5}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{{0}}, Logits: []int32{0}}
+	logits := make([]float32, 2)
+	if err := l.Forward(ctx, b, logits); err != nil || logits[0] != 10 || logits[1] != 1 {
+		t.Fatalf("step 1: logits %v, err %v; want the second stage's rank 0's [10 1]", logits, err)
+	}
+	got := plansOf()
+	if len(got[0]) != 2 || len(got[1]) != 2 {
+		t.Fatalf("step 1's plans: %d with tokens, %d without; want 2 and 2", len(got[0]), len(got[1]))
+	}
+	for _, m := range got[1] {
+		if m.Input.Buffer != "rank/0/0" || len(m.Pos) != 1 {
+			t.Errorf("the second stage read %q with %d positions, want rank/0/0 and 1", m.Input.Buffer, len(m.Pos))
+		}
+	}
+	err = l.Forward(ctx, b, logits)
+	if err == nil || !strings.Contains(err.Error(), "stage 1") || !strings.Contains(err.Error(), "scripted failure") {
+		t.Errorf("step 2: %v, want the second stage's scripted failure", err)
+	}
+	plansOf()
+	for s, st := range stages {
+		g := st.Group.(*fakeGroup)
+		g.mu.Lock()
+		if want := s; g.resets != want || g.dirty != 0 {
+			t.Errorf("stage %d: %d resets with %d ranks in a pass, want %d with none", s, g.resets, g.dirty, want)
+		}
+		g.mu.Unlock()
+	}
+	ids := make([]int32, 1)
+	if err := l.ForwardArgmax(ctx, b, ids); err != nil || ids[0] != 1003 {
+		t.Errorf("argmax step 3: ids %v, err %v; want the second stage's rank 0's [1003]", ids, err)
+	}
+	for s, ms := range plansOf() {
+		for _, m := range ms {
+			if m.Argmax != (s == 1) {
+				t.Errorf("argmax step: stage %d's plan has argmax %v", s, m.Argmax)
+			}
+		}
+	}
+	rows := []gpu.SampleRow{{Temperature: 0.8, U: 0.25}}
+	if err := l.ForwardSample(ctx, b, rows, ids); err != nil || ids[0] != 1004 {
+		t.Errorf("drawn step 4: ids %v, err %v; want the second stage's rank 0's [1004]", ids, err)
+	}
+	for s, ms := range plansOf() {
+		for _, m := range ms {
+			if (len(m.Sample) > 0) != (s == 1) || m.Argmax {
+				t.Errorf("drawn step: stage %d's plan has %d draws, argmax %v", s, len(m.Sample), m.Argmax)
+			}
+		}
+	}
+	if _, err := NewLockstep([]LockstepStage{stages[0], {Group: stages[1].Group}}, plane, 2); err == nil {
+		t.Error("a stage without ranks was taken")
 	}
 }

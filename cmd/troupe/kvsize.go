@@ -91,15 +91,18 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 		scratch: int64(cfg.MaxBatchTokens) * int64(mc.Vocab+8*mc.Hidden+4*mc.Intermediate) * 4,
 	}
 	if tp := int64(max(1, cfg.TP)); tp > 1 {
+		// A replica's stages split its layers, and each stage's ranks
+		// split the stage's weights and blocks.
+		ways := tp * int64(max(1, cfg.Shards))
 		if cfg.Device == "cuda" {
-			// Each rank holds a share of the weights and of every block on
-			// a GPU of its own, one replica a GPU.
-			n.replicas, n.blockBytes, n.weights = 1, n.blockBytes/tp, n.weights/tp
+			// Each rank holds its share on a GPU of its own, one replica
+			// a GPU.
+			n.replicas, n.blockBytes, n.weights = 1, n.blockBytes/ways, n.weights/ways
 		} else {
 			// The ranks share the host's memory, and each replica's ranks
 			// load their own shares of the weights.
 			n.weights *= int64(n.replicas)
-			n.scratch *= tp
+			n.scratch *= ways
 		}
 	}
 	p, err := planKV(n, free)

@@ -40,27 +40,32 @@ func TestKVBlocks(t *testing.T) {
 		want     int
 		note     string // a part of the log line; "" for none
 		err      string
+		shards   int // 0 for one stage
 	}{
-		{"--kv-blocks", 100, 1, 1, "cpu", memDev{Device: ref.New(), free: gib}, 100, "", ""},
-		{"no memory figures", 0, 1, 1, "cpu", struct{ gpu.Device }{ref.New()}, 64 * 256, "", ""},
-		{"figures unknown", 0, 1, 1, "cpu", memDev{Device: ref.New(), err: errors.New("no /proc")}, 64 * 256, "free memory unknown: no /proc", ""},
-		{"room for all", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 141 * gib}, 64 * 256, "64 full contexts, of 141.00 GiB free", ""},
-		{"room for some", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 20 * gib}, fits(20*gib, 1), "where --max-seqs asks for 64", ""},
-		{"two replicas share it", 0, 2, 1, "cpu", memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", ""},
-		{"less than a context", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", ""},
-		{"too little", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks"},
+		{"--kv-blocks", 100, 1, 1, "cpu", memDev{Device: ref.New(), free: gib}, 100, "", "", 0},
+		{"no memory figures", 0, 1, 1, "cpu", struct{ gpu.Device }{ref.New()}, 64 * 256, "", "", 0},
+		{"figures unknown", 0, 1, 1, "cpu", memDev{Device: ref.New(), err: errors.New("no /proc")}, 64 * 256, "free memory unknown: no /proc", "", 0},
+		{"room for all", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 141 * gib}, 64 * 256, "64 full contexts, of 141.00 GiB free", "", 0},
+		{"room for some", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 20 * gib}, fits(20*gib, 1), "where --max-seqs asks for 64", "", 0},
+		{"two replicas share it", 0, 2, 1, "cpu", memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", "", 0},
+		{"less than a context", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", "", 0},
+		{"too little", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks", 0},
 		// On GPUs each rank holds half the weights and half of every
 		// block, one replica a GPU; on the CPU lane the two replicas' four
 		// ranks share the memory, each replica holding the whole weights
 		// and every rank its scratch.
 		{"tensor-parallel GPUs halve it", 0, 2, 2, "cuda", memDev{Device: ref.New(), free: 10 * gib},
-			int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20)), "where --max-seqs asks for 64", ""},
+			int((int64(kvShare*float64(10*gib)) - weights/2 - scratch) / (1 << 20)), "where --max-seqs asks for 64", "", 0},
 		{"tensor-parallel CPU ranks share the memory", 0, 2, 2, "cpu", memDev{Device: ref.New(), free: 40 * gib},
-			int((int64(kvShare*float64(40*gib)) - 2*weights - 2*2*scratch) / (2 * (2 << 20))), "where --max-seqs asks for 64", ""},
+			int((int64(kvShare*float64(40*gib)) - 2*weights - 2*2*scratch) / (2 * (2 << 20))), "where --max-seqs asks for 64", "", 0},
+		// Two stages of two ranks: every GPU holds a quarter of the
+		// weights and of every block.
+		{"tensor-parallel stages on GPUs", 0, 1, 2, "cuda", memDev{Device: ref.New(), free: 5 * gib},
+			int((int64(kvShare*float64(5*gib)) - weights/4 - scratch) / (512 << 10)), "where --max-seqs asks for 64", "", 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := cfg
-			cfg.KVBlocks, cfg.Replicas, cfg.TP, cfg.Device = c.kvBlocks, c.replicas, c.tp, c.device
+			cfg.KVBlocks, cfg.Replicas, cfg.TP, cfg.Device, cfg.Shards = c.kvBlocks, c.replicas, c.tp, c.device, max(1, c.shards)
 			got, auto, note, err := kvBlocks(cfg, mc, weights, gpu.BF16, c.dev)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {

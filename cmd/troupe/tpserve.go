@@ -16,13 +16,14 @@ import (
 	"github.com/troupe/troupe/xgmi"
 )
 
-// Tensor-parallel serving (--tp N, --replicas R): the node opens R·N
-// devices (CPU devices sharing the threads, or GPUs 0 to R·N-1), each owned
-// by a device actor; replica r takes devices r·N to r·N+N-1. A replica's
-// ranks are layer-shard actors, rank i holding its slice of every layer on
-// its device i, and its scheduler drives them in lock-step
-// (scheduler.Lockstep) over a fabric of its own: host memory on the CPU
-// lane, CUDA peer memory on the CUDA lane.
+// Tensor-parallel serving (--tp N, --shards S, --replicas R): the node
+// opens R·S·N devices (CPU devices sharing the threads, or GPUs 0 to
+// R·S·N-1), each owned by a device actor; replica r takes the next S·N,
+// stage s of it the next N. A stage's ranks are layer-shard actors, rank i
+// holding its slice of every layer of the stage on its device i, and the
+// replica's scheduler drives each stage's ranks in lock-step, one stage
+// after the other (scheduler.Lockstep), every stage over a fabric of its
+// own: host memory on the CPU lane, CUDA peer memory on the CUDA lane.
 
 // checkTP reports a --tp that cannot be served.
 func checkTP(cfg serveConfig) error {
@@ -35,14 +36,14 @@ func checkTP(cfg serveConfig) error {
 		return fmt.Errorf("serve: --tp %d: at most 8 ranks", cfg.TP)
 	case cfg.Device != "cpu" && cfg.Device != "cuda":
 		return fmt.Errorf("serve: --tp %d needs --device cpu or cuda, not %q", cfg.TP, cfg.Device)
-	case cfg.Shards > 1:
-		return fmt.Errorf("serve: --tp and --shards are exclusive: a tensor-parallel replica is one stage")
 	case cfg.Placement != "":
 		return fmt.Errorf("serve: --tp and --placement are exclusive")
+	case cfg.Shards > 1 && cfg.MicroBatches != 1:
+		return fmt.Errorf("serve: --micro-batches %d: a tensor-parallel replica's stages take a step whole (--micro-batches 1)", cfg.MicroBatches)
 	case cfg.Replicas < 1:
 		return fmt.Errorf("serve: --tp %d needs a local replica (--replicas 1 or more)", cfg.TP)
-	case cfg.Device == "cuda" && cfg.TP*cfg.Replicas > 8:
-		return fmt.Errorf("serve: --tp %d × --replicas %d: at most 8 GPUs", cfg.TP, cfg.Replicas)
+	case cfg.Device == "cuda" && cfg.TP*max(1, cfg.Shards)*cfg.Replicas > 8:
+		return fmt.Errorf("serve: --tp %d × --shards %d × --replicas %d: at most 8 GPUs", cfg.TP, max(1, cfg.Shards), cfg.Replicas)
 	}
 	return nil
 }
@@ -50,15 +51,17 @@ func checkTP(cfg serveConfig) error {
 // tpState is a tensor-parallel node's devices and the ranks of its
 // replicas.
 type tpState struct {
-	tp    int            // ranks per replica
-	devs  []gpu.Device   // replica r's are devs[r*tp : (r+1)*tp]
-	cudas []*cuda.Device // the same devices on the CUDA lane
+	tp     int            // ranks per stage
+	stages int            // stages per replica
+	devs   []gpu.Device   // replica r's are devs[r*stages*tp : (r+1)*stages*tp], stage by stage
+	cudas  []*cuda.Device // the same devices on the CUDA lane
 
 	mu     sync.Mutex
-	shards [][]*scheduler.Shard // each started replica's ranks; guarded by mu
+	shards [][]*scheduler.Shard // each started replica's ranks, stage by stage; guarded by mu
 }
 
-// ranks returns the rank shards of the r-th replica started.
+// ranks returns the rank shards of the r-th replica started, stage by
+// stage.
 func (t *tpState) ranks(r int) []*scheduler.Shard {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -73,16 +76,16 @@ func (t *tpState) ranks(r int) []*scheduler.Shard {
 func (t *tpState) take() (int, []gpu.Device, []*cuda.Device, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	g := len(t.shards)
-	if (g+1)*t.tp > len(t.devs) {
-		return 0, nil, nil, fmt.Errorf("serve: every group of %d devices serves a replica already", t.tp)
+	g, per := len(t.shards), t.tp*t.stages
+	if (g+1)*per > len(t.devs) {
+		return 0, nil, nil, fmt.Errorf("serve: every group of %d devices serves a replica already", per)
 	}
 	t.shards = append(t.shards, nil)
 	var cudas []*cuda.Device
 	if t.cudas != nil {
-		cudas = t.cudas[g*t.tp : (g+1)*t.tp]
+		cudas = t.cudas[g*per : (g+1)*per]
 	}
-	return g, t.devs[g*t.tp : (g+1)*t.tp], cudas, nil
+	return g, t.devs[g*per : (g+1)*per], cudas, nil
 }
 
 // openDevices opens the node's device: one, or the --tp devices of every
@@ -93,8 +96,8 @@ func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 	if cfg.TP <= 1 {
 		return openDevice(ctx, cfg.Device, cfg.Threads)
 	}
-	total := cfg.TP * max(1, cfg.Replicas)
-	t := &tpState{tp: cfg.TP}
+	t := &tpState{tp: cfg.TP, stages: max(1, cfg.Shards)}
+	total := t.tp * t.stages * max(1, cfg.Replicas)
 	if cfg.Device == "cuda" {
 		devs, err := openCUDAs(ctx, total)
 		if err != nil {
@@ -135,105 +138,41 @@ func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 	return t.devs[0], nil
 }
 
-// startTPReplica runs replica id over the next group of --tp devices: a
-// rank actor per device, its KV-manager, and its scheduler over a Lockstep.
+// startTPReplica runs replica id over the next group of --tp × --shards
+// devices: a rank actor per device, a fabric per stage, its KV-manager,
+// and its scheduler over a Lockstep of the stages.
 func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
 	t := n.tpd
 	g, devs, cudas, err := t.take()
 	if err != nil {
 		return nil, err
 	}
-	N := len(devs)
-	mc := n.bundle.Config
-	rep := &replica{id: id, shape: shape{stages: 1}}
-	defer func() {
-		if err != nil {
-			n.stopActors(rep)
-		}
-	}()
-	var fab tpFabric
-	if cudas != nil {
-		fab, err = newCUDATP(cudas)
-	} else {
-		fab, err = newHostTP(devs)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("serve: tensor parallelism: %w", err)
-	}
-	// The fabric goes with the last rank; until that rank runs, here.
-	fabOwned := false
-	defer func() {
-		if !fabOwned {
-			fab.Close()
-		}
-	}()
-	// The node's device actor owns the first device; the others get
-	// actors of their own.
-	var devRefs []*actors.Ref[scheduler.DeviceJob]
+	rep := &replica{id: id, shape: shape{stages: t.stages}}
+	// The device actors stop after the ranks that use them, and a stage's
+	// fabric goes with its last rank; until that rank runs, here.
 	var devProcs []actors.Process
-	for i := range N {
-		if g == 0 && i == 0 {
-			devRefs = append(devRefs, n.device)
-			continue
-		}
-		ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, g*N+i), devs[i]))
+	var loose []tpFabric
+	defer func() {
 		if err != nil {
-			for _, p := range devProcs {
-				rep.actors = append(rep.actors, p)
+			rep.actors = append(rep.actors, devProcs...)
+			n.stopActors(rep)
+			for _, f := range loose {
+				f.Close()
 			}
-			return nil, fmt.Errorf("serve: device actor %d: %w", i, err)
 		}
-		devRefs = append(devRefs, ref)
-		devProcs = append(devProcs, ref)
-	}
-	reds := fab.reducers()
-	var refs []*actors.Ref[scheduler.ShardCall]
+	}()
+	var stages []scheduler.LockstepStage
 	var shards []*scheduler.Shard
-	for i := range N {
-		sid := fmt.Sprintf("%s-t%d", scheduler.ShardID(rep.id, 0), i)
-		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, devs[i], models.Options{
-			FirstLayer: 0, LastLayer: mc.Layers, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
-			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
-		})
+	for s := range t.stages {
+		st, sh, err := n.startTPStage(ctx, rep, g, s, devs[s*t.tp:(s+1)*t.tp], cudas, &devProcs, &loose)
 		if err != nil {
-			rep.actors = append(rep.actors, devProcs...)
-			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
+			return nil, err
 		}
-		cache, err := m.NewCache(n.blocks, 16)
-		if err != nil {
-			m.Close()
-			rep.actors = append(rep.actors, devProcs...)
-			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
-		}
-		sh := scheduler.NewShard(sid, 0, m, cache, n.plane, n.tp.TracerProvider())
-		sh.Rank, sh.Ranks, sh.Device = i, N, devRefs[i]
-		// Every rank queues the next step before it reads a step's
-		// choices, as a whole model's shard does: they all get the same
-		// plans (scheduler.Lockstep), so they queue and drop alike.
-		sh.QueueAhead = n.cfg.Device == "cuda"
-		ref, err := actors.Spawn(ctx, n.actors, sh.Props())
-		if err != nil {
-			cache.Close()
-			m.Close()
-			rep.actors = append(rep.actors, devProcs...)
-			return nil, fmt.Errorf("serve: spawn %s: %w", sid, err)
-		}
-		release := func() { cache.Close(); m.Close() }
-		if i == N-1 {
-			// The ranks stop in order: the last one takes the fabric.
-			release = func() { cache.Close(); m.Close(); fab.Close() }
-			fabOwned = true
-		}
-		n.spawnedMu.Lock()
-		n.spawned[sid] = release
-		n.spawnedMu.Unlock()
-		rep.actors = append(rep.actors, ref)
-		refs = append(refs, ref)
-		shards = append(shards, sh)
-		fmt.Fprintf(n.log, "node %s: shard %s runs rank %d of %d on %s\n", n.cfg.Node, sid, i, N, devs[i].Name())
+		stages = append(stages, st)
+		shards = append(shards, sh...)
 	}
-	// The device actors stop after the ranks that use them.
 	rep.actors = append(rep.actors, devProcs...)
+	devProcs = nil
 	kv, kvRef, err := n.startKV(ctx, rep.id, n.blocks)
 	if kvRef != nil {
 		rep.actors = append(rep.actors, kvRef)
@@ -241,7 +180,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 	if err != nil {
 		return nil, err
 	}
-	ls, err := scheduler.NewLockstep(refs, fab, n.plane, mc.Vocab)
+	ls, err := scheduler.NewLockstep(stages, n.plane, n.bundle.Config.Vocab)
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +192,87 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 	t.shards[g] = shards
 	t.mu.Unlock()
 	return rep, nil
+}
+
+// startTPStage starts stage s of replica rep (the g-th replica over the
+// node's tensor-parallel devices) on devs: its fabric, a device actor
+// for each device but the node's own, and a rank actor for each device,
+// appended to rep's actors. The device actors go to devProcs; the fabric
+// stays in loose until its last rank owns it.
+func (n *node) startTPStage(ctx context.Context, rep *replica, g, s int, devs []gpu.Device, cudas []*cuda.Device,
+	devProcs *[]actors.Process, loose *[]tpFabric) (scheduler.LockstepStage, []*scheduler.Shard, error) {
+	t := n.tpd
+	N := len(devs)
+	var st scheduler.LockstepStage
+	var fab tpFabric
+	var err error
+	if cudas != nil {
+		fab, err = newCUDATP(cudas[s*N : (s+1)*N])
+	} else {
+		fab, err = newHostTP(devs)
+	}
+	if err != nil {
+		return st, nil, fmt.Errorf("serve: tensor parallelism: stage %d: %w", s, err)
+	}
+	*loose = append(*loose, fab)
+	st.Group = fab
+	span := stageSpan(s, t.stages, n.bundle.Config.Layers)
+	reds := fab.reducers()
+	var shards []*scheduler.Shard
+	for i := range N {
+		dev := (g*t.stages+s)*N + i // the device's index on the node
+		devRef := n.device
+		if dev > 0 {
+			// The node's device actor owns the first device; the others
+			// get actors of their own.
+			ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, dev), devs[i]))
+			if err != nil {
+				return st, nil, fmt.Errorf("serve: device actor %d: %w", dev, err)
+			}
+			*devProcs = append(*devProcs, ref)
+			devRef = ref
+		}
+		sid := fmt.Sprintf("%s-t%d", scheduler.ShardID(rep.id, s), i)
+		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, devs[i], models.Options{
+			FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
+			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
+		})
+		if err != nil {
+			return st, nil, fmt.Errorf("serve: stage %d, rank %d: %w", s, i, err)
+		}
+		cache, err := m.NewCache(n.blocks, 16)
+		if err != nil {
+			m.Close()
+			return st, nil, fmt.Errorf("serve: stage %d, rank %d: %w", s, i, err)
+		}
+		sh := scheduler.NewShard(sid, s, m, cache, n.plane, n.tp.TracerProvider())
+		sh.Rank, sh.Ranks, sh.Device = i, N, devRef
+		// Every rank of a whole model queues the next step before it
+		// reads a step's choices, as a whole model's shard does: they all
+		// get the same plans (scheduler.Lockstep), so they queue and drop
+		// alike. A stage of a pipeline does not (models.Model.Chains).
+		sh.QueueAhead = n.cfg.Device == "cuda"
+		ref, err := actors.Spawn(ctx, n.actors, sh.Props())
+		if err != nil {
+			cache.Close()
+			m.Close()
+			return st, nil, fmt.Errorf("serve: spawn %s: %w", sid, err)
+		}
+		release := func() { cache.Close(); m.Close() }
+		if i == N-1 {
+			// The ranks stop in order: the last one takes the fabric.
+			release = func() { cache.Close(); m.Close(); fab.Close() }
+			*loose = (*loose)[:len(*loose)-1]
+		}
+		n.spawnedMu.Lock()
+		n.spawned[sid] = release
+		n.spawnedMu.Unlock()
+		rep.actors = append(rep.actors, ref)
+		st.Ranks = append(st.Ranks, ref)
+		shards = append(shards, sh)
+		fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) as rank %d of %d on %s\n", n.cfg.Node, sid, span[0], span[1], i, N, devs[i].Name())
+	}
+	return st, shards, nil
 }
 
 // tpFabric is a replica's collectives: a models.Reducer per rank, and

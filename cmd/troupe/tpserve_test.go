@@ -139,6 +139,72 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	}
 }
 
+// TestServeTensorParallelStages serves the demo model as two pipeline
+// stages of two tensor-parallel ranks each (four CPU devices, a host
+// fabric per stage): every greedy completion equals the reference, each
+// stage's ranks hold its layers on devices of their own, and the steps'
+// spans come from both stages.
+func TestServeTensorParallelStages(t *testing.T) {
+	ctx := context.Background()
+	cfg := testServeConfig()
+	cfg.MaxBatchTokens, cfg.TP, cfg.Shards, cfg.Threads = 256, 2, 2, 2
+	exp := tracetest.NewInMemoryExporter()
+	var log syncBuffer
+	n, tp := startTestNode(t, cfg, exp, &log)
+	defer tp.Shutdown(ctx)
+	defer n.Close()
+	ranks := n.tpd.ranks(0)
+	if len(ranks) != 4 {
+		t.Fatalf("%d ranks, want 4", len(ranks))
+	}
+	layers := n.bundle.Config.Layers
+	devices := map[any]bool{}
+	for i, sh := range ranks {
+		s, r := i/2, i%2
+		devices[sh.Device] = true
+		if want := stageSpan(s, 2, layers); sh.Index != s || sh.Rank != r || sh.Ranks != 2 || sh.First != want[0] || sh.Last != want[1] {
+			t.Errorf("rank %d: stage %d, rank %d of %d, layers [%d, %d); want stage %d, rank %d of 2, layers %v",
+				i, sh.Index, sh.Rank, sh.Ranks, sh.First, sh.Last, s, r, want)
+		}
+	}
+	if len(devices) != 4 {
+		t.Errorf("the ranks share device actors: %d distinct, want 4", len(devices))
+	}
+	if want := fmt.Sprintf("runs layers [%d, %d) as rank 1 of 2", layers/2, layers); !strings.Contains(log.String(), want) {
+		t.Errorf("the log does not say %q", want)
+	}
+	for i, ref := range demoRefs(t) {
+		var got []int32
+		_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
+			RequestID: fmt.Sprintf("r%d", i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
+			MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
+		}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
+		if err != nil {
+			t.Fatalf("prompt %d: %v", i, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+			t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
+		}
+	}
+	if err := tp.ForceFlush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stages := map[int64]bool{}
+	for _, sp := range exp.GetSpans() {
+		if sp.Name != scheduler.SpanShard {
+			continue
+		}
+		for _, a := range sp.Attributes {
+			if a.Key == trace.AttrShardIndex {
+				stages[a.Value.AsInt64()] = true
+			}
+		}
+	}
+	if !stages[0] || !stages[1] {
+		t.Errorf("shard spans of stages %v, want 0 and 1", stages)
+	}
+}
+
 // startTPNode starts a node serving the demo model over two CPU ranks
 // (--tp 2), its spans recorded in exp.
 func startTPNode(t *testing.T) (*node, *trace.Provider, *tracetest.InMemoryExporter) {
