@@ -420,7 +420,7 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 		return n.startGroup(ctx, runCtx, id, sh.placement)
 	}
 	if n.tpd != nil {
-		return n.startTPReplica(ctx, n.runCtx, id)
+		return n.startTPReplica(ctx, n.runCtx, id, sh.stages)
 	}
 	return n.startLocalReplica(ctx, n.runCtx, id, sh.stages)
 }

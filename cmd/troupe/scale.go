@@ -132,6 +132,8 @@ func (n *node) reshape(want replicasDoc) (shape, error) {
 		return cur, fmt.Errorf("scale: %d stages: want 1 to %d (the model's layers)", want.Stages, layers)
 	case cur.placement == "" && want.Placement != "":
 		return cur, fmt.Errorf("scale: this node runs local replicas; placements need a node started with --placement")
+	case cur.placement == "" && want.Stages > 1 && n.tpd != nil && n.cfg.MicroBatches != 1:
+		return cur, fmt.Errorf("scale: %d stages: a tensor-parallel replica's stages take a step whole, and this node cuts steps into micro-batches (--micro-batches %d)", want.Stages, n.cfg.MicroBatches)
 	case cur.placement == "" && want.Stages != 0:
 		return shape{stages: want.Stages}, nil
 	case want.Placement != "":
@@ -181,10 +183,6 @@ func canonical(specs [][]string) string {
 func (n *node) resize(ctx context.Context, want replicasDoc) (replicasDoc, error) {
 	n.resizeMu.Lock()
 	defer n.resizeMu.Unlock()
-	if n.tpd != nil {
-		// Two replicas at once would share the ranks' devices.
-		return n.state(), fmt.Errorf("scale: a node serving --tp %d does not resize", n.cfg.TP)
-	}
 	if want.Replicas == 0 {
 		want.Replicas = n.state().Replicas
 	}
@@ -259,6 +257,9 @@ func (n *node) retire(ctx context.Context, rep *replica, stages bool) {
 		}
 	}
 	n.stopActors(rep)
+	if n.tpd != nil {
+		n.tpd.release(rep.id)
+	}
 	fmt.Fprintf(n.log, "replica %s stopped\n", rep.id)
 }
 

@@ -161,7 +161,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.KVCache, "kv-cache", c.KVCache, kvCacheUsage)
 	fs.IntVar(&c.Shards, "shards", c.Shards, "pipeline stages per replica")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of the model")
-	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel ranks of each replica's stage: CPU devices sharing --threads, or GPUs (--device cuda; replica r's stage s on GPUs (r·S+s)·N to (r·S+s)·N+N-1 for --shards S)")
+	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel ranks of each replica's stage: CPU devices sharing --threads, or GPUs (--device cuda; at the start replica r's stage s on GPUs (r·S+s)·N to (r·S+s)·N+N-1 for --shards S)")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "requests waiting before 429s")
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "tokens per step")
 	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")

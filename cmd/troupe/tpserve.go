@@ -49,105 +49,153 @@ func checkTP(cfg serveConfig) error {
 }
 
 // tpState is a tensor-parallel node's devices and the ranks of its
-// replicas.
+// replicas. Devices are opened as replicas need them and kept open when
+// a replica stops, for the next one.
 type tpState struct {
-	tp     int            // ranks per stage
-	stages int            // stages per replica
-	devs   []gpu.Device   // replica r's are devs[r*stages*tp : (r+1)*stages*tp], stage by stage
-	cudas  []*cuda.Device // the same devices on the CUDA lane
+	tp   int // ranks per stage
+	most int // devices the node may open
+	// open opens the node's device i (the first ones at the start), with
+	// its GPU on the CUDA lane.
+	open func(ctx context.Context, i int) (gpu.Device, *cuda.Device, error)
 
 	mu     sync.Mutex
-	shards [][]*scheduler.Shard // each started replica's ranks, stage by stage; guarded by mu
+	devs   []gpu.Device                   // by index on the node; guarded by mu
+	cudas  []*cuda.Device                 // the same devices on the CUDA lane; guarded by mu
+	owner  []string                       // the replica on each device, "" for none; guarded by mu
+	shards map[string][]*scheduler.Shard // each replica's ranks, stage by stage; guarded by mu
 }
 
-// ranks returns the rank shards of the r-th replica started, stage by
-// stage.
-func (t *tpState) ranks(r int) []*scheduler.Shard {
+// ranks returns the rank shards of replica id, stage by stage.
+func (t *tpState) ranks(id string) []*scheduler.Shard {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if r >= len(t.shards) {
-		return nil
-	}
-	return t.shards[r]
+	return t.shards[id]
 }
 
-// take reserves the next group of devices for a replica: its index and
-// devices (and GPUs on the CUDA lane).
-func (t *tpState) take() (int, []gpu.Device, []*cuda.Device, error) {
+// take reserves k devices for replica id, the free ones of lowest index
+// first, opening more where too few are free: their indexes on the node,
+// and the devices (and GPUs on the CUDA lane).
+func (t *tpState) take(ctx context.Context, id string, k int) ([]int, []gpu.Device, []*cuda.Device, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	g, per := len(t.shards), t.tp*t.stages
-	if (g+1)*per > len(t.devs) {
-		return 0, nil, nil, fmt.Errorf("serve: every group of %d devices serves a replica already", per)
+	var idx []int
+	for i, o := range t.owner {
+		if o == "" && len(idx) < k {
+			idx = append(idx, i)
+		}
 	}
-	t.shards = append(t.shards, nil)
+	for len(idx) < k {
+		i := len(t.devs)
+		if i >= t.most {
+			return nil, nil, nil, fmt.Errorf("%d devices for a replica: %d of the node's %d are free", k, len(idx), t.most)
+		}
+		d, c, err := t.open(ctx, i)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("device %d: %w", i, err)
+		}
+		t.devs, t.owner = append(t.devs, d), append(t.owner, "")
+		if c != nil {
+			t.cudas = append(t.cudas, c)
+		}
+		idx = append(idx, i)
+	}
+	devs := make([]gpu.Device, k)
 	var cudas []*cuda.Device
-	if t.cudas != nil {
-		cudas = t.cudas[g*per : (g+1)*per]
+	for j, i := range idx {
+		t.owner[i], devs[j] = id, t.devs[i]
+		if t.cudas != nil {
+			cudas = append(cudas, t.cudas[i])
+		}
 	}
-	return g, t.devs[g*per : (g+1)*per], cudas, nil
+	return idx, devs, cudas, nil
 }
 
-// openDevices opens the node's device: one, or the --tp devices of every
-// replica, of which it returns the first (the node's device actor owns it)
-// and closes the others with the node.
+// release gives replica id's devices back, and forgets its ranks.
+func (t *tpState) release(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, o := range t.owner {
+		if o == id {
+			t.owner[i] = ""
+		}
+	}
+	delete(t.shards, id)
+}
+
+// close closes every device the node opened but the first, which the
+// node's device actor owns.
+func (t *tpState) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, d := range t.devs[1:] {
+		d.Close()
+	}
+}
+
+// openDevices opens the node's device: one, or the devices of every
+// replica's --tp ranks and --shards stages, of which it returns the first
+// (the node's device actor owns it) and closes the others with the node.
+// A tensor-parallel node opens more as replicas are added while it
+// serves: the next GPUs, or CPU devices of as many threads as each of the
+// first ones.
 func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 	cfg := n.cfg
 	if cfg.TP <= 1 {
 		return openDevice(ctx, cfg.Device, cfg.Threads)
 	}
-	t := &tpState{tp: cfg.TP, stages: max(1, cfg.Shards)}
-	total := t.tp * t.stages * max(1, cfg.Replicas)
+	total := cfg.TP * max(1, cfg.Shards) * max(1, cfg.Replicas)
+	t := &tpState{tp: cfg.TP, shards: map[string][]*scheduler.Shard{}}
 	if cfg.Device == "cuda" {
-		devs, err := openCUDAs(ctx, total)
-		if err != nil {
-			return nil, fmt.Errorf("serve: --tp %d: %w", cfg.TP, err)
-		}
-		t.cudas = devs
-		for _, d := range devs {
-			t.devs = append(t.devs, d)
+		t.most = maxGPUs
+		t.open = func(ctx context.Context, i int) (gpu.Device, *cuda.Device, error) {
+			d, err := cuda.Open(ctx, cudaConfig(i))
+			return d, d, err
 		}
 	} else {
 		threads := cfg.Threads
 		if threads <= 0 {
 			threads = runtime.GOMAXPROCS(0)
 		}
-		for i := range total {
-			// The threads are split between the devices, the first ones
-			// taking the remainder.
+		t.most = maxCPUDevices
+		t.open = func(_ context.Context, i int) (gpu.Device, *cuda.Device, error) {
+			// The start's devices split the threads, the first ones
+			// taking the remainder; later ones get as many as the last.
 			per := threads / total
 			if i < threads%total {
 				per++
 			}
 			d, err := cpu.New(cpu.Config{Threads: max(1, per), Spin: cpu.DefaultConfig().Spin})
-			if err != nil {
-				for _, o := range t.devs {
-					o.Close()
-				}
-				return nil, fmt.Errorf("serve: --tp %d: cpu device %d: %w", cfg.TP, i, err)
-			}
-			t.devs = append(t.devs, d)
+			return d, nil, err
 		}
 	}
-	n.closers = append(n.closers, func() {
-		for _, d := range t.devs[1:] {
+	// The start's devices, opened at once so that a missing one fails the
+	// start rather than a replica.
+	if _, _, _, err := t.take(ctx, "", total); err != nil {
+		for _, d := range t.devs {
 			d.Close()
 		}
-	})
+		return nil, fmt.Errorf("serve: --tp %d: %w", cfg.TP, err)
+	}
+	n.closers = append(n.closers, t.close)
 	n.tpd = t
 	return t.devs[0], nil
 }
 
-// startTPReplica runs replica id over the next group of --tp × --shards
-// devices: a rank actor per device, a fabric per stage, its KV-manager,
-// and its scheduler over a Lockstep of the stages.
-func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
+// The most devices a tensor-parallel node opens: GPUs of one host, and
+// CPU devices.
+const maxGPUs, maxCPUDevices = 8, 64
+
+// startTPReplica runs replica id of stageCount stages over free devices
+// of the node, --tp a stage: a rank actor per device, a fabric per stage,
+// its KV-manager, and its scheduler over a Lockstep of the stages.
+func (n *node) startTPReplica(ctx, runCtx context.Context, id string, stageCount int) (_ *replica, err error) {
 	t := n.tpd
-	g, devs, cudas, err := t.take()
+	idx, devs, cudas, err := t.take(ctx, id, t.tp*stageCount)
 	if err != nil {
-		return nil, err
+		t.release(id)
+		return nil, fmt.Errorf("serve: replica %s: %w", id, err)
 	}
-	rep := &replica{id: id, shape: shape{stages: t.stages}}
+	rep := &replica{id: id, shape: shape{stages: stageCount}}
 	// The device actors stop after the ranks that use them, and a stage's
 	// fabric goes with its last rank; until that rank runs, here.
 	var devProcs []actors.Process
@@ -159,12 +207,18 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 			for _, f := range loose {
 				f.Close()
 			}
+			t.release(id)
 		}
 	}()
 	var stages []scheduler.LockstepStage
 	var shards []*scheduler.Shard
-	for s := range t.stages {
-		st, sh, err := n.startTPStage(ctx, rep, g, s, devs[s*t.tp:(s+1)*t.tp], cudas, &devProcs, &loose)
+	for s := range stageCount {
+		part := func(i int) int { return s*t.tp + i }
+		var gpus []*cuda.Device
+		if cudas != nil {
+			gpus = cudas[part(0):part(t.tp)]
+		}
+		st, sh, err := n.startTPStage(ctx, rep, s, stageCount, idx[part(0):part(t.tp)], devs[part(0):part(t.tp)], gpus, &devProcs, &loose)
 		if err != nil {
 			return nil, err
 		}
@@ -189,25 +243,24 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 		return nil, err
 	}
 	t.mu.Lock()
-	t.shards[g] = shards
+	t.shards[id] = shards
 	t.mu.Unlock()
 	return rep, nil
 }
 
-// startTPStage starts stage s of replica rep (the g-th replica over the
-// node's tensor-parallel devices) on devs: its fabric, a device actor
-// for each device but the node's own, and a rank actor for each device,
-// appended to rep's actors. The device actors go to devProcs; the fabric
-// stays in loose until its last rank owns it.
-func (n *node) startTPStage(ctx context.Context, rep *replica, g, s int, devs []gpu.Device, cudas []*cuda.Device,
+// startTPStage starts stage s of stageCount of replica rep on devs (the
+// node's devices idx): its fabric, a device actor for each device but the
+// node's own, and a rank actor for each device, appended to rep's actors.
+// The device actors go to devProcs; the fabric stays in loose until its
+// last rank owns it.
+func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int, idx []int, devs []gpu.Device, cudas []*cuda.Device,
 	devProcs *[]actors.Process, loose *[]tpFabric) (scheduler.LockstepStage, []*scheduler.Shard, error) {
-	t := n.tpd
 	N := len(devs)
 	var st scheduler.LockstepStage
 	var fab tpFabric
 	var err error
 	if cudas != nil {
-		fab, err = newCUDATP(cudas[s*N : (s+1)*N])
+		fab, err = newCUDATP(cudas)
 	} else {
 		fab, err = newHostTP(devs)
 	}
@@ -216,11 +269,11 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, g, s int, devs []
 	}
 	*loose = append(*loose, fab)
 	st.Group = fab
-	span := stageSpan(s, t.stages, n.bundle.Config.Layers)
+	span := stageSpan(s, stageCount, n.bundle.Config.Layers)
 	reds := fab.reducers()
 	var shards []*scheduler.Shard
 	for i := range N {
-		dev := (g*t.stages+s)*N + i // the device's index on the node
+		dev := idx[i]
 		devRef := n.device
 		if dev > 0 {
 			// The node's device actor owns the first device; the others

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/gateway"
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cuda"
+	"github.com/troupe/troupe/gpu/ref"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/scheduler"
 	"github.com/troupe/troupe/trace"
@@ -24,8 +29,8 @@ import (
 // TestServeTensorParallel serves the demo model over two tensor-parallel
 // ranks (two CPU devices summing through a host fabric) and checks the
 // greedy completion of every demo prompt against the reference text,
-// through the OpenAI client; each rank is a micro service whose INFO
-// names its rank, and the node refuses to resize.
+// through the OpenAI client, before and after resizing the node while it
+// serves; each rank is a micro service whose INFO names its rank.
 func TestServeTensorParallel(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -39,15 +44,22 @@ func TestServeTensorParallel(t *testing.T) {
 	})
 	c := s.client()
 	checkDemoCompletions(t, c)
-	// Such a node does not resize: a second replica would share the devices.
-	resp, err := http.Post(s.url+"/v1/admin/replicas", "application/json", strings.NewReader(`{"replicas":2}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "does not resize") {
-		t.Errorf("scaling a --tp node: %d %s", resp.StatusCode, body)
+	// The node resizes while serving, each replica on devices of its own:
+	// a second replica, then one of two stages, then two of one again;
+	// every shape gives the reference text.
+	for _, want := range []replicasDoc{{Replicas: 2, Stages: 1}, {Replicas: 1, Stages: 2}, {Replicas: 2, Stages: 1}} {
+		body, _ := json.Marshal(want)
+		resp, err := http.Post(s.url+"/v1/admin/replicas", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got replicasDoc
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || got.Replicas != want.Replicas || got.Stages != want.Stages {
+			t.Fatalf("scaling to %v: %d %+v, %v", want, resp.StatusCode, got, err)
+		}
+		checkDemoCompletions(t, c)
 	}
 	nc, err := nats.Connect("nats://"+addr, nats.UserInfo("ops", "secret"))
 	if err != nil {
@@ -95,7 +107,7 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	defer n.Close()
 	devices := map[any]bool{}
 	for r := range 2 {
-		ranks := n.tpd.ranks(r)
+		ranks := tpRanks(n, r)
 		if len(ranks) != 2 {
 			t.Fatalf("replica %d: %d ranks, want 2", r, len(ranks))
 		}
@@ -153,7 +165,7 @@ func TestServeTensorParallelStages(t *testing.T) {
 	n, tp := startTestNode(t, cfg, exp, &log)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
-	ranks := n.tpd.ranks(0)
+	ranks := tpRanks(n, 0)
 	if len(ranks) != 4 {
 		t.Fatalf("%d ranks, want 4", len(ranks))
 	}
@@ -203,6 +215,16 @@ func TestServeTensorParallelStages(t *testing.T) {
 	if !stages[0] || !stages[1] {
 		t.Errorf("shard spans of stages %v, want 0 and 1", stages)
 	}
+}
+
+// tpRanks returns the ranks of the node's r-th replica, stage by stage.
+func tpRanks(n *node, r int) []*scheduler.Shard {
+	n.replicasMu.Lock()
+	defer n.replicasMu.Unlock()
+	if r >= len(n.replicas) {
+		return nil
+	}
+	return n.tpd.ranks(n.replicas[r].id)
 }
 
 // startTPNode starts a node serving the demo model over two CPU ranks
@@ -258,7 +280,7 @@ func TestServeTensorParallelQueued(t *testing.T) {
 		n, tp, exp := startTPNode(t)
 		defer tp.Shutdown(ctx)
 		defer n.Close()
-		for _, r := range n.tpd.ranks(0) {
+		for _, r := range tpRanks(n, 0) {
 			r.QueueAhead = ahead
 		}
 		gen := func(id string, req gateway.GenerateRequest) []int32 {
@@ -310,7 +332,7 @@ func TestServeTensorParallelRankPanic(t *testing.T) {
 	n, tp, exp := startTPNode(t)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
-	ranks := n.tpd.ranks(0)
+	ranks := tpRanks(n, 0)
 	if len(ranks) != 2 {
 		t.Fatalf("%d ranks, want 2", len(ranks))
 	}
@@ -438,5 +460,43 @@ func BenchmarkServeTP(b *testing.B) {
 				b.ReportMetric(ms(pct(itl, 50)), "itl_p50_ms")
 			})
 		}
+	}
+}
+
+// TestTPDevices reserves a tensor-parallel node's devices for replicas:
+// the free ones of lowest index first, more opened where too few are
+// free, up to the node's most, and given back when a replica stops.
+func TestTPDevices(t *testing.T) {
+	ctx := context.Background()
+	opened := 0
+	ts := &tpState{tp: 2, most: 6, shards: map[string][]*scheduler.Shard{}, open: func(_ context.Context, i int) (gpu.Device, *cuda.Device, error) {
+		if i != opened {
+			t.Errorf("opened device %d after %d", i, opened)
+		}
+		opened++
+		return ref.New(), nil, nil
+	}}
+	take := func(id string, k int, want string) {
+		t.Helper()
+		idx, devs, cudas, err := ts.take(ctx, id, k)
+		got := fmt.Sprint(idx)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, want) || (err == nil && (len(devs) != k || cudas != nil)) {
+			t.Errorf("take %s %d: got %s (%d devices), want %s", id, k, got, len(devs), want)
+		}
+	}
+	take("", 2, "[0 1]") // the start's devices, opened and free
+	take("a", 2, "[0 1]")
+	take("b", 2, "[2 3]")
+	take("c", 4, "4 devices for a replica: 2 of the node's 6 are free")
+	ts.release("c") // a failed start gives back what it took
+	ts.release("a")
+	take("d", 4, "[0 1 4 5]")
+	ts.release("b")
+	take("e", 2, "[2 3]")
+	if opened != 6 {
+		t.Errorf("%d devices opened, want 6", opened)
 	}
 }
