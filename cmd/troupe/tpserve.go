@@ -59,9 +59,9 @@ type tpState struct {
 	open func(ctx context.Context, i int) (gpu.Device, *cuda.Device, error)
 
 	mu     sync.Mutex
-	devs   []gpu.Device                   // by index on the node; guarded by mu
-	cudas  []*cuda.Device                 // the same devices on the CUDA lane; guarded by mu
-	owner  []string                       // the replica on each device, "" for none; guarded by mu
+	devs   []gpu.Device                  // by index on the node; guarded by mu
+	cudas  []*cuda.Device                // the same devices on the CUDA lane; guarded by mu
+	owner  []string                      // the replica on each device, "" for none; guarded by mu
 	shards map[string][]*scheduler.Shard // each replica's ranks, stage by stage; guarded by mu
 }
 
