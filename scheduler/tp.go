@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/troupe/troupe/actors"
+	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/xgmi"
@@ -23,57 +24,41 @@ type Group interface {
 	Reset() error
 }
 
-// Lockstep is the Engine of a tensor-parallel replica: one or more
-// pipeline stages in layer order, each a group of ranks that are
-// layer-shard actors of this process, rank i of a stage owning its slice
-// of every layer of the stage on its own device. A step goes to every
-// rank of the first stage at once, then to every rank of the next, which
-// read the activations rank 0 of the stage before published; the
-// collectives inside each pass keep a stage's ranks in lock-step, and
-// rank 0's output is the stage's (every rank computes the same one).
+// Lockstep is the Engine of a tensor-parallel replica: its ranks are
+// layer-shard actors of this process, each owning its rank's slice of
+// every layer on its own device. Every step goes to every rank at once;
+// the collectives inside the pass keep them in lock-step, and rank 0's
+// logits are the step's (every rank computes the same ones).
 //
-// A rank that fails or panics fails the step for all: Lockstep aborts its
-// stage's collectives so that no rank is left waiting in one, waits for
-// every rank of the stage, resets the stage's group and returns the error.
-// The scheduler fails the step's requests as after any failed step (their
-// KV blocks go back), the supervisor restarts a rank that panicked, and
-// the next requests prefill afresh on every rank.
+// A rank that fails or panics fails the step for all: Lockstep aborts the
+// group's collectives so that no rank is left waiting in one, waits for
+// every rank, resets the group and returns the error. The scheduler fails
+// the step's requests as after any failed step (their KV blocks go back),
+// the supervisor restarts a rank that panicked, and the next requests
+// prefill afresh on every rank.
 type Lockstep struct {
-	// StepTimeout bounds each stage's pass: past it the stage's group is
-	// aborted, which fails the step on every rank that waits in a
-	// collective.
+	// StepTimeout bounds a step: past it the group is aborted, which
+	// fails the step on every rank that waits in a collective.
 	StepTimeout time.Duration
 
-	stages []LockstepStage
-	plane  *xgmi.Host
-	vocab  int
-	step   uint64
-	plan   plan
-	errs   []error
-	outs   []ForwardReply // the last stage's replies, rank by rank
+	ranks []*actors.Ref[ShardCall]
+	group Group
+	plane *xgmi.Host
+	vocab int
+	step  uint64
+	plan  plan
+	errs  []error
+	outs  []ForwardReply
 }
 
-// LockstepStage is a stage of a tensor-parallel replica: its ranks (rank
-// i at index i) and their collectives' group.
-type LockstepStage struct {
-	Ranks []*actors.Ref[ShardCall]
-	Group Group
-}
-
-// NewLockstep drives stages, in layer order.
-func NewLockstep(stages []LockstepStage, plane *xgmi.Host, vocab int) (*Lockstep, error) {
-	if len(stages) == 0 {
-		return nil, fmt.Errorf("lockstep: no stages")
+// NewLockstep drives ranks (rank i at index i) whose collectives are
+// group's.
+func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, vocab int) (*Lockstep, error) {
+	if len(ranks) == 0 || group == nil {
+		return nil, fmt.Errorf("lockstep: %d ranks and group %v", len(ranks), group)
 	}
-	most := 0
-	for i, st := range stages {
-		if len(st.Ranks) == 0 || st.Group == nil {
-			return nil, fmt.Errorf("lockstep: stage %d: %d ranks and group %v", i, len(st.Ranks), st.Group)
-		}
-		most = max(most, len(st.Ranks))
-	}
-	return &Lockstep{StepTimeout: 30 * time.Second, stages: stages, plane: plane, vocab: vocab,
-		errs: make([]error, most), outs: make([]ForwardReply, most)}, nil
+	return &Lockstep{StepTimeout: 30 * time.Second, ranks: ranks, group: group, plane: plane, vocab: vocab,
+		errs: make([]error, len(ranks)), outs: make([]ForwardReply, len(ranks))}, nil
 }
 
 // Forward implements Engine. The ranks' passes run without a deadline of
@@ -128,68 +113,57 @@ func (l *Lockstep) chosen(b *models.Batch, ids []int32) error {
 	return nil
 }
 
-// run sends the step through the stages in turn (greedy with argmax,
-// drawn as rows says when rows is not nil); each stage goes to every one
-// of its ranks, and the next stage starts once all of them are done.
-// Every rank gets the same plan, Continues and next draws included, so
-// ranks that queue the next step ahead (Shard.QueueAhead) all queue it,
-// or all drop it.
+// run sends the step to every rank (greedy with argmax, drawn as rows
+// says when rows is not nil) and waits for all of them. Every rank gets
+// the same plan, Continues and next draws included, so ranks that queue
+// the next step ahead (Shard.QueueAhead) all queue it, or all drop it.
 func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) error {
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
 	l.plan.copyOf(b, rows)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
-		Continues: b.Continues}
-	for i := range l.stages {
-		last := i == len(l.stages)-1
-		if i > 0 {
-			msg.Tokens, msg.Input = nil, l.outs[0].Output
+		Argmax: argmax, Continues: b.Continues}
+	if rows != nil {
+		msg.Sample = l.plan.rows
+		if len(l.plan.next) == len(rows) {
+			msg.NextSample = l.plan.next
 		}
-		msg.Argmax = argmax && last
-		if rows != nil && last {
-			msg.Sample = l.plan.rows
-			if len(l.plan.next) == len(rows) {
-				msg.NextSample = l.plan.next
-			}
-		}
-		if err := l.stage(ctx, i, msg); err != nil {
-			if len(l.stages) > 1 {
-				err = fmt.Errorf("stage %d: %w", i, err)
-			}
-			return fmt.Errorf("lockstep: %w", err)
-		}
+	}
+	if err := l.call(ctx, msg); err != nil {
+		return fmt.Errorf("lockstep: %w", err)
 	}
 	return nil
 }
 
-// stage runs msg on every rank of stage i and waits for all of them; their
-// replies are left in l.outs.
-func (l *Lockstep) stage(ctx context.Context, i int, msg ForwardMsg) error {
-	st := l.stages[i]
+// call sends msg to every rank and waits for all of them; their replies
+// are left in l.outs. A rank that fails, a step past StepTimeout or the
+// end of ctx aborts the group, and once every rank has returned the group
+// is reset.
+func (l *Lockstep) call(ctx context.Context, msg ForwardMsg) error {
 	var abortOnce sync.Once
 	var why error // the first abort's reason; read after the watchdogs stop
-	abort := func(err error) { abortOnce.Do(func() { why = err; st.Group.Abort(err) }) }
-	step := l.step
+	abort := func(err error) { abortOnce.Do(func() { why = err; l.group.Abort(err) }) }
+	step := msg.Step
 	timer := time.AfterFunc(l.StepTimeout, func() {
 		abort(fmt.Errorf("step %d: a rank did not finish within %v", step, l.StepTimeout))
 	})
 	stopCtx := context.AfterFunc(ctx, func() { abort(fmt.Errorf("step %d: %w", step, context.Cause(ctx))) })
 	var wg sync.WaitGroup
-	for r, ref := range st.Ranks {
-		l.errs[r], l.outs[r] = nil, ForwardReply{}
+	for i, ref := range l.ranks {
+		l.errs[i], l.outs[i] = nil, ForwardReply{}
 		wg.Go(func() {
-			rep, err := actors.Ask(context.WithoutCancel(ctx), ref, shardCall, msg)
+			r, err := actors.Ask(context.WithoutCancel(ctx), ref, shardCall, msg)
 			if err != nil {
-				err = fmt.Errorf("rank %d: %w", r, err)
+				err = fmt.Errorf("rank %d: %w", i, err)
 				// The other ranks may wait for this one in a collective.
 				abort(err)
 			}
-			l.errs[r], l.outs[r] = err, rep
+			l.errs[i], l.outs[i] = err, r
 		})
 	}
 	wg.Wait()
-	err := errors.Join(l.errs[:len(st.Ranks)]...)
+	err := errors.Join(l.errs...)
 	// A watchdog that fired aborted the group, even if every rank was done.
 	timerFired, ctxFired := !timer.Stop(), !stopCtx()
 	if timerFired || ctxFired {
@@ -198,10 +172,65 @@ func (l *Lockstep) stage(ctx context.Context, i int, msg ForwardMsg) error {
 		err = errors.Join(why, err)
 	}
 	if err != nil {
-		if rerr := st.Group.Reset(); rerr != nil {
+		if rerr := l.group.Reset(); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("reset: %w", rerr))
 		}
 		return err
 	}
 	return nil
+}
+
+// TPStage is a pipeline stage run by tensor-parallel ranks of this
+// process: an actor of kind shard, like a layer-shard, that answers each
+// forward call (from a Pipeline here, or over the bus from another node)
+// by running it on every rank in lock-step, as Lockstep runs a step, and
+// replying with rank 0's reply. A Pipeline takes it for any stage, micro-
+// batches included: each rank publishes every micro-batch's output.
+type TPStage struct {
+	ID    string
+	l     *Lockstep
+	about string
+}
+
+// NewTPStage is the stage id run by ranks (rank i at index i), whose
+// collectives are group's; a call that takes longer than timeout aborts
+// the group. about describes it (INFO).
+func NewTPStage(id string, ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, timeout time.Duration, about string) (*TPStage, error) {
+	l, err := NewLockstep(ranks, group, plane, 0)
+	if err != nil {
+		return nil, fmt.Errorf("stage %s: %w", id, err)
+	}
+	l.StepTimeout = timeout
+	return &TPStage{ID: id, l: l, about: about}, nil
+}
+
+// Props describes the stage's actor: its "forward" endpoint, as a
+// layer-shard's; a panic fails the call in flight and restarts it.
+func (s *TPStage) Props() actors.Props[ShardCall] {
+	return actors.Props[ShardCall]{
+		Kind:        ShardKind,
+		ID:          s.ID,
+		New:         func() actors.Actor[ShardCall] { return tpStageActor{s} },
+		Mailbox:     16,
+		Description: s.about,
+		Endpoints:   []actors.Endpoint[ShardCall]{actors.Handle("forward", shardCall)},
+	}
+}
+
+type tpStageActor struct{ s *TPStage }
+
+func (a tpStageActor) Receive(_ context.Context, c ShardCall) error {
+	defer func() {
+		if r := recover(); r != nil {
+			c.Fail(bus.Errorf(bus.CodeInternal, "stage %s panicked: %v", a.s.ID, r))
+			panic(r)
+		}
+	}()
+	// A failed step fails the call; the group is reset for the next, so
+	// the actor goes on.
+	if err := a.s.l.call(c.Context(), c.Req); err != nil {
+		c.Fail(fmt.Errorf("stage %s: %w", a.s.ID, err))
+		return nil
+	}
+	return c.Reply(a.s.l.outs[0])
 }

@@ -155,7 +155,7 @@ func TestLockstep(t *testing.T) {
 		}
 		refs = append(refs, ref)
 	}
-	l, err := NewLockstep([]LockstepStage{{Ranks: refs, Group: g}}, plane, 2)
+	l, err := NewLockstep(refs, g, plane, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,12 +283,12 @@ func TestDrawsWire(t *testing.T) {
 	}
 }
 
-// TestLockstepStages drives two stages of two scripted ranks each: every
-// rank of the second stage reads the activations rank 0 of the first
-// published, only the last stage chooses or draws, the step's output is
-// the last stage's rank 0's, and a rank that fails in the second stage
-// fails the step and resets that stage's group alone.
-func TestLockstepStages(t *testing.T) {
+// TestTPStage serves a stage of two scripted ranks as one actor: a call
+// through its mailbox and one over the bus both get rank 0's output, the
+// plan reaching every rank as it came (micro-batch included); a step where
+// a rank fails fails as a whole, with the group reset, and the next one
+// succeeds.
+func TestTPStage(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	node, nc := testBus(t)
@@ -299,97 +299,60 @@ func TestLockstepStages(t *testing.T) {
 	defer sys.Shutdown(context.Background())
 	plane := xgmi.NewHost(node.Name())
 	var running atomic.Int32
-	plans := make(chan ForwardMsg, 64)
-	var stages []LockstepStage
-	for s := range 2 {
-		g := newFakeGroup(2, &running)
-		st := LockstepStage{Group: g}
-		for r := range 2 {
-			ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("s%d-t%d", s, r),
-				New: func() actors.Actor[ShardCall] {
-					return rankActor{stage: s, rank: r, g: g, plane: plane, running: &running, seen: make(chan ForwardMsg, 8), plans: plans,
-						behave: func(step uint64) string {
-							if step == 2 && s == 1 && r == 1 {
-								return "fail"
-							}
-							return "ok"
-						}}
-				}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			st.Ranks = append(st.Ranks, ref)
+	g := newFakeGroup(2, &running)
+	plans := make(chan ForwardMsg, 16)
+	var ranks []*actors.Ref[ShardCall]
+	for r := range 2 {
+		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("st-t%d", r),
+			New: func() actors.Actor[ShardCall] {
+				return rankActor{stage: 1, rank: r, g: g, plane: plane, running: &running, plans: plans, behave: func(step uint64) string {
+					if step == 2 && r == 1 {
+						return "fail"
+					}
+					return "ok"
+				}}
+			}})
+		if err != nil {
+			t.Fatal(err)
 		}
-		stages = append(stages, st)
+		ranks = append(ranks, ref)
 	}
-	l, err := NewLockstep(stages, plane, 2)
+	s, err := NewTPStage("st", ranks, g, plane, time.Minute, "layers 4-8, 2 ranks")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// plansOf takes a step's four plans: the first stage's, then the
-	// second's.
-	plansOf := func() [2][]ForwardMsg {
-		var got [2][]ForwardMsg
-		for range 4 {
-			m := <-plans
-			s := 0
-			if m.Tokens == nil {
-				s = 1
-			}
-			got[s] = append(got[s], m)
+	ref, err := actors.Spawn(ctx, sys, s.Props())
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj, _ := bus.NewSubjects("test")
+	in := bus.TensorRef{Location: bus.LocationHost, Node: node.Name(), Buffer: "shard/prev", Bytes: 8, DType: bus.F32}
+	for step := uint64(1); step <= 3; step++ {
+		msg := ForwardMsg{Step: step, Micro: 2, Input: in, Pos: []int32{4}, Seq: []int32{0}, Tables: [][]int32{{0}}}
+		var r ForwardReply
+		if step%2 == 1 {
+			r, err = actors.Ask(ctx, ref, shardCall, msg)
+		} else {
+			r, err = bus.Request[ForwardMsg, ForwardReply](ctx, nc, subj.ActorEndpoint(ShardKind, "st", "forward"), msg)
 		}
-		return got
-	}
-	b := &models.Batch{Tokens: []int32{5}, Pos: []int32{0}, Seq: []int32{0}, Tables: [][]int32{{0}}, Logits: []int32{0}}
-	logits := make([]float32, 2)
-	if err := l.Forward(ctx, b, logits); err != nil || logits[0] != 10 || logits[1] != 1 {
-		t.Fatalf("step 1: logits %v, err %v; want the second stage's rank 0's [10 1]", logits, err)
-	}
-	got := plansOf()
-	if len(got[0]) != 2 || len(got[1]) != 2 {
-		t.Fatalf("step 1's plans: %d with tokens, %d without; want 2 and 2", len(got[0]), len(got[1]))
-	}
-	for _, m := range got[1] {
-		if m.Input.Buffer != "rank/0/0" || len(m.Pos) != 1 {
-			t.Errorf("the second stage read %q with %d positions, want rank/0/0 and 1", m.Input.Buffer, len(m.Pos))
-		}
-	}
-	err = l.Forward(ctx, b, logits)
-	if err == nil || !strings.Contains(err.Error(), "stage 1") || !strings.Contains(err.Error(), "scripted failure") {
-		t.Errorf("step 2: %v, want the second stage's scripted failure", err)
-	}
-	plansOf()
-	for s, st := range stages {
-		g := st.Group.(*fakeGroup)
-		g.mu.Lock()
-		if want := s; g.resets != want || g.dirty != 0 {
-			t.Errorf("stage %d: %d resets with %d ranks in a pass, want %d with none", s, g.resets, g.dirty, want)
-		}
-		g.mu.Unlock()
-	}
-	ids := make([]int32, 1)
-	if err := l.ForwardArgmax(ctx, b, ids); err != nil || ids[0] != 1003 {
-		t.Errorf("argmax step 3: ids %v, err %v; want the second stage's rank 0's [1003]", ids, err)
-	}
-	for s, ms := range plansOf() {
-		for _, m := range ms {
-			if m.Argmax != (s == 1) {
-				t.Errorf("argmax step: stage %d's plan has argmax %v", s, m.Argmax)
+		for range 2 {
+			if m := <-plans; m.Step != step || m.Micro != 2 || m.Input.Buffer != "shard/prev" || len(m.Pos) != 1 {
+				t.Errorf("step %d: a rank's plan %+v", step, m)
 			}
 		}
-	}
-	rows := []gpu.SampleRow{{Temperature: 0.8, U: 0.25}}
-	if err := l.ForwardSample(ctx, b, rows, ids); err != nil || ids[0] != 1004 {
-		t.Errorf("drawn step 4: ids %v, err %v; want the second stage's rank 0's [1004]", ids, err)
-	}
-	for s, ms := range plansOf() {
-		for _, m := range ms {
-			if (len(m.Sample) > 0) != (s == 1) || m.Argmax {
-				t.Errorf("drawn step: stage %d's plan has %d draws, argmax %v", s, len(m.Sample), m.Argmax)
+		if step == 2 {
+			if err == nil || !strings.Contains(err.Error(), "scripted failure") {
+				t.Errorf("step 2: %v, want the scripted failure", err)
 			}
+			continue
+		}
+		if err != nil || r.Output.Buffer != "rank/1/0" {
+			t.Errorf("step %d: output %q, err %v; want rank 0's rank/1/0", step, r.Output.Buffer, err)
 		}
 	}
-	if _, err := NewLockstep([]LockstepStage{stages[0], {Group: stages[1].Group}}, plane, 2); err == nil {
-		t.Error("a stage without ranks was taken")
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.resets != 1 || g.dirty != 0 {
+		t.Errorf("%d resets with %d ranks in a pass, want 1 with none", g.resets, g.dirty)
 	}
 }

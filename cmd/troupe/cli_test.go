@@ -148,7 +148,7 @@ func TestServeConfigFile(t *testing.T) {
 		t.Errorf("tp from the file: %d, %v", cfg.TP, err)
 	}
 	for bad, flag := range map[string]string{
-		`{"tp":2,"placement":"a"}`: "--tp", `{"step_timeout":5}`: "step_timeout", `{"step_timeout":"5 parsecs"}`: "step_timeout",
+		`{"tp":0}`: "--tp 0", `{"step_timeout":5}`: "step_timeout", `{"step_timeout":"5 parsecs"}`: "step_timeout",
 		`{"cluster":{"nmae":"x"}}`: "nmae", `{"max_seqs":-1}`: "--max-seqs", `{"kv_blocks":-5}`: "--kv-blocks",
 		`{"max_queue":0}`: "--max-queue", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",

@@ -150,6 +150,15 @@ func (n *node) spawnShard(ctx context.Context, sys *actors.System, id string, ra
 	if err := args.Validate(n.bundle.Config.Layers); err != nil {
 		return nil, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", id, err)
 	}
+	return n.startStage(ctx, id, args)
+}
+
+// startStage starts stage id of a replica as args say: as --tp ranks on
+// a tensor-parallel node, else as one layer-shard.
+func (n *node) startStage(ctx context.Context, id string, args scheduler.ShardArgs) (actors.Process, error) {
+	if n.tpd != nil {
+		return n.startTPShard(ctx, id, args)
+	}
 	return n.startShard(ctx, id, args)
 }
 

@@ -121,7 +121,7 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 // nodes and of groups over placements take n.blocks.
 func (n *node) addedBlocks(stageCount int) (int, error) {
 	mr, ok := n.dev.(gpu.MemoryReporter)
-	if n.kvAuto == nil || !n.started || !ok {
+	if n.kvAuto == nil || !n.started || !ok || n.tpd != nil {
 		return n.blocks, nil
 	}
 	free, _, err := mr.FreeMemory()

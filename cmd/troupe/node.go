@@ -419,8 +419,8 @@ func (n *node) startReplica(ctx context.Context, sh shape) (*replica, error) {
 		}
 		return n.startGroup(ctx, runCtx, id, sh.placement)
 	}
-	if n.tpd != nil {
-		return n.startTPReplica(ctx, n.runCtx, id, sh.stages)
+	if n.tpd != nil && sh.stages == 1 {
+		return n.startTPReplica(ctx, n.runCtx, id)
 	}
 	return n.startLocalReplica(ctx, n.runCtx, id, sh.stages)
 }
@@ -439,7 +439,7 @@ func (n *node) startLocalReplica(ctx, runCtx context.Context, id string, stageCo
 		span := stageSpan(s, stageCount, mc.Layers)
 		args := scheduler.ShardArgs{Model: n.bundle.Name, Replica: rep.id, Index: s,
 			First: span[0], Last: span[1], Blocks: blocks, BlockSize: 16}
-		p, err := n.startShard(ctx, scheduler.ShardID(rep.id, s), args)
+		p, err := n.startStage(ctx, scheduler.ShardID(rep.id, s), args)
 		if err != nil {
 			n.stopActors(rep)
 			return nil, err

@@ -132,8 +132,6 @@ func (n *node) reshape(want replicasDoc) (shape, error) {
 		return cur, fmt.Errorf("scale: %d stages: want 1 to %d (the model's layers)", want.Stages, layers)
 	case cur.placement == "" && want.Placement != "":
 		return cur, fmt.Errorf("scale: this node runs local replicas; placements need a node started with --placement")
-	case cur.placement == "" && want.Stages > 1 && n.tpd != nil && n.cfg.MicroBatches != 1:
-		return cur, fmt.Errorf("scale: %d stages: a tensor-parallel replica's stages take a step whole, and this node cuts steps into micro-batches (--micro-batches %d)", want.Stages, n.cfg.MicroBatches)
 	case cur.placement == "" && want.Stages != 0:
 		return shape{stages: want.Stages}, nil
 	case want.Placement != "":

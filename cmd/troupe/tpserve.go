@@ -18,12 +18,15 @@ import (
 
 // Tensor-parallel serving (--tp N, --shards S, --replicas R): the node
 // opens R·S·N devices (CPU devices sharing the threads, or GPUs 0 to
-// R·S·N-1), each owned by a device actor; replica r takes the next S·N,
-// stage s of it the next N. A stage's ranks are layer-shard actors, rank i
-// holding its slice of every layer of the stage on its device i, and the
-// replica's scheduler drives each stage's ranks in lock-step, one stage
-// after the other (scheduler.Lockstep), every stage over a fabric of its
-// own: host memory on the CPU lane, CUDA peer memory on the CUDA lane.
+// R·S·N-1), each owned by a device actor, and more as replicas are added;
+// every stage takes N free devices. A stage's ranks are layer-shard
+// actors, rank i holding its slice of every layer of the stage on its
+// device i, summing over a fabric of the stage's own: host memory on the
+// CPU lane, CUDA peer memory on the CUDA lane. A replica of one stage has
+// its scheduler drive the ranks in lock-step (scheduler.Lockstep); a
+// replica of several stages, or a stage placed here by another node's
+// group, runs each stage as an actor that drives its ranks so
+// (scheduler.TPStage), and a pipeline of those.
 
 // checkTP reports a --tp that cannot be served.
 func checkTP(cfg serveConfig) error {
@@ -36,12 +39,6 @@ func checkTP(cfg serveConfig) error {
 		return fmt.Errorf("serve: --tp %d: at most 8 ranks", cfg.TP)
 	case cfg.Device != "cpu" && cfg.Device != "cuda":
 		return fmt.Errorf("serve: --tp %d needs --device cpu or cuda, not %q", cfg.TP, cfg.Device)
-	case cfg.Placement != "":
-		return fmt.Errorf("serve: --tp and --placement are exclusive")
-	case cfg.Shards > 1 && cfg.MicroBatches != 1:
-		return fmt.Errorf("serve: --micro-batches %d: a tensor-parallel replica's stages take a step whole (--micro-batches 1)", cfg.MicroBatches)
-	case cfg.Replicas < 1:
-		return fmt.Errorf("serve: --tp %d needs a local replica (--replicas 1 or more)", cfg.TP)
 	case cfg.Device == "cuda" && cfg.TP*max(1, cfg.Shards)*cfg.Replicas > 8:
 		return fmt.Errorf("serve: --tp %d × --shards %d × --replicas %d: at most 8 GPUs", cfg.TP, max(1, cfg.Shards), cfg.Replicas)
 	}
@@ -185,19 +182,20 @@ func (n *node) openDevices(ctx context.Context) (gpu.Device, error) {
 // CPU devices.
 const maxGPUs, maxCPUDevices = 8, 64
 
-// startTPReplica runs replica id of stageCount stages over free devices
-// of the node, --tp a stage: a rank actor per device, a fabric per stage,
-// its KV-manager, and its scheduler over a Lockstep of the stages.
-func (n *node) startTPReplica(ctx, runCtx context.Context, id string, stageCount int) (_ *replica, err error) {
+// startTPReplica runs replica id, one stage, over --tp free devices of
+// the node: a rank actor per device, the fabric, its KV-manager, and its
+// scheduler over a Lockstep of the ranks. (A replica of several stages
+// runs each as a scheduler.TPStage: startTPShard.)
+func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
 	t := n.tpd
-	idx, devs, cudas, err := t.take(ctx, id, t.tp*stageCount)
+	idx, devs, cudas, err := t.take(ctx, id, t.tp)
 	if err != nil {
 		t.release(id)
 		return nil, fmt.Errorf("serve: replica %s: %w", id, err)
 	}
-	rep := &replica{id: id, shape: shape{stages: stageCount}}
-	// The device actors stop after the ranks that use them, and a stage's
-	// fabric goes with its last rank; until that rank runs, here.
+	rep := &replica{id: id, shape: shape{stages: 1}}
+	// The device actors stop after the ranks that use them, and the
+	// fabric goes with the last rank; until that rank runs, here.
 	var devProcs []actors.Process
 	var loose []tpFabric
 	defer func() {
@@ -210,20 +208,10 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string, stageCount
 			t.release(id)
 		}
 	}()
-	var stages []scheduler.LockstepStage
-	var shards []*scheduler.Shard
-	for s := range stageCount {
-		part := func(i int) int { return s*t.tp + i }
-		var gpus []*cuda.Device
-		if cudas != nil {
-			gpus = cudas[part(0):part(t.tp)]
-		}
-		st, sh, err := n.startTPStage(ctx, rep, s, stageCount, idx[part(0):part(t.tp)], devs[part(0):part(t.tp)], gpus, &devProcs, &loose)
-		if err != nil {
-			return nil, err
-		}
-		stages = append(stages, st)
-		shards = append(shards, sh...)
+	args := scheduler.ShardArgs{Replica: id, First: 0, Last: n.bundle.Config.Layers, Blocks: n.blocks, BlockSize: 16}
+	ranks, fab, shards, err := n.startTPStage(ctx, rep, scheduler.ShardID(id, 0), args, idx, devs, cudas, &devProcs, &loose)
+	if err != nil {
+		return nil, err
 	}
 	rep.actors = append(rep.actors, devProcs...)
 	devProcs = nil
@@ -234,7 +222,7 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string, stageCount
 	if err != nil {
 		return nil, err
 	}
-	ls, err := scheduler.NewLockstep(stages, n.plane, n.bundle.Config.Vocab)
+	ls, err := scheduler.NewLockstep(ranks, fab, n.plane, n.bundle.Config.Vocab)
 	if err != nil {
 		return nil, err
 	}
@@ -248,15 +236,15 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string, stageCount
 	return rep, nil
 }
 
-// startTPStage starts stage s of stageCount of replica rep on devs (the
-// node's devices idx): its fabric, a device actor for each device but the
-// node's own, and a rank actor for each device, appended to rep's actors.
-// The device actors go to devProcs; the fabric stays in loose until its
-// last rank owns it.
-func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int, idx []int, devs []gpu.Device, cudas []*cuda.Device,
-	devProcs *[]actors.Process, loose *[]tpFabric) (scheduler.LockstepStage, []*scheduler.Shard, error) {
+// startTPStage starts stage sid (its index, layers and cache as args
+// say) on devs, the node's devices idx: its fabric, a device actor for
+// each device but the node's own, and a rank actor sid-tI for each
+// device, appended to rep's actors. The device actors go to devProcs; the
+// fabric stays in loose until its last rank owns it.
+func (n *node) startTPStage(ctx context.Context, rep *replica, sid string, args scheduler.ShardArgs, idx []int, devs []gpu.Device, cudas []*cuda.Device,
+	devProcs *[]actors.Process, loose *[]tpFabric) ([]*actors.Ref[scheduler.ShardCall], tpFabric, []*scheduler.Shard, error) {
 	N := len(devs)
-	var st scheduler.LockstepStage
+	var ranks []*actors.Ref[scheduler.ShardCall]
 	var fab tpFabric
 	var err error
 	if cudas != nil {
@@ -265,11 +253,9 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int
 		fab, err = newHostTP(devs)
 	}
 	if err != nil {
-		return st, nil, fmt.Errorf("serve: tensor parallelism: stage %d: %w", s, err)
+		return nil, nil, nil, fmt.Errorf("serve: tensor parallelism: stage %d: %w", args.Index, err)
 	}
 	*loose = append(*loose, fab)
-	st.Group = fab
-	span := stageSpan(s, stageCount, n.bundle.Config.Layers)
 	reds := fab.reducers()
 	var shards []*scheduler.Shard
 	for i := range N {
@@ -280,26 +266,30 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int
 			// get actors of their own.
 			ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, dev), devs[i]))
 			if err != nil {
-				return st, nil, fmt.Errorf("serve: device actor %d: %w", dev, err)
+				return nil, nil, nil, fmt.Errorf("serve: device actor %d: %w", dev, err)
 			}
 			*devProcs = append(*devProcs, ref)
 			devRef = ref
 		}
-		sid := fmt.Sprintf("%s-t%d", scheduler.ShardID(rep.id, s), i)
+		rid := fmt.Sprintf("%s-t%d", sid, i)
 		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, devs[i], models.Options{
-			FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
+			FirstLayer: args.First, LastLayer: args.Last, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
 			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
 		})
 		if err != nil {
-			return st, nil, fmt.Errorf("serve: stage %d, rank %d: %w", s, i, err)
+			return nil, nil, nil, fmt.Errorf("serve: stage %d, rank %d: %w", args.Index, i, err)
 		}
-		cache, err := m.NewCache(n.blocks, 16)
+		cache, err := m.NewCache(args.Blocks, args.BlockSize)
 		if err != nil {
 			m.Close()
-			return st, nil, fmt.Errorf("serve: stage %d, rank %d: %w", s, i, err)
+			return nil, nil, nil, fmt.Errorf("serve: stage %d, rank %d: %w", args.Index, i, err)
 		}
-		sh := scheduler.NewShard(sid, s, m, cache, n.plane, n.tp.TracerProvider())
+		sh := scheduler.NewShard(rid, args.Index, m, cache, n.plane, n.tp.TracerProvider())
 		sh.Rank, sh.Ranks, sh.Device = i, N, devRef
+		if n.stream != nil {
+			// A stage placed here may read its input from another node.
+			sh.Remote = n.stream
+		}
 		// Every rank of a whole model queues the next step before it
 		// reads a step's choices, as a whole model's shard does: they all
 		// get the same plans (scheduler.Lockstep), so they queue and drop
@@ -309,7 +299,7 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int
 		if err != nil {
 			cache.Close()
 			m.Close()
-			return st, nil, fmt.Errorf("serve: spawn %s: %w", sid, err)
+			return nil, nil, nil, fmt.Errorf("serve: spawn %s: %w", rid, err)
 		}
 		release := func() { cache.Close(); m.Close() }
 		if i == N-1 {
@@ -318,14 +308,61 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, s, stageCount int
 			*loose = (*loose)[:len(*loose)-1]
 		}
 		n.spawnedMu.Lock()
-		n.spawned[sid] = release
+		n.spawned[rid] = release
 		n.spawnedMu.Unlock()
 		rep.actors = append(rep.actors, ref)
-		st.Ranks = append(st.Ranks, ref)
+		ranks = append(ranks, ref)
 		shards = append(shards, sh)
-		fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) as rank %d of %d on %s\n", n.cfg.Node, sid, span[0], span[1], i, N, devs[i].Name())
+		fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) as rank %d of %d on %s\n", n.cfg.Node, rid, args.First, args.Last, i, N, devs[i].Name())
 	}
-	return st, shards, nil
+	return ranks, fab, shards, nil
+}
+
+// startTPShard starts stage id of a replica (of several stages here, or
+// placed on this node) as --tp ranks on free devices, and an actor under
+// id that runs each of the stage's calls on them in lock-step
+// (scheduler.TPStage), as a layer-shard answers them. Stopping that actor
+// stops the ranks and gives the devices back.
+func (n *node) startTPShard(ctx context.Context, id string, args scheduler.ShardArgs) (_ actors.Process, err error) {
+	t := n.tpd
+	idx, devs, cudas, err := t.take(ctx, id, t.tp)
+	if err != nil {
+		t.release(id)
+		return nil, fmt.Errorf("shard %s: %w", id, err)
+	}
+	rep := &replica{id: id} // the stage's actors
+	var devProcs []actors.Process
+	var loose []tpFabric
+	defer func() {
+		if err != nil {
+			rep.actors = append(rep.actors, devProcs...)
+			n.stopActors(rep)
+			for _, f := range loose {
+				f.Close()
+			}
+			t.release(id)
+		}
+	}()
+	ranks, fab, _, err := n.startTPStage(ctx, rep, id, args, idx, devs, cudas, &devProcs, &loose)
+	if err != nil {
+		return nil, err
+	}
+	rep.actors = append(rep.actors, devProcs...)
+	devProcs = nil
+	ts, err := scheduler.NewTPStage(id, ranks, fab, n.plane, n.cfg.StepTimeout, fmt.Sprintf("layers %d-%d, %d tensor-parallel ranks", args.First, args.Last, t.tp))
+	if err != nil {
+		return nil, err
+	}
+	ref, err := actors.Spawn(ctx, n.actors, ts.Props())
+	if err != nil {
+		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
+	}
+	n.spawnedMu.Lock()
+	n.spawned[id] = func() { n.stopActors(rep); t.release(id) }
+	n.owners[id] = args.Replica
+	n.spawnedMu.Unlock()
+	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d over %d ranks\n", n.cfg.Node, id, args.First, args.Last, t.tp)
+	return ref, nil
 }
 
 // tpFabric is a replica's collectives: a models.Reducer per rank, and

@@ -153,9 +153,9 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 
 // TestServeTensorParallelStages serves the demo model as two pipeline
 // stages of two tensor-parallel ranks each (four CPU devices, a host
-// fabric per stage): every greedy completion equals the reference, each
-// stage's ranks hold its layers on devices of their own, and the steps'
-// spans come from both stages.
+// fabric per stage, an actor a stage driving its ranks): every greedy
+// completion equals the reference, each stage's ranks hold its layers on
+// devices of their own, and the steps' spans come from both stages.
 func TestServeTensorParallelStages(t *testing.T) {
 	ctx := context.Background()
 	cfg := testServeConfig()
@@ -165,22 +165,19 @@ func TestServeTensorParallelStages(t *testing.T) {
 	n, tp := startTestNode(t, cfg, exp, &log)
 	defer tp.Shutdown(ctx)
 	defer n.Close()
-	ranks := tpRanks(n, 0)
-	if len(ranks) != 4 {
-		t.Fatalf("%d ranks, want 4", len(ranks))
-	}
 	layers := n.bundle.Config.Layers
-	devices := map[any]bool{}
-	for i, sh := range ranks {
-		s, r := i/2, i%2
-		devices[sh.Device] = true
-		if want := stageSpan(s, 2, layers); sh.Index != s || sh.Rank != r || sh.Ranks != 2 || sh.First != want[0] || sh.Last != want[1] {
-			t.Errorf("rank %d: stage %d, rank %d of %d, layers [%d, %d); want stage %d, rank %d of 2, layers %v",
-				i, sh.Index, sh.Rank, sh.Ranks, sh.First, sh.Last, s, r, want)
+	for s := range 2 {
+		id := scheduler.ShardID(n.replicaID(0), s)
+		for r := range 2 {
+			if _, ok := n.actors.Lookup(scheduler.ShardKind, fmt.Sprintf("%s-t%d", id, r)); !ok {
+				t.Errorf("stage %d: no rank %d", s, r)
+			}
 		}
-	}
-	if len(devices) != 4 {
-		t.Errorf("the ranks share device actors: %d distinct, want 4", len(devices))
+		n.tpd.mu.Lock()
+		if held := countOf(n.tpd.owner, id); held != 2 {
+			t.Errorf("stage %d holds %d devices, want 2", s, held)
+		}
+		n.tpd.mu.Unlock()
 	}
 	if want := fmt.Sprintf("runs layers [%d, %d) as rank 1 of 2", layers/2, layers); !strings.Contains(log.String(), want) {
 		t.Errorf("the log does not say %q", want)
@@ -215,6 +212,92 @@ func TestServeTensorParallelStages(t *testing.T) {
 	if !stages[0] || !stages[1] {
 		t.Errorf("shard spans of stages %v, want 0 and 1", stages)
 	}
+}
+
+// TestServeTensorParallelPlacement serves the demo model as a replica
+// group placed on the node itself (--placement test,test) with --tp 2: the
+// spawner starts each stage as two ranks on devices of their own and an
+// actor that runs them in lock-step, which the pipeline calls as any
+// stage. Concurrent greedy requests, cut into micro-batches that run
+// through the stages as a wavefront, get the reference tokens; stopping
+// the group stops the ranks and gives their devices back.
+func TestServeTensorParallelPlacement(t *testing.T) {
+	ctx := context.Background()
+	cfg := testServeConfig()
+	cfg.MaxBatchTokens, cfg.TP, cfg.Threads, cfg.Placement, cfg.MicroBatches = 256, 2, 2, "test,test", 0
+	exp := tracetest.NewInMemoryExporter()
+	n, tp := startTestNode(t, cfg, exp, nil)
+	defer tp.Shutdown(ctx)
+	defer n.Close()
+	var stageIDs []string
+	for s := range 2 {
+		id := scheduler.ShardID(n.replicaID(0)+"-p0", s)
+		stageIDs = append(stageIDs, id)
+		if _, ok := n.actors.Lookup(scheduler.ShardKind, id); !ok {
+			t.Errorf("no stage actor %s", id)
+		}
+		for r := range 2 {
+			if _, ok := n.actors.Lookup(scheduler.ShardKind, fmt.Sprintf("%s-t%d", id, r)); !ok {
+				t.Fatalf("stage %d: no rank %d", s, r)
+			}
+		}
+	}
+	refs := demoRefs(t)
+	var wg sync.WaitGroup
+	for i, ref := range refs {
+		wg.Go(func() {
+			var got []int32
+			_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
+				RequestID: fmt.Sprintf("r%d", i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
+				MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
+			}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
+			if err != nil {
+				t.Errorf("prompt %d: %v", i, err)
+				return
+			}
+			if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+				t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
+			}
+		})
+	}
+	wg.Wait()
+	if err := tp.ForceFlush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	micro := 0
+	for _, sp := range exp.GetSpans() {
+		for _, a := range sp.Attributes {
+			if a.Key == scheduler.AttrMicroBatch {
+				micro++
+			}
+		}
+	}
+	if micro == 0 {
+		t.Error("no step ran as micro-batches")
+	}
+	// Stopping a stage's actor stops its ranks and frees their devices.
+	p, _ := n.actors.Lookup(scheduler.ShardKind, stageIDs[1])
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the ranks of a stopped stage to stop", 10*time.Second, func() bool {
+		_, r0 := n.actors.Lookup(scheduler.ShardKind, stageIDs[1]+"-t0")
+		_, r1 := n.actors.Lookup(scheduler.ShardKind, stageIDs[1]+"-t1")
+		n.tpd.mu.Lock()
+		defer n.tpd.mu.Unlock()
+		return !r0 && !r1 && countOf(n.tpd.owner, stageIDs[1]) == 0
+	})
+}
+
+// countOf counts the devices owners gives to id.
+func countOf(owners []string, id string) int {
+	n := 0
+	for _, o := range owners {
+		if o == id {
+			n++
+		}
+	}
+	return n
 }
 
 // tpRanks returns the ranks of the node's r-th replica, stage by stage.
