@@ -451,3 +451,54 @@ func TestClusterNetns(t *testing.T) {
 		t.Errorf("a node without credentials has %d routes", rn.NumRoutes())
 	}
 }
+
+// TestClusterNetnsTensorParallel runs a replica group over two hosts in
+// network namespaces, each stage as two tensor-parallel ranks on its
+// host (--tp 2): host 0 schedules and runs the first stage, host 1 only
+// hosts the second (--replicas 0). The second stage's ranks read their
+// input from host 0 over the data plane, and host 0 the logits from host
+// 1's rank 0; concurrent requests, cut into micro-batches, get the
+// reference text, and the registry shows each stage's ranks on its host.
+func TestClusterNetnsTensorParallel(t *testing.T) {
+	lab := newNetnsLab(t, 2)
+	bin := buildTroupe(t)
+	procs := []*proc{nil, lab.start(bin, 1, lab.nodeArgs(1, "--tp", "2", "--replicas", "0")...)}
+	procs[0] = lab.start(bin, 0, lab.nodeArgs(0, "--tp", "2", "--placement", "h0,h1", "--micro-batches", "0")...)
+	url := "http://" + lab.ip(0) + ":8080"
+	waitReady(t, url)
+	// Host 0 may start the placement before host 1 beats: it starts down,
+	// and is up once host 1's stage runs.
+	waitUntil(t, "the placement up", 30*time.Second, func() bool {
+		st := clusterOf(t, url)
+		return len(st.Placements) == 1 && st.Placements[0].Up
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	refs := demoRefs(t)
+	var wg sync.WaitGroup
+	for _, ref := range refs {
+		wg.Go(func() {
+			got, err := completion(ctx, url, ref.Prompt, len(ref.GreedyIDs), nil)
+			if err != nil {
+				t.Errorf("prompt %q: %v", ref.Prompt, err)
+			} else if got != ref.Text {
+				t.Errorf("prompt %q over two hosts of two ranks: got %q, want %q", ref.Prompt, got, ref.Text)
+			}
+		})
+	}
+	wg.Wait()
+	waitUntil(t, "each stage's ranks registered on its host", 10*time.Second, func() bool {
+		ranks := map[string]int{}
+		for _, a := range clusterOf(t, url).Actors {
+			if a.Kind == scheduler.ShardKind && a.Alive && strings.HasPrefix(a.ID, "h0-r0-p0-s") && strings.Contains(a.ID, "-t") {
+				ranks[a.Node]++
+			}
+		}
+		return ranks["h0"] == 2 && ranks["h1"] == 2
+	})
+	for i, p := range procs {
+		if want := "as rank 1 of 2"; !strings.Contains(p.log(), want) {
+			t.Errorf("host %d's log does not say %q", i, want)
+		}
+	}
+}
