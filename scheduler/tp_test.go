@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/actors"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gpu"
@@ -121,29 +122,45 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 	return c.Reply(ForwardReply{Output: bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}})
 }
 
-// TestLockstep drives two scripted ranks: a step that succeeds returns
-// rank 0's logits; a step where a rank fails, or never reaches the
-// collective, fails as a whole, with the group aborted and reset only once
-// no rank is still in its pass; the next step succeeds.
-func TestLockstep(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+// rankLab is what the tests of scripted ranks share: a bus, an actor
+// system on it, a plane, and a fake group of two ranks.
+type rankLab struct {
+	node    *bus.Node
+	nc      *nats.Conn
+	sys     *actors.System
+	plane   *xgmi.Host
+	running atomic.Int32 // ranks in a pass
+	g       *fakeGroup
+}
+
+func newRankLab(t *testing.T) *rankLab {
+	t.Helper()
 	node, nc := testBus(t)
 	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sys.Shutdown(context.Background())
-	plane := xgmi.NewHost(node.Name())
-	var running atomic.Int32
-	g := newFakeGroup(2, &running)
+	t.Cleanup(func() { sys.Shutdown(context.Background()) })
+	l := &rankLab{node: node, nc: nc, sys: sys, plane: xgmi.NewHost(node.Name())}
+	l.g = newFakeGroup(2, &l.running)
+	return l
+}
+
+// TestLockstep drives two scripted ranks: a step that succeeds returns
+// rank 0's logits; a step where a rank fails, or never reaches the
+// collective, fails as a whole, with the group aborted and reset only once
+// no rank is still in its pass; the next step succeeds.
+func TestLockstep(t *testing.T) {
+	ctx := context.Background()
+	lab := newRankLab(t)
+	sys, plane, g, running := lab.sys, lab.plane, lab.g, &lab.running
 	script := map[uint64][2]string{2: {"ok", "fail"}, 3: {"ok", "hang"}}
 	seen := make(chan ForwardMsg, 2)
 	var refs []*actors.Ref[ShardCall]
 	for r := range 2 {
 		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("t%d", r),
 			New: func() actors.Actor[ShardCall] {
-				return rankActor{rank: r, g: g, plane: plane, running: &running, seen: seen, behave: func(step uint64) string {
+				return rankActor{rank: r, g: g, plane: plane, running: running, seen: seen, behave: func(step uint64) string {
 					if s, ok := script[step]; ok {
 						return s[r]
 					}
@@ -289,23 +306,15 @@ func TestDrawsWire(t *testing.T) {
 // a rank fails fails as a whole, with the group reset, and the next one
 // succeeds.
 func TestTPStage(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	node, nc := testBus(t)
-	sys, err := actors.NewSystem(actors.Config{Cluster: "test", Node: node.Name()}, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Shutdown(context.Background())
-	plane := xgmi.NewHost(node.Name())
-	var running atomic.Int32
-	g := newFakeGroup(2, &running)
+	ctx := context.Background()
+	lab := newRankLab(t)
+	sys, plane, g, running, nc, node := lab.sys, lab.plane, lab.g, &lab.running, lab.nc, lab.node
 	plans := make(chan ForwardMsg, 16)
 	var ranks []*actors.Ref[ShardCall]
 	for r := range 2 {
 		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("st-t%d", r),
 			New: func() actors.Actor[ShardCall] {
-				return rankActor{stage: 1, rank: r, g: g, plane: plane, running: &running, plans: plans, behave: func(step uint64) string {
+				return rankActor{stage: 1, rank: r, g: g, plane: plane, running: running, plans: plans, behave: func(step uint64) string {
 					if step == 2 && r == 1 {
 						return "fail"
 					}

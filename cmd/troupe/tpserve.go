@@ -187,34 +187,18 @@ const maxGPUs, maxCPUDevices = 8, 64
 // scheduler over a Lockstep of the ranks. (A replica of several stages
 // runs each as a scheduler.TPStage: startTPShard.)
 func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replica, err error) {
-	t := n.tpd
-	idx, devs, cudas, err := t.take(ctx, id, t.tp)
+	rep := &replica{id: id, shape: shape{stages: 1}}
+	args := scheduler.ShardArgs{Replica: id, First: 0, Last: n.bundle.Config.Layers, Blocks: n.blocks, BlockSize: 16}
+	ranks, fab, shards, err := n.startTPRanks(ctx, rep, scheduler.ShardID(id, 0), args)
 	if err != nil {
-		t.release(id)
 		return nil, fmt.Errorf("serve: replica %s: %w", id, err)
 	}
-	rep := &replica{id: id, shape: shape{stages: 1}}
-	// The device actors stop after the ranks that use them, and the
-	// fabric goes with the last rank; until that rank runs, here.
-	var devProcs []actors.Process
-	var loose []tpFabric
 	defer func() {
 		if err != nil {
-			rep.actors = append(rep.actors, devProcs...)
 			n.stopActors(rep)
-			for _, f := range loose {
-				f.Close()
-			}
-			t.release(id)
+			n.tpd.release(id)
 		}
 	}()
-	args := scheduler.ShardArgs{Replica: id, First: 0, Last: n.bundle.Config.Layers, Blocks: n.blocks, BlockSize: 16}
-	ranks, fab, shards, err := n.startTPStage(ctx, rep, scheduler.ShardID(id, 0), args, idx, devs, cudas, &devProcs, &loose)
-	if err != nil {
-		return nil, err
-	}
-	rep.actors = append(rep.actors, devProcs...)
-	devProcs = nil
 	kv, kvRef, err := n.startKV(ctx, rep.id, n.blocks)
 	if kvRef != nil {
 		rep.actors = append(rep.actors, kvRef)
@@ -230,62 +214,107 @@ func (n *node) startTPReplica(ctx, runCtx context.Context, id string) (_ *replic
 	if err := n.startScheduler(runCtx, ls, kv, rep); err != nil {
 		return nil, err
 	}
-	t.mu.Lock()
-	t.shards[id] = shards
-	t.mu.Unlock()
+	n.tpd.mu.Lock()
+	n.tpd.shards[id] = shards
+	n.tpd.mu.Unlock()
 	return rep, nil
 }
 
-// startTPStage starts stage sid (its index, layers and cache as args
-// say) on devs, the node's devices idx: its fabric, a device actor for
-// each device but the node's own, and a rank actor sid-tI for each
-// device, appended to rep's actors. The device actors go to devProcs; the
-// fabric stays in loose until its last rank owns it.
-func (n *node) startTPStage(ctx context.Context, rep *replica, sid string, args scheduler.ShardArgs, idx []int, devs []gpu.Device, cudas []*cuda.Device,
-	devProcs *[]actors.Process, loose *[]tpFabric) ([]*actors.Ref[scheduler.ShardCall], tpFabric, []*scheduler.Shard, error) {
-	N := len(devs)
-	var ranks []*actors.Ref[scheduler.ShardCall]
+// startTPShard starts stage id of a replica (of several stages here, or
+// placed on this node) as --tp ranks on free devices, and an actor under
+// id that runs each of the stage's calls on them in lock-step
+// (scheduler.TPStage), as a layer-shard answers them. Stopping that actor
+// stops the ranks and gives the devices back.
+func (n *node) startTPShard(ctx context.Context, id string, args scheduler.ShardArgs) (actors.Process, error) {
+	rep := &replica{id: id} // the stage's ranks and device actors
+	ranks, fab, _, err := n.startTPRanks(ctx, rep, id, args)
+	if err != nil {
+		return nil, err
+	}
+	stop := func() { n.stopActors(rep); n.tpd.release(id) }
+	ts, err := scheduler.NewTPStage(id, ranks, fab, n.plane, n.cfg.StepTimeout, fmt.Sprintf("layers %d-%d, %d tensor-parallel ranks", args.First, args.Last, len(ranks)))
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	ref, err := actors.Spawn(ctx, n.actors, ts.Props())
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
+	}
+	n.spawnedMu.Lock()
+	n.spawned[id] = stop
+	n.owners[id] = args.Replica
+	n.spawnedMu.Unlock()
+	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d over %d ranks\n", n.cfg.Node, id, args.First, args.Last, len(ranks))
+	return ref, nil
+}
+
+// startTPRanks starts stage sid (its index, layers and cache as args say)
+// on --tp free devices of the node, which rep.id then holds: the stage's
+// fabric, a device actor for each device but the node's own, and a rank
+// actor sid-tI for each device, appended to rep's actors (the ranks, then
+// the device actors, which stop after them). The fabric goes with the last
+// rank. On an error it stops what it started and gives the devices back.
+func (n *node) startTPRanks(ctx context.Context, rep *replica, sid string, args scheduler.ShardArgs) (_ []*actors.Ref[scheduler.ShardCall], _ tpFabric, _ []*scheduler.Shard, err error) {
+	t := n.tpd
+	idx, devs, cudas, err := t.take(ctx, rep.id, t.tp)
+	if err != nil {
+		t.release(rep.id)
+		return nil, nil, nil, fmt.Errorf("stage %s: %w", sid, err)
+	}
 	var fab tpFabric
-	var err error
 	if cudas != nil {
 		fab, err = newCUDATP(cudas)
 	} else {
 		fab, err = newHostTP(devs)
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("serve: tensor parallelism: stage %d: %w", args.Index, err)
+		t.release(rep.id)
+		return nil, nil, nil, fmt.Errorf("serve: tensor parallelism: stage %s: %w", sid, err)
 	}
-	*loose = append(*loose, fab)
+	var devProcs []actors.Process
+	fabOwned := false
+	defer func() {
+		rep.actors = append(rep.actors, devProcs...)
+		if err != nil {
+			n.stopActors(rep)
+			if !fabOwned {
+				fab.Close()
+			}
+			t.release(rep.id)
+		}
+	}()
 	reds := fab.reducers()
+	var ranks []*actors.Ref[scheduler.ShardCall]
 	var shards []*scheduler.Shard
-	for i := range N {
-		dev := idx[i]
+	for i, dev := range devs {
 		devRef := n.device
-		if dev > 0 {
+		if idx[i] > 0 {
 			// The node's device actor owns the first device; the others
 			// get actors of their own.
-			ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, dev), devs[i]))
+			ref, err := actors.Spawn(ctx, n.actors, scheduler.DeviceProps(fmt.Sprintf("%s-%d", n.cfg.Node, idx[i]), dev))
 			if err != nil {
-				return nil, nil, nil, fmt.Errorf("serve: device actor %d: %w", dev, err)
+				return nil, nil, nil, fmt.Errorf("serve: device actor %d: %w", idx[i], err)
 			}
-			*devProcs = append(*devProcs, ref)
+			devProcs = append(devProcs, ref)
 			devRef = ref
 		}
 		rid := fmt.Sprintf("%s-t%d", sid, i)
-		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, devs[i], models.Options{
+		m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, dev, models.Options{
 			FirstLayer: args.First, LastLayer: args.Last, MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT,
-			Shard: &models.Shard{Rank: i, Size: N, Comm: reds[i]},
+			Shard: &models.Shard{Rank: i, Size: len(devs), Comm: reds[i]},
 		})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("serve: stage %d, rank %d: %w", args.Index, i, err)
+			return nil, nil, nil, fmt.Errorf("serve: %s: %w", rid, err)
 		}
 		cache, err := m.NewCache(args.Blocks, args.BlockSize)
 		if err != nil {
 			m.Close()
-			return nil, nil, nil, fmt.Errorf("serve: stage %d, rank %d: %w", args.Index, i, err)
+			return nil, nil, nil, fmt.Errorf("serve: %s: %w", rid, err)
 		}
 		sh := scheduler.NewShard(rid, args.Index, m, cache, n.plane, n.tp.TracerProvider())
-		sh.Rank, sh.Ranks, sh.Device = i, N, devRef
+		sh.Rank, sh.Ranks, sh.Device = i, len(devs), devRef
 		if n.stream != nil {
 			// A stage placed here may read its input from another node.
 			sh.Remote = n.stream
@@ -302,10 +331,10 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, sid string, args 
 			return nil, nil, nil, fmt.Errorf("serve: spawn %s: %w", rid, err)
 		}
 		release := func() { cache.Close(); m.Close() }
-		if i == N-1 {
+		if i == len(devs)-1 {
 			// The ranks stop in order: the last one takes the fabric.
 			release = func() { cache.Close(); m.Close(); fab.Close() }
-			*loose = (*loose)[:len(*loose)-1]
+			fabOwned = true
 		}
 		n.spawnedMu.Lock()
 		n.spawned[rid] = release
@@ -313,56 +342,9 @@ func (n *node) startTPStage(ctx context.Context, rep *replica, sid string, args 
 		rep.actors = append(rep.actors, ref)
 		ranks = append(ranks, ref)
 		shards = append(shards, sh)
-		fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) as rank %d of %d on %s\n", n.cfg.Node, rid, args.First, args.Last, i, N, devs[i].Name())
+		fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) as rank %d of %d on %s\n", n.cfg.Node, rid, args.First, args.Last, i, len(devs), dev.Name())
 	}
 	return ranks, fab, shards, nil
-}
-
-// startTPShard starts stage id of a replica (of several stages here, or
-// placed on this node) as --tp ranks on free devices, and an actor under
-// id that runs each of the stage's calls on them in lock-step
-// (scheduler.TPStage), as a layer-shard answers them. Stopping that actor
-// stops the ranks and gives the devices back.
-func (n *node) startTPShard(ctx context.Context, id string, args scheduler.ShardArgs) (_ actors.Process, err error) {
-	t := n.tpd
-	idx, devs, cudas, err := t.take(ctx, id, t.tp)
-	if err != nil {
-		t.release(id)
-		return nil, fmt.Errorf("shard %s: %w", id, err)
-	}
-	rep := &replica{id: id} // the stage's actors
-	var devProcs []actors.Process
-	var loose []tpFabric
-	defer func() {
-		if err != nil {
-			rep.actors = append(rep.actors, devProcs...)
-			n.stopActors(rep)
-			for _, f := range loose {
-				f.Close()
-			}
-			t.release(id)
-		}
-	}()
-	ranks, fab, _, err := n.startTPStage(ctx, rep, id, args, idx, devs, cudas, &devProcs, &loose)
-	if err != nil {
-		return nil, err
-	}
-	rep.actors = append(rep.actors, devProcs...)
-	devProcs = nil
-	ts, err := scheduler.NewTPStage(id, ranks, fab, n.plane, n.cfg.StepTimeout, fmt.Sprintf("layers %d-%d, %d tensor-parallel ranks", args.First, args.Last, t.tp))
-	if err != nil {
-		return nil, err
-	}
-	ref, err := actors.Spawn(ctx, n.actors, ts.Props())
-	if err != nil {
-		return nil, fmt.Errorf("serve: spawn %s: %w", id, err)
-	}
-	n.spawnedMu.Lock()
-	n.spawned[id] = func() { n.stopActors(rep); t.release(id) }
-	n.owners[id] = args.Replica
-	n.spawnedMu.Unlock()
-	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d over %d ranks\n", n.cfg.Node, id, args.First, args.Last, t.tp)
-	return ref, nil
 }
 
 // tpFabric is a replica's collectives: a models.Reducer per rank, and

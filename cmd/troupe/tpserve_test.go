@@ -122,20 +122,7 @@ func TestServeTensorParallelReplicas(t *testing.T) {
 	var wg sync.WaitGroup
 	for round := range 2 {
 		for i, ref := range refs {
-			wg.Go(func() {
-				var got []int32
-				_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
-					RequestID: fmt.Sprintf("r%d-%d", round, i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
-					MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
-				}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
-				if err != nil {
-					t.Errorf("prompt %d: %v", i, err)
-					return
-				}
-				if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
-					t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
-				}
-			})
+			wg.Go(func() { checkGreedy(ctx, t, n, fmt.Sprintf("r%d-%d", round, i), ref) })
 		}
 	}
 	wg.Wait()
@@ -183,17 +170,7 @@ func TestServeTensorParallelStages(t *testing.T) {
 		t.Errorf("the log does not say %q", want)
 	}
 	for i, ref := range demoRefs(t) {
-		var got []int32
-		_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
-			RequestID: fmt.Sprintf("r%d", i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
-			MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
-		}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
-		if err != nil {
-			t.Fatalf("prompt %d: %v", i, err)
-		}
-		if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
-			t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
-		}
+		checkGreedy(ctx, t, n, fmt.Sprintf("r%d", i), ref)
 	}
 	if err := tp.ForceFlush(ctx); err != nil {
 		t.Fatal(err)
@@ -245,20 +222,7 @@ func TestServeTensorParallelPlacement(t *testing.T) {
 	refs := demoRefs(t)
 	var wg sync.WaitGroup
 	for i, ref := range refs {
-		wg.Go(func() {
-			var got []int32
-			_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
-				RequestID: fmt.Sprintf("r%d", i), Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
-				MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
-			}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
-			if err != nil {
-				t.Errorf("prompt %d: %v", i, err)
-				return
-			}
-			if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
-				t.Errorf("prompt %d: got %v, want %v", i, got, ref.GreedyIDs)
-			}
-		})
+		wg.Go(func() { checkGreedy(ctx, t, n, fmt.Sprintf("r%d", i), ref) })
 	}
 	wg.Wait()
 	if err := tp.ForceFlush(ctx); err != nil {
@@ -298,6 +262,29 @@ func countOf(owners []string, id string) int {
 		}
 	}
 	return n
+}
+
+// greedyOf asks node n, through its gateway backend, for ref's greedy
+// completion of the reference's length, as request id.
+func greedyOf(ctx context.Context, n *node, id string, ref demoRef) ([]int32, error) {
+	var got []int32
+	_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
+		RequestID: id, Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
+		MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
+	}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
+	return got, err
+}
+
+// checkGreedy checks ref's greedy completion from node n against the
+// reference tokens.
+func checkGreedy(ctx context.Context, t *testing.T, n *node, id string, ref demoRef) {
+	t.Helper()
+	got, err := greedyOf(ctx, n, id, ref)
+	if err != nil {
+		t.Errorf("%s: %v", id, err)
+	} else if fmt.Sprint(got) != fmt.Sprint(ref.GreedyIDs) {
+		t.Errorf("%s: got %v, want %v", id, got, ref.GreedyIDs)
+	}
 }
 
 // tpRanks returns the ranks of the node's r-th replica, stage by stage.
@@ -428,14 +415,7 @@ func TestServeTensorParallelRankPanic(t *testing.T) {
 		})
 	}
 	refs := demoRefs(t)
-	gen := func(id string, ref demoRef) ([]int32, error) {
-		var got []int32
-		_, err := n.backend.Generate(ctx, gateway.GenerateRequest{
-			RequestID: id, Model: demo.Name, Prompt: n.tok.Encode(ref.Prompt),
-			MaxTokens: len(ref.GreedyIDs), IgnoreEOS: true,
-		}, func(tk gateway.Token) error { got = append(got, tk.ID); return nil })
-		return got, err
-	}
+	gen := func(id string, ref demoRef) ([]int32, error) { return greedyOf(ctx, n, id, ref) }
 	// The request in flight when the rank panics fails.
 	if _, err := gen("during", refs[0]); err == nil || !strings.Contains(err.Error(), "injected fault") {
 		t.Fatalf("request during the panic: %v, want the rank's panic", err)
