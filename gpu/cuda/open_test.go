@@ -6,7 +6,6 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"io/fs"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -252,7 +251,7 @@ func TestStreamKernel(t *testing.T) {
 // (tiles of w, ring slots, stage of x and shared memory) is the kernel's
 // (kernels/cuda/gemm_wg.cu).
 func TestStreamShape(t *testing.T) {
-	src, err := os.ReadFile("../../kernels/cuda/gemm_wg.cu")
+	src, err := fs.ReadFile(kernels.FS(), "cuda/gemm_wg.cu")
 	if err != nil {
 		t.Fatal(err)
 	}
