@@ -11,9 +11,9 @@ import (
 // The host launches every kernel on a Hopper GPU as a programmatic
 // dependent launch: a kernel may start while the one before it still runs.
 // TestEveryKernelWaits checks the sources' side of that contract: each
-// entry point calls pdl_begin (common.cuh), directly or through a device
-// function of its module that does, so none reads or writes before the
-// kernel before it has finished.
+// entry point calls pdl_begin (common.cuh) or a pdl_begin_early of its
+// module, directly or through a device function of its module that does,
+// so none reads or writes before the kernel before it has finished.
 func TestEveryKernelWaits(t *testing.T) {
 	files, err := filepath.Glob("cuda/*.cu")
 	if err != nil || len(files) == 0 {
@@ -29,7 +29,7 @@ func TestEveryKernelWaits(t *testing.T) {
 		src := strings.ReplaceAll(string(raw), "\\\n", " ")
 		waiters := map[string]bool{}
 		for _, fn := range functions(src, devHead) {
-			if strings.Contains(fn.body, "pdl_begin()") {
+			if callsWait.MatchString(fn.body) {
 				waiters[fn.name] = true
 			}
 		}
@@ -79,7 +79,7 @@ extern "C" __global__ void bad(float* x) { x[0] = 3.f; }
 
 // waits reports whether body calls pdl_begin or one of the named functions.
 func waits(body string, waiters map[string]bool) bool {
-	if strings.Contains(body, "pdl_begin()") {
+	if callsWait.MatchString(body) {
 		return true
 	}
 	for name := range waiters {
@@ -91,6 +91,9 @@ func waits(body string, waiters map[string]bool) bool {
 }
 
 var (
+	// callsWait matches a call of pdl_begin, or of a module's
+	// pdl_begin_early (the next kernel let start before the wait).
+	callsWait  = regexp.MustCompile(`\bpdl_begin(_early)?\(\)`)
 	globalHead = regexp.MustCompile(`__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?([\w#]+)\s*\(`)
 	devHead    = regexp.MustCompile(`DEV\s[^;{()]*?\b(\w+)\s*\(`)
 )

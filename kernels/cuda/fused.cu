@@ -2,6 +2,17 @@
 // attention in one launch.
 #include "common.cuh"
 
+// pdl_begin_early is pdl_begin with the next kernel let start before the
+// wait: the decode attention after qkv_prep_rows then takes SMs, and
+// copies the cached keys it reads before its own wait, while the q|k|v
+// product ahead still drains.
+DEV void pdl_begin_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // QKVParams mirrors qkvParams in gpu/cuda/fused.go.
 // ldq and ldk are the row strides of q and of k and v (the rows of a
 // packed q|k|v product, or the projections' own widths).
@@ -145,7 +156,7 @@ DEV void qkv_prep_rows(float* __restrict__ qout, float* qkv, const float* src, i
     }
     if (e[j] >= 0 && rotate) fr[j] = inv_freq[d];
   }
-  pdl_begin();
+  pdl_begin_early();
   float a[QP_PAIRS], b[QP_PAIRS];
 #pragma unroll
   for (int j = 0; j < QP_PAIRS; j++) {
