@@ -14,6 +14,11 @@
 // stages as a wavefront of micro-batches, a goroutine per stage that the
 // step starts and waits for.
 //
+// Tensor parallelism: Lockstep is the Engine of a replica whose one stage
+// is split over ranks, layer-shard actors that it drives in lock-step; a
+// TPStage is such a stage as one actor of kind shard, so that a Pipeline
+// runs stages of ranks as it runs layer-shards.
+//
 // Concurrency: Run is the scheduler's one goroutine; Submit, Cancel and
 // Stats may be called from any goroutine. Frames are delivered to each
 // request's Sink on the Run goroutine, in order; a Sink must not block.
