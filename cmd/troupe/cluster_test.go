@@ -36,6 +36,7 @@ func TestCheckExposure(t *testing.T) {
 		{[]string{"--tp", "2", "--shards", "2"}, ""},
 		{[]string{"--tp", "2", "--shards", "2", "--micro-batches", "0"}, ""},
 		{[]string{"--tp", "2", "--shards", "3", "--replicas", "2", "--device", "cuda"}, "--tp 2 × --shards 3 × --replicas 2: at most 8 GPUs"},
+		{[]string{"--tp", "8", "--shards", "8", "--replicas", "2"}, "--tp 8 × --shards 8 × --replicas 2: at most 64 CPU devices"},
 		{[]string{"--tp", "2", "--placement", "a"}, ""},
 		{[]string{"--tp", "2", "--replicas", "2"}, ""},
 		{[]string{"--tp", "2", "--replicas", "0"}, ""},

@@ -39,15 +39,17 @@ func checkTP(cfg serveConfig) error {
 		return fmt.Errorf("serve: --tp %d: at most 8 ranks", cfg.TP)
 	case cfg.Device != "cpu" && cfg.Device != "cuda":
 		return fmt.Errorf("serve: --tp %d needs --device cpu or cuda, not %q", cfg.TP, cfg.Device)
-	case cfg.Device == "cuda" && cfg.TP*max(1, cfg.Shards)*cfg.Replicas > 8:
-		return fmt.Errorf("serve: --tp %d × --shards %d × --replicas %d: at most 8 GPUs", cfg.TP, max(1, cfg.Shards), cfg.Replicas)
+	case cfg.Device == "cuda" && cfg.TP*max(1, cfg.Shards)*cfg.Replicas > maxGPUs:
+		return fmt.Errorf("serve: --tp %d × --shards %d × --replicas %d: at most %d GPUs", cfg.TP, max(1, cfg.Shards), cfg.Replicas, maxGPUs)
+	case cfg.TP*max(1, cfg.Shards)*cfg.Replicas > maxCPUDevices:
+		return fmt.Errorf("serve: --tp %d × --shards %d × --replicas %d: at most %d CPU devices", cfg.TP, max(1, cfg.Shards), cfg.Replicas, maxCPUDevices)
 	}
 	return nil
 }
 
 // tpState is a tensor-parallel node's devices and the ranks of its
-// replicas. Devices are opened as replicas need them and kept open when
-// a replica stops, for the next one.
+// one-stage replicas. Devices are opened as stages need them and kept
+// open when a stage stops, for the next one.
 type tpState struct {
 	tp   int // ranks per stage
 	most int // devices the node may open
@@ -58,20 +60,20 @@ type tpState struct {
 	mu     sync.Mutex
 	devs   []gpu.Device                  // by index on the node; guarded by mu
 	cudas  []*cuda.Device                // the same devices on the CUDA lane; guarded by mu
-	owner  []string                      // the replica on each device, "" for none; guarded by mu
-	shards map[string][]*scheduler.Shard // each replica's ranks, stage by stage; guarded by mu
+	owner  []string                      // the one-stage replica or the stage on each device, "" for none; guarded by mu
+	shards map[string][]*scheduler.Shard // each one-stage replica's ranks; guarded by mu
 }
 
-// ranks returns the rank shards of replica id, stage by stage.
+// ranks returns the rank shards of one-stage replica id.
 func (t *tpState) ranks(id string) []*scheduler.Shard {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.shards[id]
 }
 
-// take reserves k devices for replica id, the free ones of lowest index
-// first, opening more where too few are free: their indexes on the node,
-// and the devices (and GPUs on the CUDA lane).
+// take reserves k devices for id (a one-stage replica, or a stage), the
+// free ones of lowest index first, opening more where too few are free:
+// their indexes on the node, and the devices (and GPUs on the CUDA lane).
 func (t *tpState) take(ctx context.Context, id string, k int) ([]int, []gpu.Device, []*cuda.Device, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -84,7 +86,7 @@ func (t *tpState) take(ctx context.Context, id string, k int) ([]int, []gpu.Devi
 	for len(idx) < k {
 		i := len(t.devs)
 		if i >= t.most {
-			return nil, nil, nil, fmt.Errorf("%d devices for a replica: %d of the node's %d are free", k, len(idx), t.most)
+			return nil, nil, nil, fmt.Errorf("%d devices for %s: %d of the node's %d are free", k, id, len(idx), t.most)
 		}
 		d, c, err := t.open(ctx, i)
 		if err != nil {
@@ -107,7 +109,7 @@ func (t *tpState) take(ctx context.Context, id string, k int) ([]int, []gpu.Devi
 	return idx, devs, cudas, nil
 }
 
-// release gives replica id's devices back, and forgets its ranks.
+// release gives id's devices back, and forgets its ranks.
 func (t *tpState) release(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

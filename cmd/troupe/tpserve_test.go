@@ -553,7 +553,7 @@ func TestTPDevices(t *testing.T) {
 	take("", 2, "[0 1]") // the start's devices, opened and free
 	take("a", 2, "[0 1]")
 	take("b", 2, "[2 3]")
-	take("c", 4, "4 devices for a replica: 2 of the node's 6 are free")
+	take("c", 4, "4 devices for c: 2 of the node's 6 are free")
 	ts.release("c") // a failed start gives back what it took
 	ts.release("a")
 	take("d", 4, "[0 1 4 5]")
