@@ -76,7 +76,6 @@ func (g *fakeGroup) collective() error {
 // rankActor is a scripted rank: behave decides, per step, whether it
 // joins the collective, fails, or waits for the abort without joining.
 type rankActor struct {
-	stage   int
 	rank    int
 	g       *fakeGroup
 	plane   *xgmi.Host
@@ -114,10 +113,10 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 		a.seen <- c.Req
 	}
 	if c.Req.Argmax || len(c.Req.Sample) > 0 {
-		return c.Reply(ForwardReply{IDs: []int32{int32(1000*a.stage+100*a.rank) + int32(c.Req.Step)}})
+		return c.Reply(ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}})
 	}
-	name := fmt.Sprintf("rank/%d/%d", a.stage, a.rank)
-	out := []float32{float32(10*a.stage + a.rank), float32(c.Req.Step)}
+	name := fmt.Sprintf("rank/%d", a.rank)
+	out := []float32{float32(a.rank), float32(c.Req.Step)}
 	a.plane.Publish(name, out)
 	return c.Reply(ForwardReply{Output: bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}})
 }
@@ -314,7 +313,7 @@ func TestTPStage(t *testing.T) {
 	for r := range 2 {
 		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("st-t%d", r),
 			New: func() actors.Actor[ShardCall] {
-				return rankActor{stage: 1, rank: r, g: g, plane: plane, running: running, plans: plans, behave: func(step uint64) string {
+				return rankActor{rank: r, g: g, plane: plane, running: running, plans: plans, behave: func(step uint64) string {
 					if step == 2 && r == 1 {
 						return "fail"
 					}
@@ -355,8 +354,8 @@ func TestTPStage(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || r.Output.Buffer != "rank/1/0" {
-			t.Errorf("step %d: output %q, err %v; want rank 0's rank/1/0", step, r.Output.Buffer, err)
+		if err != nil || r.Output.Buffer != "rank/0" {
+			t.Errorf("step %d: output %q, err %v; want rank 0's rank/0", step, r.Output.Buffer, err)
 		}
 	}
 	g.mu.Lock()

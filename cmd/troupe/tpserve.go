@@ -74,6 +74,7 @@ func (t *tpState) ranks(id string) []*scheduler.Shard {
 // take reserves k devices for id (a one-stage replica, or a stage), the
 // free ones of lowest index first, opening more where too few are free:
 // their indexes on the node, and the devices (and GPUs on the CUDA lane).
+// On an error it reserves nothing (the devices it opened stay, free).
 func (t *tpState) take(ctx context.Context, id string, k int) ([]int, []gpu.Device, []*cuda.Device, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -262,7 +263,6 @@ func (n *node) startTPRanks(ctx context.Context, rep *replica, sid string, args 
 	t := n.tpd
 	idx, devs, cudas, err := t.take(ctx, rep.id, t.tp)
 	if err != nil {
-		t.release(rep.id)
 		return nil, nil, nil, fmt.Errorf("stage %s: %w", sid, err)
 	}
 	var fab tpFabric
