@@ -442,15 +442,20 @@ const ShardKind = "shard"
 // feeds a bounded mailbox, and a panic restarts it (the loaded weights and
 // cache survive, owned by s) under the runtime's intensity limit.
 func (s *Shard) Props() actors.Props[ShardCall] {
+	return stageProps(s.ID, s.describe(), func() actors.Actor[ShardCall] { return shardActor{s} })
+}
+
+// stageProps describes an actor that answers a pipeline stage's forward
+// calls (a layer-shard, or a TPStage): kind shard, id, a "forward"
+// endpoint feeding a bounded mailbox, and about for INFO.
+func stageProps(id, about string, actor func() actors.Actor[ShardCall]) actors.Props[ShardCall] {
 	return actors.Props[ShardCall]{
 		Kind:        ShardKind,
-		ID:          s.ID,
-		New:         func() actors.Actor[ShardCall] { return shardActor{s} },
+		ID:          id,
+		New:         actor,
 		Mailbox:     16,
-		Description: s.describe(),
-		Endpoints: []actors.Endpoint[ShardCall]{
-			actors.Handle("forward", shardCall),
-		},
+		Description: about,
+		Endpoints:   []actors.Endpoint[ShardCall]{actors.Handle("forward", shardCall)},
 	}
 }
 

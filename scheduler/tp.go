@@ -207,14 +207,7 @@ func NewTPStage(id string, ranks []*actors.Ref[ShardCall], group Group, plane *x
 // Props describes the stage's actor: its "forward" endpoint, as a
 // layer-shard's; a panic fails the call in flight and restarts it.
 func (s *TPStage) Props() actors.Props[ShardCall] {
-	return actors.Props[ShardCall]{
-		Kind:        ShardKind,
-		ID:          s.ID,
-		New:         func() actors.Actor[ShardCall] { return tpStageActor{s} },
-		Mailbox:     16,
-		Description: s.about,
-		Endpoints:   []actors.Endpoint[ShardCall]{actors.Handle("forward", shardCall)},
-	}
+	return stageProps(s.ID, s.about, func() actors.Actor[ShardCall] { return tpStageActor{s} })
 }
 
 type tpStageActor struct{ s *TPStage }

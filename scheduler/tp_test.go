@@ -145,6 +145,26 @@ func newRankLab(t *testing.T) *rankLab {
 	return l
 }
 
+// spawnRanks spawns the lab's two scripted ranks, prefix0 and prefix1:
+// each is like (its rank, group, plane and counter filled in), behaving
+// at each step as behave says for its rank.
+func (l *rankLab) spawnRanks(t *testing.T, prefix string, like rankActor, behave func(rank int, step uint64) string) []*actors.Ref[ShardCall] {
+	t.Helper()
+	var refs []*actors.Ref[ShardCall]
+	for r := range 2 {
+		a := like
+		a.rank, a.g, a.plane, a.running = r, l.g, l.plane, &l.running
+		a.behave = func(step uint64) string { return behave(r, step) }
+		ref, err := actors.Spawn(context.Background(), l.sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("%s%d", prefix, r),
+			New: func() actors.Actor[ShardCall] { return a }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	return refs
+}
+
 // TestLockstep drives two scripted ranks: a step that succeeds returns
 // rank 0's logits; a step where a rank fails, or never reaches the
 // collective, fails as a whole, with the group aborted and reset only once
@@ -152,26 +172,16 @@ func newRankLab(t *testing.T) *rankLab {
 func TestLockstep(t *testing.T) {
 	ctx := context.Background()
 	lab := newRankLab(t)
-	sys, plane, g, running := lab.sys, lab.plane, lab.g, &lab.running
 	script := map[uint64][2]string{2: {"ok", "fail"}, 3: {"ok", "hang"}}
 	seen := make(chan ForwardMsg, 2)
-	var refs []*actors.Ref[ShardCall]
-	for r := range 2 {
-		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("t%d", r),
-			New: func() actors.Actor[ShardCall] {
-				return rankActor{rank: r, g: g, plane: plane, running: running, seen: seen, behave: func(step uint64) string {
-					if s, ok := script[step]; ok {
-						return s[r]
-					}
-					return "ok"
-				}}
-			}})
-		if err != nil {
-			t.Fatal(err)
+	g := lab.g
+	refs := lab.spawnRanks(t, "t", rankActor{seen: seen}, func(r int, step uint64) string {
+		if s, ok := script[step]; ok {
+			return s[r]
 		}
-		refs = append(refs, ref)
-	}
-	l, err := NewLockstep(refs, g, plane, 2)
+		return "ok"
+	})
+	l, err := NewLockstep(refs, g, lab.plane, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,29 +317,19 @@ func TestDrawsWire(t *testing.T) {
 func TestTPStage(t *testing.T) {
 	ctx := context.Background()
 	lab := newRankLab(t)
-	sys, plane, g, running, nc, node := lab.sys, lab.plane, lab.g, &lab.running, lab.nc, lab.node
+	plane, g, nc, node := lab.plane, lab.g, lab.nc, lab.node
 	plans := make(chan ForwardMsg, 16)
-	var ranks []*actors.Ref[ShardCall]
-	for r := range 2 {
-		ref, err := actors.Spawn(ctx, sys, actors.Props[ShardCall]{Kind: ShardKind, ID: fmt.Sprintf("st-t%d", r),
-			New: func() actors.Actor[ShardCall] {
-				return rankActor{rank: r, g: g, plane: plane, running: running, plans: plans, behave: func(step uint64) string {
-					if step == 2 && r == 1 {
-						return "fail"
-					}
-					return "ok"
-				}}
-			}})
-		if err != nil {
-			t.Fatal(err)
+	ranks := lab.spawnRanks(t, "st-t", rankActor{plans: plans}, func(r int, step uint64) string {
+		if step == 2 && r == 1 {
+			return "fail"
 		}
-		ranks = append(ranks, ref)
-	}
+		return "ok"
+	})
 	s, err := NewTPStage("st", ranks, g, plane, time.Minute, "layers 4-8, 2 ranks")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := actors.Spawn(ctx, sys, s.Props())
+	ref, err := actors.Spawn(ctx, lab.sys, s.Props())
 	if err != nil {
 		t.Fatal(err)
 	}
