@@ -445,6 +445,15 @@ func (s *Shard) Props() actors.Props[ShardCall] {
 	return stageProps(s.ID, s.describe(), func() actors.Actor[ShardCall] { return shardActor{s} })
 }
 
+// failOnPanic, deferred by a stage's actor (kind what, id), fails call c
+// on a panic, then panics on to the supervisor, which restarts the actor.
+func failOnPanic(c ShardCall, what, id string) {
+	if r := recover(); r != nil {
+		c.Fail(bus.Errorf(bus.CodeInternal, "%s %s panicked: %v", what, id, r))
+		panic(r)
+	}
+}
+
 // stageProps describes an actor that answers a pipeline stage's forward
 // calls (a layer-shard, or a TPStage): kind shard, id, a "forward"
 // endpoint feeding a bounded mailbox, and about for INFO.
@@ -476,14 +485,7 @@ func (a shardActor) Stop(context.Context) {
 }
 
 func (a shardActor) Receive(_ context.Context, c ShardCall) error {
-	// A panic fails the call in flight, then goes on to the supervisor,
-	// which restarts the actor.
-	defer func() {
-		if r := recover(); r != nil {
-			c.Fail(bus.Errorf(bus.CodeInternal, "shard %s panicked: %v", a.s.ID, r))
-			panic(r)
-		}
-	}()
+	defer failOnPanic(c, "shard", a.s.ID)
 	if f := a.s.Fault; f != nil {
 		f()
 	}

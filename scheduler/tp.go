@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/troupe/troupe/actors"
-	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/xgmi"
@@ -213,12 +212,7 @@ func (s *TPStage) Props() actors.Props[ShardCall] {
 type tpStageActor struct{ s *TPStage }
 
 func (a tpStageActor) Receive(_ context.Context, c ShardCall) error {
-	defer func() {
-		if r := recover(); r != nil {
-			c.Fail(bus.Errorf(bus.CodeInternal, "stage %s panicked: %v", a.s.ID, r))
-			panic(r)
-		}
-	}()
+	defer failOnPanic(c, "stage", a.s.ID)
 	// A failed step fails the call; the group is reset for the next, so
 	// the actor goes on.
 	if err := a.s.l.call(c.Context(), c.Req); err != nil {

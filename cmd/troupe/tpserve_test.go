@@ -287,7 +287,8 @@ func checkGreedy(ctx context.Context, t *testing.T, n *node, id string, ref demo
 	}
 }
 
-// tpRanks returns the ranks of the node's r-th replica, stage by stage.
+// tpRanks returns the ranks of the node's r-th replica, if it is of one
+// stage (nil for one of several, whose stages hold their ranks).
 func tpRanks(n *node, r int) []*scheduler.Shard {
 	n.replicasMu.Lock()
 	defer n.replicasMu.Unlock()
