@@ -190,7 +190,7 @@ func (n *node) startShard(ctx context.Context, id string, args scheduler.ShardAr
 	n.spawned[id] = func() { cache.Close(); n.releaseWeights(span) }
 	n.owners[id] = args.Replica
 	n.spawnedMu.Unlock()
-	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d\n", n.cfg.Node, id, args.First, args.Last)
+	fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d)\n", n.cfg.Node, id, args.First, args.Last)
 	return ref, nil
 }
 

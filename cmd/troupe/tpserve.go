@@ -249,7 +249,7 @@ func (n *node) startTPShard(ctx context.Context, id string, args scheduler.Shard
 	n.spawned[id] = stop
 	n.owners[id] = args.Replica
 	n.spawnedMu.Unlock()
-	fmt.Fprintf(n.log, "node %s: shard %s runs layers %d-%d over %d ranks\n", n.cfg.Node, id, args.First, args.Last, len(ranks))
+	fmt.Fprintf(n.log, "node %s: shard %s runs layers [%d, %d) over %d ranks\n", n.cfg.Node, id, args.First, args.Last, len(ranks))
 	return ref, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/models/sample"
 )
 
@@ -24,6 +25,11 @@ type Params struct {
 	// the vocabulary per token.
 	Logprobs    bool
 	TopLogprobs int
+	// JSON, when set, constrains the output to one JSON object (JSON
+	// mode): each draw is masked to the tokens that keep it valid, and
+	// generation stops when the object closes. The draws are made on the
+	// host, from the logits.
+	JSON *grammar.JSON
 }
 
 // Validate checks the settings.
@@ -79,7 +85,8 @@ type State struct {
 	// sequence grows; adjAt is each token's entry.
 	adj   []gpu.LogitAdjust
 	adjAt map[int32]int
-	held  string // text withheld because it may begin a stop string
+	held  string       // text withheld because it may begin a stop string
+	json  *grammar.Seq // the output's place in the grammar, with Params.JSON
 	n     int
 	done  bool
 }
@@ -87,6 +94,9 @@ type State struct {
 // New starts a generation after prompt.
 func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 	s := &State{p: p, eos: map[int32]bool{}, dec: dec, sampler: sample.New(p.Params)}
+	if p.JSON != nil {
+		s.json = p.JSON.Start()
+	}
 	for _, id := range eos {
 		s.eos[id] = true
 	}
@@ -131,15 +141,17 @@ func (s *State) Generated() int { return s.n }
 
 // Greedy reports whether the next token is the most likely one of the raw
 // logits, with nothing else read from them (no penalty or bias, no
-// log-probabilities): then a device-side argmax may choose it (Accept).
+// log-probabilities, no grammar): then a device-side argmax may choose it
+// (Accept).
 func (s *State) Greedy() bool {
-	return s.sampler.Greedy() && !s.p.Adjusts() && !s.p.Logprobs && s.p.TopLogprobs == 0
+	return s.sampler.Greedy() && !s.p.Adjusts() && s.Drawable()
 }
 
 // Drawable reports whether the next token may be drawn where the logits
-// are (Row, then Accept): no log-probabilities to report.
+// are (Row, then Accept): no log-probabilities to report, no grammar to
+// mask the logits.
 func (s *State) Drawable() bool {
-	return !s.p.Logprobs && s.p.TopLogprobs == 0
+	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.json == nil
 }
 
 // Row is the next token's draw, to be made where the logits are, taking
@@ -165,6 +177,9 @@ func (s *State) NextRow() gpu.SampleRow {
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
+	if s.json != nil {
+		s.json.Mask(logits)
+	}
 	id := s.sampler.Sample(logits, s.adj)
 	st := Step{ID: id}
 	if s.p.Logprobs || s.p.TopLogprobs > 0 {
@@ -191,6 +206,13 @@ func (s *State) accept(st Step) Step {
 		return s.cutStop(st)
 	}
 	text := s.held + s.dec.Next(st.ID)
+	if s.json != nil && (s.json.Accept(st.ID) != nil || s.json.Done()) {
+		// The object closed (or, chosen elsewhere, the token broke it).
+		st.Text = text + s.dec.Flush()
+		st.Reason = Stop
+		s.done = true
+		return s.cutStop(st)
+	}
 	if s.n >= s.p.MaxTokens {
 		st.Text = text + s.dec.Flush()
 		st.Reason = Length

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/models/sample"
 )
 
@@ -204,5 +205,49 @@ func TestNextDrawsAdjusted(t *testing.T) {
 	s = New(Params{MaxTokens: 8, Params: sample.Params{LogitBias: map[int32]float32{0: 100}}}, nil, nil, &letters{table})
 	if st := s.Next([]float32{-50, 0, 5, 4}); st.ID != 0 {
 		t.Errorf("logit_bias 100: got %d, want 0", st.ID)
+	}
+}
+
+// JSON mode keeps the output one JSON object whatever the logits favour,
+// and stops when it closes, before the token limit and the end token.
+func TestJSONMode(t *testing.T) {
+	var table []string
+	for c := range 256 {
+		table = append(table, string([]byte{byte(c)}))
+	}
+	table = append(table, "\x00Sure!", `{"`, `ok`, `": `, `true`, `}`, `}}`, "<eos>")
+	vocab := make([][]byte, len(table))
+	for id, s := range table[:len(table)-1] {
+		vocab[id] = []byte(s)
+	}
+	eos := int32(len(table) - 1)
+	j, err := grammar.NewJSON(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, temp := range []float32{0, 0.8} {
+		seed := int64(7)
+		p := Params{Params: sample.Params{Temperature: temp, Seed: &seed}, MaxTokens: 50, JSON: j}
+		g := New(p, []int32{1}, []int32{eos}, &letters{table})
+		if g.Greedy() || g.Drawable() {
+			t.Fatal("a JSON-mode draw must be made on the host")
+		}
+		var out strings.Builder
+		var last Step
+		// The logits favour a control character and the end token over
+		// the object's next piece, and at the end a closer too many.
+		want := []int32{257, 258, 259, 260, 261}
+		for i := 0; !g.Done() && i < len(want); i++ {
+			logits := make([]float32, len(table))
+			logits[256], logits[eos], logits[want[i]] = 30, 29, 20
+			if i == len(want)-1 {
+				logits[262] = 28 // "}}" closes one object too many
+			}
+			last = g.Next(logits)
+			out.WriteString(last.Text)
+		}
+		if last.Reason != Stop || out.String() != `{"ok": true}` || g.Generated() != 5 || !g.Done() {
+			t.Fatalf("temperature %v: %q after %d tokens (%s), want {\"ok\": true} and stop", temp, out.String(), g.Generated(), last.Reason)
+		}
 	}
 }

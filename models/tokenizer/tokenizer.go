@@ -294,6 +294,17 @@ func (t *Tokenizer) idBytes(id int32, skipSpecial bool) []byte {
 	return t.bytes[id]
 }
 
+// TokenBytes returns, by id, the bytes each token decodes to: nil for
+// special tokens and ids without a token. The slices are the tokenizer's
+// own and must not be modified.
+func (t *Tokenizer) TokenBytes() [][]byte {
+	out := make([][]byte, len(t.tokens))
+	for id := range out {
+		out[id] = t.idBytes(int32(id), true)
+	}
+	return out
+}
+
 // VocabSize returns one more than the largest id, covering the model
 // vocabulary and the added tokens: the number of rows an embedding needs.
 func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
