@@ -62,8 +62,11 @@ type GenerateRequest struct {
 	Logprobs          bool     // report the sampled token's log-probability
 	TopLogprobs       int      // how many alternatives to report per token (0..20)
 	IgnoreEOS         bool
-	Tenant            string // identity of the API key that sent the request; "" without keys
-	User              string // the OpenAI "user" field, for abuse tracking
+	// JSON asks for JSON mode (response_format {"type": "json_object"}):
+	// the completion is one JSON object, and ends when it closes.
+	JSON   bool
+	Tenant string // identity of the API key that sent the request; "" without keys
+	User   string // the OpenAI "user" field, for abuse tracking
 }
 
 // Token is one generated token as the Backend reports it.

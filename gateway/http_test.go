@@ -164,6 +164,25 @@ func TestPenaltiesReachTheBackend(t *testing.T) {
 	}
 }
 
+// TestResponseFormatReachesTheBackend: JSON mode is asked of the backend
+// for {"type": "json_object"}, not for text or no format.
+func TestResponseFormatReachesTheBackend(t *testing.T) {
+	env := newEnv(t, testConfig(), nil)
+	for _, c := range []struct {
+		format string
+		json   bool
+	}{{`{"type":"json_object"}`, true}, {`{"type":"text"}`, false}, {`null`, false}} {
+		status, _, body := post(t, env, "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":`+c.format+`}`, nil)
+		if status != 200 {
+			t.Fatalf("%s: status = %d, want 200; body %s", c.format, status, body)
+		}
+		reqs := env.backend.requests()
+		if r := reqs[len(reqs)-1]; r.JSON != c.json {
+			t.Errorf("%s: backend got JSON %v, want %v", c.format, r.JSON, c.json)
+		}
+	}
+}
+
 func TestUnknownFieldsTolerated(t *testing.T) {
 	env := newEnv(t, testConfig(), nil)
 	status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"ab","frobnicate":{"x":1},"presence_penalty":0,"tool_choice":"none","best_of":1}`, nil)

@@ -380,8 +380,12 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 		var f struct {
 			Type string `json:"type"`
 		}
-		if json.Unmarshal(rf, &f) != nil || f.Type != "text" {
-			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; only {\"type\":\"text\"} is", truncate(string(rf), 80))
+		switch err := json.Unmarshal(rf, &f); {
+		case err == nil && f.Type == "text":
+		case err == nil && f.Type == "json_object":
+			b.JSON = true
+		default:
+			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; {\"type\":\"text\"} and {\"type\":\"json_object\"} are", truncate(string(rf), 80))
 		}
 	}
 	return nil

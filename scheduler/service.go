@@ -12,19 +12,24 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/models/sample"
 )
 
 // Service puts a Scheduler on the bus: it answers submits for one model,
 // publishes each request's frames on its tokens subject and takes cancels.
 type Service struct {
-	nc    *nats.Conn
-	subj  bus.Subjects
-	s     *Scheduler
-	subs  []*bus.Subscription // the submit subscription first
-	svc   micro.Service
-	id    string // svc's instance id
-	detok func() generate.Detokenizer
+	nc   *nats.Conn
+	subj bus.Subjects
+	s    *Scheduler
+	subs []*bus.Subscription // the submit subscription first
+	svc  micro.Service
+	id   string // svc's instance id
+	text Text
+
+	jsonOnce sync.Once
+	json     *grammar.JSON // JSON mode's masks, made at the first request for them
+	jsonErr  error
 
 	// closingMu is held for reading by each submit handler and for
 	// writing by Drain when it stops taking requests, and by Close, which
@@ -34,10 +39,18 @@ type Service struct {
 	active    atomic.Int64 // requests taken and not yet ended with a final frame
 }
 
-// Serve subscribes the scheduler s to model's subjects. newDetok makes a
-// detokenizer for each request.
-func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, newDetok func() generate.Detokenizer) (*Service, error) {
-	sv := &Service{nc: nc, subj: subj, s: s, detok: newDetok}
+// Text is how a service turns a model's tokens into text.
+type Text struct {
+	// Detok makes a detokenizer for each request.
+	Detok func() generate.Detokenizer
+	// Bytes gives the bytes each token id decodes to (nil for special
+	// tokens), for JSON mode; without it, JSON mode is refused.
+	Bytes func() [][]byte
+}
+
+// Serve subscribes the scheduler s to model's subjects.
+func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, text Text) (*Service, error) {
+	sv := &Service{nc: nc, subj: subj, s: s, text: text}
 	// The scheduler is a micro service like every actor kind: PING, INFO
 	// and STATS (with the scheduler's counters) come with it. It starts
 	// first: each submit's reply names it.
@@ -169,6 +182,19 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 // scheduler's goroutine; trace is the context the request's spans descend
 // from. It is the one place where both the bus and the same-process paths
 // accept a request: the errors are those the bus client gets.
+// jsonMode returns the masks of JSON mode over the model's vocabulary,
+// made once.
+func (sv *Service) jsonMode() (*grammar.JSON, error) {
+	sv.jsonOnce.Do(func() {
+		if sv.text.Bytes == nil {
+			sv.jsonErr = errors.New("the model's vocabulary is not known here")
+			return
+		}
+		sv.json, sv.jsonErr = grammar.NewJSON(sv.text.Bytes())
+	})
+	return sv.json, sv.jsonErr
+}
+
 func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg)) (SubmitReply, error) {
 	p := generate.Params{
 		Params: sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty,
@@ -182,7 +208,14 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 	if m.ID == "" {
 		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "empty request id")
 	}
-	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.detok(), Trace: trace}
+	if m.JSON {
+		j, err := sv.jsonMode()
+		if err != nil {
+			return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "JSON mode: %v", err)
+		}
+		p.JSON = j
+	}
+	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.text.Detok(), Trace: trace}
 	r.Sink = func(f Frame) {
 		if f.Final {
 			sv.active.Add(-1)

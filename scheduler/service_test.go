@@ -146,7 +146,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := Serve(ctx, nc, subj, "demo", s, func() generate.Detokenizer { return nop{} })
+	svc, err := Serve(ctx, nc, subj, "demo", s, Text{Detok: func() generate.Detokenizer { return nop{} }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,10 +29,12 @@ type SubmitMsg struct {
 	IgnoreEOS         bool              `msgpack:"ignore_eos"`
 	Logprobs          bool              `msgpack:"logprobs"`
 	TopLogprobs       int               `msgpack:"top_logprobs"`
+	// JSON asks for JSON mode: the output is one JSON object.
+	JSON bool `msgpack:"json"`
 }
 
 // Schema implements bus.Message.
-func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 2} }
+func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 3} }
 
 // SubmitReply accepts a request.
 type SubmitReply struct {

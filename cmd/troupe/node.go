@@ -519,7 +519,10 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 	if err != nil {
 		return err
 	}
-	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, func() generate.Detokenizer { return n.tok.NewDecoder(true) })
+	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, scheduler.Text{
+		Detok: func() generate.Detokenizer { return n.tok.NewDecoder(true) },
+		Bytes: n.tok.TokenBytes,
+	})
 	if err != nil {
 		return err
 	}
@@ -723,7 +726,7 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 		ID: req.RequestID, Tenant: req.Tenant, Prompt: req.Prompt, MaxTokens: req.MaxTokens,
 		Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, MinP: req.MinP, RepetitionPenalty: req.RepetitionPenalty,
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty, LogitBias: req.LogitBias,
-		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
+		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs, JSON: req.JSON,
 	}
 	if req.Seed != nil {
 		m.HasSeed, m.Seed = true, *req.Seed

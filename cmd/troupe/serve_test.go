@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,9 +20,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/models/sample"
+	"github.com/troupe/troupe/models/tokenizer"
 )
 
 // server is a troupe serve running in the test process.
@@ -168,6 +172,80 @@ func testServeOpenAI(t *testing.T, overBus bool) {
 	if text.Len() == 0 || usage == 0 || usage > 16 {
 		t.Errorf("chat stream: text %q, usage %d", text.String(), usage)
 	}
+}
+
+// TestServeJSONMode: with response_format json_object the demo model,
+// which was not trained to write JSON, answers with a JSON object, greedy
+// and sampled: one that closes (finish reason stop) or a prefix of one cut
+// by max_tokens. A logit bias towards quotes and closing braces makes the
+// sampled answers close their objects.
+func TestServeJSONMode(t *testing.T) { bothSubmitPaths(t, testServeJSONMode) }
+
+func testServeJSONMode(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.submitOverBus = overBus })
+	c := s.client()
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "models", "demo", demo.Name, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closers := map[string]int64{}
+	for _, c := range []string{`"`, `}`} {
+		id, ok := tok.TokenID(c)
+		if !ok {
+			t.Fatalf("no token %s", c)
+		}
+		closers[strconv.Itoa(int(id))] = 6
+	}
+	for i, temp := range []float64{0, 0.8, 0.8, 1.2} {
+		p := openai.ChatCompletionNewParams{
+			Model:          openai.ChatModel(demo.Name),
+			Messages:       []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Describe a file system as JSON.")},
+			MaxTokens:      openai.Int(120),
+			Temperature:    openai.Float(temp),
+			Seed:           openai.Int(int64(i)),
+			ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{OfJSONObject: &shared.ResponseFormatJSONObjectParam{}},
+		}
+		if i > 0 {
+			p.LogitBias = closers
+		}
+		resp, err := c.Chat.Completions.New(t.Context(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, reason := resp.Choices[0].Message.Content, resp.Choices[0].FinishReason
+		t.Logf("temperature %v: %q (%s)", temp, text, reason)
+		if ok, done := jsonObjectPrefix(text); !ok || done != (reason == "stop") {
+			t.Errorf("temperature %v: %q (%s): a JSON object's prefix %v, whole %v", temp, text, reason, ok, done)
+		}
+		if reason == "stop" {
+			var v map[string]any
+			if err := json.Unmarshal([]byte(text), &v); err != nil {
+				t.Errorf("temperature %v: %q: %v", temp, text, err)
+			}
+		} else if i > 0 || reason != "length" || resp.Usage.CompletionTokens != 120 {
+			t.Errorf("temperature %v: %q ended %q after %d tokens", temp, text, reason, resp.Usage.CompletionTokens)
+		}
+	}
+}
+
+// jsonObjectPrefix reports whether text begins a JSON object as JSON mode
+// writes it, and whether it is a whole one.
+func jsonObjectPrefix(text string) (ok, whole bool) {
+	vocab := make([][]byte, 256)
+	for c := range vocab {
+		vocab[c] = []byte{byte(c)}
+	}
+	j, err := grammar.NewJSON(vocab)
+	if err != nil {
+		panic(err)
+	}
+	q := j.Start()
+	for i := range len(text) {
+		if q.Accept(int32(text[i])) != nil {
+			return false, false
+		}
+	}
+	return true, q.Done()
 }
 
 // TestServeDisconnectFreesBlocks: a client that goes away mid-stream

@@ -4,8 +4,8 @@
 // text the grammar accepts.
 //
 // JSON is OpenAI's JSON mode (response_format {"type": "json_object"}):
-// the output is one JSON object (RFC 8259), optionally preceded by
-// whitespace, and generation ends when the object closes. A vocabulary's
+// the output is one JSON object (RFC 8259), from its opening brace, and
+// generation ends when the object closes. A vocabulary's
 // JSON is built once and shared by every sequence that uses it (safe for
 // concurrent use); each sequence keeps a Seq of its own.
 //
@@ -18,5 +18,6 @@
 //
 // Limits that keep a model from running on forever inside the grammar:
 // at most MaxDepth nested objects and arrays, and at most MaxWhitespace
-// whitespace bytes in a row outside strings.
+// whitespace bytes in a row between tokens of JSON (enough to indent a few
+// levels; a model that would go on indenting must write something).
 package grammar

@@ -12,12 +12,12 @@ import (
 // Limits of the JSON grammar (see the package doc).
 const (
 	MaxDepth      = 128
-	MaxWhitespace = 64
+	MaxWhitespace = 20
 )
 
 // What the scanner expects next.
 const (
-	mTop        uint8 = iota // whitespace, then the top-level '{'
+	mTop        uint8 = iota // the top-level '{'
 	mValue                   // a value
 	mValueOrEnd              // a value or ']' (after '[')
 	mKeyOrEnd                // a key or '}' (after '{')
@@ -201,6 +201,13 @@ func (s *scan) step(c byte) bool {
 		return s.step(c)
 	case mDone:
 		return false
+	case mTop:
+		if c != '{' {
+			return false
+		}
+		s.push(true)
+		s.mode = mKeyOrEnd
+		return true
 	}
 	// The structural modes, where whitespace may come.
 	if isSpace(c) {
@@ -212,13 +219,6 @@ func (s *scan) step(c byte) bool {
 	}
 	s.ws = 0
 	switch s.mode {
-	case mTop:
-		if c != '{' {
-			return false
-		}
-		s.push(true)
-		s.mode = mKeyOrEnd
-		return true
 	case mKeyOrEnd, mKey:
 		switch {
 		case c == '"':

@@ -1,7 +1,6 @@
 package grammar
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -24,11 +23,10 @@ func scanAll(text []byte) (ok, done bool) {
 }
 
 // objectText reports whether text is what JSON mode may produce in full:
-// one valid JSON object in valid UTF-8, nothing after it, within the
-// limits on whitespace and depth.
+// one valid JSON object in valid UTF-8, nothing before or after it,
+// within the limits on whitespace and depth.
 func objectText(text []byte) bool {
-	t := bytes.TrimLeft(text, " \t\r\n")
-	if len(t) == 0 || t[0] != '{' || !json.Valid(text) || !utf8.Valid(text) || isSpace(text[len(text)-1]) {
+	if len(text) == 0 || text[0] != '{' || !json.Valid(text) || !utf8.Valid(text) || isSpace(text[len(text)-1]) {
 		return false
 	}
 	depth, run, inString, escaped := 0, 0, false, false
@@ -65,8 +63,8 @@ func objectText(text []byte) bool {
 
 var validObjects = []string{
 	`{}`,
-	` {"a":1}`,
-	"\n\t{ \"a\" : [1, -2, 3.5e+10, 0, -0.25E-3, 1e5], \"b\": {\"c\": null, \"d\": true, \"e\": false} }",
+	`{"a":1}`,
+	"{\n\t \"a\" : [1, -2, 3.5e+10, 0, -0.25E-3, 1e5], \"b\": {\"c\": null, \"d\": true, \"e\": false} }",
 	`{"s":"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD83D\uDE00","u":"é ☃ 𝄞 ✓"}`,
 	`{"nested":[[[[]]],{},[{}],{"x":[{"y":{}}]}]}`,
 	`{"":""}`,
@@ -74,7 +72,7 @@ var validObjects = []string{
 	`{"a":[true,false,null]}`,
 	`{"a":0.0}`,
 	strings.Repeat(`{"a":`, MaxDepth) + "1" + strings.Repeat("}", MaxDepth),
-	strings.Repeat(" ", MaxWhitespace) + "{}",
+	"{" + strings.Repeat(" ", MaxWhitespace) + "}",
 }
 
 var invalidObjects = []string{
@@ -83,7 +81,7 @@ var invalidObjects = []string{
 	"{\"a\":\"\x01\"}", "{\"a\":\"\xff\"}", "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf4\x90\x80\x80\"}",
 	`{} `, `{}{}`, `{"a":1}}`, `{"a":[1}`, `{"a":{]}`, `{"a" 1}`, `{"a":1 "b":2}`,
 	strings.Repeat(`{"a":`, MaxDepth+1) + "1" + strings.Repeat("}", MaxDepth+1),
-	strings.Repeat(" ", MaxWhitespace+1) + "{}",
+	"{" + strings.Repeat(" ", MaxWhitespace+1) + "}", ` {}`, "\n{}",
 }
 
 func TestScanObjects(t *testing.T) {
