@@ -63,8 +63,12 @@ type GenerateRequest struct {
 	TopLogprobs       int      // how many alternatives to report per token (0..20)
 	IgnoreEOS         bool
 	// JSON asks for JSON mode (response_format {"type": "json_object"}):
-	// the completion is one JSON object, and ends when it closes.
+	// the completion is one JSON object, and ends when it closes. Schema,
+	// with JSON, is a JSON schema the object must follow (response_format
+	// {"type": "json_schema"}), compact; the backend refuses one it cannot
+	// take with ErrInvalidRequest.
 	JSON   bool
+	Schema string
 	Tenant string // identity of the API key that sent the request; "" without keys
 	User   string // the OpenAI "user" field, for abuse tracking
 }

@@ -119,7 +119,9 @@ func TestBadRequests(t *testing.T) {
 		{"tools", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, 400, "tools", "unsupported_parameter", nil},
 		{"top_logprobs without logprobs", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"top_logprobs":3}`, 400, "top_logprobs", "invalid_value", nil},
 		{"top_logprobs too many", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "invalid_value", nil},
-		{"json_schema format", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}`, 400, "response_format", "unsupported_parameter", nil},
+		{"json_schema without a schema", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}`, 400, "response_format", "invalid_value", []string{"json_schema.schema"}},
+		{"json_schema of a string", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":"s"}}}`, 400, "response_format", "invalid_value", nil},
+		{"xml format", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}}`, 400, "response_format", "unsupported_parameter", []string{"json_schema"}},
 		{"template error", "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"fail-template"}]}`, 400, "messages", "invalid_value", []string{"template refused"}},
 		{"too large", "/v1/completions", `{"model":"echo-1","prompt":"` + strings.Repeat("a", 4096) + `"}`, 413, "", "request_too_large", []string{"2048"}},
 		{"unknown route", "/v1/embeddings", `{}`, 404, "", "unknown_url", []string{"/v1/embeddings"}},
@@ -165,20 +167,28 @@ func TestPenaltiesReachTheBackend(t *testing.T) {
 }
 
 // TestResponseFormatReachesTheBackend: JSON mode is asked of the backend
-// for {"type": "json_object"}, not for text or no format.
+// for {"type": "json_object"}, with the schema compacted for
+// {"type": "json_schema"}, and not for text or no format.
 func TestResponseFormatReachesTheBackend(t *testing.T) {
 	env := newEnv(t, testConfig(), nil)
 	for _, c := range []struct {
 		format string
 		json   bool
-	}{{`{"type":"json_object"}`, true}, {`{"type":"text"}`, false}, {`null`, false}} {
+		schema string
+	}{
+		{`{"type":"json_object"}`, true, ""},
+		{`{"type":"text"}`, false, ""},
+		{`null`, false, ""},
+		{`{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{ "type": "object",
+			"properties": {"a": {"type": "string"}}, "required": ["a"]}}}`, true, `{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}`},
+	} {
 		status, _, body := post(t, env, "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"response_format":`+c.format+`}`, nil)
 		if status != 200 {
 			t.Fatalf("%s: status = %d, want 200; body %s", c.format, status, body)
 		}
 		reqs := env.backend.requests()
-		if r := reqs[len(reqs)-1]; r.JSON != c.json {
-			t.Errorf("%s: backend got JSON %v, want %v", c.format, r.JSON, c.json)
+		if r := reqs[len(reqs)-1]; r.JSON != c.json || r.Schema != c.schema {
+			t.Errorf("%s: backend got JSON %v and schema %s, want %v and %s", c.format, r.JSON, r.Schema, c.json, c.schema)
 		}
 	}
 }

@@ -23,6 +23,9 @@ const (
 // engine's limit too (the command's tests check that they agree).
 const MaxLogitBias = 1024
 
+// maxSchemaBytes bounds a json_schema response format's schema, compacted.
+const maxSchemaBytes = 32 << 10
+
 // stopList is the stop parameter: a string, an array of strings, or null.
 type stopList []string
 
@@ -378,14 +381,26 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 	j.includeUsage = s.StreamOptions != nil && s.StreamOptions.IncludeUsage
 	if rf := bytes.TrimSpace(s.ResponseFormat); len(rf) > 0 && !bytes.Equal(rf, []byte("null")) {
 		var f struct {
-			Type string `json:"type"`
+			Type       string `json:"type"`
+			JSONSchema *struct {
+				Schema json.RawMessage `json:"schema"`
+			} `json:"json_schema"`
 		}
 		switch err := json.Unmarshal(rf, &f); {
 		case err == nil && f.Type == "text":
 		case err == nil && f.Type == "json_object":
 			b.JSON = true
+		case err == nil && f.Type == "json_schema":
+			var schema bytes.Buffer
+			if f.JSONSchema == nil || json.Compact(&schema, f.JSONSchema.Schema) != nil || schema.Len() == 0 || schema.Bytes()[0] != '{' {
+				return invalidParam("response_format", "response_format json_schema needs json_schema.schema, a JSON schema object")
+			}
+			if schema.Len() > maxSchemaBytes {
+				return invalidParam("response_format", "json_schema.schema is %d bytes, want at most %d", schema.Len(), maxSchemaBytes)
+			}
+			b.JSON, b.Schema = true, schema.String()
 		default:
-			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; {\"type\":\"text\"} and {\"type\":\"json_object\"} are", truncate(string(rf), 80))
+			return badRequest("response_format", "unsupported_parameter", "response_format %s is not supported; the types are text, json_object and json_schema", truncate(string(rf), 80))
 		}
 	}
 	return nil

@@ -27,9 +27,11 @@ type Service struct {
 	id   string // svc's instance id
 	text Text
 
-	jsonOnce sync.Once
-	json     *grammar.JSON // JSON mode's masks, made at the first request for them
-	jsonErr  error
+	vocabOnce sync.Once
+	vocab     *grammar.Vocab // the vocabulary for constrained decoding, made at its first request
+	vocabErr  error
+	schemaMu  sync.Mutex
+	schemas   map[string]*grammar.Grammar // the last schemas' grammars, by schema; guarded by schemaMu
 
 	// closingMu is held for reading by each submit handler and for
 	// writing by Drain when it stops taking requests, and by Close, which
@@ -182,17 +184,44 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 // scheduler's goroutine; trace is the context the request's spans descend
 // from. It is the one place where both the bus and the same-process paths
 // accept a request: the errors are those the bus client gets.
-// jsonMode returns the masks of JSON mode over the model's vocabulary,
-// made once.
-func (sv *Service) jsonMode() (*grammar.JSON, error) {
-	sv.jsonOnce.Do(func() {
+// maxSchemas is how many schemas' grammars (and their masks) a service
+// keeps for the requests that name them again.
+const maxSchemas = 64
+
+// grammar returns the grammar of JSON mode over the model's vocabulary,
+// or of schema where it is not empty.
+func (sv *Service) grammar(schema string) (*grammar.Grammar, error) {
+	sv.vocabOnce.Do(func() {
 		if sv.text.Bytes == nil {
-			sv.jsonErr = errors.New("the model's vocabulary is not known here")
+			sv.vocabErr = errors.New("the model's vocabulary is not known here")
 			return
 		}
-		sv.json, sv.jsonErr = grammar.NewJSON(sv.text.Bytes())
+		sv.vocab, sv.vocabErr = grammar.NewVocab(sv.text.Bytes())
 	})
-	return sv.json, sv.jsonErr
+	if sv.vocabErr != nil {
+		return nil, sv.vocabErr
+	}
+	if schema == "" {
+		return sv.vocab.JSON(), nil
+	}
+	sv.schemaMu.Lock()
+	g, ok := sv.schemas[schema]
+	sv.schemaMu.Unlock()
+	if ok {
+		return g, nil
+	}
+	s, err := grammar.CompileSchema([]byte(schema))
+	if err != nil {
+		return nil, err
+	}
+	g = sv.vocab.Schema(s)
+	sv.schemaMu.Lock()
+	defer sv.schemaMu.Unlock()
+	if sv.schemas == nil || len(sv.schemas) >= maxSchemas {
+		sv.schemas = map[string]*grammar.Grammar{}
+	}
+	sv.schemas[schema] = g
+	return g, nil
 }
 
 func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg)) (SubmitReply, error) {
@@ -208,12 +237,12 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 	if m.ID == "" {
 		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "empty request id")
 	}
-	if m.JSON {
-		j, err := sv.jsonMode()
+	if m.JSON || m.JSONSchema != "" {
+		g, err := sv.grammar(m.JSONSchema)
 		if err != nil {
-			return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "JSON mode: %v", err)
+			return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "response_format: %v", err)
 		}
-		p.JSON = j
+		p.Grammar = g
 	}
 	r := &Request{ID: m.ID, Tenant: m.Tenant, Prompt: m.Prompt, Params: p, Detok: sv.text.Detok(), Trace: trace}
 	r.Sink = func(f Frame) {

@@ -29,8 +29,10 @@ type SubmitMsg struct {
 	IgnoreEOS         bool              `msgpack:"ignore_eos"`
 	Logprobs          bool              `msgpack:"logprobs"`
 	TopLogprobs       int               `msgpack:"top_logprobs"`
-	// JSON asks for JSON mode: the output is one JSON object.
-	JSON bool `msgpack:"json"`
+	// JSON asks for JSON mode: the output is one JSON object; Schema, a
+	// JSON schema that object follows.
+	JSON       bool   `msgpack:"json"`
+	JSONSchema string `msgpack:"json_schema,omitempty"`
 }
 
 // Schema implements bus.Message.

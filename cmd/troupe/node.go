@@ -726,7 +726,8 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 		ID: req.RequestID, Tenant: req.Tenant, Prompt: req.Prompt, MaxTokens: req.MaxTokens,
 		Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, MinP: req.MinP, RepetitionPenalty: req.RepetitionPenalty,
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty, LogitBias: req.LogitBias,
-		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs, JSON: req.JSON,
+		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
+		JSON: req.JSON, JSONSchema: req.Schema,
 	}
 	if req.Seed != nil {
 		m.HasSeed, m.Seed = true, *req.Seed

@@ -228,6 +228,84 @@ func testServeJSONMode(t *testing.T, overBus bool) {
 	}
 }
 
+// TestServeJSONSchema: with a json_schema response format the demo model
+// answers with an object of the schema's properties, in the order the
+// request lists them (the client sends a Go map's keys sorted), of their
+// types; a schema troupe cannot follow is refused with a 400 naming what.
+func TestServeJSONSchema(t *testing.T) {
+	s := startServe(t, nil)
+	c := s.client()
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "models", "demo", demo.Name, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quote, ok := tok.TokenID(`"`)
+	if !ok {
+		t.Fatal(`no token "`)
+	}
+	schema := map[string]any{
+		"type": "object",
+		"properties": map[string]any{
+			"name": map[string]any{"type": "string"},
+			"kind": map[string]any{"enum": []any{"file", "directory", "link"}},
+			"size": map[string]any{"type": []any{"integer", "null"}},
+			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
+		},
+		"required":             []any{"name", "kind", "size", "tags"},
+		"additionalProperties": false,
+	}
+	format := func(schema any) openai.ChatCompletionNewParamsResponseFormatUnion {
+		return openai.ChatCompletionNewParamsResponseFormatUnion{OfJSONSchema: &shared.ResponseFormatJSONSchemaParam{
+			JSONSchema: shared.ResponseFormatJSONSchemaJSONSchemaParam{Name: "entry", Schema: schema, Strict: openai.Bool(true)}}}
+	}
+	for i, temp := range []float64{0, 0.8, 1.2} {
+		resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model:          openai.ChatModel(demo.Name),
+			Messages:       []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Describe /etc/passwd.")},
+			MaxTokens:      openai.Int(200),
+			Temperature:    openai.Float(temp),
+			Seed:           openai.Int(int64(i)),
+			LogitBias:      map[string]int64{strconv.Itoa(int(quote)): 5},
+			ResponseFormat: format(schema),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, reason := resp.Choices[0].Message.Content, resp.Choices[0].FinishReason
+		t.Logf("temperature %v: %q (%s)", temp, text, reason)
+		if reason != "stop" {
+			t.Errorf("temperature %v: finish reason %q after %q", temp, reason, text)
+			continue
+		}
+		var got struct {
+			Name string
+			Kind string
+			Size *int
+			Tags []string
+		}
+		dec := json.NewDecoder(strings.NewReader(text))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&got); err != nil {
+			t.Errorf("temperature %v: %q: %v", temp, text, err)
+			continue
+		}
+		order := []int{strings.Index(text, `"kind"`), strings.Index(text, `"name"`), strings.Index(text, `"size"`), strings.Index(text, `"tags"`)}
+		if !slices.IsSorted(order) || order[0] < 0 || !slices.Contains([]string{"file", "directory", "link"}, got.Kind) || len(got.Tags) > 2 {
+			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
+		}
+	}
+	bad := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "pattern": "^[a-z]+$"}}}
+	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model:          openai.ChatModel(demo.Name),
+		Messages:       []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")},
+		ResponseFormat: format(bad),
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `"pattern" is not supported`) {
+		t.Errorf("a schema with a pattern: %v, want a 400 naming the pattern", err)
+	}
+}
+
 // jsonObjectPrefix reports whether text begins a JSON object as JSON mode
 // writes it, and whether it is a whole one.
 func jsonObjectPrefix(text string) (ok, whole bool) {
@@ -235,11 +313,11 @@ func jsonObjectPrefix(text string) (ok, whole bool) {
 	for c := range vocab {
 		vocab[c] = []byte{byte(c)}
 	}
-	j, err := grammar.NewJSON(vocab)
+	v, err := grammar.NewVocab(vocab)
 	if err != nil {
 		panic(err)
 	}
-	q := j.Start()
+	q := v.JSON().Start()
 	for i := range len(text) {
 		if q.Accept(int32(text[i])) != nil {
 			return false, false

@@ -25,11 +25,11 @@ type Params struct {
 	// the vocabulary per token.
 	Logprobs    bool
 	TopLogprobs int
-	// JSON, when set, constrains the output to one JSON object (JSON
-	// mode): each draw is masked to the tokens that keep it valid, and
-	// generation stops when the object closes. The draws are made on the
-	// host, from the logits.
-	JSON *grammar.JSON
+	// Grammar, when set, constrains the output to its documents (JSON
+	// mode, a JSON schema): each draw is masked to the tokens that keep
+	// the text a prefix of one, and generation stops when the document is
+	// whole. The draws are made on the host, from the logits.
+	Grammar *grammar.Grammar
 }
 
 // Validate checks the settings.
@@ -86,7 +86,7 @@ type State struct {
 	adj   []gpu.LogitAdjust
 	adjAt map[int32]int
 	held  string       // text withheld because it may begin a stop string
-	json  *grammar.Seq // the output's place in the grammar, with Params.JSON
+	doc   *grammar.Seq // the output's place in Params.Grammar
 	n     int
 	done  bool
 }
@@ -94,8 +94,8 @@ type State struct {
 // New starts a generation after prompt.
 func New(p Params, prompt []int32, eos []int32, dec Detokenizer) *State {
 	s := &State{p: p, eos: map[int32]bool{}, dec: dec, sampler: sample.New(p.Params)}
-	if p.JSON != nil {
-		s.json = p.JSON.Start()
+	if p.Grammar != nil {
+		s.doc = p.Grammar.Start()
 	}
 	for _, id := range eos {
 		s.eos[id] = true
@@ -151,7 +151,7 @@ func (s *State) Greedy() bool {
 // are (Row, then Accept): no log-probabilities to report, no grammar to
 // mask the logits.
 func (s *State) Drawable() bool {
-	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.json == nil
+	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.doc == nil
 }
 
 // Row is the next token's draw, to be made where the logits are, taking
@@ -177,8 +177,8 @@ func (s *State) NextRow() gpu.SampleRow {
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
-	if s.json != nil {
-		s.json.Mask(logits)
+	if s.doc != nil {
+		s.doc.Mask(logits)
 	}
 	id := s.sampler.Sample(logits, s.adj)
 	st := Step{ID: id}
@@ -206,7 +206,7 @@ func (s *State) accept(st Step) Step {
 		return s.cutStop(st)
 	}
 	text := s.held + s.dec.Next(st.ID)
-	if s.json != nil && (s.json.Accept(st.ID) != nil || s.json.Done()) {
+	if s.doc != nil && (s.doc.Accept(st.ID) != nil || s.doc.Done()) {
 		// The object closed (or, chosen elsewhere, the token broke it).
 		st.Text = text + s.dec.Flush()
 		st.Reason = Stop

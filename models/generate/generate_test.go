@@ -221,13 +221,13 @@ func TestJSONMode(t *testing.T) {
 		vocab[id] = []byte(s)
 	}
 	eos := int32(len(table) - 1)
-	j, err := grammar.NewJSON(vocab)
+	v, err := grammar.NewVocab(vocab)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, temp := range []float32{0, 0.8} {
 		seed := int64(7)
-		p := Params{Params: sample.Params{Temperature: temp, Seed: &seed}, MaxTokens: 50, JSON: j}
+		p := Params{Params: sample.Params{Temperature: temp, Seed: &seed}, MaxTokens: 50, Grammar: v.JSON()}
 		g := New(p, []int32{1}, []int32{eos}, &letters{table})
 		if g.Greedy() || g.Drawable() {
 			t.Fatal("a JSON-mode draw must be made on the host")

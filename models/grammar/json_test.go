@@ -29,7 +29,7 @@ func objectText(text []byte) bool {
 	if len(text) == 0 || text[0] != '{' || !json.Valid(text) || !utf8.Valid(text) || isSpace(text[len(text)-1]) {
 		return false
 	}
-	depth, run, inString, escaped := 0, 0, false, false
+	depth, run, breaks, inString, escaped := 0, 0, 0, false, false
 	for _, c := range text {
 		switch {
 		case inString:
@@ -43,7 +43,10 @@ func objectText(text []byte) bool {
 			}
 			continue
 		case isSpace(c):
-			if run++; run > MaxWhitespace {
+			if c == '\n' {
+				breaks++
+			}
+			if run++; run > min(MaxWhitespace, 1+4*depth) || breaks > 1 {
 				return false
 			}
 			continue
@@ -56,7 +59,7 @@ func objectText(text []byte) bool {
 		case c == '}' || c == ']':
 			depth--
 		}
-		run = 0
+		run, breaks = 0, 0
 	}
 	return true
 }
@@ -72,7 +75,8 @@ var validObjects = []string{
 	`{"a":[true,false,null]}`,
 	`{"a":0.0}`,
 	strings.Repeat(`{"a":`, MaxDepth) + "1" + strings.Repeat("}", MaxDepth),
-	"{" + strings.Repeat(" ", MaxWhitespace) + "}",
+	"{\n    }",
+	`{"a":[[[[` + "\n" + strings.Repeat(" ", MaxWhitespace-1) + `1]]]]}`,
 }
 
 var invalidObjects = []string{
@@ -81,7 +85,7 @@ var invalidObjects = []string{
 	"{\"a\":\"\x01\"}", "{\"a\":\"\xff\"}", "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf4\x90\x80\x80\"}",
 	`{} `, `{}{}`, `{"a":1}}`, `{"a":[1}`, `{"a":{]}`, `{"a" 1}`, `{"a":1 "b":2}`,
 	strings.Repeat(`{"a":`, MaxDepth+1) + "1" + strings.Repeat("}", MaxDepth+1),
-	"{" + strings.Repeat(" ", MaxWhitespace+1) + "}", ` {}`, "\n{}",
+	"{      }", "{\n\n}", "{ \n \n}", `{"a":[[[[` + "\n" + strings.Repeat(" ", MaxWhitespace) + `1]]]]}`, ` {}`, "\n{}",
 }
 
 func TestScanObjects(t *testing.T) {
@@ -215,7 +219,7 @@ func TestMaskMatchesEachToken(t *testing.T) {
 				s := q.s
 				want := len(b) > 0
 				for _, c := range b {
-					if want = s.step(c); !want {
+					if want = q.g.step(&s, c); !want {
 						break
 					}
 				}
@@ -309,35 +313,35 @@ func scanState(text string) (scan, bool) {
 	return s, true
 }
 
-func mustJSON(t testing.TB, vocab [][]byte) *JSON {
+func mustJSON(t testing.TB, vocab [][]byte) *Grammar {
 	t.Helper()
-	j, err := NewJSON(vocab)
+	v, err := NewVocab(vocab)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return j
+	return v.JSON()
 }
 
 func TestVocabularyWithoutEveryByte(t *testing.T) {
 	vocab := testVocab()
 	vocab['}'] = nil
-	if _, err := NewJSON(vocab); err == nil || !strings.Contains(err.Error(), "0x7d") {
+	if _, err := NewVocab(vocab); err == nil || !strings.Contains(err.Error(), "0x7d") {
 		t.Fatalf("a vocabulary without '}': %v", err)
 	}
 }
 
-func ExampleJSON() {
+func ExampleVocab_JSON() {
 	// Every single byte, then a few longer tokens.
 	vocab := make([][]byte, 256)
 	for c := range vocab {
 		vocab[c] = []byte{byte(c)}
 	}
 	vocab = append(vocab, []byte(`{"`), []byte(`answer`), []byte(`":`), []byte(` 42`), []byte(`Sure!`))
-	j, err := NewJSON(vocab)
+	v, err := NewVocab(vocab)
 	if err != nil {
 		panic(err)
 	}
-	q := j.Start()
+	q := v.JSON().Start()
 	var out []string
 	for _, id := range []int32{260, 256, 257, 258, 259, '}'} {
 		if !q.Allowed(id) {

@@ -24,10 +24,11 @@ func demoVocab(t testing.TB) [][]byte {
 // the mask always has a token to take, and ends on a valid JSON object.
 func TestDemoVocabularyWalks(t *testing.T) {
 	vocab := demoVocab(t)
-	j, err := grammar.NewJSON(vocab)
+	v, err := grammar.NewVocab(vocab)
 	if err != nil {
 		t.Fatal(err)
 	}
+	j := v.JSON()
 	r := rand.New(rand.NewPCG(5, 6))
 	logits := make([]float32, len(vocab))
 	var closers []int

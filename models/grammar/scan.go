@@ -1,19 +1,29 @@
 package grammar
 
-import (
-	"bytes"
-	"fmt"
-	"math"
-	"math/bits"
-	"slices"
-	"sync"
-)
-
 // Limits of the JSON grammar (see the package doc).
 const (
 	MaxDepth      = 128
 	MaxWhitespace = 20
 )
+
+// moreSpace adds whitespace byte c to a run ws (its length, and 0x80 once
+// it holds a line break) at depth open objects and arrays, and reports
+// whether the run is still allowed: at most one line break, and at most
+// 1 + 4·depth bytes (a line break and an indent of four a level), capped at
+// MaxWhitespace.
+func moreSpace(ws uint8, c byte, depth int) (uint8, bool) {
+	if c == '\n' {
+		if ws&0x80 != 0 {
+			return ws, false
+		}
+		ws |= 0x80
+	}
+	n := ws&0x7f + 1
+	if int(n) > min(MaxWhitespace, 1+4*depth) {
+		return ws, false
+	}
+	return ws&0x80 | n, true
+}
 
 // What the scanner expects next.
 const (
@@ -52,7 +62,7 @@ type scan struct {
 	n      uint8 // mHex: digits read; mUTF8: bytes to come; mLiteral: bytes read
 	lit    uint8 // mLiteral: which of literals
 	lo, hi uint8 // mUTF8: the range of the next byte
-	ws     uint8 // whitespace bytes in a row
+	ws     uint8 // the whitespace in a row (moreSpace)
 }
 
 func (s *scan) top() bool { return s.stack[(s.depth-1)/64]>>((s.depth-1)%64)&1 == 1 }
@@ -211,11 +221,9 @@ func (s *scan) step(c byte) bool {
 	}
 	// The structural modes, where whitespace may come.
 	if isSpace(c) {
-		if s.ws == MaxWhitespace {
-			return false
-		}
-		s.ws++
-		return true
+		var ok bool
+		s.ws, ok = moreSpace(s.ws, c, int(s.depth))
+		return ok
 	}
 	s.ws = 0
 	switch s.mode {
@@ -312,190 +320,11 @@ func (s *scan) lead(c byte) bool {
 	return true
 }
 
-// JSON constrains a vocabulary's tokens to JSON mode.
-type JSON struct {
-	vocab [][]byte
-	order []int32 // the ids with bytes, by their bytes
-	lcp   []int   // lcp[i]: bytes order[i] shares with order[i-1]
-	plain []int   // plain[id]: the leading bytes of id that leave a string as it is
-	words int     // uint64 words a mask takes
-
-	mu    sync.Mutex
-	masks map[scan][]uint64 // guarded by mu
-	most  int               // masks kept at most
+// numberEnds reports whether s holds a whole number at its top level,
+// which the next byte that is not part of it ends.
+func (s *scan) numberEnds() bool {
+	return s.depth == 0 && (s.mode == mZero || s.mode == mInt || s.mode == mFrac || s.mode == mExpInt)
 }
 
-// NewJSON returns the constraint for a vocabulary: vocab[id] is the
-// bytes token id decodes to, nil (or empty) for a token never allowed
-// (a special token, an id without a token). The vocabulary must hold a
-// token of each single byte (as byte-level BPE's do): then some token
-// continues every unfinished object.
-func NewJSON(vocab [][]byte) (*JSON, error) {
-	var single [256]bool
-	for _, b := range vocab {
-		if len(b) == 1 {
-			single[b[0]] = true
-		}
-	}
-	for c, ok := range single {
-		if !ok {
-			return nil, fmt.Errorf("grammar: JSON mode needs a token of each byte; the vocabulary has none of 0x%02x", c)
-		}
-	}
-	j := &JSON{vocab: vocab, words: (len(vocab) + 63) / 64, masks: map[scan][]uint64{}, plain: make([]int, len(vocab))}
-	for id, b := range vocab {
-		if len(b) > 0 {
-			j.order = append(j.order, int32(id))
-		}
-		for _, c := range b {
-			if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' {
-				break
-			}
-			j.plain[id]++
-		}
-	}
-	slices.SortFunc(j.order, func(a, b int32) int { return bytes.Compare(vocab[a], vocab[b]) })
-	j.lcp = make([]int, len(j.order))
-	for i := 1; i < len(j.order); i++ {
-		a, b := vocab[j.order[i-1]], vocab[j.order[i]]
-		n := 0
-		for n < len(a) && n < len(b) && a[n] == b[n] {
-			n++
-		}
-		j.lcp[i] = n
-	}
-	// About 32 MiB of masks.
-	j.most = max(16, (32<<20)/(8*max(j.words, 1)))
-	return j, nil
-}
-
-// mask returns the tokens allowed in state s, as a bitset by id, from the
-// cache or scanned.
-func (j *JSON) mask(s scan) []uint64 {
-	j.mu.Lock()
-	m, ok := j.masks[s]
-	j.mu.Unlock()
-	if ok {
-		return m
-	}
-	m = make([]uint64, j.words)
-	if s.mode == mString {
-		// Inside a string, most tokens are plain text, which leaves the
-		// state as it is: scan each token from its first other byte.
-		for _, id := range j.order {
-			t, ok := s, true
-			for _, c := range j.vocab[id][j.plain[id]:] {
-				if ok = t.step(c); !ok {
-					break
-				}
-			}
-			if ok {
-				m[id/64] |= 1 << (id % 64)
-			}
-		}
-		j.keep(s, m)
-		return m
-	}
-	// states[k] is the state after the current token's first k bytes,
-	// valid for k <= good; bad is the length of the shortest refused
-	// prefix of the previous token, or -1.
-	states := make([]scan, 1, 64)
-	states[0] = s
-	bad := -1
-	for i, id := range j.order {
-		b := j.vocab[id]
-		l := j.lcp[i]
-		if bad >= 0 && l >= bad {
-			continue // shares a refused prefix
-		}
-		states = states[:min(l, len(states)-1)+1]
-		bad = -1
-		for k := len(states) - 1; k < len(b); k++ {
-			t := states[k]
-			if !t.step(b[k]) {
-				bad = k + 1
-				break
-			}
-			states = append(states, t)
-		}
-		if bad < 0 {
-			m[id/64] |= 1 << (id % 64)
-		}
-	}
-	j.keep(s, m)
-	return m
-}
-
-// keep caches state s's mask m, emptying a full cache first.
-func (j *JSON) keep(s scan, m []uint64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if len(j.masks) >= j.most {
-		clear(j.masks)
-	}
-	j.masks[s] = m
-}
-
-// Start begins a sequence's output.
-func (j *JSON) Start() *Seq { return &Seq{j: j} }
-
-// Seq is one sequence's place in the grammar. It is not safe for
-// concurrent use.
-type Seq struct {
-	j *JSON
-	s scan
-}
-
-// Done reports whether the output is a complete JSON object.
-func (q *Seq) Done() bool { return q.s.mode == mDone }
-
-// Mask sets the logits of the tokens that may not come next to -Inf
-// (every id past the vocabulary too) and returns how many may.
-func (q *Seq) Mask(logits []float32) int {
-	m := q.j.mask(q.s)
-	inf := float32(math.Inf(-1))
-	n := 0
-	for w := 0; w*64 < len(logits); w++ {
-		row := logits[w*64 : min(w*64+64, len(logits))]
-		var word uint64
-		if w < len(m) {
-			word = m[w]
-		}
-		if len(row) < 64 {
-			word &= 1<<len(row) - 1
-		}
-		n += bits.OnesCount64(word)
-		if word == ^uint64(0) {
-			continue
-		}
-		for i := range row {
-			if word>>i&1 == 0 {
-				row[i] = inf
-			}
-		}
-	}
-	return n
-}
-
-// Allowed reports whether token id may come next.
-func (q *Seq) Allowed(id int32) bool {
-	if id < 0 || int(id) >= len(q.j.vocab) {
-		return false
-	}
-	return q.j.mask(q.s)[id/64]>>(id%64)&1 == 1
-}
-
-// Accept moves past token id, which must be allowed.
-func (q *Seq) Accept(id int32) error {
-	if id < 0 || int(id) >= len(q.j.vocab) || len(q.j.vocab[id]) == 0 {
-		return fmt.Errorf("grammar: token %d is not in the vocabulary's JSON", id)
-	}
-	t := q.s
-	for _, c := range q.j.vocab[id] {
-		if !t.step(c) {
-			return fmt.Errorf("grammar: token %d (%q) does not continue JSON", id, q.j.vocab[id])
-		}
-	}
-	q.s = t
-	return nil
-}
+// inNumber reports whether s is inside a number at its top level.
+func (s *scan) inNumber() bool { return s.depth == 0 && s.mode >= mMinus && s.mode <= mExpInt }

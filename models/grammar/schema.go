@@ -1,0 +1,547 @@
+package grammar
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The kinds of a schema's nodes.
+const (
+	kAnyObject uint8 = iota // any JSON object
+	kAny                    // any JSON value
+	kObject                 // an object of the listed properties, in their order
+	kArray                  // an array of items
+	kString                 // any string
+	kNumber                 // any number
+	kInteger                // a number without fraction or exponent
+	kLiterals               // one of a few JSON texts (enum, const, booleans, null)
+	kUnion                  // the alternative whose first bytes hold the value's first byte
+)
+
+// byteSet is a set of bytes.
+type byteSet [4]uint64
+
+func (b *byteSet) add(s string) {
+	for i := range len(s) {
+		b[s[i]/64] |= 1 << (s[i] % 64)
+	}
+}
+func (b *byteSet) has(c byte) bool { return b[c/64]>>(c%64)&1 == 1 }
+
+const (
+	numberFirst = "-0123456789"
+	valueFirst  = `{["-0123456789tfn`
+)
+
+type node struct {
+	kind         uint8
+	props        []prop   // kObject
+	lastRequired int      // kObject: the last required property, or -1
+	items        int32    // kArray
+	minItems     int      // kArray
+	maxItems     int      // kArray; -1 for no limit
+	lits         [][]byte // kLiterals, sorted
+	alts         []int32  // kUnion
+	first        byteSet  // the bytes a value may begin with
+}
+
+type prop struct {
+	key      []byte // the key as the document writes it, quotes and all
+	node     int32
+	required bool
+}
+
+// Schema is a JSON schema compiled for constrained decoding, independent
+// of any vocabulary (Vocab.Schema puts it over one).
+//
+// It takes the subset of JSON Schema that OpenAI's structured outputs
+// take: "type" (one or a list), "properties" with "required" and
+// "additionalProperties", "items" with "minItems" and "maxItems", "enum",
+// "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
+// (recursion included), and the annotations (title, description,
+// default, examples, $schema, $id, $comment). An object writes its
+// properties in the schema's order, the required ones always and the
+// others as the model chooses; one without "properties" takes any
+// members unless "additionalProperties" is false. The alternatives of a
+// union must begin with different bytes (a string or null, say), and the
+// root must be an object. Any other keyword (pattern, format, minimum,
+// ...) is refused with an error that names it, rather than ignored.
+type Schema struct {
+	nodes []node
+	root  int32
+}
+
+// anyObject is JSON mode's schema: any object.
+func anyObject() *Schema {
+	n := node{kind: kAnyObject}
+	n.first.add("{")
+	return &Schema{nodes: []node{n}}
+}
+
+// CompileSchema compiles a JSON schema document.
+func CompileSchema(doc []byte) (*Schema, error) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	root, err := decodeOrdered(dec)
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("schema: data after the schema")
+	}
+	c := &compiler{doc: root, refs: map[string]int32{}}
+	r, err := c.compile(root, "#")
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	s := &Schema{nodes: c.nodes, root: r}
+	for i := range s.nodes {
+		s.nodes[i].first = s.firstOf(int32(i), 0)
+	}
+	for i, n := range s.nodes {
+		if n.kind != kUnion {
+			continue
+		}
+		for a := range n.alts {
+			for b := range a {
+				x, y := s.nodes[n.alts[a]].first, s.nodes[n.alts[b]].first
+				for w := range x {
+					if x[w]&y[w] != 0 {
+						return nil, fmt.Errorf("schema: %s: alternatives %d and %d may begin with the same byte; each alternative of a union must begin differently (an object, a string, a number, null ...)", c.paths[i], b, a)
+					}
+				}
+			}
+		}
+	}
+	var obj byteSet
+	obj.add("{")
+	if s.nodes[r].first != obj {
+		return nil, fmt.Errorf("schema: the root must be an object")
+	}
+	return s, nil
+}
+
+// firstOf is the bytes node i's values may begin with.
+func (s *Schema) firstOf(i int32, depth int) byteSet {
+	n := &s.nodes[i]
+	var b byteSet
+	switch n.kind {
+	case kAnyObject, kObject:
+		b.add("{")
+	case kAny:
+		b.add(valueFirst)
+	case kArray:
+		b.add("[")
+	case kString:
+		b.add(`"`)
+	case kNumber, kInteger:
+		b.add(numberFirst)
+	case kLiterals:
+		for _, l := range n.lits {
+			b.add(string(l[:1]))
+		}
+	case kUnion:
+		if depth > len(s.nodes) {
+			return b // a cycle of unions: no value begins
+		}
+		for _, a := range n.alts {
+			f := s.firstOf(a, depth+1)
+			for w := range b {
+				b[w] |= f[w]
+			}
+		}
+	}
+	return b
+}
+
+type compiler struct {
+	doc   any
+	nodes []node
+	paths []string // where each node's schema is, for errors
+	refs  map[string]int32
+}
+
+func (c *compiler) add(n node, path string) int32 {
+	c.nodes = append(c.nodes, n)
+	c.paths = append(c.paths, path)
+	return int32(len(c.nodes) - 1)
+}
+
+var annotations = map[string]bool{"title": true, "description": true, "default": true, "examples": true,
+	"$schema": true, "$id": true, "$comment": true, "$defs": true, "definitions": true}
+
+var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
+	"items": true, "minItems": true, "maxItems": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
+
+func (c *compiler) compile(v any, path string) (int32, error) {
+	if len(c.nodes) > 1<<15 {
+		return 0, fmt.Errorf("%s: the schema is too large", path)
+	}
+	switch v := v.(type) {
+	case bool:
+		if !v {
+			return 0, fmt.Errorf("%s: the schema false accepts nothing", path)
+		}
+		return c.add(node{kind: kAny}, path), nil
+	case *object:
+		return c.object(v, path)
+	}
+	return 0, fmt.Errorf("%s: a schema is an object or a boolean", path)
+}
+
+func (c *compiler) object(o *object, path string) (int32, error) {
+	for _, k := range o.keys {
+		if !keywords[k] && !annotations[k] {
+			return 0, fmt.Errorf("%s: keyword %q is not supported", path, k)
+		}
+	}
+	if ref, ok := o.vals["$ref"]; ok {
+		if len(o.keys) > 1 {
+			for _, k := range o.keys {
+				if k != "$ref" && !annotations[k] {
+					return 0, fmt.Errorf("%s: %q beside $ref is not supported", path, k)
+				}
+			}
+		}
+		r, ok := ref.(string)
+		if !ok {
+			return 0, fmt.Errorf("%s: $ref is not a string", path)
+		}
+		return c.ref(r, path)
+	}
+	if e, ok := o.vals["enum"]; ok {
+		list, ok := e.([]any)
+		if !ok || len(list) == 0 {
+			return 0, fmt.Errorf("%s: enum is not a list of values", path)
+		}
+		return c.literals(list, path)
+	}
+	if e, ok := o.vals["const"]; ok {
+		return c.literals([]any{e}, path)
+	}
+	for _, k := range []string{"anyOf", "oneOf"} {
+		if a, ok := o.vals[k]; ok {
+			list, ok := a.([]any)
+			if !ok || len(list) == 0 {
+				return 0, fmt.Errorf("%s: %s is not a list of schemas", path, k)
+			}
+			u := c.add(node{kind: kUnion}, path)
+			var alts []int32
+			for i, s := range list {
+				n, err := c.compile(s, fmt.Sprintf("%s/%s/%d", path, k, i))
+				if err != nil {
+					return 0, err
+				}
+				alts = append(alts, n)
+			}
+			c.nodes[u].alts = alts
+			return u, nil
+		}
+	}
+	var types []string
+	switch t := o.vals["type"].(type) {
+	case nil:
+		switch {
+		case o.has("properties", "required", "additionalProperties"):
+			types = []string{"object"}
+		case o.has("items", "minItems", "maxItems"):
+			types = []string{"array"}
+		default:
+			return c.add(node{kind: kAny}, path), nil
+		}
+	case string:
+		types = []string{t}
+	case []any:
+		for _, e := range t {
+			s, ok := e.(string)
+			if !ok {
+				return 0, fmt.Errorf("%s: type lists a %T", path, e)
+			}
+			types = append(types, s)
+		}
+		if slices.Contains(types, "number") {
+			types = slices.DeleteFunc(types, func(s string) bool { return s == "integer" })
+		}
+	default:
+		return 0, fmt.Errorf("%s: type is a %T", path, t)
+	}
+	if len(types) == 0 {
+		return 0, fmt.Errorf("%s: type lists no type", path)
+	}
+	if len(types) == 1 {
+		return c.typed(o, types[0], path)
+	}
+	u := c.add(node{kind: kUnion}, path)
+	var alts []int32
+	for _, t := range types {
+		n, err := c.typed(o, t, path)
+		if err != nil {
+			return 0, err
+		}
+		alts = append(alts, n)
+	}
+	c.nodes[u].alts = alts
+	return u, nil
+}
+
+func (c *compiler) typed(o *object, t, path string) (int32, error) {
+	switch t {
+	case "object":
+		return c.objectType(o, path)
+	case "array":
+		n := node{kind: kArray, maxItems: -1}
+		var err error
+		if n.minItems, err = count(o, "minItems", 0, path); err != nil {
+			return 0, err
+		}
+		if n.maxItems, err = count(o, "maxItems", -1, path); err != nil {
+			return 0, err
+		}
+		if n.maxItems >= 0 && n.maxItems < n.minItems {
+			return 0, fmt.Errorf("%s: maxItems %d is below minItems %d", path, n.maxItems, n.minItems)
+		}
+		i := c.add(n, path)
+		items := any(true)
+		if it, ok := o.vals["items"]; ok {
+			items = it
+		}
+		child, err := c.compile(items, path+"/items")
+		if err != nil {
+			return 0, err
+		}
+		c.nodes[i].items = child
+		return i, nil
+	case "string":
+		return c.add(node{kind: kString}, path), nil
+	case "number":
+		return c.add(node{kind: kNumber}, path), nil
+	case "integer":
+		return c.add(node{kind: kInteger}, path), nil
+	case "boolean":
+		return c.literals([]any{false, true}, path)
+	case "null":
+		return c.literals([]any{nil}, path)
+	}
+	return 0, fmt.Errorf("%s: type %q is not a JSON Schema type", path, t)
+}
+
+func (c *compiler) objectType(o *object, path string) (int32, error) {
+	props, hasProps := o.vals["properties"].(*object)
+	if _, ok := o.vals["properties"]; ok && !hasProps {
+		return 0, fmt.Errorf("%s: properties is not an object", path)
+	}
+	closed := o.vals["additionalProperties"] == false
+	if !hasProps && !closed {
+		if _, ok := o.vals["required"]; ok {
+			return 0, fmt.Errorf("%s: required names properties the schema does not list", path)
+		}
+		return c.add(node{kind: kAnyObject}, path), nil
+	}
+	required := map[string]bool{}
+	if r, ok := o.vals["required"]; ok {
+		list, ok := r.([]any)
+		if !ok {
+			return 0, fmt.Errorf("%s: required is not a list", path)
+		}
+		for _, e := range list {
+			name, ok := e.(string)
+			if !ok || !hasProps || props.vals[name] == nil {
+				return 0, fmt.Errorf("%s: required names %v, which properties does not list", path, e)
+			}
+			required[name] = true
+		}
+	}
+	i := c.add(node{kind: kObject, lastRequired: -1}, path)
+	var list []prop
+	if hasProps {
+		for k, name := range props.keys {
+			child, err := c.compile(props.vals[name], path+"/properties/"+name)
+			if err != nil {
+				return 0, err
+			}
+			key, err := marshal(name)
+			if err != nil {
+				return 0, err
+			}
+			list = append(list, prop{key: key, node: child, required: required[name]})
+			if required[name] {
+				c.nodes[i].lastRequired = k
+			}
+		}
+	}
+	c.nodes[i].props = list
+	return i, nil
+}
+
+// count reads a non-negative integer keyword, def where absent.
+func count(o *object, k string, def int, path string) (int, error) {
+	v, ok := o.vals[k]
+	if !ok {
+		return def, nil
+	}
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, fmt.Errorf("%s: %s is not a number", path, k)
+	}
+	i, err := strconv.Atoi(n.String())
+	if err != nil || i < 0 || i > 1<<15 {
+		return 0, fmt.Errorf("%s: %s is %s, want an integer from 0 to %d", path, k, n, 1<<15)
+	}
+	return i, nil
+}
+
+// literals is a node of the JSON texts of values.
+func (c *compiler) literals(values []any, path string) (int32, error) {
+	var lits [][]byte
+	for _, v := range values {
+		b, err := marshal(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+		lits = append(lits, b)
+	}
+	slices.SortFunc(lits, bytes.Compare)
+	lits = slices.CompactFunc(lits, bytes.Equal)
+	return c.add(node{kind: kLiterals, lits: lits}, path), nil
+}
+
+// ref compiles the schema a local reference names, once: a reference
+// inside it to itself is the node being compiled.
+func (c *compiler) ref(r, path string) (int32, error) {
+	if i, ok := c.refs[r]; ok {
+		return i, nil
+	}
+	if !strings.HasPrefix(r, "#/") && r != "#" {
+		return 0, fmt.Errorf("%s: $ref %q: only references inside the schema (#/...) are supported", path, r)
+	}
+	target := c.doc
+	for _, tok := range strings.Split(strings.TrimPrefix(r, "#"), "/")[1:] {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		o, ok := target.(*object)
+		if !ok || o.vals[tok] == nil {
+			return 0, fmt.Errorf("%s: $ref %q names nothing", path, r)
+		}
+		target = o.vals[tok]
+	}
+	// A union of one alternative stands for the target until it is
+	// compiled, so that the target may refer to itself.
+	u := c.add(node{kind: kUnion}, path)
+	c.refs[r] = u
+	t, err := c.compile(target, r)
+	if err != nil {
+		return 0, err
+	}
+	c.nodes[u].alts = []int32{t}
+	return u, nil
+}
+
+// object is a JSON object with its keys in order.
+type object struct {
+	keys []string
+	vals map[string]any
+}
+
+func (o *object) has(keys ...string) bool {
+	for _, k := range keys {
+		if _, ok := o.vals[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeOrdered decodes one JSON value, objects as *object.
+func decodeOrdered(dec *json.Decoder) (any, error) {
+	t, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t {
+	case json.Delim('{'):
+		o := &object{vals: map[string]any{}}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			key := k.(string)
+			v, err := decodeOrdered(dec)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := o.vals[key]; dup {
+				return nil, fmt.Errorf("key %q twice in one object", key)
+			}
+			o.keys = append(o.keys, key)
+			o.vals[key] = v
+		}
+		_, err = dec.Token()
+		return o, err
+	case json.Delim('['):
+		list := []any{}
+		for dec.More() {
+			v, err := decodeOrdered(dec)
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, v)
+		}
+		_, err = dec.Token()
+		return list, err
+	}
+	return t, nil
+}
+
+// marshal writes v as compact JSON: objects' keys in their order, strings
+// without HTML escapes.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	if err := writeJSON(&b, v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+func writeJSON(b *bytes.Buffer, v any) error {
+	switch v := v.(type) {
+	case *object:
+		b.WriteByte('{')
+		for i, k := range v.keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if err := writeJSON(b, k); err != nil {
+				return err
+			}
+			b.WriteByte(':')
+			if err := writeJSON(b, v.vals[k]); err != nil {
+				return err
+			}
+		}
+		b.WriteByte('}')
+	case []any:
+		b.WriteByte('[')
+		for i, e := range v {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if err := writeJSON(b, e); err != nil {
+				return err
+			}
+		}
+		b.WriteByte(']')
+	default:
+		e := json.NewEncoder(b)
+		e.SetEscapeHTML(false)
+		if err := e.Encode(v); err != nil {
+			return err
+		}
+		b.Truncate(b.Len() - 1) // Encode's newline
+	}
+	return nil
+}

@@ -1,0 +1,372 @@
+package grammar
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// validates is a test oracle for the schemas CompileSchema takes: it walks
+// a decoded document beside the decoded schema (objects as *object, so
+// that the properties' order can be checked too).
+func validates(t *testing.T, root, schema, doc any) bool {
+	switch s := schema.(type) {
+	case bool:
+		return s
+	case *object:
+		if r, ok := s.vals["$ref"].(string); ok {
+			target := root
+			for _, tok := range strings.Split(r, "/")[1:] {
+				target = target.(*object).vals[tok]
+			}
+			return validates(t, root, target, doc)
+		}
+		if e, ok := s.vals["enum"].([]any); ok {
+			for _, v := range e {
+				if same(v, doc) {
+					return true
+				}
+			}
+			return false
+		}
+		if v, ok := s.vals["const"]; ok {
+			return same(v, doc)
+		}
+		for _, k := range []string{"anyOf", "oneOf"} {
+			if alts, ok := s.vals[k].([]any); ok {
+				n := 0
+				for _, a := range alts {
+					if validates(t, root, a, doc) {
+						n++
+					}
+				}
+				return n == 1
+			}
+		}
+		var types []string
+		switch ty := s.vals["type"].(type) {
+		case string:
+			types = []string{ty}
+		case []any:
+			for _, e := range ty {
+				types = append(types, e.(string))
+			}
+		case nil:
+			if s.has("properties", "required", "additionalProperties") {
+				types = []string{"object"}
+			} else if s.has("items", "minItems", "maxItems") {
+				types = []string{"array"}
+			} else {
+				return true
+			}
+		}
+		for _, ty := range types {
+			if validatesType(t, root, s, ty, doc) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
+	switch ty {
+	case "object":
+		o, ok := doc.(*object)
+		if !ok {
+			return false
+		}
+		props, _ := s.vals["properties"].(*object)
+		if props == nil {
+			return s.vals["additionalProperties"] != false || len(o.keys) == 0
+		}
+		// The keys in the schema's order, every required one, no other.
+		at := 0
+		for _, k := range o.keys {
+			i := slices.Index(props.keys[at:], k)
+			if i < 0 || !validates(t, root, props.vals[k], o.vals[k]) {
+				return false
+			}
+			at += i + 1
+		}
+		req, _ := s.vals["required"].([]any)
+		for _, r := range req {
+			if _, ok := o.vals[r.(string)]; !ok {
+				return false
+			}
+		}
+		return true
+	case "array":
+		a, ok := doc.([]any)
+		if !ok {
+			return false
+		}
+		if n, ok := s.vals["minItems"].(json.Number); ok && int64(len(a)) < must(n.Int64()) {
+			return false
+		}
+		if n, ok := s.vals["maxItems"].(json.Number); ok && int64(len(a)) > must(n.Int64()) {
+			return false
+		}
+		items, ok := s.vals["items"]
+		if !ok {
+			items = true
+		}
+		for _, e := range a {
+			if !validates(t, root, items, e) {
+				return false
+			}
+		}
+		return true
+	case "string":
+		_, ok := doc.(string)
+		return ok
+	case "number":
+		_, ok := doc.(json.Number)
+		return ok
+	case "integer":
+		n, ok := doc.(json.Number)
+		return ok && !strings.ContainsAny(n.String(), ".eE")
+	case "boolean":
+		_, ok := doc.(bool)
+		return ok
+	case "null":
+		return doc == nil
+	}
+	return false
+}
+
+func must(n int64, err error) int64 {
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func same(a, b any) bool {
+	x, err1 := marshal(a)
+	y, err2 := marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
+
+func decodeDoc(t *testing.T, text []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.UseNumber()
+	v, err := decodeOrdered(dec)
+	if err != nil {
+		t.Fatalf("%q: %v", text, err)
+	}
+	return v
+}
+
+var schemas = []string{
+	`{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"},"maxItems":3}},"required":["name","age"],"additionalProperties":false}`,
+	`{"type":"object","properties":{"unit":{"enum":["c","f","celsius",1,10,true,null]},"t":{"type":["number","null"]},"ok":{"type":"boolean"}},"required":["unit","t","ok"]}`,
+	`{"type":"object","properties":{"a":{"type":"number"},"b":{"type":"string"},"c":{"const":"x"}},"required":["c"]}`,
+	`{"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v","kids"]}},"$ref":"#/$defs/node"}`,
+	`{"type":"object","properties":{"any":{},"obj":{"type":"object"},"list":{"type":"array","minItems":1},"u":{"anyOf":[{"type":"string"},{"type":"object","properties":{"x":{"type":"null"}},"required":["x"]}]}},"required":["any","obj","list","u"]}`,
+	`{"type":"object","additionalProperties":false}`,
+	`{"title":"free","type":"object"}`,
+}
+
+func TestSchemaDocuments(t *testing.T) {
+	cases := []struct {
+		schema int
+		doc    string
+		ok     bool
+	}{
+		{0, `{"name":"Ada","age":36}`, true},
+		{0, `{"name": "Ada", "age": 36, "tags": ["a", "b"]}`, true},
+		{0, `{"name":"Ada","age":36,"tags":["a","b","c","d"]}`, false},
+		{0, `{"age":36,"name":"Ada"}`, false},
+		{0, `{"name":"Ada"}`, false},
+		{0, `{"name":"Ada","age":36.5}`, false},
+		{0, `{"name":"Ada","age":3e1}`, false},
+		{0, `{"name":"Ada","age":-0,"tags":[]}`, true},
+		{0, `{"name":"Ada","age":1,"x":1}`, false},
+		{1, `{"unit":"celsius","t":null,"ok":false}`, true},
+		{1, `{"unit":10,"t":-1.5e3,"ok":true}`, true},
+		{1, `{"unit":1,"t":2,"ok":true}`, true},
+		{1, `{"unit":100,"t":2,"ok":true}`, false},
+		{1, `{"unit":"k","t":2,"ok":true}`, false},
+		{1, `{"unit":null,"t":"2","ok":true}`, false},
+		{2, `{"c":"x"}`, true},
+		{2, `{"a":1,"b":"q","c":"x"}`, true},
+		{2, `{"b":"q","c":"x"}`, true},
+		{2, `{"b":"q"}`, false},
+		{2, `{"c":"y"}`, false},
+		{3, `{"v":1,"kids":[{"v":2,"kids":[]},{"v":3,"kids":[{"v":4,"kids":[]}]}]}`, true},
+		{3, `{"v":1,"kids":[{"v":2}]}`, false},
+		{4, `{"any":[1,{"z":null}],"obj":{"k":[true]},"list":[1,"a",{}],"u":{"x":null}}`, true},
+		{4, `{"any":"s","obj":{},"list":[null],"u":"str"}`, true},
+		{4, `{"any":"s","obj":{},"list":[],"u":"str"}`, false},
+		{4, `{"any":"s","obj":[],"list":[1],"u":"str"}`, false},
+		{5, `{}`, true},
+		{5, `{"a":1}`, false},
+		{6, `{"a":[1,2,{"b":"c"}]}`, true},
+	}
+	compiled := make([]*Schema, len(schemas))
+	for i, s := range schemas {
+		var err error
+		if compiled[i], err = CompileSchema([]byte(s)); err != nil {
+			t.Fatalf("schema %d: %v", i, err)
+		}
+	}
+	g := func(i int) *Grammar {
+		v, err := NewVocab(testVocab())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Schema(compiled[i])
+	}
+	for _, c := range cases {
+		gr := g(c.schema)
+		s := gr.start()
+		ok := true
+		for i := range len(c.doc) {
+			if ok = gr.step(&s, c.doc[i]); !ok {
+				break
+			}
+		}
+		if got := ok && s.n == 0; got != c.ok {
+			t.Errorf("schema %d, %s: whole and valid %v, want %v", c.schema, c.doc, got, c.ok)
+		}
+		root := decodeDoc(t, []byte(schemas[c.schema]))
+		if want := validates(t, root, root, decodeDoc(t, []byte(c.doc))); want != c.ok {
+			t.Fatalf("the oracle says %v of %s against schema %d", want, c.doc, c.schema)
+		}
+	}
+}
+
+// Walks through a vocabulary under each schema's masks end on documents
+// the schema accepts.
+func TestSchemaWalks(t *testing.T) {
+	vocab := testVocab()
+	for _, k := range []string{`"name"`, `"age"`, `"tags"`, `"unit"`, `"celsius"`, `"kids"`, `"v":`, `"any"`, `"list"`} {
+		vocab = append(vocab, []byte(k))
+	}
+	v, err := NewVocab(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	logits := make([]float32, len(vocab))
+	for i, src := range schemas {
+		s, err := CompileSchema([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr := v.Schema(s)
+		root := decodeDoc(t, []byte(src))
+		closed := 0
+		for walk := range 60 {
+			q := gr.Start()
+			var text []byte
+			for step := 0; step < 300 && !q.Done(); step++ {
+				for k := range logits {
+					logits[k] = float32(r.NormFloat64())
+				}
+				// Closers and short values, more so as the walk goes on.
+				for _, c := range []byte(`}]"0tfn`) {
+					logits[c] += float32(step) / 20
+				}
+				if n := q.Mask(logits); n == 0 {
+					t.Fatalf("schema %d, walk %d: no token after %q", i, walk, text)
+				}
+				best := 0
+				for k, l := range logits {
+					if l > logits[best] {
+						best = k
+					}
+				}
+				if err := q.Accept(int32(best)); err != nil {
+					t.Fatalf("schema %d, walk %d after %q: %v", i, walk, text, err)
+				}
+				text = append(text, vocab[best]...)
+			}
+			if !q.Done() {
+				continue
+			}
+			closed++
+			if !json.Valid(text) {
+				t.Fatalf("schema %d, walk %d: %s is not JSON", i, walk, text)
+			}
+			dec := json.NewDecoder(bytes.NewReader(text))
+			dec.UseNumber()
+			doc, err := decodeOrdered(dec)
+			if err != nil && strings.Contains(err.Error(), "twice") {
+				continue // a free object may repeat a key, as JSON allows
+			}
+			if err != nil || !validates(t, root, root, doc) {
+				t.Fatalf("schema %d, walk %d: %s does not validate", i, walk, text)
+			}
+		}
+		if closed < 30 {
+			t.Errorf("schema %d: %d of 60 walks closed", i, closed)
+		}
+	}
+}
+
+func TestSchemaRefused(t *testing.T) {
+	for _, c := range []struct{ schema, want string }{
+		{`{"type":"string"}`, "root must be an object"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a+"}}}`, `"pattern" is not supported`},
+		{`{"type":"object","properties":{"n":{"type":"number","minimum":0}}}`, `"minimum"`},
+		{`{"type":"object","properties":{"u":{"anyOf":[{"type":"integer"},{"type":"number"}]}}}`, "begin differently"},
+		{`{"type":"object","properties":{"u":{"anyOf":[{"type":"object"},{"type":"object","properties":{}}]}}}`, "begin differently"},
+		{`{"type":"object","required":["x"],"properties":{}}`, "required names x"},
+		{`{"type":"object","properties":{"r":{"$ref":"http://x/y"}}}`, "inside the schema"},
+		{`{"type":"object","properties":{"r":{"$ref":"#/$defs/none"}}}`, "names nothing"},
+		{`{"type":"object","properties":{"a":false}}`, "accepts nothing"},
+		{`{"type":"object","properties":{"a":{"type":"date"}}}`, `"date"`},
+		{`{"type":"object","properties":{"a":{"type":"array","minItems":3,"maxItems":2}}}`, "below minItems"},
+		{`{"type":"object"} x`, "after the schema"},
+		{`{"type":`, "schema:"},
+		{`{"$ref":"#"}`, "root must be an object"},
+		{`{"type":"object","properties":{"a":{"type":"string"},"a":{"type":"string"}}}`, "twice"},
+	} {
+		_, err := CompileSchema([]byte(c.schema))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error with %q", c.schema, err, c.want)
+		}
+	}
+}
+
+func FuzzCompileSchema(f *testing.F) {
+	for _, s := range schemas {
+		f.Add([]byte(s), []byte(`{"name":"x","age":1}`))
+	}
+	f.Fuzz(func(t *testing.T, schema, doc []byte) {
+		s, err := CompileSchema(schema)
+		if err != nil {
+			return
+		}
+		v, err := NewVocab(testVocab())
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := v.Schema(s)
+		st := g.start()
+		for i := range min(len(doc), 4096) {
+			if !g.step(&st, doc[i]) {
+				return
+			}
+		}
+		if st.n == 0 && !json.Valid(doc) {
+			t.Fatalf("%s took %q, which is not JSON", schema, doc)
+		}
+	})
+}
+
+func TestSchemaKeysAreEscaped(t *testing.T) {
+	s, err := CompileSchema([]byte(`{"type":"object","properties":{"a\"b<é>":{"type":"integer"}},"required":["a\"b<é>"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(s.nodes[s.root].props[0].key); got != `"a\"b<é>"` {
+		t.Fatalf("key %s", got)
+	}
+}
