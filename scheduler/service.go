@@ -184,9 +184,9 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 // scheduler's goroutine; trace is the context the request's spans descend
 // from. It is the one place where both the bus and the same-process paths
 // accept a request: the errors are those the bus client gets.
-// maxSchemas is how many schemas' grammars (and their masks) a service
-// keeps for the requests that name them again.
-const maxSchemas = 64
+// maxSchemas is how many schemas' grammars (and their masks, up to 4 MiB
+// each) a service keeps for the requests that name them again.
+const maxSchemas = 16
 
 // grammar returns the grammar of JSON mode over the model's vocabulary,
 // or of schema where it is not empty.

@@ -57,6 +57,11 @@ func (g *Grammar) intern(l link) *link {
 	if p, ok := g.links[l]; ok {
 		return p
 	}
+	if len(g.links) >= g.maxLinks {
+		// States that hold the old links stay right; they only miss the
+		// masks cached for equal states under the new ones.
+		clear(g.links)
+	}
 	p := &l
 	g.links[l] = p
 	return p
@@ -188,8 +193,10 @@ func (g *Grammar) step(s *state, c byte) bool {
 		if nd.maxItems >= 0 && int(f.idx) >= nd.maxItems {
 			return false
 		}
+		// The count matters up to the larger bound only, which keeps an
+		// unbounded array's states alike from item to item.
 		f.phase = pAfter
-		f.idx++
+		f.idx = uint16(min(int(f.idx)+1, max(nd.minItems, nd.maxItems)))
 		if !g.push(s, nd.items) {
 			return false
 		}

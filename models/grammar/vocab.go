@@ -63,18 +63,20 @@ func NewVocab(tokens [][]byte) (*Vocab, error) {
 	return v, nil
 }
 
-// JSON is JSON mode's grammar over v: one JSON object, any object.
+// JSON is JSON mode's grammar over v: one JSON object, any object. It
+// caches up to 32 MiB of masks.
 func (v *Vocab) JSON() *Grammar {
-	v.jsonOnce.Do(func() { v.json = v.grammar(anyObject()) })
+	v.jsonOnce.Do(func() { v.json = v.grammar(anyObject(), 32<<20) })
 	return v.json
 }
 
 // Schema is the grammar of the documents a JSON schema accepts, over v.
-func (v *Vocab) Schema(s *Schema) *Grammar { return v.grammar(s) }
+// It caches up to 4 MiB of masks.
+func (v *Vocab) Schema(s *Schema) *Grammar { return v.grammar(s, 4<<20) }
 
-func (v *Vocab) grammar(s *Schema) *Grammar {
-	return &Grammar{v: v, s: s, masks: map[state][]uint64{}, links: map[link]*link{},
-		most: max(16, (32<<20)/(8*max(v.words, 1)))}
+func (v *Vocab) grammar(s *Schema, cache int) *Grammar {
+	return &Grammar{v: v, s: s, masks: map[state][]uint64{}, links: map[link]*link{}, maxLinks: 1 << 16,
+		most: max(16, cache/(8*max(v.words, 1)))}
 }
 
 // Grammar is a grammar over a vocabulary: it masks the tokens that may
@@ -88,8 +90,9 @@ type Grammar struct {
 	masks map[state][]uint64 // guarded by mu
 	most  int                // masks kept at most
 
-	linkMu sync.Mutex
-	links  map[link]*link // the frames below the top, interned; guarded by linkMu
+	linkMu   sync.Mutex
+	links    map[link]*link // the frames below the top, interned; guarded by linkMu
+	maxLinks int            // links kept at most, emptied when full
 }
 
 // Start begins a sequence's output.
