@@ -53,6 +53,39 @@ func TestGenerateJSON(t *testing.T) {
 	}
 }
 
+// TestRunJSON: run writes one JSON object, or one that follows a schema
+// file, after the prompt; a schema it cannot follow is an error naming why.
+func TestRunJSON(t *testing.T) {
+	const prompt = "The configuration file:"
+	out, _, err := runCLI(t, "", "run", "--json-object", "--max-tokens", "300", prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := jsonObjectPrefix(strings.TrimSuffix(strings.TrimPrefix(out, prompt), "\n")); !ok {
+		t.Errorf("run --json-object wrote %q", out)
+	}
+	dir := t.TempDir()
+	schema := filepath.Join(dir, "s.json")
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = runCLI(t, "", "run", "--json-schema", schema, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]bool
+	body := strings.TrimSuffix(strings.TrimPrefix(out, prompt), "\n")
+	if err := json.Unmarshal([]byte(body), &got); err != nil || len(got) != 1 {
+		t.Errorf("run --json-schema wrote %q: %v", out, err)
+	}
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"n":{"type":"integer","minimum":1}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI(t, "", "run", "--json-schema", schema, prompt); err == nil || !strings.Contains(err.Error(), `"minimum" is not supported`) {
+		t.Errorf("a schema with a minimum: %v", err)
+	}
+}
+
 func TestTokenize(t *testing.T) {
 	out, _, err := runCLI(t, `["The kernel", ""]`, "tokenize")
 	if err != nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/models/sample"
 )
 
@@ -19,6 +21,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	topP := fs.Float64("top-p", 0, "nucleus sampling mass (0: off)")
 	topK := fs.Int("top-k", 0, "sample among the k most likely tokens (0: all)")
 	seed := fs.Int64("seed", -1, "random seed (-1: random)")
+	jsonObject := fs.Bool("json-object", false, "write one JSON object (JSON mode) and stop when it closes")
+	schemaFile := fs.String("json-schema", "", "write one JSON object that follows the JSON schema in this file")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: troupe run [flags] \"prompt\"")
 		fs.PrintDefaults()
@@ -47,6 +51,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
+	if *jsonObject || *schemaFile != "" {
+		if p.Grammar, err = responseGrammar(l.tok.TokenBytes(), *schemaFile); err != nil {
+			return fmt.Errorf("run: %w", err)
+		}
+	}
 	fmt.Fprint(stdout, prompt)
 	_, err = generateIDs(ctx, l, l.tok.Encode(prompt), p, func(st generate.Step) error {
 		_, err := io.WriteString(stdout, st.Text)
@@ -54,6 +63,27 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	})
 	fmt.Fprintln(stdout)
 	return err
+}
+
+// responseGrammar is JSON mode's grammar over a vocabulary, or the JSON
+// schema's in schemaFile where it is named.
+func responseGrammar(vocab [][]byte, schemaFile string) (*grammar.Grammar, error) {
+	v, err := grammar.NewVocab(vocab)
+	if err != nil {
+		return nil, err
+	}
+	if schemaFile == "" {
+		return v.JSON(), nil
+	}
+	doc, err := os.ReadFile(schemaFile)
+	if err != nil {
+		return nil, err
+	}
+	s, err := grammar.CompileSchema(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", schemaFile, err)
+	}
+	return v.Schema(s), nil
 }
 
 // generateIDs runs one sequence from prompt, calling emit for every token.
