@@ -2,7 +2,7 @@ package gpu
 
 import "math"
 
-// expNonPos is e^x for the exponents of a draw's probabilities
+// ExpNonPos is e^x for x <= 0, as the exponents of a draw's probabilities
 // (logit/T - max/T, at most 0): within an ulp or so of math.Exp and
 // several times faster, which matters when every token of a row of
 // 100,352 needs one. x = (k + j/64)·ln 2 + r with |r| ≤ ln 2/128, so
@@ -10,8 +10,11 @@ import "math"
 // (the next term below 4e-17 of the result). Arguments outside
 // (-708, 0] (where the result would be subnormal, or NaN, or above 1) go
 // to math.Exp.
-func expNonPos(x float64) float64 {
+func ExpNonPos(x float64) float64 {
 	if !(x <= 0 && x > -708) {
+		if x < -746 {
+			return 0 // below the least subnormal, -Inf (a masked token) included
+		}
 		return math.Exp(x)
 	}
 	const (

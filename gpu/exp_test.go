@@ -12,7 +12,7 @@ import (
 	"unicode"
 )
 
-// TestExpNonPos checks expNonPos against math.Exp over the exponents a
+// TestExpNonPos checks ExpNonPos against math.Exp over the exponents a
 // draw takes, dense near 0 and spread down to -708, and at the edges:
 // within 2 ulp (relative 4.5e-16) in the fast range, equal outside it.
 func TestExpNonPos(t *testing.T) {
@@ -24,7 +24,7 @@ func TestExpNonPos(t *testing.T) {
 	}
 	worst := 0.0
 	for _, x := range xs {
-		got, want := expNonPos(x), math.Exp(x)
+		got, want := ExpNonPos(x), math.Exp(x)
 		if math.IsNaN(want) {
 			if !math.IsNaN(got) {
 				t.Fatalf("exp(%v) = %v, want NaN", x, got)
@@ -56,7 +56,7 @@ func BenchmarkExpNonPos(b *testing.B) {
 		var s float64
 		for b.Loop() {
 			for _, x := range xs {
-				s += expNonPos(x)
+				s += ExpNonPos(x)
 			}
 		}
 		_ = s

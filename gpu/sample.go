@@ -226,7 +226,7 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 	piece := func(c int) {
 		var a float64
 		for i := c * samplePiece; i < min(n, (c+1)*samplePiece); i++ {
-			prob[i] = expNonPos(float64(logits[i])/t - top)
+			prob[i] = ExpNonPos(float64(logits[i])/t - top)
 			a += prob[i]
 		}
 		sums[c] = a

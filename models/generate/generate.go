@@ -183,10 +183,7 @@ func (s *State) Next(logits []float32) Step {
 	id := s.sampler.Sample(logits, s.adj)
 	st := Step{ID: id}
 	if s.p.Logprobs || s.p.TopLogprobs > 0 {
-		st.Logprob = sample.LogProb(logits, int(id))
-	}
-	if s.p.TopLogprobs > 0 {
-		st.TopIDs, st.TopLPs = sample.TopLogProbs(logits, s.p.TopLogprobs)
+		st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
 	}
 	return s.accept(st)
 }

@@ -163,50 +163,40 @@ func Argmax(v []float32) int {
 	return best
 }
 
-// LogProb is log softmax(logits)[i].
-func LogProb(logits []float32, i int) float32 {
+// LogProbs returns the log-probability of token i under logits, and the
+// k most likely tokens (ties to the lower id, NaNs skipped) with theirs:
+// one pass for the normalizer and one for the k, however large k is.
+func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 	mx := logits[Argmax(logits)]
 	var sum float64
 	for _, l := range logits {
-		sum += math.Exp(float64(l - mx))
-	}
-	return float32(float64(logits[i]-mx) - math.Log(sum))
-}
-
-// TopLogProbs returns the k most likely tokens and their log-probabilities.
-func TopLogProbs(logits []float32, k int) ([]int32, []float32) {
-	if k <= 0 {
-		return nil, nil
-	}
-	k = min(k, len(logits))
-	mx := logits[Argmax(logits)]
-	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l - mx))
+		sum += gpu.ExpNonPos(float64(l - mx))
 	}
 	lse := float64(mx) + math.Log(sum)
+	lp := float32(float64(logits[i]) - lse)
+	k = min(k, len(logits))
+	if k <= 0 {
+		return lp, nil, nil
+	}
 	ids := make([]int32, 0, k)
-	for range k {
-		best := -1
-		for i, l := range logits {
-			if (best < 0 || l > logits[best]) && !contains(ids, int32(i)) {
-				best = i
-			}
+	for id, l := range logits {
+		if l != l || len(ids) == k && l <= logits[ids[k-1]] {
+			continue
 		}
-		ids = append(ids, int32(best))
-	}
-	lps := make([]float32, k)
-	for i, id := range ids {
-		lps[i] = float32(float64(logits[id]) - lse)
-	}
-	return ids, lps
-}
-
-func contains(v []int32, x int32) bool {
-	for _, y := range v {
-		if y == x {
-			return true
+		// Insert after the kept ones at least as likely.
+		at := len(ids)
+		for at > 0 && logits[ids[at-1]] < l {
+			at--
 		}
+		if len(ids) < k {
+			ids = append(ids, 0)
+		}
+		copy(ids[at+1:], ids[at:len(ids)-1])
+		ids[at] = int32(id)
 	}
-	return false
+	lps := make([]float32, len(ids))
+	for j, id := range ids {
+		lps[j] = float32(float64(logits[id]) - lse)
+	}
+	return lp, ids, lps
 }

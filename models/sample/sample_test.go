@@ -1,7 +1,10 @@
 package sample
 
 import (
+	"cmp"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -84,14 +87,49 @@ func TestLogProbs(t *testing.T) {
 	logits := []float32{1, 2, 3}
 	var sum float64
 	for i := range logits {
-		sum += math.Exp(float64(LogProb(logits, i)))
+		lp, _, _ := LogProbs(logits, i, 0)
+		sum += math.Exp(float64(lp))
 	}
 	if math.Abs(sum-1) > 1e-6 {
 		t.Errorf("probabilities sum to %v", sum)
 	}
-	ids, lps := TopLogProbs(logits, 2)
+	_, ids, lps := LogProbs(logits, 0, 2)
 	if len(ids) != 2 || ids[0] != 2 || ids[1] != 1 || lps[0] < lps[1] {
 		t.Errorf("top logprobs %v %v", ids, lps)
+	}
+	// Against a float64 oracle over a long row with ties, NaNs and -Inf.
+	r := rand.New(rand.NewPCG(1, 1))
+	row := make([]float32, 5000)
+	for i := range row {
+		row[i] = float32(r.IntN(400)) / 16
+	}
+	row[7], row[9], row[11] = float32(math.NaN()), float32(math.Inf(-1)), 30
+	var z float64
+	for _, l := range row {
+		if l == l {
+			z += math.Exp(float64(l))
+		}
+	}
+	for _, k := range []int{1, 5, 20} {
+		lp, ids, lps := LogProbs(row, 11, k)
+		if want := 30 - math.Log(z); math.Abs(float64(lp)-want) > 1e-5 {
+			t.Errorf("k %d: logprob %v, want %v", k, lp, want)
+		}
+		order := make([]int32, 0, len(row))
+		for id, l := range row {
+			if l == l {
+				order = append(order, int32(id))
+			}
+		}
+		slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(row[b], row[a]) })
+		if !slices.Equal(ids, order[:k]) {
+			t.Errorf("k %d: top %v, want %v", k, ids, order[:k])
+		}
+		for j, id := range ids {
+			if want := float64(row[id]) - math.Log(z); math.Abs(float64(lps[j])-want) > 1e-5 {
+				t.Errorf("k %d: token %d's logprob %v, want %v", k, id, lps[j], want)
+			}
+		}
 	}
 }
 
