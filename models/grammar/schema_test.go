@@ -254,7 +254,12 @@ func TestSchemaWalks(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(9, 10))
-	logits := make([]float32, len(vocab))
+	// Closers and short values, more so as the walk goes on.
+	tilt := func(step int, logits []float32) {
+		for _, c := range []byte(`}]"0tfn`) {
+			logits[c] += float32(step) / 20
+		}
+	}
 	for i, src := range schemas {
 		s, err := CompileSchema([]byte(src))
 		if err != nil {
@@ -266,37 +271,14 @@ func TestSchemaWalks(t *testing.T) {
 		}
 		root := decodeDoc(t, []byte(src))
 		closed := 0
-		for walk := range 60 {
-			q := gr.Start()
-			var text []byte
-			for step := 0; step < 300 && !q.Done(); step++ {
-				for k := range logits {
-					logits[k] = float32(r.NormFloat64())
-				}
-				// Closers and short values, more so as the walk goes on.
-				for _, c := range []byte(`}]"0tfn`) {
-					logits[c] += float32(step) / 20
-				}
-				if n := q.Mask(logits); n == 0 {
-					t.Fatalf("schema %d, walk %d: no token after %q", i, walk, text)
-				}
-				best := 0
-				for k, l := range logits {
-					if l > logits[best] {
-						best = k
-					}
-				}
-				if err := q.Accept(int32(best)); err != nil {
-					t.Fatalf("schema %d, walk %d after %q: %v", i, walk, text, err)
-				}
-				text = append(text, vocab[best]...)
-			}
-			if !q.Done() {
+		for n := range 60 {
+			text, done := walk(t, gr.Start(), r, 300, tilt)
+			if !done {
 				continue
 			}
 			closed++
 			if !json.Valid(text) {
-				t.Fatalf("schema %d, walk %d: %s is not JSON", i, walk, text)
+				t.Fatalf("schema %d, walk %d: %s is not JSON", i, n, text)
 			}
 			dec := json.NewDecoder(bytes.NewReader(text))
 			dec.UseNumber()
@@ -305,7 +287,7 @@ func TestSchemaWalks(t *testing.T) {
 				continue // a free object may repeat a key, as JSON allows
 			}
 			if err != nil || !validates(t, root, root, doc) {
-				t.Fatalf("schema %d, walk %d: %s does not validate", i, walk, text)
+				t.Fatalf("schema %d, walk %d: %s does not validate", i, n, text)
 			}
 		}
 		if closed < 30 {
@@ -391,25 +373,8 @@ func TestGrammarShared(t *testing.T) {
 	for w := range 4 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
-			logits := make([]float32, len(v.tokens))
 			for range 20 {
-				q := gr.Start()
-				for step := 0; step < 100 && !q.Done(); step++ {
-					for k := range logits {
-						logits[k] = float32(r.NormFloat64())
-					}
-					q.Mask(logits)
-					best := 0
-					for k, l := range logits {
-						if l > logits[best] {
-							best = k
-						}
-					}
-					if err := q.Accept(int32(best)); err != nil {
-						t.Error(err)
-						return
-					}
-				}
+				walk(t, gr.Start(), r, 100, nil)
 			}
 		})
 	}
