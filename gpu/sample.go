@@ -63,7 +63,7 @@ func (p Penalties) Active() bool { return p.Repeats() || p.Counting() }
 // LogitAdjust is what a draw's adjustments know of one token: whether the
 // sequence has seen it (in the prompt, where a repetition penalty reads
 // it, or in the output), how many times the output holds it, and its
-// bias.
+// bias: finite, or -Inf for a token the draw may not take (a grammar's).
 type LogitAdjust struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	ID       int32
@@ -185,7 +185,7 @@ func (r SampleRow) Validate() error {
 		return fmt.Errorf("sample: a row that follows the draw before carries %d adjustments", len(r.Adjust))
 	}
 	for _, a := range r.Adjust {
-		if a.Count < 0 || !finite(a.Bias) {
+		if a.Count < 0 || math.IsNaN(float64(a.Bias)) || math.IsInf(float64(a.Bias), 1) {
 			return fmt.Errorf("sample: token %d: count %d, bias %v", a.ID, a.Count, a.Bias)
 		}
 	}

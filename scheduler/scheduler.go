@@ -415,7 +415,7 @@ plan:
 	for _, q := range sampled {
 		greedy = greedy && q.gen.Greedy()
 		drawn = drawn && q.gen.Drawable()
-		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context {
+		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context || q.gen.Constrained() {
 			b.Continues = false
 		}
 	}

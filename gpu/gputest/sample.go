@@ -72,6 +72,24 @@ func (h *harness) sample(t *testing.T) {
 			if i%8 == 1 {
 				r.Penalties = gpu.Penalties{Presence: 0.5, Frequency: 0.25} // no list until a draw follows
 			}
+			if i%6 == 2 {
+				// Tokens a grammar bans (a bias of -Inf), most of a
+				// narrow row, thousands of a wide one, the raised ones of
+				// a peaked row among them.
+				banned := map[int32]bool{}
+				ban := func(id int32) {
+					if !banned[id] {
+						banned[id] = true
+						r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: id, Bias: float32(math.Inf(-1))})
+					}
+				}
+				for j := range min(width*9/10, 5000) {
+					ban(int32((j*7 + i) % width))
+				}
+				for j := range 20 {
+					ban(int32((j*7919 + 17) % width))
+				}
+			}
 			rows, peaked = append(rows, r.SampleRow), append(peaked, r.peaked)
 		}
 		n := len(rows)

@@ -2,6 +2,7 @@ package generate
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -87,8 +88,15 @@ type State struct {
 	adjAt map[int32]int
 	held  string       // text withheld because it may begin a stop string
 	doc   *grammar.Seq // the output's place in Params.Grammar
-	n     int
-	done  bool
+	// The grammar's bans for the draw after token banAt-1 (banned), and
+	// the scratch of a draw among few allowed tokens (Next).
+	ban     []int32
+	banOK   bool
+	banAt   int
+	allowed []int32
+	compact []float32
+	n       int
+	done    bool
 }
 
 // New starts a generation after prompt.
@@ -144,14 +152,45 @@ func (s *State) Generated() int { return s.n }
 // log-probabilities, no grammar): then a device-side argmax may choose it
 // (Accept).
 func (s *State) Greedy() bool {
-	return s.sampler.Greedy() && !s.p.Adjusts() && s.Drawable()
+	return s.sampler.Greedy() && !s.p.Adjusts() && s.doc == nil && s.Drawable()
 }
 
 // Drawable reports whether the next token may be drawn where the logits
-// are (Row, then Accept): no log-probabilities to report, no grammar to
-// mask the logits.
+// are (Row, then Accept): no log-probabilities to report, and under a
+// grammar, few enough tokens banned for the draw to carry them
+// (maxBanned).
 func (s *State) Drawable() bool {
-	return !s.p.Logprobs && s.p.TopLogprobs == 0 && s.doc == nil
+	if s.p.Logprobs || s.p.TopLogprobs > 0 {
+		return false
+	}
+	_, ok := s.banned()
+	return ok
+}
+
+// Constrained reports whether a grammar masks the draws: then a draw
+// depends on the token before it, and no step is drawn ahead (NextRow).
+func (s *State) Constrained() bool { return s.doc != nil }
+
+// maxBanned is the most tokens a grammar may ban for a draw made where
+// the logits are; more (outside a JSON string, say, where a few hundred
+// tokens may come) and the draw is the host's, over the allowed tokens.
+const maxBanned = 8192
+
+// maxCompact is the most tokens a host's draw under a grammar takes apart
+// from the row, to draw among them alone.
+const maxCompact = 8192
+
+// banned is the tokens the grammar bans from the next draw, and whether
+// they are few enough to travel with it (true without a grammar).
+func (s *State) banned() ([]int32, bool) {
+	if s.doc == nil {
+		return nil, true
+	}
+	if s.banAt != s.n+1 {
+		s.ban, s.banOK = s.doc.Banned(maxBanned)
+		s.banAt = s.n + 1
+	}
+	return s.ban, s.banOK
 }
 
 // Row is the next token's draw, to be made where the logits are, taking
@@ -162,6 +201,15 @@ func (s *State) Drawable() bool {
 func (s *State) Row() gpu.SampleRow {
 	r := s.sampler.Row()
 	r.Adjust = slices.Clone(s.adj)
+	ban, _ := s.banned()
+	inf := float32(math.Inf(-1))
+	for _, id := range ban {
+		if i, ok := s.adjAt[id]; ok {
+			r.Adjust[i].Bias = inf
+		} else {
+			r.Adjust = append(r.Adjust, gpu.LogitAdjust{ID: id, Bias: inf})
+		}
+	}
 	return r
 }
 
@@ -177,10 +225,20 @@ func (s *State) NextRow() gpu.SampleRow {
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
-	if s.doc != nil {
-		s.doc.Mask(logits)
+	var id int32
+	if s.doc != nil && s.doc.Mask(logits) <= maxCompact {
+		// Few tokens may come: draw among them alone, the adjustments
+		// made first on the whole row.
+		gpu.AdjustLogits(logits, s.p.Penalties(), s.adj)
+		s.allowed = s.doc.AllowedIDs(s.allowed[:0])
+		s.compact = s.compact[:0]
+		for _, a := range s.allowed {
+			s.compact = append(s.compact, logits[a])
+		}
+		id = s.allowed[s.sampler.Sample(s.compact, nil)]
+	} else {
+		id = s.sampler.Sample(logits, s.adj)
 	}
-	id := s.sampler.Sample(logits, s.adj)
 	st := Step{ID: id}
 	if s.p.Logprobs || s.p.TopLogprobs > 0 {
 		st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)

@@ -225,29 +225,53 @@ func TestJSONMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, temp := range []float32{0, 0.8} {
-		seed := int64(7)
-		p := Params{Params: sample.Params{Temperature: temp, Seed: &seed}, MaxTokens: 50, Grammar: v.JSON()}
-		g := New(p, []int32{1}, []int32{eos}, &letters{table})
-		if g.Greedy() || g.Drawable() {
-			t.Fatal("a JSON-mode draw must be made on the host")
-		}
-		var out strings.Builder
-		var last Step
-		// The logits favour a control character and the end token over
-		// the object's next piece, and at the end a closer too many.
-		want := []int32{257, 258, 259, 260, 261}
-		for i := 0; !g.Done() && i < len(want); i++ {
-			logits := make([]float32, len(table))
-			logits[256], logits[eos], logits[want[i]] = 30, 29, 20
-			if i == len(want)-1 {
-				logits[262] = 28 // "}}" closes one object too many
+	if New(Params{MaxTokens: 5, Grammar: v.JSON()}, []int32{1}, nil, &letters{table}).Greedy() {
+		t.Fatal("a grammar's greedy draw taken for the raw logits' argmax")
+	}
+	var sc gpu.SampleScratch
+	for _, where := range []string{"host", "device"} {
+		for _, temp := range []float32{0, 0.8} {
+			seed := int64(7)
+			p := Params{Params: sample.Params{Temperature: temp, Seed: &seed, LogitBias: map[int32]float32{256: 1, 257: 1}},
+				MaxTokens: 50, Grammar: v.JSON()}
+			g := New(p, []int32{1}, []int32{eos}, &letters{table})
+			if g.Greedy() || !g.Constrained() {
+				t.Fatal("a JSON-mode draw must be masked")
 			}
-			last = g.Next(logits)
-			out.WriteString(last.Text)
-		}
-		if last.Reason != Stop || out.String() != `{"ok": true}` || g.Generated() != 5 || !g.Done() {
-			t.Fatalf("temperature %v: %q after %d tokens (%s), want {\"ok\": true} and stop", temp, out.String(), g.Generated(), last.Reason)
+			var out strings.Builder
+			var last Step
+			// The logits favour a control character and the end token over
+			// the object's next piece, and at the end a closer too many.
+			want := []int32{257, 258, 259, 260, 261}
+			for i := 0; !g.Done() && i < len(want); i++ {
+				logits := make([]float32, len(table))
+				logits[256], logits[eos], logits[want[i]] = 30, 29, 20
+				if i == len(want)-1 {
+					logits[262] = 28 // "}}" closes one object too many
+				}
+				if where == "host" {
+					last = g.Next(logits)
+				} else {
+					// As a device draws: the row carries the bans, merged
+					// with the bias (one entry a token).
+					if !g.Drawable() {
+						t.Fatalf("step %d: a few hundred bans do not travel with the draw", i)
+					}
+					row := g.Row()
+					seen := map[int32]bool{}
+					for _, a := range row.Adjust {
+						if seen[a.ID] || (a.ID == 257) != !math.IsInf(float64(a.Bias), -1) && i == 0 {
+							t.Fatalf("step %d: adjustment %+v (repeated %v)", i, a, seen[a.ID])
+						}
+						seen[a.ID] = true
+					}
+					last = g.Accept(gpu.SampleHost(logits, row, &sc), 0)
+				}
+				out.WriteString(last.Text)
+			}
+			if last.Reason != Stop || out.String() != `{"ok": true}` || g.Generated() != 5 || !g.Done() {
+				t.Fatalf("%s, temperature %v: %q after %d tokens (%s), want {\"ok\": true} and stop", where, temp, out.String(), g.Generated(), last.Reason)
+			}
 		}
 	}
 }

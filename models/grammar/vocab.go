@@ -198,6 +198,41 @@ func (q *Seq) Mask(logits []float32) int {
 	return n
 }
 
+// Banned returns the ids of the vocabulary that may not come next, when
+// there are at most limit of them (inside a string, where nearly every
+// token may); else nil and false.
+func (q *Seq) Banned(limit int) ([]int32, bool) {
+	m := q.g.mask(q.s)
+	n := len(q.g.v.tokens)
+	var out []int32
+	for w, word := range m {
+		if word == ^uint64(0) {
+			continue
+		}
+		for i := range min(64, n-w*64) {
+			if word>>i&1 == 0 {
+				if len(out) == limit {
+					return nil, false
+				}
+				out = append(out, int32(w*64+i))
+			}
+		}
+	}
+	return out, true
+}
+
+// AllowedIDs appends to dst the ids that may come next, in order.
+func (q *Seq) AllowedIDs(dst []int32) []int32 {
+	for w, word := range q.g.mask(q.s) {
+		for word != 0 {
+			i := bits.TrailingZeros64(word)
+			dst = append(dst, int32(w*64+i))
+			word &= word - 1
+		}
+	}
+	return dst
+}
+
 // Allowed reports whether token id may come next.
 func (q *Seq) Allowed(id int32) bool {
 	if id < 0 || int(id) >= len(q.g.v.tokens) {
