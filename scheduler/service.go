@@ -196,7 +196,13 @@ func (sv *Service) grammar(schema string) (*grammar.Grammar, error) {
 			sv.vocabErr = errors.New("the model's vocabulary is not known here")
 			return
 		}
-		sv.vocab, sv.vocabErr = grammar.NewVocab(sv.text.Bytes())
+		// The model's rows past the tokenizer's ids (padding) are tokens
+		// no grammar allows.
+		toks := sv.text.Bytes()
+		if w := sv.s.cfg.Vocab; w > len(toks) {
+			toks = append(toks[:len(toks):len(toks)], make([][]byte, w-len(toks))...)
+		}
+		sv.vocab, sv.vocabErr = grammar.NewVocab(toks)
 	})
 	if sv.vocabErr != nil {
 		return nil, sv.vocabErr

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -611,5 +612,31 @@ func testClientFrames(t *testing.T, submit bool) {
 		if got := sp.SpanContext().TraceID().String(); got != want {
 			t.Errorf("step span in trace %s, want the caller's %s", got, want)
 		}
+	}
+}
+
+// A grammar's vocabulary covers every row of the logits: the rows past the
+// tokenizer's ids are banned from a draw like any other refused token.
+func TestGrammarCoversTheLogits(t *testing.T) {
+	bytes := make([][]byte, 256)
+	for c := range bytes {
+		bytes[c] = []byte{byte(c)}
+	}
+	sv := &Service{s: &Scheduler{cfg: Config{Vocab: 300}}, text: Text{Bytes: func() [][]byte { return bytes }}}
+	for _, schema := range []string{"", `{"type":"object","properties":{"a":{"type":"string"}}}`} {
+		g, err := sv.grammar(schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ban, ok := g.Start().Banned(300)
+		if !ok || len(ban) != 299 || ban[len(ban)-1] != 299 || slices.Contains(ban, '{') {
+			t.Errorf("schema %q: %d bans (%v), the last %v", schema, len(ban), ok, ban[len(ban)-1:])
+		}
+	}
+	if _, err := sv.grammar(`{"type":"object","properties":{"a":{"format":"date"}}}`); err == nil || !strings.Contains(err.Error(), `"format"`) {
+		t.Errorf("a schema with a format: %v", err)
+	}
+	if _, err := (&Service{s: sv.s}).grammar(""); err == nil {
+		t.Error("JSON mode without the vocabulary: no error")
 	}
 }

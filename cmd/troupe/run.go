@@ -52,7 +52,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("run: %w", err)
 	}
 	if *jsonObject || *schemaFile != "" {
-		if p.Grammar, err = responseGrammar(l.tok.TokenBytes(), *schemaFile); err != nil {
+		toks := l.tok.TokenBytes()
+		if w := l.model.Config.Vocab; w > len(toks) {
+			toks = append(toks, make([][]byte, w-len(toks))...) // rows no token names
+		}
+		if p.Grammar, err = responseGrammar(toks, *schemaFile); err != nil {
 			return fmt.Errorf("run: %w", err)
 		}
 	}

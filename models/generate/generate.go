@@ -29,7 +29,9 @@ type Params struct {
 	// Grammar, when set, constrains the output to its documents (JSON
 	// mode, a JSON schema): each draw is masked to the tokens that keep
 	// the text a prefix of one, and generation stops when the document is
-	// whole. The draws are made on the host, from the logits.
+	// whole. Its vocabulary should cover every row of the logits (nil for
+	// the rows no token names), so that a draw that carries the bans
+	// (Row) bans those rows too.
 	Grammar *grammar.Grammar
 }
 

@@ -265,6 +265,9 @@ func TestJSONMode(t *testing.T) {
 						}
 						seen[a.ID] = true
 					}
+					if !seen[eos] {
+						t.Fatalf("step %d: the end token, which has no bytes, is not banned", i)
+					}
 					last = g.Accept(gpu.SampleHost(logits, row, &sc), 0)
 				}
 				out.WriteString(last.Text)

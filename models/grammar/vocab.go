@@ -198,7 +198,8 @@ func (q *Seq) Mask(logits []float32) int {
 	return n
 }
 
-// Banned returns the ids of the vocabulary that may not come next, when
+// Banned returns the ids of the vocabulary (the tokens NewVocab was given,
+// nil ones included) that may not come next, when
 // there are at most limit of them (inside a string, where nearly every
 // token may); else nil and false.
 func (q *Seq) Banned(limit int) ([]int32, bool) {
