@@ -190,6 +190,7 @@ func (s *State) banned() ([]int32, bool) {
 	}
 	if s.banAt != s.n+1 {
 		s.ban, s.banOK = s.doc.Banned(maxBanned)
+		s.banOK = s.banOK && !s.doc.Stuck() // the host ends a stuck document (Next)
 		s.banAt = s.n + 1
 	}
 	return s.ban, s.banOK
@@ -227,6 +228,13 @@ func (s *State) NextRow() gpu.SampleRow {
 
 // Next samples a token from logits (which it may modify) and returns it.
 func (s *State) Next(logits []float32) Step {
+	if s.doc != nil && s.doc.Stuck() {
+		// No token continues the document (it would nest deeper than the
+		// grammar goes): end it here, as an end token would.
+		s.n++
+		s.done = true
+		return Step{ID: s.endToken(), Text: s.held + s.dec.Flush(), Reason: Stop}
+	}
 	var id int32
 	if s.doc != nil && s.doc.Mask(logits) <= maxCompact {
 		// Few tokens may come: draw among them alone, the adjustments
@@ -246,6 +254,18 @@ func (s *State) Next(logits []float32) Step {
 		st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
 	}
 	return s.accept(st)
+}
+
+// endToken is the least end token, or 0 without one: the id of a step
+// that ends a document the grammar cannot continue.
+func (s *State) endToken() int32 {
+	id := int32(-1)
+	for e := range s.eos {
+		if id < 0 || e < id {
+			id = e
+		}
+	}
+	return max(id, 0)
 }
 
 // Accept records a token chosen elsewhere (by a device-side argmax, say).

@@ -278,3 +278,43 @@ func TestJSONMode(t *testing.T) {
 		}
 	}
 }
+
+// A schema whose documents nest deeper than the grammar goes ends the
+// generation where no token can continue, with the text so far.
+func TestGrammarStuck(t *testing.T) {
+	var table []string
+	for c := range 256 {
+		table = append(table, string([]byte{byte(c)}))
+	}
+	vocab := make([][]byte, len(table)+1) // and an end token, without bytes
+	for id, s := range table {
+		vocab[id] = []byte(s)
+	}
+	table = append(table, "")
+	eos := int32(len(table) - 1)
+	schema := strings.Repeat(`{"type":"object","properties":{"a":`, 130) + "{}" + strings.Repeat(`},"required":["a"]}`, 130)
+	s, err := grammar.CompileSchema([]byte(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := grammar.NewVocab(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Params{MaxTokens: 2000, Grammar: v.Schema(s)}, []int32{1}, []int32{eos}, &letters{table})
+	var out strings.Builder
+	var last Step
+	for !g.Done() {
+		logits := make([]float32, len(vocab))
+		for _, c := range `{"a:` {
+			logits[c] = 1 // no blanks
+		}
+		last = g.Next(logits)
+		out.WriteString(last.Text)
+	}
+	// 128 objects open, the last one's value cannot: the blanks the grammar
+	// allows, then the end.
+	if want := strings.Repeat(`{"a":`, 127) + `{"a"` + strings.Repeat("\t", 20); last.Reason != Stop || last.ID != eos || out.String() != want {
+		t.Fatalf("%q (%s, token %d), want %q and stop", out.String(), last.Reason, last.ID, want)
+	}
+}

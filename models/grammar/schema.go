@@ -100,8 +100,9 @@ func CompileSchema(doc []byte) (*Schema, error) {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
 	s := &Schema{nodes: c.nodes, root: r}
-	for i := range s.nodes {
-		s.nodes[i].first = s.firstOf(int32(i), 0)
+	s.firstSets()
+	if i := s.unending(); i >= 0 {
+		return nil, fmt.Errorf("schema: %s: no document of finite depth follows it (references that go round without end)", c.paths[i])
 	}
 	for i, n := range s.nodes {
 		if n.kind != kUnion {
@@ -126,37 +127,77 @@ func CompileSchema(doc []byte) (*Schema, error) {
 	return s, nil
 }
 
-// firstOf is the bytes node i's values may begin with.
-func (s *Schema) firstOf(i int32, depth int) byteSet {
-	n := &s.nodes[i]
-	var b byteSet
-	switch n.kind {
-	case kAnyObject, kObject:
-		b.add("{")
-	case kAny:
-		b.add(valueFirst)
-	case kArray:
-		b.add("[")
-	case kString:
-		b.add(`"`)
-	case kNumber, kInteger:
-		b.add(numberFirst)
-	case kLiterals:
-		for _, l := range n.lits {
-			b.add(string(l[:1]))
-		}
-	case kUnion:
-		if depth > len(s.nodes) {
-			return b // a cycle of unions: no value begins
-		}
-		for _, a := range n.alts {
-			f := s.firstOf(a, depth+1)
-			for w := range b {
-				b[w] |= f[w]
+// unending returns a node none of whose values is finite (a union whose
+// references only go round, an object that requires itself), or -1: the
+// nodes with a finite value are found by iterating to a fixed point.
+func (s *Schema) unending() int {
+	ends := make([]bool, len(s.nodes))
+	for changed := true; changed; {
+		changed = false
+		for i, n := range s.nodes {
+			if ends[i] {
+				continue
+			}
+			ok := true
+			switch n.kind {
+			case kObject:
+				for _, p := range n.props {
+					ok = ok && (!p.required || ends[p.node])
+				}
+			case kArray:
+				ok = n.minItems == 0 || ends[n.items]
+			case kUnion:
+				ok = slices.ContainsFunc(n.alts, func(a int32) bool { return ends[a] })
+			}
+			if ok {
+				ends[i], changed = true, true
 			}
 		}
 	}
-	return b
+	return slices.Index(ends, false)
+}
+
+// firstSets gives each node the bytes its values may begin with: a
+// union's are its alternatives', found by iterating to a fixed point, since
+// references may make unions refer to each other in circles.
+func (s *Schema) firstSets() {
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		switch n.kind {
+		case kAnyObject, kObject:
+			n.first.add("{")
+		case kAny:
+			n.first.add(valueFirst)
+		case kArray:
+			n.first.add("[")
+		case kString:
+			n.first.add(`"`)
+		case kNumber, kInteger:
+			n.first.add(numberFirst)
+		case kLiterals:
+			for _, l := range n.lits {
+				n.first.add(string(l[:1]))
+			}
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for i := range s.nodes {
+			n := &s.nodes[i]
+			if n.kind != kUnion {
+				continue
+			}
+			for _, a := range n.alts {
+				f := s.nodes[a].first
+				for w := range f {
+					if n.first[w]|f[w] != n.first[w] {
+						n.first[w] |= f[w]
+						changed = true
+					}
+				}
+			}
+		}
+	}
 }
 
 type compiler struct {

@@ -21,6 +21,7 @@ func validates(t *testing.T, root, schema, doc any) bool {
 		if r, ok := s.vals["$ref"].(string); ok {
 			target := root
 			for _, tok := range strings.Split(r, "/")[1:] {
+				tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
 				target = target.(*object).vals[tok]
 			}
 			return validates(t, root, target, doc)
@@ -311,7 +312,10 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"a":{"type":"array","minItems":3,"maxItems":2}}}`, "below minItems"},
 		{`{"type":"object"} x`, "after the schema"},
 		{`{"type":`, "schema:"},
-		{`{"$ref":"#"}`, "root must be an object"},
+		{`{"$ref":"#"}`, "without end"},
+		{`{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}`, "without end"},
+		{`{"$defs":{"x":{"anyOf":[{"$ref":"#/$defs/y"},{"$ref":"#/$defs/y"}]},"y":{"anyOf":[{"$ref":"#/$defs/x"},{"$ref":"#/$defs/x"}]}},` +
+			`"type":"object","properties":{"a":{"$ref":"#/$defs/x"}}}`, "without end"},
 		{`{"type":"object","properties":{"a":{"type":"string"},"a":{"type":"string"}}}`, "twice"},
 	} {
 		_, err := CompileSchema([]byte(c.schema))
@@ -321,28 +325,61 @@ func TestSchemaRefused(t *testing.T) {
 	}
 }
 
+// FuzzCompileSchema compiles a schema and walks its grammar with the
+// input's bytes as the choices (then closers first): a document the
+// grammar completes is JSON and follows the schema by the oracle.
 func FuzzCompileSchema(f *testing.F) {
-	for _, s := range schemas {
-		f.Add([]byte(s), []byte(`{"name":"x","age":1}`))
+	for i, s := range schemas {
+		f.Add([]byte(s), []byte{byte(i), 7, 200, 3, 99})
 	}
-	f.Fuzz(func(t *testing.T, schema, doc []byte) {
+	v, err := NewVocab(testVocab())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, schema, choices []byte) {
 		s, err := CompileSchema(schema)
 		if err != nil {
 			return
 		}
-		v, err := NewVocab(testVocab())
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := v.Schema(s)
-		st := g.start()
-		for i := range min(len(doc), 4096) {
-			if !g.step(&st, doc[i]) {
-				return
+		q := v.Schema(s).Start()
+		var text []byte
+		var allowed []int32
+		for i := 0; i < 600 && !q.Done(); i++ {
+			allowed = q.AllowedIDs(allowed[:0])
+			if len(allowed) == 0 {
+				t.Fatalf("%s: no token after %q", schema, text)
 			}
+			pick := allowed[0]
+			if i < len(choices) {
+				pick = allowed[int(choices[i])%len(allowed)]
+			} else {
+				for _, c := range []int32{'}', ']', '"', '0', 'n', 't'} {
+					if q.Allowed(c) {
+						pick = c
+						break
+					}
+				}
+			}
+			if err := q.Accept(pick); err != nil {
+				t.Fatal(err)
+			}
+			text = append(text, v.tokens[pick]...)
 		}
-		if st.n == 0 && !json.Valid(doc) {
-			t.Fatalf("%s took %q, which is not JSON", schema, doc)
+		if !q.Done() {
+			return
+		}
+		if !json.Valid(text) {
+			t.Fatalf("%s: %q is not JSON", schema, text)
+		}
+		dec := json.NewDecoder(bytes.NewReader(text))
+		dec.UseNumber()
+		doc, err := decodeOrdered(dec)
+		if err != nil {
+			return // a free object may repeat a key, as JSON allows
+		}
+		root := decodeDoc(t, schema)
+		if !validates(t, root, root, doc) {
+			t.Fatalf("%s: %s does not follow the schema", schema, text)
 		}
 	})
 }

@@ -234,6 +234,12 @@ func (q *Seq) AllowedIDs(dst []int32) []int32 {
 	return dst
 }
 
+// Stuck reports whether no token may come next, though the document is
+// not whole: a schema whose documents nest deeper than the grammar goes.
+func (q *Seq) Stuck() bool {
+	return !q.Done() && !slices.ContainsFunc(q.g.mask(q.s), func(w uint64) bool { return w != 0 })
+}
+
 // Allowed reports whether token id may come next.
 func (q *Seq) Allowed(id int32) bool {
 	if id < 0 || int(id) >= len(q.g.v.tokens) {
