@@ -22,6 +22,18 @@ type Packer interface {
 	Pack(dt DType, parts ...[]byte) (Buffer, error)
 }
 
+// WeightCoder is a device that can also hold a bf16 weight matrix in a
+// lossless 12-bit code (package gpu/code12) for the products of one row
+// of x, which stream every weight once a token: Code attaches to w (an
+// allocation of rows × k bf16 values, not a view) the code of data, w's
+// bytes given as parts of whole rows, and those products then read a
+// quarter fewer bytes with the same values. Other products still read w,
+// so the twin costs three quarters of w's memory more. Code returns false
+// where the code does not fit the matrix or no kernel reads its shape.
+type WeightCoder interface {
+	Code(w Buffer, rows, k int, data ...[]byte) (bool, error)
+}
+
 // ResidualNormer fuses a residual add with an RMSNorm (one pass over the
 // rows instead of two).
 type ResidualNormer interface {

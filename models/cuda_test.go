@@ -426,3 +426,62 @@ func TestCUDASampleMatchesHost(t *testing.T) {
 	}
 	t.Logf("GPU draws %v", dev1)
 }
+
+// TestCUDACodedWeights decodes an OLMo 2 shape whose products the 12-bit
+// code takes (k of 2048 and 8192) with no weights coded, the LM head's and
+// all: the same prompt and greedy path, the logits of each coding within
+// 1e-4 of the bf16 run's at every step (the sums round in another order,
+// step after step), and the matrices each coding names coded.
+func TestCUDACodedWeights(t *testing.T) {
+	p := synth.OLMo2(2048, 2, 16, 8192)
+	p["vocab_size"] = 4096
+	dir := t.TempDir()
+	cfg, err := p.Write(dir, 11, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpt := openCheckpoint(t, dir)
+	ctx := context.Background()
+	dev := openCUDA(t)
+	defer dev.Close()
+	var base [][]float32 // the bf16 run's logits, step by step
+	for _, c := range []struct {
+		coding models.Coding
+		coded  int
+	}{{models.CodeNone, 0}, {models.CodeHead, 1}, {models.CodeAll, 4*cfg.Layers + 1}} {
+		m, err := models.Load(cfg, ckpt, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16, CodeWeights: c.coding})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Coded() != c.coded {
+			t.Errorf("%s: %d matrices coded, want %d", c.coding, m.Coded(), c.coded)
+		}
+		seq, err := m.NewSequence(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := seq.Feed(ctx, []int32{1, 450, 846, 2987, 17}, false)
+		for step := 0; step < 12 && err == nil; step++ {
+			tok := int32(argmax(l))
+			if c.coding == models.CodeNone {
+				base = append(base, slices.Clone(l))
+			} else {
+				if e := gputest.RelL2(l, base[step]); !(e <= 1e-4) {
+					t.Errorf("%s: step %d: logits differ from bf16 by %.3g, want at most 1e-4", c.coding, step, e)
+				}
+				if want := int32(argmax(base[step])); tok != want {
+					if g := margin(base[step], int(want)); g >= greedyTolerance {
+						t.Errorf("%s: step %d: token %d, bf16 %d (margin %.3g)", c.coding, step, tok, want, g)
+					}
+					tok = want // follow the bf16 path
+				}
+			}
+			l, err = seq.Feed(ctx, []int32{tok}, false)
+		}
+		seq.Close()
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}

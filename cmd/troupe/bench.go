@@ -18,9 +18,12 @@ import (
 
 // benchResult is what bench prints.
 type benchResult struct {
-	Model         string  `json:"model"`
-	Device        string  `json:"device"`
-	KVCache       string  `json:"kv_cache"`
+	Model   string `json:"model"`
+	Device  string `json:"device"`
+	KVCache string `json:"kv_cache"`
+	// CodedWeights counts the matrices also held in the 12-bit code
+	// (--code-weights).
+	CodedWeights  int     `json:"coded_weights,omitempty"`
 	Batch         int     `json:"batch"`
 	Prompt        int     `json:"prompt_tokens"`
 	Gen           int     `json:"gen_tokens"`
@@ -154,7 +157,7 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 			prompts[s][i] = int32(rng.IntN(l.model.Config.Vocab))
 		}
 	}
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: batch, Prompt: b.prompt * batch, Gen: b.gen * batch}
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: batch, Prompt: b.prompt * batch, Gen: b.gen * batch, CodedWeights: l.model.Coded()}
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: b.seed}
 	}

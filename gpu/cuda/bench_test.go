@@ -97,6 +97,19 @@ func BenchmarkGEMV(b *testing.B) {
 		b.Run(fmt.Sprintf("%dx%d/auto", m, k), func(b *testing.B) {
 			rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error { return d.MatMul(out, x, w, 1, k, m) })
 		})
+		// The same weights with their twins in the 12-bit code (Code),
+		// rated at their bf16 bytes.
+		coded := true
+		for _, w := range ws {
+			if ok, err := d.Code(w, m, k, raw); err != nil || !ok {
+				coded = false
+			}
+		}
+		if coded {
+			b.Run(fmt.Sprintf("%dx%d/coded", m, k), func(b *testing.B) {
+				rotatingRate(b, d, ws, per, float64(len(raw)), func(w *Buffer) error { return d.MatMul(out, x, w, 1, k, m) })
+			})
+		}
 		// Every split of k the fast kernel offers, to tune gemvShape.
 		units := k / 256
 		if !*sweep {

@@ -24,6 +24,8 @@ type Buffer struct {
 	// latest first: a weight's serve every step (a prompt's product and a
 	// decode batch's box it differently), and ptr never changes.
 	tmaps []tensorMapKey
+	// coded is the weight's twin in the 12-bit code (Code), nil if none.
+	coded *coded
 }
 
 // tensorMapKey is a TMA descriptor (raw) of a buffer as rows × k, in
@@ -155,6 +157,9 @@ func (d *Device) Free(b gpu.Buffer) {
 func (d *Device) freeNow(b *Buffer) {
 	b.freed = true
 	delete(d.bufs, b)
+	if b.coded != nil {
+		d.freeCoded(b)
+	}
 	if l := d.drawn[b]; l != nil {
 		delete(d.drawn, b)
 		d.freeNow(l.e)

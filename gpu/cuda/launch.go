@@ -77,7 +77,7 @@ func tableArg(name string, bs []*Buffer, dt gpu.DType, n, slots int) arg {
 	return arg{kind: argTable, name: name, table: bs, dt: dt, n: n, slots: slots}
 }
 
-const maxArgs = 16
+const maxArgs = 20
 
 // launchCmd holds a launch's packed parameters until the driver has
 // copied them.

@@ -56,6 +56,7 @@ func kernelNames() []string {
 // device opens without them and the operations that need them fail.
 func optionalKernelNames() []string {
 	names := append([]string{"gemm_wg_bf16", "sumsq2_f32", "rmsnorm_shard_f32", "rmsnorm_shard_bf16", "rmsnorm_shard_f16"}, streamKernelNames()...)
+	names = append(names, codedKernelNames()...)
 	return append(names, fusedKernelNames()...)
 }
 

@@ -49,6 +49,56 @@ struct ArgmaxOut {
   unsigned* cnt;
 };
 
+// Coded: the weights in the 12-bit code of gpu/code12 (k a multiple of
+// 512, a unit 512 values, a lane 16 of them): each row's cap escape
+// entries (column<<16 | bf16 bits, 0xffffffff for none) at esc[row*cap],
+// base4 the window's first bucket in each byte, v0 the value an escape's
+// code decodes to. The product adds (t - v0)*x[col] for each escape t.
+struct Coded {
+  const unsigned* esc;
+  int cap;
+  unsigned base4;
+  float v0;
+};
+
+// A unit of weights a lane holds: 8 bf16 values, or 16 coded ones (their
+// low bytes and codes).
+struct CodedUnit {
+  uint4 lo;
+  uint2 codes;
+};
+template <bool CODED> struct UnitOf { using T = uint4; };
+template <> struct UnitOf<true> { using T = CodedUnit; };
+
+// ld_once8 is ld_once for 8 bytes.
+DEV uint2 ld_once8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;"
+               : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(weight_policy()));
+  return r;
+}
+
+// decode4 turns quarter q (values 4q to 4q+3) of a lane's coded unit into
+// its values: byte j of a code word holds value j's code in its low nibble
+// and value j+4's in its high one, a code c standing for the high byte
+// (c&8)<<4 | (base + c&7).
+DEV void decode4(const CodedUnit& u, int q, unsigned base4, float* f) {
+  const unsigned lo = q == 0 ? u.lo.x : q == 1 ? u.lo.y : q == 2 ? u.lo.z : u.lo.w;
+  const unsigned cw = q < 2 ? u.codes.x : u.codes.y;
+  const unsigned c = (q & 1 ? cw >> 4 : cw) & 0x0f0f0f0fu;
+  const unsigned h = ((c & 0x07070707u) + base4) | ((c << 4) & 0x80808080u);
+  const unsigned p01 = __byte_perm(lo, h, 0x5140), p23 = __byte_perm(lo, h, 0x7362);
+  f[0] = bflo(p01);
+  f[1] = bfhi(p01);
+  f[2] = bflo(p23);
+  f[3] = bfhi(p23);
+}
+
+// xs_at is where a coded product keeps x's value col in shared memory:
+// quarter q of lane l's 16 values of unit u at float4 (u*4 + q)*32 + l, so
+// that a warp reads a quarter of its unit without bank conflicts.
+DEV int xs_at(int col) { return ((((col >> 9) * 4 + ((col >> 2) & 3)) * 32 + ((col >> 4) & 31)) << 2) + (col & 3); }
+
 // norm8 reads the 8 norm weights at o (bf16, or f32 with f32 set).
 DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
   if (f32) {
@@ -60,15 +110,76 @@ DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
   }
 }
 
+// The coded products' depth of groups in flight (D), whether their sums
+// read x from shared memory (1) or from registers (0), and their blocks an
+// SM. Measured best on an H200 (docs/cuda.md, "Weights in a 12-bit code"):
+// D 2 over 3 (0.773 against 0.809 ms a token at OLMo-2-1B), x from shared
+// memory over registers (0.773 against 0.775), two blocks over three
+// (0.838).
+#ifndef CODED_D
+#define CODED_D 2
+#endif
+#ifndef CODED_XS
+#define CODED_XS 1
+#endif
+#ifndef CODED_MINB
+#define CODED_MINB 2
+#endif
+
+// coded_sums sums rows r < R of a group of coded units against x in
+// shared memory (xs_at), a quarter of a unit at a time for every row, adds
+// the rows' escapes (a lane each, e) and reduces each row over the warp.
+template <int NV, int KS, int R>
+DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&e)[R], const float (&xv)[1][NV][16],
+                    const float* xs, int ks, int lane, const Coded& cd, float (&acc)[R][1]) {
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) s[r] = 0.f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const float4 xq = CODED_XS ? reinterpret_cast<const float4*>(xs)[((v * KS + ks) * 4 + q) * 32 + lane]
+                                 : make_float4(xv[0][v][4 * q], xv[0][v][4 * q + 1], xv[0][v][4 * q + 2], xv[0][v][4 * q + 3]);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float f[4];
+        decode4(w[r][v], q, cd.base4, f);
+        s[r] = fmaf(f[0], xq.x, s[r]);
+        s[r] = fmaf(f[1], xq.y, s[r]);
+        s[r] = fmaf(f[2], xq.z, s[r]);
+        s[r] = fmaf(f[3], xq.w, s[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    if (e[r] != 0xffffffffu) {
+      const float xc = xs[xs_at(e[r] >> 16)];
+      s[r] = fmaf(bflo(e[r]), xc, s[r]);
+      s[r] = fmaf(-cd.v0, xc, s[r]);
+    }
+    acc[r][0] = warp_sum(s[r]);
+  }
+}
+
 // With AHEAD (POST_RES, up to two units a warp), the group after the
-// first is asked for before the post-norm's prologue (see below).
-template <int NV, int KS, int R, int MODE, int D, int NB, int POST = POST_NONE, bool AM = false, bool AHEAD = false>
+// first is asked for before the post-norm's prologue (see below). With
+// CODED, w is in the 12-bit code (Coded; one row of x, no AHEAD): a unit
+// is 512 values, 16 a lane, and x goes to shared memory too, for the
+// escapes.
+template <int NV, int KS, int R, int MODE, int D, int NB, int POST = POST_NONE, bool AM = false, bool AHEAD = false,
+          bool CODED = false>
 DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, const uint16_t* __restrict__ w, int n,
-                        int k, int m, PostNorm pn = {}, ArgmaxOut am = {}) {
-  static_assert(!AHEAD || (POST == POST_RES && NV <= 2 && D == 2), "the group ahead goes to shared memory");
+                        int k, int m, PostNorm pn = {}, ArgmaxOut am = {}, Coded cd = {}) {
+  static_assert(!AHEAD || (POST == POST_RES && NV <= 2 && D == 2 && !CODED), "the group ahead goes to shared memory");
   static_assert(MODE != GEMV_GLU || (R == 2 && NB == 1), "GLU pairs a gate row with its up row, for one row of x");
   static_assert(POST == POST_NONE || NB == 1, "a post-norm forms one row of x");
   static_assert(!AM || (MODE == GEMV_PLAIN && NB == 1), "the argmax of one plain row");
+  static_assert(!CODED || NB == 1, "coded weights for one row of x");
+  using Unit = typename UnitOf<CODED>::T;
+  constexpr int E = CODED ? 16 : 8;               // values of a unit a lane holds
+  constexpr int U = 32 * E;                       // values of a unit
   constexpr int GROUPS = 8 / KS;                  // row groups per block
   constexpr int IR = MODE == GEMV_GLU ? 1 : R;    // outputs of a row group
   constexpr int ITEMS = GROUPS * IR;              // outputs per block iteration and row of x
@@ -77,26 +188,47 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   __shared__ float part[2][KS > 1 ? KS : 1][NB * GROUPS * R];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ks = warp % KS, grp = warp / KS;
-  // The lane's 8 elements of its warp's unit v start at off(v); with k % 8
+  // The lane's E elements of its warp's unit v start at off(v); with k % E
   // == 0 they lie wholly inside k or wholly beyond it.
-  auto off = [&](int v) { return (v * KS + ks) * 256 + lane * 8; };
+  auto off = [&](int v) { return (v * KS + ks) * U + lane * E; };
   static_assert(D == 2 || D == 3, "two or three groups of loads");
-  uint4 w0[R][NV], w1[R][NV], w2[R][NV];  // w2 only with D == 3
-  // rowp is row r of the group whose first output is i0 (rows past the end
+  // A group's weights, and with CODED its rows' escape entries (a lane
+  // each, in the warps of ks 0).
+  struct Group {
+    Unit w[R][NV];
+    unsigned e[CODED ? R : 1];
+  };
+  Group g0, g1, g2;  // g2 only with D == 3
+  // row is row r of the group whose first output is i0 (rows past the end
   // read the last row; their sums are not stored); loadw loads its rows.
-  auto rowp = [&](int i0, int r) { return w + (long)min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1) * k; };
-  auto loadw = [&](uint4 (&wv)[R][NV], int i0) {
+  auto row = [&](int i0, int r) { return min(MODE == GEMV_GLU ? i0 + r * mo : i0 + r, m - 1); };
+  auto loadw = [&](Group& g, int i0) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const uint16_t* wp = rowp(i0, r);
+      const long rw = row(i0, r);
 #pragma unroll
-      for (int v = 0; v < NV; v++) wv[r][v] = off(v) < k ? ld_once(wp + off(v)) : make_uint4(0, 0, 0, 0);
+      for (int v = 0; v < NV; v++) {
+        if constexpr (CODED) {
+          const uint8_t* cp = reinterpret_cast<const uint8_t*>(w) + rw * (k / 2 * 3) + (v * KS + ks) * 768;
+          if (off(v) < k) {
+            g.w[r][v].lo = ld_once(cp + lane * 16);
+            g.w[r][v].codes = ld_once8(cp + 512 + lane * 8);
+          } else {
+            g.w[r][v].lo = make_uint4(0, 0, 0, 0);
+            g.w[r][v].codes = make_uint2(0, 0);
+          }
+        } else {
+          const uint16_t* wp = w + rw * k;
+          g.w[r][v] = off(v) < k ? ld_once(wp + off(v)) : make_uint4(0, 0, 0, 0);
+        }
+      }
+      if constexpr (CODED) g.e[r] = ks == 0 && lane < cd.cap ? __ldg(cd.esc + rw * cd.cap + lane) : 0xffffffffu;
     }
   };
   const int stride = gridDim.x * ITEMS;
   int base = blockIdx.x * ITEMS;
-  if (base < mo) loadw(w0, base + grp * IR);
-  if (D == 3 && base + stride < mo) loadw(w1, base + stride + grp * IR);
+  if (base < mo) loadw(g0, base + grp * IR);
+  if (D == 3 && base + stride < mo) loadw(g1, base + stride + grp * IR);
   pdl_begin();
   // With AHEAD, the second group, which the first step would ask for
   // after the post-norm's prologue (two waits on loads of y and r, and
@@ -105,30 +237,37 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   // each thread to its own slots, moved to registers once the first group
   // is summed.
   __shared__ uint4 wsm[AHEAD ? R * NV * 256 : 1];
-  if (AHEAD && base + stride < mo) {
-    const uint64_t pol = weight_policy();
+  if constexpr (AHEAD) {
+    if (base + stride < mo) {
+      const uint64_t pol = weight_policy();
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      const uint16_t* wp = rowp(base + stride + grp * IR, r);
+      for (int r = 0; r < R; r++) {
+        const uint16_t* wp = w + (long)row(base + stride + grp * IR, r) * k;
 #pragma unroll
-      for (int v = 0; v < NV; v++) cp_async16_hint(&wsm[(r * NV + v) * 256 + threadIdx.x], wp + off(v), off(v) < k, pol);
+        for (int v = 0; v < NV; v++)
+          cp_async16_hint(&wsm[(r * NV + v) * 256 + threadIdx.x], wp + off(v), off(v) < k, pol);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
   }
-  float xv[NB][NV][8];
+  float xv[NB][NV][E];
 #pragma unroll
   for (int b = 0; b < NB; b++)
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       if ((NB > 1 && b >= n) || off(v) >= k) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) xv[b][v][j] = 0.f;
+        for (int j = 0; j < E; j++) xv[b][v][j] = 0.f;
         continue;
       }
-      const float4* xp = reinterpret_cast<const float4*>(x + (long)b * k + off(v));
-      float4 a = xp[0], c = xp[1];
-      xv[b][v][0] = a.x; xv[b][v][1] = a.y; xv[b][v][2] = a.z; xv[b][v][3] = a.w;
-      xv[b][v][4] = c.x; xv[b][v][5] = c.y; xv[b][v][6] = c.z; xv[b][v][7] = c.w;
+#pragma unroll
+      for (int h = 0; h < E / 8; h++) {
+        const float4* xp = reinterpret_cast<const float4*>(x + (long)b * k + off(v) + 8 * h);
+        float4 a = xp[0], c = xp[1];
+        float* xh = &xv[b][v][8 * h];
+        xh[0] = a.x; xh[1] = a.y; xh[2] = a.z; xh[3] = a.w;
+        xh[4] = c.x; xh[5] = c.y; xh[6] = c.z; xh[7] = c.w;
+      }
     }
   if constexpr (POST != POST_NONE) {
     // Each row group's KS warps hold every unit of k, so the block sums
@@ -139,7 +278,7 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
       for (int v = 0; v < NV; v++)
 #pragma unroll
-        for (int e = 0; e < 8; e++) ss = fmaf(xv[0][v][e], xv[0][v][e], ss);
+        for (int e = 0; e < E; e++) ss = fmaf(xv[0][v][e], xv[0][v][e], ss);
       ss = warp_sum(ss);
       if (lane == 0) ssw[s][warp] = ss;
       __syncthreads();
@@ -154,21 +293,26 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       if (off(v) >= k) continue;
-      const float4* rp = reinterpret_cast<const float4*>(pn.r + off(v));
-      float4 a = rp[0], c = rp[1];
-      float rv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w}, wf[8];
-      if (normy) {
-        norm8(pn.wn, pn.wn_f32, off(v), wf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * inv * wf[e] + rv[e];
-      } else {
+      for (int h = 0; h < E / 8; h++) {
+        const int o = off(v) + 8 * h;
+        float* xh = &xv[0][v][8 * h];
+        const float4* rp = reinterpret_cast<const float4*>(pn.r + o);
+        float4 a = rp[0], c = rp[1];
+        float rv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w}, wf[8];
+        if (normy) {
+          norm8(pn.wn, pn.wn_f32, o, wf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) xv[0][v][e] += rv[e];
-      }
-      if (keep) {
-        float4* op = reinterpret_cast<float4*>(pn.r_out + off(v));
-        op[0] = make_float4(xv[0][v][0], xv[0][v][1], xv[0][v][2], xv[0][v][3]);
-        op[1] = make_float4(xv[0][v][4], xv[0][v][5], xv[0][v][6], xv[0][v][7]);
+          for (int e = 0; e < 8; e++) xh[e] = xh[e] * inv * wf[e] + rv[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; e++) xh[e] += rv[e];
+        }
+        if (keep) {
+          float4* op = reinterpret_cast<float4*>(pn.r_out + o);
+          op[0] = make_float4(xh[0], xh[1], xh[2], xh[3]);
+          op[1] = make_float4(xh[4], xh[5], xh[6], xh[7]);
+        }
       }
     }
     if constexpr (POST == POST_HEAD) {
@@ -176,38 +320,60 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 #pragma unroll
       for (int v = 0; v < NV; v++) {
         if (off(v) >= k) continue;
-        float wf[8];
-        norm8(pn.wf, pn.wf_f32, off(v), wf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) xv[0][v][e] = xv[0][v][e] * invf * wf[e];
+        for (int h = 0; h < E / 8; h++) {
+          float wf[8];
+          norm8(pn.wf, pn.wf_f32, off(v) + 8 * h, wf);
+#pragma unroll
+          for (int e = 0; e < 8; e++) xv[0][v][8 * h + e] *= invf * wf[e];
+        }
       }
     }
+  }
+  // With CODED, x in shared memory as well, for the escapes' columns.
+  __shared__ float xs[CODED ? NV * KS * U : 1];
+  if constexpr (CODED) {
+    if (grp == 0) {
+#pragma unroll
+      for (int v = 0; v < NV; v++)
+        if (off(v) < k) {
+#pragma unroll
+          for (int q = 0; q < 4; q++)
+            reinterpret_cast<float4*>(xs)[((v * KS + ks) * 4 + q) * 32 + lane] =
+                make_float4(xv[0][v][4 * q], xv[0][v][4 * q + 1], xv[0][v][4 * q + 2], xv[0][v][4 * q + 3]);
+        }
+    }
+    __syncthreads();
   }
   // The block's best output so far, with AM.
   float bv = -__int_as_float(0x7f800000);
   int bi = 0x7fffffff;
   // step sums the group at base from cur, after issuing the loads of the
   // group D-1 ahead into nxt (cur's predecessor, summed already).
-  auto step = [&](uint4 (&cur)[R][NV], uint4 (&nxt)[R][NV], int base, int buf, bool first) {
+  auto step = [&](Group& cur, Group& nxt, int base, int buf, bool first) {
     if (!(AHEAD && first) && base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
     int i0 = base + grp * IR;
     float acc[R][NB];
+    if constexpr (CODED) {
+      coded_sums<NV, KS, R>(cur.w, cur.e, xv, xs, ks, lane, cd, acc);
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      float s[NB];
+      for (int r = 0; r < R; r++) {
+        float s[NB];
 #pragma unroll
-      for (int b = 0; b < NB; b++) s[b] = 0.f;
+        for (int b = 0; b < NB; b++) s[b] = 0.f;
 #pragma unroll
-      for (int v = 0; v < NV; v++) {
-        float f[8];
-        unpack8<BF16>(cur[r][v], f);
+        for (int v = 0; v < NV; v++) {
+          float f[8];
+          unpack8<BF16>(cur.w[r][v], f);
 #pragma unroll
-        for (int b = 0; b < NB; b++)
+          for (int b = 0; b < NB; b++)
 #pragma unroll
-          for (int e = 0; e < 8; e++) s[b] = fmaf(f[e], xv[b][v][e], s[b]);
+            for (int e = 0; e < 8; e++) s[b] = fmaf(f[e], xv[b][v][e], s[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(s[b]);
       }
-#pragma unroll
-      for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(s[b]);
     }
     if (KS == 1) {
       if (MODE == GEMV_GLU) {
@@ -264,16 +430,18 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   // The buffers rotate by name, so that they stay in registers.
   for (int it = 0; base < mo; it++, base += stride) {
     int ph = it % D;
-    if (AHEAD && it == 1) {
-      cp_async_wait<0>();
+    if constexpr (AHEAD) {
+      if (it == 1) {
+        cp_async_wait<0>();
 #pragma unroll
-      for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int v = 0; v < NV; v++) w1[r][v] = wsm[(r * NV + v) * 256 + threadIdx.x];
+          for (int v = 0; v < NV; v++) g1.w[r][v] = wsm[(r * NV + v) * 256 + threadIdx.x];
+      }
     }
-    if (ph == 0) step(w0, D == 3 ? w2 : w1, base, it & 1, it == 0);
-    else if (ph == 1) step(w1, w0, base, it & 1, false);
-    else step(w2, w1, base, it & 1, false);
+    if (ph == 0) step(g0, D == 3 ? g2 : g1, base, it & 1, it == 0);
+    else if (ph == 1) step(g1, g0, base, it & 1, false);
+    else step(g2, g1, base, it & 1, false);
   }
   if constexpr (AM) grid_best(bv, bi, am.pv, am.pi, am.cnt, am.next, blockIdx.x, gridDim.x);
 }
@@ -334,6 +502,41 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
 FAST(1, 1) FAST(2, 1) FAST(2, 2) FAST(2, 4) FAST(2, 8) FAST(3, 8) FAST(4, 8) FAST(6, 8) FAST(8, 8)
 #define AHEADS(NV, KS) POSTA(gemv_bf16, GEMV_PLAIN, NV, KS) POSTA(gemv_glu_bf16, GEMV_GLU, NV, KS)
 AHEADS(1, 1) AHEADS(2, 1) AHEADS(2, 2) AHEADS(2, 4) AHEADS(2, 8)
+// The same over weights in the 12-bit code (Coded, its four arguments
+// last): gemv_c12_*, gemv_glu_c12_*, gemv_c12_post_*, gemv_glu_c12_post_*
+// and gemv_c12_head_*, for one row of x, k up to 8192 (x in shared memory).
+#define CODED_ARGS const unsigned *esc, int cap, unsigned base4, float v0
+#define CFAST1(NAME, MODE, NV, KS)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+      NAME##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m, CODED_ARGS) {             \
+    gemv_bf16_fast<NV, KS, 2, MODE, CODED_D, 1, POST_NONE, false, false, true>(out, x, w, 1, k, m, PostNorm{}, ArgmaxOut{}, \
+                                                                         Coded{esc, cap, base4, v0});               \
+  }
+#define CPOST1(NAME, MODE, NV, KS)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+      NAME##_post_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, float* r_out,        \
+                                  const float* r, const void* wn, int wn_f32, float eps, CODED_ARGS) {              \
+    gemv_bf16_fast<NV, KS, 2, MODE, CODED_D, 1, POST_RES, false, false, true>(                                            \
+        out, y, w, 1, k, m, PostNorm{r_out, r, wn, wn_f32, eps}, ArgmaxOut{}, Coded{esc, cap, base4, v0});          \
+  }
+#define CHEAD1(NV, KS)                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+      gemv_c12_head_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, const float* r,    \
+                                    const void* wn, int wn_f32, const void* wf, int wf_f32, float eps, int* next,   \
+                                    float* pv, int* pi, unsigned* cnt, CODED_ARGS) {                                \
+    PostNorm pn{nullptr, r, wn, wn_f32, eps, wf, wf_f32};                                                           \
+    Coded cd{esc, cap, base4, v0};                                                                                  \
+    if (next != nullptr)                                                                                            \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, CODED_D, 1, POST_HEAD, true, false, true>(out, y, w, 1, k, m, pn,             \
+                                                                                ArgmaxOut{next, pv, pi, cnt}, cd);  \
+    else                                                                                                            \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, CODED_D, 1, POST_HEAD, false, false, true>(out, y, w, 1, k, m, pn,            \
+                                                                                 ArgmaxOut{}, cd);                  \
+  }
+#define CFAST(NV, KS)                                                                                               \
+  CFAST1(gemv_c12, GEMV_PLAIN, NV, KS) CFAST1(gemv_glu_c12, GEMV_GLU, NV, KS) CPOST1(gemv_c12, GEMV_PLAIN, NV, KS)   \
+  CPOST1(gemv_glu_c12, GEMV_GLU, NV, KS) CHEAD1(NV, KS)
+CFAST(1, 1) CFAST(2, 1) CFAST(2, 2) CFAST(2, 4) CFAST(2, 8)
 FASTB(2, 1, 1) FASTB(2, 2, 1) FASTB(2, 2, 2) FASTB(2, 2, 4) FASTB(2, 2, 8) FASTB(2, 3, 8) FASTB(2, 4, 8) FASTB(2, 6, 8)
 FASTB(4, 1, 1) FASTB(4, 2, 1) FASTB(4, 2, 2) FASTB(4, 2, 4) FASTB(4, 2, 8) FASTB(4, 3, 8) FASTB(4, 4, 8)
 

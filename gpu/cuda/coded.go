@@ -1,0 +1,156 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/code12"
+)
+
+var _ gpu.WeightCoder = (*Device)(nil)
+
+// coded is a bf16 weight's twin in the 12-bit code (gpu/code12): the
+// one-token products (gemv_c12_* and their post-norm, gated and head
+// kinds) read it instead of the bf16 rows.
+type coded struct {
+	data, esc *Buffer // the code's bytes and escape entries, as I32 words
+	rows, k   int
+	cap       int
+	base4     uint32
+	v0        float32
+	nv, ks    int
+}
+
+// codedSplits are the (nv, ks) of the coded GEMVs in the module: x in
+// shared memory takes k up to 8192 (kernels/cuda/gemv.cu).
+var codedSplits = []struct{ nv, ks int }{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}}
+
+// codedKernelNames are the coded GEMVs; an older artifact set lacks them
+// and the weights then stay bf16 only.
+func codedKernelNames() []string {
+	var names []string
+	for _, s := range codedSplits {
+		for _, kind := range []string{"c12", "glu_c12", "c12_post", "glu_c12_post", "c12_head"} {
+			names = append(names, fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, s.nv, s.ks))
+		}
+	}
+	return names
+}
+
+// codedShape is the (nv, ks) of the coded GEMV for rows of k values: a
+// unit of the code is two of the bf16 GEMV's, so gemvShape at k/2, from
+// the splits the module holds.
+func (d *Device) codedShape(k int) (nv, ks int, ok bool) {
+	if k%code12.Chunk != 0 {
+		return 0, 0, false
+	}
+	nv, ks, ok = d.gemvShape(k/2, 0)
+	if !ok {
+		return 0, 0, false
+	}
+	for _, s := range codedSplits {
+		if s.nv == nv && s.ks == ks {
+			return nv, ks, true
+		}
+	}
+	return 0, 0, false
+}
+
+// Code implements gpu.WeightCoder.
+func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
+	const op = "code weights"
+	if err := d.enter(op); err != nil {
+		return false, err
+	}
+	defer d.leave()
+	b, err := d.buf(op, "w", w)
+	if err != nil {
+		return false, err
+	}
+	if b.dt != gpu.BF16 || b.parent != nil || b.n != rows*k {
+		return false, fmt.Errorf("%s: w is %d %s elements (a view: %t), want an allocation of %d × %d bf16", op, b.n, b.dt,
+			b.parent != nil, rows, k)
+	}
+	if d.capture {
+		return false, fmt.Errorf("%s: not allowed while recording a graph", op)
+	}
+	nv, ks, ok := d.codedShape(k)
+	if !ok || d.k(fmt.Sprintf("gemv_c12_nv%d_ks%d", nv, ks)) == nil {
+		return false, nil
+	}
+	m, err := code12.Encode(rows, k, data...)
+	if errors.Is(err, code12.ErrNotCodable) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", op, err)
+	}
+	c := &coded{rows: rows, k: k, cap: m.Cap, base4: m.Base4(), v0: m.V0(), nv: nv, ks: ks}
+	if c.data, err = d.words(op, m.Data); err != nil {
+		return false, err
+	}
+	esc := make([]byte, 4*len(m.Esc))
+	for i, e := range m.Esc {
+		esc[4*i], esc[4*i+1], esc[4*i+2], esc[4*i+3] = byte(e), byte(e>>8), byte(e>>16), byte(e>>24)
+	}
+	if c.esc, err = d.words(op, esc); err != nil {
+		d.freeNow(c.data)
+		return false, err
+	}
+	if b.coded != nil {
+		d.freeCoded(b)
+	}
+	b.coded = c
+	return true, nil
+}
+
+// words uploads data (a multiple of 4 bytes) as read-only I32 words; an
+// empty buffer for none.
+func (d *Device) words(op string, data []byte) (*Buffer, error) {
+	b, err := d.alloc(op, gpu.I32, len(data)/4, false)
+	if err != nil {
+		return nil, err
+	}
+	b.readOnly = true
+	if len(data) > 0 {
+		if err := d.do(func() error { return d.upload(b.ptr, data) }); err != nil {
+			d.freeNow(b)
+			return nil, fmt.Errorf("%s: copy %d bytes: %w", op, len(data), err)
+		}
+	}
+	return b, nil
+}
+
+// freeCoded releases b's twin.
+func (d *Device) freeCoded(b *Buffer) {
+	for _, t := range []*Buffer{b.coded.data, b.coded.esc} {
+		if !t.freed {
+			d.freeNow(t)
+		}
+	}
+	b.coded = nil
+}
+
+// codedGEMV is w's coded GEMV of the kind (c12, glu_c12, c12_post,
+// glu_c12_post, c12_head) for its rows × k, with its grid, and the
+// arguments that follow the kernel's others; nil where w has no twin for
+// that shape.
+func (d *Device) codedGEMV(kind string, w *Buffer, k, rows int) (*kernel, dim3, []arg) {
+	c := w.coded
+	if c == nil || c.k != k || c.rows != rows {
+		return nil, dim3{}, nil
+	}
+	kern := d.k(fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, c.nv, c.ks))
+	if kern == nil {
+		return nil, dim3{}, nil
+	}
+	return kern, grid1(d.gemvGrid(c.ks, rows, kern.occ)), []arg{
+		bufArg("esc", c.esc, gpu.I32, rows*c.cap), i32Arg(c.cap), i32Arg(int(c.base4)), f32Arg(c.v0)}
+}
+
+// codedW is the kernel argument for w's code in place of its bf16 rows.
+func codedW(w *Buffer) arg {
+	c := w.coded
+	return bufArg("w", c.data, gpu.I32, c.rows*c.k*3/8)
+}
