@@ -94,6 +94,24 @@ DEV void decode4(const CodedUnit& u, int q, unsigned base4, float* f) {
   f[3] = bfhi(p23);
 }
 
+// predecode turns a group of coded units into bf16 pairs, two a quarter.
+template <int R, int NV>
+DEV void predecode(const CodedUnit (&w)[R][NV], unsigned base4, unsigned (&pre)[R][NV][8]) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const unsigned lo = q == 0 ? w[r][v].lo.x : q == 1 ? w[r][v].lo.y : q == 2 ? w[r][v].lo.z : w[r][v].lo.w;
+        const unsigned cw = q < 2 ? w[r][v].codes.x : w[r][v].codes.y;
+        const unsigned c = (q & 1 ? cw >> 4 : cw) & 0x0f0f0f0fu;
+        const unsigned h = ((c & 0x07070707u) + base4) | ((c << 4) & 0x80808080u);
+        pre[r][v][2 * q] = __byte_perm(lo, h, 0x5140);
+        pre[r][v][2 * q + 1] = __byte_perm(lo, h, 0x7362);
+      }
+}
+
 // xs_at is where a coded product keeps x's value col in shared memory:
 // quarter q of lane l's 16 values of unit u at float4 (u*4 + q)*32 + l, so
 // that a warp reads a quarter of its unit without bank conflicts.
@@ -125,13 +143,19 @@ DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
 #ifndef CODED_MINB
 #define CODED_MINB 2
 #endif
+#ifndef CODED_PRE
+#define CODED_PRE 1
+#endif
 
 // coded_sums sums rows r < R of a group of coded units against x in
 // shared memory (xs_at), a quarter of a unit at a time for every row, adds
 // the rows' escapes (a lane each, e) and reduces each row over the warp.
-template <int NV, int KS, int R>
-DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&e)[R], const float (&xv)[1][NV][16],
-                    const float* xs, int ks, int lane, const Coded& cd, float (&acc)[R][1]) {
+// With PRE, the group's values were decoded already into bf16 pairs
+// (pre, predecode) and w is not read.
+template <int NV, int KS, int R, bool PRE>
+DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&pre)[R][NV][8], const unsigned (&e)[R],
+                    const float (&xv)[1][NV][16], const float* xs, int ks, int lane, const Coded& cd,
+                    float (&acc)[R][1]) {
   float s[R];
 #pragma unroll
   for (int r = 0; r < R; r++) s[r] = 0.f;
@@ -144,7 +168,14 @@ DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&e)[R], const f
 #pragma unroll
       for (int r = 0; r < R; r++) {
         float f[4];
-        decode4(w[r][v], q, cd.base4, f);
+        if constexpr (PRE) {
+          f[0] = bflo(pre[r][v][2 * q]);
+          f[1] = bfhi(pre[r][v][2 * q]);
+          f[2] = bflo(pre[r][v][2 * q + 1]);
+          f[3] = bfhi(pre[r][v][2 * q + 1]);
+        } else {
+          decode4(w[r][v], q, cd.base4, f);
+        }
         s[r] = fmaf(f[0], xq.x, s[r]);
         s[r] = fmaf(f[1], xq.y, s[r]);
         s[r] = fmaf(f[2], xq.z, s[r]);
@@ -229,6 +260,13 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   int base = blockIdx.x * ITEMS;
   if (base < mo) loadw(g0, base + grp * IR);
   if (D == 3 && base + stride < mo) loadw(g1, base + stride + grp * IR);
+  // With CODED and CODED_PRE, the first group is decoded as soon as its
+  // loads land, before the wait: in a short product that group is all the
+  // weights a warp has, and its decoding then overlaps the kernel ahead.
+  unsigned pre[CODED ? R : 1][CODED ? NV : 1][8];
+  if constexpr (CODED && CODED_PRE) {
+    if (base < mo) predecode(g0.w, cd.base4, pre);
+  }
   pdl_begin();
   // With AHEAD, the second group, which the first step would ask for
   // after the post-norm's prologue (two waits on loads of y and r, and
@@ -350,12 +388,13 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   int bi = 0x7fffffff;
   // step sums the group at base from cur, after issuing the loads of the
   // group D-1 ahead into nxt (cur's predecessor, summed already).
-  auto step = [&](Group& cur, Group& nxt, int base, int buf, bool first) {
+  auto step = [&](Group& cur, Group& nxt, int base, int buf, bool first, bool predecoded) {
     if (!(AHEAD && first) && base + (D - 1) * stride < mo) loadw(nxt, base + (D - 1) * stride + grp * IR);
     int i0 = base + grp * IR;
     float acc[R][NB];
     if constexpr (CODED) {
-      coded_sums<NV, KS, R>(cur.w, cur.e, xv, xs, ks, lane, cd, acc);
+      if (predecoded) coded_sums<NV, KS, R, true>(cur.w, pre, cur.e, xv, xs, ks, lane, cd, acc);
+      else coded_sums<NV, KS, R, false>(cur.w, pre, cur.e, xv, xs, ks, lane, cd, acc);
     } else {
 #pragma unroll
       for (int r = 0; r < R; r++) {
@@ -427,8 +466,17 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
       }
     }
   };
-  // The buffers rotate by name, so that they stay in registers.
-  for (int it = 0; base < mo; it++, base += stride) {
+  // The buffers rotate by name, so that they stay in registers; a
+  // predecoded first group is summed on its own.
+  int it = 0;
+  if constexpr (CODED && CODED_PRE) {
+    if (base < mo) {
+      step(g0, D == 3 ? g2 : g1, base, 0, true, true);
+      it = 1;
+      base += stride;
+    }
+  }
+  for (; base < mo; it++, base += stride) {
     int ph = it % D;
     if constexpr (AHEAD) {
       if (it == 1) {
@@ -439,9 +487,9 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
           for (int v = 0; v < NV; v++) g1.w[r][v] = wsm[(r * NV + v) * 256 + threadIdx.x];
       }
     }
-    if (ph == 0) step(g0, D == 3 ? g2 : g1, base, it & 1, it == 0);
-    else if (ph == 1) step(g1, g0, base, it & 1, false);
-    else step(g2, g1, base, it & 1, false);
+    if (ph == 0) step(g0, D == 3 ? g2 : g1, base, it & 1, it == 0, false);
+    else if (ph == 1) step(g1, g0, base, it & 1, false, false);
+    else step(g2, g1, base, it & 1, false, false);
   }
   if constexpr (AM) grid_best(bv, bi, am.pv, am.pi, am.cnt, am.next, blockIdx.x, gridDim.x);
 }
