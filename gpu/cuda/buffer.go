@@ -116,7 +116,13 @@ func (d *Device) Weights(dt gpu.DType, data []byte) (gpu.Buffer, error) {
 	if len(data)%dt.Size() != 0 {
 		return nil, fmt.Errorf("weights: %d bytes is not a whole number of %s elements", len(data), dt)
 	}
-	b, err := d.alloc("weights", dt, len(data)/dt.Size(), false)
+	return d.constant("weights", dt, data)
+}
+
+// constant allocates read-only memory holding data, elements of dt, copied
+// before it returns.
+func (d *Device) constant(op string, dt gpu.DType, data []byte) (*Buffer, error) {
+	b, err := d.alloc(op, dt, len(data)/dt.Size(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +130,7 @@ func (d *Device) Weights(dt gpu.DType, data []byte) (gpu.Buffer, error) {
 	if len(data) > 0 {
 		if err := d.do(func() error { return d.upload(b.ptr, data) }); err != nil {
 			d.freeNow(b)
-			return nil, fmt.Errorf("weights: copy %d bytes: %w", len(data), err)
+			return nil, fmt.Errorf("%s: copy %d bytes: %w", op, len(data), err)
 		}
 	}
 	return b, nil

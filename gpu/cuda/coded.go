@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -87,14 +88,14 @@ func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
 		return false, fmt.Errorf("%s: %w", op, err)
 	}
 	c := &coded{rows: rows, k: k, cap: m.Cap, base4: m.Base4(), v0: m.V0(), nv: nv, ks: ks}
-	if c.data, err = d.words(op, m.Data); err != nil {
+	if c.data, err = d.constant(op, gpu.I32, m.Data); err != nil {
 		return false, err
 	}
-	esc := make([]byte, 4*len(m.Esc))
-	for i, e := range m.Esc {
-		esc[4*i], esc[4*i+1], esc[4*i+2], esc[4*i+3] = byte(e), byte(e>>8), byte(e>>16), byte(e>>24)
+	esc := make([]byte, 0, 4*len(m.Esc))
+	for _, e := range m.Esc {
+		esc = binary.LittleEndian.AppendUint32(esc, e)
 	}
-	if c.esc, err = d.words(op, esc); err != nil {
+	if c.esc, err = d.constant(op, gpu.I32, esc); err != nil {
 		d.freeNow(c.data)
 		return false, err
 	}
@@ -103,23 +104,6 @@ func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
 	}
 	b.coded = c
 	return true, nil
-}
-
-// words uploads data (a multiple of 4 bytes) as read-only I32 words; an
-// empty buffer for none.
-func (d *Device) words(op string, data []byte) (*Buffer, error) {
-	b, err := d.alloc(op, gpu.I32, len(data)/4, false)
-	if err != nil {
-		return nil, err
-	}
-	b.readOnly = true
-	if len(data) > 0 {
-		if err := d.do(func() error { return d.upload(b.ptr, data) }); err != nil {
-			d.freeNow(b)
-			return nil, fmt.Errorf("%s: copy %d bytes: %w", op, len(data), err)
-		}
-	}
-	return b, nil
 }
 
 // freeCoded releases b's twin.
