@@ -164,13 +164,22 @@ func Argmax(v []float32) int {
 }
 
 // LogProbs returns the log-probability of token i under logits, and the
-// k most likely tokens (ties to the lower id, NaNs skipped) with theirs:
-// one pass for the normalizer and one for the k, however large k is.
+// k most likely tokens (ties to the lower id) with theirs; NaN logits are
+// left out of both. One pass finds the maximum, one sums the exponentials
+// under it, one keeps the k.
 func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
-	mx := logits[Argmax(logits)]
-	var sum float64
+	mx, sum := float32(math.Inf(-1)), 0.0
 	for _, l := range logits {
-		sum += gpu.ExpNonPos(float64(l - mx))
+		if l > mx { // never a NaN
+			mx = l
+		}
+	}
+	if !math.IsInf(float64(mx), -1) {
+		for _, l := range logits {
+			if l == l {
+				sum += gpu.ExpNonPos(float64(l - mx))
+			}
+		}
 	}
 	lse := float64(mx) + math.Log(sum)
 	lp := float32(float64(logits[i]) - lse)

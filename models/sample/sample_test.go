@@ -97,13 +97,25 @@ func TestLogProbs(t *testing.T) {
 	if len(ids) != 2 || ids[0] != 2 || ids[1] != 1 || lps[0] < lps[1] {
 		t.Errorf("top logprobs %v %v", ids, lps)
 	}
-	// Against a float64 oracle over a long row with ties, NaNs and -Inf.
+	// Against a float64 oracle over rows with ties, NaNs and -Inf, the
+	// largest logit first or last.
 	r := rand.New(rand.NewPCG(1, 1))
-	row := make([]float32, 5000)
-	for i := range row {
-		row[i] = float32(r.IntN(400)) / 16
+	for _, n := range []int{5000, 100352} {
+		row := make([]float32, n)
+		for i := range row {
+			row[i] = float32(r.IntN(400)) / 16
+		}
+		row[7], row[9], row[11] = float32(math.NaN()), float32(math.Inf(-1)), 30
+		if n > 5000 {
+			row[0], row[n-1] = float32(math.NaN()), 31
+		}
+		logProbsMatch(t, row, 11)
 	}
-	row[7], row[9], row[11] = float32(math.NaN()), float32(math.Inf(-1)), 30
+}
+
+// logProbsMatch checks LogProbs of token i against a float64 oracle.
+func logProbsMatch(t *testing.T, row []float32, i int) {
+	t.Helper()
 	var z float64
 	for _, l := range row {
 		if l == l {
@@ -111,9 +123,9 @@ func TestLogProbs(t *testing.T) {
 		}
 	}
 	for _, k := range []int{1, 5, 20} {
-		lp, ids, lps := LogProbs(row, 11, k)
-		if want := 30 - math.Log(z); math.Abs(float64(lp)-want) > 1e-5 {
-			t.Errorf("k %d: logprob %v, want %v", k, lp, want)
+		lp, ids, lps := LogProbs(row, i, k)
+		if want := float64(row[i]) - math.Log(z); !(math.Abs(float64(lp)-want) <= 1e-5) {
+			t.Errorf("%d logits, k %d: logprob %v, want %v", len(row), k, lp, want)
 		}
 		order := make([]int32, 0, len(row))
 		for id, l := range row {
@@ -123,13 +135,26 @@ func TestLogProbs(t *testing.T) {
 		}
 		slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(row[b], row[a]) })
 		if !slices.Equal(ids, order[:k]) {
-			t.Errorf("k %d: top %v, want %v", k, ids, order[:k])
+			t.Errorf("%d logits, k %d: top %v, want %v", len(row), k, ids, order[:k])
 		}
 		for j, id := range ids {
-			if want := float64(row[id]) - math.Log(z); math.Abs(float64(lps[j])-want) > 1e-5 {
-				t.Errorf("k %d: token %d's logprob %v, want %v", k, id, lps[j], want)
+			if want := float64(row[id]) - math.Log(z); !(math.Abs(float64(lps[j])-want) <= 1e-5) {
+				t.Errorf("%d logits, k %d: token %d's logprob %v, want %v", len(row), k, id, lps[j], want)
 			}
 		}
+	}
+}
+
+// BenchmarkLogProbs takes the log-probabilities of a row of OLMo 2's
+// width with the top 5.
+func BenchmarkLogProbs(b *testing.B) {
+	r := rand.New(rand.NewPCG(2, 2))
+	row := make([]float32, 100352)
+	for i := range row {
+		row[i] = float32(r.NormFloat64() * 3)
+	}
+	for b.Loop() {
+		LogProbs(row, 7, 5)
 	}
 }
 
