@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/code12"
@@ -32,11 +33,17 @@ var codedSplits = []struct{ nv, ks int }{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}}
 func codedKernelNames() []string {
 	var names []string
 	for _, s := range codedSplits {
-		for _, kind := range []string{"c12", "glu_c12", "c12_post", "glu_c12_post", "c12_head"} {
-			names = append(names, fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, s.nv, s.ks))
+		for _, kind := range []string{"bf16", "glu_bf16", postKind(false), postKind(true), "bf16_head"} {
+			names = append(names, codedName(kind, s.nv, s.ks))
 		}
 	}
 	return names
+}
+
+// codedName is the coded GEMV of the bf16 GEMV kind (gemvKernel's) at
+// (nv, ks): gemv_c12_*, gemv_glu_c12_post_* and so on.
+func codedName(kind string, nv, ks int) string {
+	return fmt.Sprintf("gemv_%s_nv%d_ks%d", strings.Replace(kind, "bf16", "c12", 1), nv, ks)
 }
 
 // codedShape is the (nv, ks) of the coded GEMV for rows of k values: a
@@ -77,7 +84,7 @@ func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
 		return false, fmt.Errorf("%s: not allowed while recording a graph", op)
 	}
 	nv, ks, ok := d.codedShape(k)
-	if !ok || d.k(fmt.Sprintf("gemv_c12_nv%d_ks%d", nv, ks)) == nil {
+	if !ok || d.k(codedName("bf16", nv, ks)) == nil {
 		return false, nil
 	}
 	m, err := code12.Encode(rows, k, data...)
@@ -116,25 +123,20 @@ func (d *Device) freeCoded(b *Buffer) {
 	b.coded = nil
 }
 
-// codedGEMV is w's coded GEMV of the kind (c12, glu_c12, c12_post,
-// glu_c12_post, c12_head) for its rows × k, with its grid, and the
-// arguments that follow the kernel's others; nil where w has no twin for
-// that shape.
-func (d *Device) codedGEMV(kind string, w *Buffer, k, rows int) (*kernel, dim3, []arg) {
+// codedGEMV is the coded GEMV standing in for the bf16 GEMV kind
+// (gemvKernel's: bf16, glu_bf16, bf16_post, glu_bf16_post, bf16_head) over
+// w's rows × k, with its grid, the argument for w's code in place of its
+// bf16 rows, and the arguments that follow the kernel's others; a nil
+// kernel where w has no twin for that shape.
+func (d *Device) codedGEMV(kind string, w *Buffer, k, rows int) (*kernel, dim3, arg, []arg) {
 	c := w.coded
 	if c == nil || c.k != k || c.rows != rows {
-		return nil, dim3{}, nil
+		return nil, dim3{}, arg{}, nil
 	}
-	kern := d.k(fmt.Sprintf("gemv_%s_nv%d_ks%d", kind, c.nv, c.ks))
+	kern := d.k(codedName(kind, c.nv, c.ks))
 	if kern == nil {
-		return nil, dim3{}, nil
+		return nil, dim3{}, arg{}, nil
 	}
-	return kern, grid1(d.gemvGrid(c.ks, rows, kern.occ)), []arg{
+	return kern, grid1(d.gemvGrid(c.ks, rows, kern.occ)), bufArg("w", c.data, gpu.I32, rows*k*3/8), []arg{
 		bufArg("esc", c.esc, gpu.I32, rows*c.cap), i32Arg(c.cap), i32Arg(int(c.base4)), f32Arg(c.v0)}
-}
-
-// codedW is the kernel argument for w's code in place of its bf16 rows.
-func codedW(w *Buffer) arg {
-	c := w.coded
-	return bufArg("w", c.data, gpu.I32, c.rows*c.k*3/8)
 }

@@ -400,16 +400,14 @@ func (d *Device) GatedMatVec(out, x, w gpu.Buffer, k, f int) error {
 
 // gatedMatVec is GatedMatVec inside an operation, on checked buffers.
 func (d *Device) gatedMatVec(op string, out, x, w *Buffer, k, f int) error {
-	if kern, grid, ca := d.codedGEMV("glu_c12", w, k, 2*f); kern != nil {
-		return d.launch(kern, grid, grid1(256), 0, append([]arg{bufArg("out", out, gpu.F32, f),
-			bufArg("x", x, gpu.F32, k), codedW(w), i32Arg(k), i32Arg(2 * f)}, ca...)...)
+	kern, grid, wArg, tail := d.codedGEMV("glu_bf16", w, k, 2*f)
+	if kern == nil && w.dt == gpu.BF16 {
+		kern, grid = d.fastGEMV(true, 1, k, 2*f)
+		wArg = bufArg("w", w, gpu.BF16, 2*f*k)
 	}
-	if w.dt == gpu.BF16 {
-		if kern, grid := d.fastGEMV(true, 1, k, 2*f); kern != nil {
-			return d.launch(kern, grid, grid1(256), 0,
-				bufArg("out", out, gpu.F32, f), bufArg("x", x, gpu.F32, k), bufArg("w", w, gpu.BF16, 2*f*k),
-				i32Arg(k), i32Arg(2*f))
-		}
+	if kern != nil {
+		return d.launch(kern, grid, grid1(256), 0, append([]arg{
+			bufArg("out", out, gpu.F32, f), bufArg("x", x, gpu.F32, k), wArg, i32Arg(k), i32Arg(2 * f)}, tail...)...)
 	}
 	gu, err := d.scratchBuf("glu", gpu.F32, 2*f)
 	if err != nil {
@@ -459,23 +457,21 @@ func (d *Device) PostNormMatVec(out, rOut, r, y, wn, w gpu.Buffer, k, m int, glu
 	d.overwrite(b[0])
 	d.overwrite(b[1])
 	if b[4].dt == gpu.BF16 || b[4].dt == gpu.F32 {
-		if kern, grid, ca := d.codedGEMV(codedPostKind(glu), b[5], k, rows); kern != nil {
-			return d.launch(kern, grid, grid1(256), 0, append([]arg{
-				bufArg("out", b[0], gpu.F32, m), bufArg("y", b[3], gpu.F32, k), codedW(b[5]),
-				i32Arg(k), i32Arg(rows), bufArg("rOut", b[1], gpu.F32, k), bufArg("r", b[2], gpu.F32, k),
-				bufArg("wn", b[4], b[4].dt, k), i32Arg(b2i(b[4].dt == gpu.F32)), f32Arg(eps)}, ca...)...)
-		}
-	}
-	if (b[4].dt == gpu.BF16 || b[4].dt == gpu.F32) && b[5].dt == gpu.BF16 {
-		if kern, grid := d.gemvKernel(postKind(glu), k, rows); kern != nil {
-			_, ks, _ := d.gemvShape(k, rows)
-			if ak, _ := d.gemvKernel(postKind(glu)+"_ahead", k, rows); ak != nil && postAhead(ks, rows, int(grid.x)) {
-				kern = ak
+		kern, grid, wArg, tail := d.codedGEMV(postKind(glu), b[5], k, rows)
+		if kern == nil && b[5].dt == gpu.BF16 {
+			if kern, grid = d.gemvKernel(postKind(glu), k, rows); kern != nil {
+				_, ks, _ := d.gemvShape(k, rows)
+				if ak, _ := d.gemvKernel(postKind(glu)+"_ahead", k, rows); ak != nil && postAhead(ks, rows, int(grid.x)) {
+					kern = ak
+				}
 			}
-			return d.launch(kern, grid, grid1(256), 0,
-				bufArg("out", b[0], gpu.F32, m), bufArg("y", b[3], gpu.F32, k), bufArg("w", b[5], gpu.BF16, rows*k),
+			wArg = bufArg("w", b[5], gpu.BF16, rows*k)
+		}
+		if kern != nil {
+			return d.launch(kern, grid, grid1(256), 0, append([]arg{
+				bufArg("out", b[0], gpu.F32, m), bufArg("y", b[3], gpu.F32, k), wArg,
 				i32Arg(k), i32Arg(rows), bufArg("rOut", b[1], gpu.F32, k), bufArg("r", b[2], gpu.F32, k),
-				bufArg("wn", b[4], b[4].dt, k), i32Arg(b2i(b[4].dt == gpu.F32)), f32Arg(eps))
+				bufArg("wn", b[4], b[4].dt, k), i32Arg(b2i(b[4].dt == gpu.F32)), f32Arg(eps)}, tail...)...)
 		}
 	}
 	if err := d.copyD(b[1], b[2], 4*k); err != nil {
@@ -550,10 +546,10 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 	d.overwrite(bo)
 	norms := func(n *Buffer) bool { return n == nil || n.dt == gpu.BF16 || n.dt == gpu.F32 }
 	if bw.dt == gpu.BF16 && norms(bwn) && norms(b[3]) {
-		kern, grid := d.gemvKernel("bf16_head", k, m)
-		wArg, ca := bufArg("w", bw, gpu.BF16, m*k), []arg(nil)
-		if ck, cg, cargs := d.codedGEMV("c12_head", bw, k, m); ck != nil {
-			kern, grid, wArg, ca = ck, cg, codedW(bw), cargs
+		kern, grid, wArg, tail := d.codedGEMV("bf16_head", bw, k, m)
+		if kern == nil {
+			kern, grid = d.gemvKernel("bf16_head", k, m)
+			wArg = bufArg("w", bw, gpu.BF16, m*k)
 		}
 		if kern != nil {
 			wnArg, wnF32 := devPtrArg(0), 0
@@ -573,7 +569,7 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 			return d.launch(kern, grid, grid1(256), 0, append([]arg{
 				bufArg("out", bo, gpu.F32, m), bufArg("y", b[2], gpu.F32, k), wArg,
 				i32Arg(k), i32Arg(m), bufArg("r", b[1], gpu.F32, k), wnArg, i32Arg(wnF32),
-				bufArg("wf", b[3], b[3].dt, k), i32Arg(b2i(b[3].dt == gpu.F32)), f32Arg(eps)}, append(am, ca...)...)...)
+				bufArg("wf", b[3], b[3].dt, k), i32Arg(b2i(b[3].dt == gpu.F32)), f32Arg(eps)}, append(am, tail...)...)...)
 		}
 	}
 	// x = rmsnorm(r + u) * wf in scratch: r's copy takes u, then the norm.
@@ -617,14 +613,6 @@ func (d *Device) HeadMatVec(out, next, r, y, wn, wf, w gpu.Buffer, k, m int, eps
 // (12 and 21) would go 3.591 → 3.607.
 func postAhead(ks, rows, blocks int) bool {
 	return ceilDiv(gemvGroups(ks, rows), blocks) <= 8
-}
-
-// codedPostKind is postKind's coded kind (codedGEMV).
-func codedPostKind(glu bool) string {
-	if glu {
-		return "glu_c12_post"
-	}
-	return "c12_post"
 }
 
 // postKind is the kind of fast GEMV (gemvKernel) that forms its row of x

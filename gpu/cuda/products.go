@@ -53,19 +53,25 @@ func (d *Device) overwrite(out *Buffer) {
 
 func (d *Device) matmul(out, x, w *Buffer, n, k, m int) error {
 	d.overwrite(out)
-	if n == 1 {
-		if kern, grid, ca := d.codedGEMV("c12", w, k, m); kern != nil {
-			return d.launch(kern, grid, grid1(256), 0, append([]arg{bufArg("out", out, gpu.F32, m),
-				bufArg("x", x, gpu.F32, k), codedW(w), i32Arg(k), i32Arg(m)}, ca...)...)
-		}
-	}
 	args := []arg{bufArg("out", out, gpu.F32, n*m), bufArg("x", x, gpu.F32, n*k), bufArg("w", w, w.dt, m*k)}
 	if w.dt == gpu.BF16 {
-		if kern, grid := d.fastGEMV(false, n, k, m); kern != nil {
+		var kern *kernel
+		var grid dim3
+		var wa arg
+		var tail []arg
+		if n == 1 {
+			kern, grid, wa, tail = d.codedGEMV("bf16", w, k, m)
+		}
+		if kern != nil {
+			args[2] = wa
+		} else {
+			kern, grid = d.fastGEMV(false, n, k, m)
+		}
+		if kern != nil {
 			if n > 1 {
 				args = append(args, i32Arg(n))
 			}
-			return d.launch(kern, grid, grid1(256), 0, append(args, i32Arg(k), i32Arg(m))...)
+			return d.launch(kern, grid, grid1(256), 0, append(append(args, i32Arg(k), i32Arg(m)), tail...)...)
 		}
 	}
 	if w.dt != gpu.F32 && k%8 == 0 && (n > 8 || exactSkinny(n, k)) {
