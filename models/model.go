@@ -52,19 +52,6 @@ const (
 	CodeAll                // the LM head's and every layer's products'
 )
 
-// ParseCoding reads a Coding by its name: none (or empty), head or all.
-func ParseCoding(s string) (Coding, error) {
-	if s == "" {
-		return CodeNone, nil
-	}
-	for c, name := range codingNames {
-		if s == name {
-			return Coding(c), nil
-		}
-	}
-	return 0, fmt.Errorf("weight coding %q: want none, head or all", s)
-}
-
 var codingNames = [...]string{"none", "head", "all"}
 
 func (c Coding) String() string {
@@ -72,6 +59,24 @@ func (c Coding) String() string {
 		return fmt.Sprintf("Coding(%d)", int(c))
 	}
 	return codingNames[c]
+}
+
+// MarshalText writes c's name.
+func (c Coding) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText reads a Coding by its name: none (or empty), head or all.
+func (c *Coding) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*c = CodeNone
+		return nil
+	}
+	for i, name := range codingNames {
+		if string(b) == name {
+			*c = Coding(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("weight coding %q: want none, head or all", b)
 }
 
 type layer struct {
@@ -399,10 +404,10 @@ func (m *Model) codeWeights(ckpt *safetensors.Checkpoint) error {
 		return nil
 	}
 	for i, ly := range m.layers {
-		p := fmt.Sprintf("model.layers.%d.", m.opts.FirstLayer+i)
 		if ly.moe != nil || m.opts.CodeWeights != CodeAll {
 			continue
 		}
+		p := fmt.Sprintf("model.layers.%d.", m.opts.FirstLayer+i)
 		qw := c.Heads * c.HeadDim
 		for _, w := range []struct {
 			b     gpu.Buffer

@@ -188,6 +188,7 @@ func TestServeConfigFile(t *testing.T) {
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
 		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name", `{"orphan_grace":"1s"}`: "--orphan-grace",
 		`{"orphan_grace":"-1m"}`: "--orphan-grace", `{"orphan_grace":5}`: "orphan_grace", `{"kv_cache":"f8"}`: "--kv-cache",
+		`{"code_weights":"most"}`: "weight coding \"most\"", `{"code_weights":1}`: "code_weights",
 	} {
 		os.WriteFile(file, []byte(bad), 0o644)
 		if _, err := parseServe([]string{"--config", file}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), flag) {

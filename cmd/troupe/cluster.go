@@ -213,7 +213,7 @@ func (n *node) acquireWeights(span [2]int) (*models.Model, error) {
 		w.refs++
 		return w.m, nil
 	}
-	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT, CodeWeights: n.coding})
+	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT, CodeWeights: n.cfg.CodeWeights})
 	if err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 	}
 	if cfg.Device == "cuda" && cfg.TP <= 1 {
 		// The coded twins take three quarters of the weights they code more.
-		switch c, _ := models.ParseCoding(cfg.CodeWeights); c {
+		switch cfg.CodeWeights {
 		case models.CodeAll:
 			n.weights += ckpt / 4 * 3
 		case models.CodeHead:

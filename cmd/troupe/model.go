@@ -70,7 +70,7 @@ type loadOptions struct {
 	tp            int
 	maxTokens     int
 	quiet         bool
-	codeWeights   string
+	codeWeights   models.Coding
 }
 
 // flags registers the model, device and thread flags.
@@ -80,7 +80,8 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
 	fs.StringVar(&o.kvCache, "kv-cache", "auto", kvCacheUsage)
 	fs.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks: GPUs 0 to N-1 joined by peer memory (cuda only)")
-	fs.StringVar(&o.codeWeights, "code-weights", "head", codeWeightsUsage)
+	o.codeWeights = models.CodeHead
+	fs.TextVar(&o.codeWeights, "code-weights", o.codeWeights, codeWeightsUsage)
 }
 
 const codeWeightsUsage = "weights also held in a lossless 12-bit code for one-token products (cuda): none, head (the LM head's) or all (every product's); each coded matrix streams a quarter fewer bytes a decode step and takes three quarters more memory"
@@ -124,11 +125,7 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 	if !o.quiet {
 		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
 	}
-	coding, err := models.ParseCoding(o.codeWeights)
-	if err != nil {
-		return nil, fmt.Errorf("--code-weights: %w", err)
-	}
-	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache, CodeWeights: coding}
+	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache, CodeWeights: o.codeWeights}
 	if l.tp != nil {
 		l.model, err = models.LoadTP(b.Config, b.Checkpoint, l.tp.gpuDevices(), l.tp.reducers(), mo)
 	} else {

@@ -49,7 +49,6 @@ type node struct {
 	kvAuto   *kvNeeds // what sized blocks by memory; nil for --kv-blocks
 	started  bool     // the start's replicas are up; guarded by resizeMu
 	cacheDT  gpu.DType
-	coding   models.Coding // the weights also held in the 12-bit code
 
 	cancel  context.CancelFunc
 	runCtx  context.Context // ends when the node closes
@@ -176,9 +175,6 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		return nil, err
 	}
 	mc := n.bundle.Config
-	if n.coding, err = models.ParseCoding(cfg.CodeWeights); err != nil {
-		return nil, fmt.Errorf("--code-weights: %w", err)
-	}
 	if n.cacheDT, err = kvCacheType(cfg.KVCache, cfg.Device); err != nil {
 		return nil, err
 	}

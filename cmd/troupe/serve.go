@@ -36,7 +36,7 @@ type serveConfig struct {
 	KVCache string `json:"kv_cache"`
 	// CodeWeights names the weights also held in a lossless 12-bit code on
 	// the CUDA lane: none, head or all (models.Options.CodeWeights).
-	CodeWeights string `json:"code_weights"`
+	CodeWeights models.Coding `json:"code_weights"`
 	// Shards is the number of pipeline stages per replica; Replicas the
 	// number of full copies of the model.
 	Shards   int `json:"shards"`
@@ -147,7 +147,7 @@ func (c *serveConfig) UnmarshalJSON(b []byte) error {
 func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
-		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: "head", Shards: 1, Replicas: 1, TP: 1,
+		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: models.CodeHead, Shards: 1, Replicas: 1, TP: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,
@@ -163,7 +163,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.StringVar(&c.Device, "device", c.Device, "compute lane: cpu, cuda or ref")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU threads (0: all)")
 	fs.StringVar(&c.KVCache, "kv-cache", c.KVCache, kvCacheUsage)
-	fs.StringVar(&c.CodeWeights, "code-weights", c.CodeWeights, codeWeightsUsage)
+	fs.TextVar(&c.CodeWeights, "code-weights", c.CodeWeights, codeWeightsUsage)
 	fs.IntVar(&c.Shards, "shards", c.Shards, "pipeline stages per replica")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of the model")
 	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel ranks of each replica's stage: CPU devices sharing --threads, or GPUs (--device cuda; at the start replica r's stage s on GPUs (r·S+s)·N to (r·S+s)·N+N-1 for --shards S)")
@@ -257,9 +257,6 @@ func (c serveConfig) validate() error {
 	}
 	if _, err := kvCacheType(c.KVCache, c.Device); err != nil {
 		return fmt.Errorf("serve: %w", err)
-	}
-	if _, err := models.ParseCoding(c.CodeWeights); err != nil {
-		return fmt.Errorf("serve: --code-weights: %w", err)
 	}
 	if c.StepTimeout <= 0 {
 		return fmt.Errorf("serve: --step-timeout %v: want > 0", c.StepTimeout)
