@@ -58,9 +58,6 @@ func (m *Matrix) Escapes() int {
 	return n
 }
 
-// Bytes is the device memory the code takes: the data and the entries.
-func (m *Matrix) Bytes() int { return len(m.Data) + 4*len(m.Esc) }
-
 // Encode codes rows × k bf16 values (little-endian), given as parts that
 // hold whole rows one after another (a product's packed weights).
 func Encode(rows, k int, parts ...[]byte) (*Matrix, error) {
