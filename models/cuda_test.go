@@ -138,16 +138,22 @@ func TestCUDABatchedArgmax(t *testing.T) {
 // the products take the 7B splits of the GEMVs and the skinny kernels,
 // widths neither the demo nor the fixtures reach.
 func TestCUDAWideShapes(t *testing.T) {
-	p := synth.OLMo2(4096, 2, 32, 11008)
-	p["vocab_size"] = 1024
+	cfg, ckpt := synthOLMo2(t, synth.OLMo2(4096, 2, 32, 11008), 1024, 7)
+	graphsMatchEager(t, cfg, ckpt)
+	batchedMatchesAlone(t, cfg, ckpt)
+}
+
+// synthOLMo2 writes p's random weights (seed) with a vocabulary of vocab
+// tokens and opens them for the rest of the test.
+func synthOLMo2(t *testing.T, p synth.Preset, vocab int, seed uint64) (*models.Config, *safetensors.Checkpoint) {
+	t.Helper()
+	p["vocab_size"] = vocab
 	dir := t.TempDir()
-	cfg, err := p.Write(dir, 7, nil)
+	cfg, err := p.Write(dir, seed, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ckpt := openCheckpoint(t, dir)
-	graphsMatchEager(t, cfg, ckpt)
-	batchedMatchesAlone(t, cfg, ckpt)
+	return cfg, openCheckpoint(t, dir)
 }
 
 // openCheckpoint opens the checkpoint in dir for the rest of the test.
@@ -433,14 +439,7 @@ func TestCUDASampleMatchesHost(t *testing.T) {
 // 1e-4 of the bf16 run's at every step (the sums round in another order,
 // step after step), and the matrices each coding names coded.
 func TestCUDACodedWeights(t *testing.T) {
-	p := synth.OLMo2(2048, 2, 16, 8192)
-	p["vocab_size"] = 4096
-	dir := t.TempDir()
-	cfg, err := p.Write(dir, 11, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ckpt := openCheckpoint(t, dir)
+	cfg, ckpt := synthOLMo2(t, synth.OLMo2(2048, 2, 16, 8192), 4096, 11)
 	ctx := context.Background()
 	dev := openCUDA(t)
 	defer dev.Close()
