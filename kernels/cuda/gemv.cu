@@ -78,20 +78,17 @@ DEV uint2 ld_once8(const void* p) {
   return r;
 }
 
-// decode4 turns quarter q (values 4q to 4q+3) of a lane's coded unit into
-// its values: byte j of a code word holds value j's code in its low nibble
-// and value j+4's in its high one, a code c standing for the high byte
-// (c&8)<<4 | (base + c&7).
-DEV void decode4(const CodedUnit& u, int q, unsigned base4, float* f) {
+// decode_pairs turns quarter q (values 4q to 4q+3) of a lane's coded unit
+// into two bf16 pairs: byte j of a code word holds value j's code in its
+// low nibble and value j+4's in its high one, a code c standing for the
+// high byte (c&8)<<4 | (base + c&7).
+DEV void decode_pairs(const CodedUnit& u, int q, unsigned base4, unsigned& p01, unsigned& p23) {
   const unsigned lo = q == 0 ? u.lo.x : q == 1 ? u.lo.y : q == 2 ? u.lo.z : u.lo.w;
   const unsigned cw = q < 2 ? u.codes.x : u.codes.y;
   const unsigned c = (q & 1 ? cw >> 4 : cw) & 0x0f0f0f0fu;
   const unsigned h = ((c & 0x07070707u) + base4) | ((c << 4) & 0x80808080u);
-  const unsigned p01 = __byte_perm(lo, h, 0x5140), p23 = __byte_perm(lo, h, 0x7362);
-  f[0] = bflo(p01);
-  f[1] = bfhi(p01);
-  f[2] = bflo(p23);
-  f[3] = bfhi(p23);
+  p01 = __byte_perm(lo, h, 0x5140);
+  p23 = __byte_perm(lo, h, 0x7362);
 }
 
 // predecode turns a group of coded units into bf16 pairs, two a quarter.
@@ -102,14 +99,7 @@ DEV void predecode(const CodedUnit (&w)[R][NV], unsigned base4, unsigned (&pre)[
 #pragma unroll
     for (int v = 0; v < NV; v++)
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const unsigned lo = q == 0 ? w[r][v].lo.x : q == 1 ? w[r][v].lo.y : q == 2 ? w[r][v].lo.z : w[r][v].lo.w;
-        const unsigned cw = q < 2 ? w[r][v].codes.x : w[r][v].codes.y;
-        const unsigned c = (q & 1 ? cw >> 4 : cw) & 0x0f0f0f0fu;
-        const unsigned h = ((c & 0x07070707u) + base4) | ((c << 4) & 0x80808080u);
-        pre[r][v][2 * q] = __byte_perm(lo, h, 0x5140);
-        pre[r][v][2 * q + 1] = __byte_perm(lo, h, 0x7362);
-      }
+      for (int q = 0; q < 4; q++) decode_pairs(w[r][v], q, base4, pre[r][v][2 * q], pre[r][v][2 * q + 1]);
 }
 
 // xs_at is where a coded product keeps x's value col in shared memory:
@@ -128,25 +118,6 @@ DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
   }
 }
 
-// The coded products' depth of groups in flight (D), whether their sums
-// read x from shared memory (1) or from registers (0), and their blocks an
-// SM. Measured best on an H200 (docs/cuda.md, "Weights in a 12-bit code"):
-// D 2 over 3 (0.773 against 0.809 ms a token at OLMo-2-1B), x from shared
-// memory over registers (0.773 against 0.775), two blocks over three
-// (0.838).
-#ifndef CODED_D
-#define CODED_D 2
-#endif
-#ifndef CODED_XS
-#define CODED_XS 1
-#endif
-#ifndef CODED_MINB
-#define CODED_MINB 2
-#endif
-#ifndef CODED_PRE
-#define CODED_PRE 1
-#endif
-
 // coded_sums sums rows r < R of a group of coded units against x in
 // shared memory (xs_at), a quarter of a unit at a time for every row, adds
 // the rows' escapes (a lane each, e) and reduces each row over the warp.
@@ -154,8 +125,7 @@ DEV void norm8(const void* wn, int f32, int o, float (&wf)[8]) {
 // (pre, predecode) and w is not read.
 template <int NV, int KS, int R, bool PRE>
 DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&pre)[R][NV][8], const unsigned (&e)[R],
-                    const float (&xv)[1][NV][16], const float* xs, int ks, int lane, const Coded& cd,
-                    float (&acc)[R][1]) {
+                    const float* xs, int ks, int lane, const Coded& cd, float (&acc)[R][1]) {
   float s[R];
 #pragma unroll
   for (int r = 0; r < R; r++) s[r] = 0.f;
@@ -163,19 +133,17 @@ DEV void coded_sums(const CodedUnit (&w)[R][NV], const unsigned (&pre)[R][NV][8]
   for (int v = 0; v < NV; v++) {
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const float4 xq = CODED_XS ? reinterpret_cast<const float4*>(xs)[((v * KS + ks) * 4 + q) * 32 + lane]
-                                 : make_float4(xv[0][v][4 * q], xv[0][v][4 * q + 1], xv[0][v][4 * q + 2], xv[0][v][4 * q + 3]);
+      const float4 xq = reinterpret_cast<const float4*>(xs)[((v * KS + ks) * 4 + q) * 32 + lane];
 #pragma unroll
       for (int r = 0; r < R; r++) {
-        float f[4];
+        unsigned p01, p23;
         if constexpr (PRE) {
-          f[0] = bflo(pre[r][v][2 * q]);
-          f[1] = bfhi(pre[r][v][2 * q]);
-          f[2] = bflo(pre[r][v][2 * q + 1]);
-          f[3] = bfhi(pre[r][v][2 * q + 1]);
+          p01 = pre[r][v][2 * q];
+          p23 = pre[r][v][2 * q + 1];
         } else {
-          decode4(w[r][v], q, cd.base4, f);
+          decode_pairs(w[r][v], q, cd.base4, p01, p23);
         }
+        const float f[4] = {bflo(p01), bfhi(p01), bflo(p23), bfhi(p23)};
         s[r] = fmaf(f[0], xq.x, s[r]);
         s[r] = fmaf(f[1], xq.y, s[r]);
         s[r] = fmaf(f[2], xq.z, s[r]);
@@ -260,11 +228,11 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   int base = blockIdx.x * ITEMS;
   if (base < mo) loadw(g0, base + grp * IR);
   if (D == 3 && base + stride < mo) loadw(g1, base + stride + grp * IR);
-  // With CODED and CODED_PRE, the first group is decoded as soon as its
-  // loads land, before the wait: in a short product that group is all the
-  // weights a warp has, and its decoding then overlaps the kernel ahead.
+  // With CODED, the first group is decoded as soon as its loads land,
+  // before the wait: in a short product that group is all the weights a
+  // warp has, and its decoding then overlaps the kernel ahead.
   unsigned pre[CODED ? R : 1][CODED ? NV : 1][8];
-  if constexpr (CODED && CODED_PRE) {
+  if constexpr (CODED) {
     if (base < mo) predecode(g0.w, cd.base4, pre);
   }
   pdl_begin();
@@ -393,8 +361,8 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     int i0 = base + grp * IR;
     float acc[R][NB];
     if constexpr (CODED) {
-      if (predecoded) coded_sums<NV, KS, R, true>(cur.w, pre, cur.e, xv, xs, ks, lane, cd, acc);
-      else coded_sums<NV, KS, R, false>(cur.w, pre, cur.e, xv, xs, ks, lane, cd, acc);
+      if (predecoded) coded_sums<NV, KS, R, true>(cur.w, pre, cur.e, xs, ks, lane, cd, acc);
+      else coded_sums<NV, KS, R, false>(cur.w, pre, cur.e, xs, ks, lane, cd, acc);
     } else {
 #pragma unroll
       for (int r = 0; r < R; r++) {
@@ -469,7 +437,7 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   // The buffers rotate by name, so that they stay in registers; a
   // predecoded first group is summed on its own.
   int it = 0;
-  if constexpr (CODED && CODED_PRE) {
+  if constexpr (CODED) {
     if (base < mo) {
       step(g0, D == 3 ? g2 : g1, base, 0, true, true);
       it = 1;
@@ -553,36 +521,40 @@ AHEADS(1, 1) AHEADS(2, 1) AHEADS(2, 2) AHEADS(2, 4) AHEADS(2, 8)
 // The same over weights in the 12-bit code (Coded, its four arguments
 // last): gemv_c12_*, gemv_glu_c12_*, gemv_c12_post_*, gemv_glu_c12_post_*
 // and gemv_c12_head_*, for one row of x, k up to 8192 (x in shared memory).
+// Two groups in flight and two blocks an SM, measured best on an H200
+// (docs/cuda.md, "Weights in a 12-bit code"): three groups ran OLMo-2-1B
+// at 0.809 ms a token against 0.773, three blocks an SM at 0.838, and x in
+// registers rather than shared memory at 0.775.
 #define CODED_ARGS const unsigned *esc, int cap, unsigned base4, float v0
 #define CFAST1(NAME, MODE, NV, KS)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                              \
       NAME##_nv##NV##_ks##KS(float* out, const float* x, const uint16_t* w, int k, int m, CODED_ARGS) {             \
-    gemv_bf16_fast<NV, KS, 2, MODE, CODED_D, 1, POST_NONE, false, false, true>(out, x, w, 1, k, m, PostNorm{}, ArgmaxOut{}, \
+    gemv_bf16_fast<NV, KS, 2, MODE, 2, 1, POST_NONE, false, false, true>(out, x, w, 1, k, m, PostNorm{}, ArgmaxOut{}, \
                                                                          Coded{esc, cap, base4, v0});               \
   }
 #define CPOST1(NAME, MODE, NV, KS)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                              \
       NAME##_post_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, float* r_out,        \
                                   const float* r, const void* wn, int wn_f32, float eps, CODED_ARGS) {              \
-    gemv_bf16_fast<NV, KS, 2, MODE, CODED_D, 1, POST_RES, false, false, true>(                                            \
+    gemv_bf16_fast<NV, KS, 2, MODE, 2, 1, POST_RES, false, false, true>(                                            \
         out, y, w, 1, k, m, PostNorm{r_out, r, wn, wn_f32, eps}, ArgmaxOut{}, Coded{esc, cap, base4, v0});          \
   }
 #define CHEAD1(NV, KS)                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256, CODED_MINB)                                                     \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                              \
       gemv_c12_head_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, const float* r,    \
                                     const void* wn, int wn_f32, const void* wf, int wf_f32, float eps, int* next,   \
                                     float* pv, int* pi, unsigned* cnt, CODED_ARGS) {                                \
     PostNorm pn{nullptr, r, wn, wn_f32, eps, wf, wf_f32};                                                           \
     Coded cd{esc, cap, base4, v0};                                                                                  \
     if (next != nullptr)                                                                                            \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, CODED_D, 1, POST_HEAD, true, false, true>(out, y, w, 1, k, m, pn,             \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, 1, POST_HEAD, true, false, true>(out, y, w, 1, k, m, pn,             \
                                                                                 ArgmaxOut{next, pv, pi, cnt}, cd);  \
     else                                                                                                            \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, CODED_D, 1, POST_HEAD, false, false, true>(out, y, w, 1, k, m, pn,            \
+      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, 1, POST_HEAD, false, false, true>(out, y, w, 1, k, m, pn,            \
                                                                                  ArgmaxOut{}, cd);                  \
   }
 #define CFAST(NV, KS)                                                                                               \
-  CFAST1(gemv_c12, GEMV_PLAIN, NV, KS) CFAST1(gemv_glu_c12, GEMV_GLU, NV, KS) CPOST1(gemv_c12, GEMV_PLAIN, NV, KS)   \
+  CFAST1(gemv_c12, GEMV_PLAIN, NV, KS) CFAST1(gemv_glu_c12, GEMV_GLU, NV, KS) CPOST1(gemv_c12, GEMV_PLAIN, NV, KS)  \
   CPOST1(gemv_glu_c12, GEMV_GLU, NV, KS) CHEAD1(NV, KS)
 CFAST(1, 1) CFAST(2, 1) CFAST(2, 2) CFAST(2, 4) CFAST(2, 8)
 FASTB(2, 1, 1) FASTB(2, 2, 1) FASTB(2, 2, 2) FASTB(2, 2, 4) FASTB(2, 2, 8) FASTB(2, 3, 8) FASTB(2, 4, 8) FASTB(2, 6, 8)
