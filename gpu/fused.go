@@ -29,9 +29,11 @@ type Packer interface {
 // bytes given as parts of whole rows, and those products then read a
 // quarter fewer bytes with the same values. Other products still read w,
 // so the twin costs three quarters of w's memory more. Code returns false
-// where the code does not fit the matrix or no kernel reads its shape.
+// where the code does not fit the matrix or no kernel reads its shape;
+// Codable says beforehand whether a kernel reads the shape.
 type WeightCoder interface {
 	Code(w Buffer, rows, k int, data ...[]byte) (bool, error)
+	Codable(rows, k int) bool
 }
 
 // ResidualNormer fuses a residual add with an RMSNorm (one pass over the

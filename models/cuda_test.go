@@ -444,16 +444,20 @@ func TestCUDACodedWeights(t *testing.T) {
 	dev := openCUDA(t)
 	defer dev.Close()
 	var base [][]float32 // the bf16 run's logits, step by step
+	// At these shapes all codes gate|up and down (at least 2^24 weights)
+	// and the head, and auto does as all: the twins are far smaller than
+	// the GPU's memory.
 	for _, c := range []struct {
-		coding models.Coding
-		coded  int
-	}{{models.CodeNone, 0}, {models.CodeHead, 1}, {models.CodeAll, 4*cfg.Layers + 1}} {
+		coding, as models.Coding
+		coded      int
+	}{{models.CodeNone, models.CodeNone, 0}, {models.CodeHead, models.CodeHead, 1},
+		{models.CodeAll, models.CodeAll, 2*cfg.Layers + 1}, {models.CodeAuto, models.CodeAll, 2*cfg.Layers + 1}} {
 		m, err := models.Load(cfg, ckpt, dev, models.Options{MaxTokens: 64, CacheDType: gpu.BF16, CodeWeights: c.coding})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Coded() != c.coded {
-			t.Errorf("%s: %d matrices coded, want %d", c.coding, m.Coded(), c.coded)
+		if n, as := m.Coded(); n != c.coded || (n > 0 && as != c.as) {
+			t.Errorf("%s: %d matrices coded as %s, want %d as %s", c.coding, n, as, c.coded, c.as)
 		}
 		seq, err := m.NewSequence(64)
 		if err != nil {

@@ -39,44 +39,8 @@ type Options struct {
 	// lossless 12-bit code on a device that can (gpu.WeightCoder): those
 	// products stream a quarter fewer bytes, for three quarters of those
 	// weights' memory more. Matrices the code does not fit stay bf16 only
-	// (Model.Coded counts the others).
+	// (Model.Coded counts the others). The zero value codes none.
 	CodeWeights Coding
-}
-
-// Coding names the weights Options.CodeWeights codes.
-type Coding int
-
-const (
-	CodeNone Coding = iota // no weights
-	CodeHead               // the LM head's
-	CodeAll                // the LM head's and every layer's products'
-)
-
-var codingNames = [...]string{"none", "head", "all"}
-
-func (c Coding) String() string {
-	if c < 0 || int(c) >= len(codingNames) {
-		return fmt.Sprintf("Coding(%d)", int(c))
-	}
-	return codingNames[c]
-}
-
-// MarshalText writes c's name.
-func (c Coding) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
-
-// UnmarshalText reads a Coding by its name: none (or empty), head or all.
-func (c *Coding) UnmarshalText(b []byte) error {
-	if len(b) == 0 {
-		*c = CodeNone
-		return nil
-	}
-	for i, name := range codingNames {
-		if string(b) == name {
-			*c = Coding(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("weight coding %q: want none, head or all", b)
 }
 
 type layer struct {
@@ -99,7 +63,8 @@ type Model struct {
 
 	embed, lmHead, norm gpu.Buffer
 	layers              []layer
-	coded               int // matrices with a twin in the 12-bit code
+	coded               int    // matrices with a twin in the 12-bit code
+	coding              Coding // the coding that chose them
 	invFreq             gpu.Buffer
 	owned               []gpu.Buffer
 	rn                  gpu.ResidualNormer   // nil when the device has no fused norms
@@ -371,72 +336,10 @@ func (m *Model) load(ckpt *safetensors.Checkpoint) error {
 	return nil
 }
 
-// codeWeights gives the one-token products' weights their twins in the
-// 12-bit code (Options.CodeWeights).
-func (m *Model) codeWeights(ckpt *safetensors.Checkpoint) error {
-	wc, ok := m.dev.(gpu.WeightCoder)
-	if !ok || m.opts.CodeWeights == CodeNone || m.opts.Shard != nil {
-		return nil
-	}
-	c := &m.Config
-	code := func(w gpu.Buffer, k int, names ...string) error {
-		if w == nil {
-			return nil
-		}
-		parts, n := make([][]byte, len(names)), 0
-		for i, name := range names {
-			dt, data, err := m.tensor(ckpt, name)
-			if err != nil {
-				return err
-			}
-			if dt != gpu.BF16 {
-				return nil
-			}
-			parts[i], n = data, n+len(data)
-		}
-		ok, err := wc.Code(w, n/2/k, k, parts...)
-		if err != nil {
-			return fmt.Errorf("load: coding %s: %w", strings.Join(names, ", "), err)
-		}
-		if ok {
-			m.coded++
-		}
-		return nil
-	}
-	for i, ly := range m.layers {
-		if ly.moe != nil || m.opts.CodeWeights != CodeAll {
-			continue
-		}
-		p := fmt.Sprintf("model.layers.%d.", m.opts.FirstLayer+i)
-		qw := c.Heads * c.HeadDim
-		for _, w := range []struct {
-			b     gpu.Buffer
-			k     int
-			names []string
-		}{
-			{ly.qkv, c.Hidden, []string{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}},
-			{ly.o, qw, []string{p + "self_attn.o_proj.weight"}},
-			{ly.gateUp, c.Hidden, []string{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}},
-			{ly.down, c.Intermediate, []string{p + "mlp.down_proj.weight"}},
-		} {
-			if err := code(w.b, w.k, w.names...); err != nil {
-				return err
-			}
-		}
-	}
-	if m.last() && !m.headSplit {
-		name := "lm_head.weight"
-		if c.TieEmbeddings {
-			name = "model.embed_tokens.weight"
-		}
-		return code(m.lmHead, c.Hidden, name)
-	}
-	return nil
-}
-
 // Coded is how many of the model's weight matrices have a twin in the
-// 12-bit code (Options.CodeWeights).
-func (m *Model) Coded() int { return m.coded }
+// 12-bit code, and the coding that chose them (Options.CodeWeights,
+// CodeAuto resolved).
+func (m *Model) Coded() (int, Coding) { return m.coded, m.coding }
 
 func (m *Model) first() bool { return m.opts.FirstLayer == 0 }
 func (m *Model) last() bool  { return m.opts.LastLayer == m.Config.Layers }

@@ -21,9 +21,11 @@ type benchResult struct {
 	Model   string `json:"model"`
 	Device  string `json:"device"`
 	KVCache string `json:"kv_cache"`
-	// CodedWeights counts the matrices also held in the 12-bit code
-	// (--code-weights).
+	// CodedWeights counts the matrices also held in the 12-bit code, and
+	// Coding names the coding that chose them (--code-weights, auto
+	// resolved).
 	CodedWeights  int     `json:"coded_weights,omitempty"`
+	Coding        string  `json:"code_weights,omitempty"`
 	Batch         int     `json:"batch"`
 	Prompt        int     `json:"prompt_tokens"`
 	Gen           int     `json:"gen_tokens"`
@@ -157,7 +159,10 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 			prompts[s][i] = int32(rng.IntN(l.model.Config.Vocab))
 		}
 	}
-	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: batch, Prompt: b.prompt * batch, Gen: b.gen * batch, CodedWeights: l.model.Coded()}
+	r := benchResult{Model: l.bundle.Name, Device: l.dev.Name(), KVCache: l.cache.String(), Batch: batch, Prompt: b.prompt * batch, Gen: b.gen * batch}
+	if n, c := l.model.Coded(); n > 0 {
+		r.CodedWeights, r.Coding = n, c.String()
+	}
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: b.seed}
 	}

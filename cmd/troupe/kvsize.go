@@ -91,13 +91,9 @@ func kvBlocks(cfg serveConfig, mc *models.Config, ckpt int64, cache gpu.DType, d
 		scratch: int64(cfg.MaxBatchTokens) * int64(mc.Vocab+8*mc.Hidden+4*mc.Intermediate) * 4,
 	}
 	if cfg.Device == "cuda" && cfg.TP <= 1 {
-		// The coded twins take three quarters of the weights they code more.
-		switch cfg.CodeWeights {
-		case models.CodeAll:
-			n.weights += ckpt / 4 * 3
-		case models.CodeHead:
-			n.weights += int64(mc.Vocab) * int64(mc.Hidden) * 2 / 4 * 3
-		}
+		// The coded twins, as loading resolves the coding beside the
+		// weights.
+		n.weights += models.TwinBytes(mc, cfg.CodeWeights.Resolve(mc, dev, free-ckpt), dev)
 	}
 	if tp := int64(max(1, cfg.TP)); tp > 1 {
 		// A replica's stages split its layers, and each stage's ranks

@@ -80,11 +80,11 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
 	fs.StringVar(&o.kvCache, "kv-cache", "auto", kvCacheUsage)
 	fs.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks: GPUs 0 to N-1 joined by peer memory (cuda only)")
-	o.codeWeights = models.CodeHead
+	o.codeWeights = models.CodeAuto
 	fs.TextVar(&o.codeWeights, "code-weights", o.codeWeights, codeWeightsUsage)
 }
 
-const codeWeightsUsage = "weights also held in a lossless 12-bit code for one-token products (cuda): none, head (the LM head's) or all (every product's); each coded matrix streams a quarter fewer bytes a decode step and takes three quarters more memory"
+const codeWeightsUsage = "weights also held in a lossless 12-bit code for one-token products (cuda): none, head (the LM head's), all (the LM head's and every layer product's of at least 2^24 weights) or auto (all where those take at most an eighth of the memory free beside the weights, else head); each coded matrix streams a quarter fewer bytes a decode step and takes three quarters more memory"
 
 // load opens the bundle, the device and the model, reporting progress to
 // progress unless quiet.
@@ -137,8 +137,8 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 	}
 	if !o.quiet {
 		coded := ""
-		if l.model.Coded() > 0 {
-			coded = fmt.Sprintf(" (%d matrices also in the 12-bit code)", l.model.Coded())
+		if n, c := l.model.Coded(); n > 0 {
+			coded = fmt.Sprintf(" (%d matrices also in the 12-bit code, --code-weights %s as %s)", n, o.codeWeights, c)
 		}
 		fmt.Fprintf(progress, "loaded in %s%s\n", time.Since(start).Round(time.Millisecond), coded)
 	}

@@ -35,7 +35,7 @@ type serveConfig struct {
 	// KVCache is the KV cache's element type: auto, f32, bf16 or f16.
 	KVCache string `json:"kv_cache"`
 	// CodeWeights names the weights also held in a lossless 12-bit code on
-	// the CUDA lane: none, head or all (models.Options.CodeWeights).
+	// the CUDA lane: none, head, all or auto (models.Options.CodeWeights).
 	CodeWeights models.Coding `json:"code_weights"`
 	// Shards is the number of pipeline stages per replica; Replicas the
 	// number of full copies of the model.
@@ -147,7 +147,7 @@ func (c *serveConfig) UnmarshalJSON(b []byte) error {
 func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
-		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: models.CodeHead, Shards: 1, Replicas: 1, TP: 1,
+		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: models.CodeAuto, Shards: 1, Replicas: 1, TP: 1,
 		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,

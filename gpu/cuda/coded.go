@@ -65,6 +65,13 @@ func (d *Device) codedShape(k int) (nv, ks int, ok bool) {
 	return 0, 0, false
 }
 
+// Codable implements gpu.WeightCoder: a coded GEMV of the module takes
+// rows of k values.
+func (d *Device) Codable(rows, k int) bool {
+	nv, ks, ok := d.codedShape(k)
+	return ok && rows > 0 && k <= code12.MaxK && d.k(codedName("bf16", nv, ks)) != nil
+}
+
 // Code implements gpu.WeightCoder.
 func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
 	const op = "code weights"
@@ -83,10 +90,10 @@ func (d *Device) Code(w gpu.Buffer, rows, k int, data ...[]byte) (bool, error) {
 	if d.capture {
 		return false, fmt.Errorf("%s: not allowed while recording a graph", op)
 	}
-	nv, ks, ok := d.codedShape(k)
-	if !ok || d.k(codedName("bf16", nv, ks)) == nil {
+	if !d.Codable(rows, k) {
 		return false, nil
 	}
+	nv, ks, _ := d.codedShape(k)
 	m, err := code12.Encode(rows, k, data...)
 	if errors.Is(err, code12.ErrNotCodable) {
 		return false, nil
