@@ -62,8 +62,8 @@
 // tensor cores (relative error about 2e-3); the GEMV paths (up to 8 rows)
 // keep x in f32. BF16 and F16 KV caches round k and v on store.
 //
-// Code (gpu.WeightCoder) gives a bf16 weight a twin in the lossless 12-bit
-// code of package gpu/code12; the products of one row of x then read the
-// twin (gemv_c12_* and their gated, post-norm and LM-head kinds), the
-// others the bf16 rows.
+// Code (gpu.WeightCoder; Codable says which shapes it takes) gives a bf16
+// weight a twin in the lossless 12-bit code of package gpu/code12; the
+// products of one row of x then read the twin (gemv_c12_* and their
+// gated, post-norm and LM-head kinds), the others the bf16 rows.
 package cuda
