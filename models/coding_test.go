@@ -4,17 +4,10 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/synth"
 )
-
-// coder is a gpu.WeightCoder whose kernels take k a multiple of 512 up to
-// 8192, as the CUDA lane's do; nothing else of it is used.
-type coder struct{ gpu.Device }
-
-func (coder) Code(gpu.Buffer, int, int, ...[]byte) (bool, error) { return false, nil }
-func (coder) Codable(rows, k int) bool                           { return rows > 0 && k%512 == 0 && k <= 8192 }
 
 func presetConfig(t *testing.T, p synth.Preset) *models.Config {
 	t.Helper()
@@ -49,7 +42,7 @@ func TestTwinBytes(t *testing.T) {
 			twin(100352, 4096) + 32*(twin(12288, 4096)+twin(4096, 4096)+twin(22016, 4096)), models.CodeAll, models.CodeHead},
 	} {
 		c.cfg.Vocab = 100352
-		dev := coder{}
+		dev := gputest.Coder{}
 		for _, w := range []struct {
 			coding models.Coding
 			want   int64

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/gpu/ref"
 	"github.com/troupe/troupe/models"
 )
@@ -19,16 +20,34 @@ type memDev struct {
 
 func (d memDev) FreeMemory() (int64, int64, error) { return d.free, 2 * d.free, d.err }
 
+// coderDev is a device that reports free bytes of memory and plans coded
+// weights as the CUDA lane does.
+type coderDev struct {
+	gputest.Coder
+	free int64
+}
+
+func (d coderDev) FreeMemory() (int64, int64, error) { return d.free, 2 * d.free, nil }
+
 // TestKVBlocks sizes the KV cache of OLMo-2-1B's shape (16 layers, 16
 // KV heads of 128, 4,096 positions: a bf16 block of 16 tokens is 2 MiB,
 // a full context 256 blocks) by the device's free memory.
 func TestKVBlocks(t *testing.T) {
-	mc := &models.Config{Layers: 16, KVHeads: 16, HeadDim: 128, MaxPositions: 4096, Vocab: 100352, Hidden: 2048, Intermediate: 8192}
+	mc := &models.Config{Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128, MaxPositions: 4096, Vocab: 100352, Hidden: 2048, Intermediate: 8192}
 	const gib, weights = int64(1) << 30, int64(2_560_000_000)
 	cfg := defaultServeConfig()
 	scratch := int64(cfg.MaxBatchTokens) * int64(mc.Vocab+8*mc.Hidden+4*mc.Intermediate) * 4
 	fits := func(free int64, replicas int) int {
 		return int((int64(kvShare*float64(free)) - weights - int64(replicas)*scratch) / (int64(replicas) * (2 << 20)))
+	}
+	// The coded twins: the head's (308 MB) and with all the MLP products'
+	// too (1.52 GB in all), which auto takes where they fit in an eighth of
+	// the memory free beside the weights.
+	coded := func(free int64, c models.Coding) int {
+		return int((int64(kvShare*float64(free)) - weights - models.TwinBytes(mc, c, coderDev{}) - scratch) / (2 << 20))
+	}
+	if head, all := models.TwinBytes(mc, models.CodeHead, coderDev{}), models.TwinBytes(mc, models.CodeAll, coderDev{}); head != 100352*2048*3/2 || all <= head {
+		t.Fatalf("twins: head %d bytes, all %d", head, all)
 	}
 	for _, c := range []struct {
 		name     string
@@ -50,6 +69,8 @@ func TestKVBlocks(t *testing.T) {
 		{"two replicas share it", 0, 2, 1, "cpu", memDev{Device: ref.New(), free: 40 * gib}, fits(40*gib, 2), "where --max-seqs asks for 64", "", 0},
 		{"less than a context", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3500 << 20}, fits(3500<<20, 1), "less than one full context of 4096 tokens", "", 0},
 		{"too little", 0, 1, 1, "cpu", memDev{Device: ref.New(), free: 3 * gib}, 0, "", "--kv-blocks", 0},
+		{"auto codes all beside the weights", 0, 1, 1, "cuda", coderDev{gputest.Coder{Device: ref.New()}, 20 * gib}, coded(20*gib, models.CodeAll), "where --max-seqs asks for 64", "", 0},
+		{"auto codes the head where memory is short", 0, 1, 1, "cuda", coderDev{gputest.Coder{Device: ref.New()}, 12 * gib}, coded(12*gib, models.CodeHead), "where --max-seqs asks for 64", "", 0},
 		// On GPUs each rank holds half the weights and half of every
 		// block, one replica a GPU; on the CPU lane the two replicas' four
 		// ranks share the memory, each replica holding the whole weights
