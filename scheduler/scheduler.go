@@ -71,11 +71,6 @@ type Config struct {
 	EOS []int32
 }
 
-// DefaultConfig returns a configuration for a small model.
-func DefaultConfig() Config {
-	return Config{MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, Context: 1024}
-}
-
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.MaxQueue <= 0 || c.MaxBatchTokens <= 0 || c.MaxSeqs <= 0 || c.Context <= 0 || c.Vocab <= 0 {

@@ -152,17 +152,6 @@ func (s *Sampler) row() gpu.SampleRow {
 	return gpu.SampleRow{Temperature: s.p.Temperature, TopP: s.p.TopP, MinP: s.p.MinP, TopK: int32(min(s.p.TopK, math.MaxInt32)), Penalties: s.p.Penalties()}
 }
 
-// Argmax returns the index of the largest value, the lowest on ties.
-func Argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
-}
-
 // LogProbs returns the log-probability of token i under logits, and the
 // k most likely tokens (ties to the lower id) with theirs; NaN logits are
 // left out of both. One pass finds the maximum, one sums the exponentials
