@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
@@ -231,7 +232,8 @@ func testServeJSONMode(t *testing.T, overBus bool) {
 // TestServeJSONSchema: with a json_schema response format the demo model
 // answers with an object of the schema's properties, in the order the
 // request lists them (the client sends a Go map's keys sorted), of their
-// types; a schema troupe cannot follow is refused with a 400 naming what.
+// types and within their bounds; a schema troupe cannot follow is refused
+// with a 400 naming what.
 func TestServeJSONSchema(t *testing.T) {
 	s := startServe(t, nil)
 	c := s.client()
@@ -246,7 +248,7 @@ func TestServeJSONSchema(t *testing.T) {
 	schema := map[string]any{
 		"type": "object",
 		"properties": map[string]any{
-			"name": map[string]any{"type": "string"},
+			"name": map[string]any{"type": "string", "minLength": 2, "maxLength": 12},
 			"kind": map[string]any{"enum": []any{"file", "directory", "link"}},
 			"size": map[string]any{"type": []any{"integer", "null"}},
 			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
@@ -290,7 +292,8 @@ func TestServeJSONSchema(t *testing.T) {
 			continue
 		}
 		order := []int{strings.Index(text, `"kind"`), strings.Index(text, `"name"`), strings.Index(text, `"size"`), strings.Index(text, `"tags"`)}
-		if !slices.IsSorted(order) || order[0] < 0 || !slices.Contains([]string{"file", "directory", "link"}, got.Kind) || len(got.Tags) > 2 {
+		if n := utf8.RuneCountInString(got.Name); !slices.IsSorted(order) || order[0] < 0 || !slices.Contains([]string{"file", "directory", "link"}, got.Kind) ||
+			len(got.Tags) > 2 || n < 2 || n > 12 {
 			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
 		}
 	}

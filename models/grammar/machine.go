@@ -46,8 +46,95 @@ type state struct {
 }
 
 // inString reports whether the text is inside a string that takes any
-// plain byte without a change of state.
-func (s *state) inString() bool { return s.n > 0 && s.top.phase == pSub && s.sub.mode == mString }
+// plain byte without a change of state: not one whose length is bounded,
+// which counts its characters.
+func (g *Grammar) inString(s *state) bool {
+	return s.n > 0 && s.top.phase == pSub && s.sub.mode == mString && !g.s.nodes[s.top.node].bounded()
+}
+
+// A bounded string's frame counts its characters in idx (up to one more
+// than the larger bound: past it only the lower bound matters) and keeps
+// in rep what tells an escaped surrogate pair, which is one character,
+// and in pos the digits of a \u escape so far.
+const (
+	sHigh    = 1 << iota // the last character was an escaped high surrogate
+	sMaybeLo             // in an escape after it, counted: uncounted if a low surrogate
+	sMustLo              // in an escape after it at maxLength: it must be a low surrogate
+)
+
+// length takes byte c of a string of node nd with a minLength or a
+// maxLength, before the scanner does: a character begins at a plain byte,
+// a UTF-8 lead byte or a backslash, and the closing quote needs
+// minLength of them.
+func (g *Grammar) length(s *state, nd *node, c byte) bool {
+	f := &s.top
+	more := func() bool {
+		if nd.maxItems >= 0 && int(f.idx) >= nd.maxItems {
+			return false
+		}
+		f.idx = uint16(min(int(f.idx)+1, max(nd.minItems, nd.maxItems)+1))
+		return true
+	}
+	switch s.sub.mode {
+	case mString:
+		switch {
+		case c == '"':
+			return int(f.idx) >= nd.minItems
+		case c == '\\' && f.rep&sHigh != 0:
+			if nd.maxItems >= 0 && int(f.idx) >= nd.maxItems {
+				f.rep = sMustLo
+				return true
+			}
+			f.rep = sMaybeLo
+			return more()
+		}
+		f.rep = 0
+		return more()
+	case mEscape:
+		if c != 'u' {
+			if f.rep&sMustLo != 0 {
+				return false
+			}
+			f.rep = 0
+		}
+		f.pos = 0
+		return true
+	case mHex:
+		d, ok := hexDigit(c)
+		if !ok {
+			return true // the scanner refuses it
+		}
+		f.pos = f.pos<<4 | uint16(d)
+		if f.rep&sMustLo != 0 && (s.sub.n == 0 && d != 0xd || s.sub.n == 1 && d < 0xc) {
+			return false
+		}
+		if s.sub.n < 3 {
+			return true
+		}
+		low := f.pos >= 0xdc00 && f.pos <= 0xdfff
+		if f.rep&sMaybeLo != 0 && low {
+			f.idx-- // the pair's second half: one character with the first
+		}
+		f.rep = 0
+		if f.pos >= 0xd800 && f.pos <= 0xdbff {
+			f.rep = sHigh
+		}
+		f.pos = 0
+	}
+	return true
+}
+
+func hexDigit(c byte) (int, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0'), true
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10, true
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10, true
+	}
+	return 0, false
+}
 
 func (g *Grammar) start() state { return state{top: frame{node: g.s.root}, n: 1} }
 
@@ -109,6 +196,9 @@ func (g *Grammar) step(s *state, c byte) bool {
 	switch f.phase {
 	case pSub:
 		if nd.kind == kInteger && s.sub.inNumber() && (c == '.' || c == 'e' || c == 'E') {
+			return false
+		}
+		if nd.kind == kString && nd.bounded() && !g.length(s, nd, c) {
 			return false
 		}
 		t := s.sub

@@ -43,12 +43,15 @@ type node struct {
 	props        []prop   // kObject
 	lastRequired int      // kObject: the last required property, or -1
 	items        int32    // kArray
-	minItems     int      // kArray
-	maxItems     int      // kArray; -1 for no limit
+	minItems     int      // kArray; kString: minLength
+	maxItems     int      // kArray; kString: maxLength; -1 for no limit
 	lits         [][]byte // kLiterals, sorted
 	alts         []int32  // kUnion
 	first        byteSet  // the bytes a value may begin with
 }
+
+// bounded reports whether a string node has a minLength or a maxLength.
+func (n *node) bounded() bool { return n.kind == kString && (n.minItems > 0 || n.maxItems >= 0) }
 
 type prop struct {
 	key      []byte // the key as the document writes it, quotes and all
@@ -61,7 +64,9 @@ type prop struct {
 //
 // It takes the subset of JSON Schema that OpenAI's structured outputs
 // take: "type" (one or a list), "properties" with "required" and
-// "additionalProperties", "items" with "minItems" and "maxItems", "enum",
+// "additionalProperties", "items" with "minItems" and "maxItems",
+// "minLength" and "maxLength" (in characters: code points, an escaped
+// surrogate pair one), "enum",
 // "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
 // (recursion included), and the annotations (title, description,
 // default, examples, $schema, $id, $comment). An object writes its
@@ -71,6 +76,8 @@ type prop struct {
 // union must begin with different bytes (a string or null, say), and the
 // root must be an object. Any other keyword (pattern, format, minimum,
 // ...) is refused with an error that names it, rather than ignored.
+// minLength and maxLength apply to strings and are ignored by other types,
+// as JSON Schema has it.
 type Schema struct {
 	nodes []node
 	root  int32
@@ -217,7 +224,7 @@ var annotations = map[string]bool{"title": true, "description": true, "default":
 	"$schema": true, "$id": true, "$comment": true, "$defs": true, "definitions": true}
 
 var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
-	"items": true, "minItems": true, "maxItems": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
+	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
 
 func (c *compiler) compile(v any, path string) (int32, error) {
 	if len(c.nodes) > 1<<15 {
@@ -335,16 +342,9 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 	case "object":
 		return c.objectType(o, path)
 	case "array":
-		n := node{kind: kArray, maxItems: -1}
-		var err error
-		if n.minItems, err = count(o, "minItems", 0, path); err != nil {
+		n := node{kind: kArray}
+		if err := bounds(o, "minItems", "maxItems", &n, path); err != nil {
 			return 0, err
-		}
-		if n.maxItems, err = count(o, "maxItems", -1, path); err != nil {
-			return 0, err
-		}
-		if n.maxItems >= 0 && n.maxItems < n.minItems {
-			return 0, fmt.Errorf("%s: maxItems %d is below minItems %d", path, n.maxItems, n.minItems)
 		}
 		i := c.add(n, path)
 		items := any(true)
@@ -358,7 +358,11 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		c.nodes[i].items = child
 		return i, nil
 	case "string":
-		return c.add(node{kind: kString}, path), nil
+		n := node{kind: kString}
+		if err := bounds(o, "minLength", "maxLength", &n, path); err != nil {
+			return 0, err
+		}
+		return c.add(n, path), nil
 	case "number":
 		return c.add(node{kind: kNumber}, path), nil
 	case "integer":
@@ -420,6 +424,22 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 }
 
 // count reads a non-negative integer keyword, def where absent.
+// bounds reads a node's least and most counts (minItems and maxItems, or
+// minLength and maxLength) into its minItems and maxItems.
+func bounds(o *object, lo, hi string, n *node, path string) error {
+	var err error
+	if n.minItems, err = count(o, lo, 0, path); err != nil {
+		return err
+	}
+	if n.maxItems, err = count(o, hi, -1, path); err != nil {
+		return err
+	}
+	if n.maxItems >= 0 && n.maxItems < n.minItems {
+		return fmt.Errorf("%s: %s %d is below %s %d", path, hi, n.maxItems, lo, n.minItems)
+	}
+	return nil
+}
+
 func count(o *object, k string, def int, path string) (int, error) {
 	v, ok := o.vals[k]
 	if !ok {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // validates is a test oracle for the schemas CompileSchema takes: it walks
@@ -123,8 +125,19 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 		}
 		return true
 	case "string":
-		_, ok := doc.(string)
-		return ok
+		str, ok := doc.(string)
+		if !ok {
+			return false
+		}
+		// Characters are code points; the decoder made an escaped pair one.
+		n := int64(utf8.RuneCountInString(str))
+		if m, ok := s.vals["minLength"].(json.Number); ok && n < must(m.Int64()) {
+			return false
+		}
+		if m, ok := s.vals["maxLength"].(json.Number); ok && n > must(m.Int64()) {
+			return false
+		}
+		return true
 	case "number":
 		_, ok := doc.(json.Number)
 		return ok
@@ -172,6 +185,7 @@ var schemas = []string{
 	`{"type":"object","properties":{"any":{},"obj":{"type":"object"},"list":{"type":"array","minItems":1},"u":{"anyOf":[{"type":"string"},{"type":"object","properties":{"x":{"type":"null"}},"required":["x"]}]}},"required":["any","obj","list","u"]}`,
 	`{"type":"object","additionalProperties":false}`,
 	`{"title":"free","type":"object"}`,
+	`{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"note":{"type":["string","null"],"maxLength":0},"long":{"type":"string","minLength":3}},"required":["code","long"]}`,
 }
 
 func TestSchemaDocuments(t *testing.T) {
@@ -209,6 +223,24 @@ func TestSchemaDocuments(t *testing.T) {
 		{5, `{}`, true},
 		{5, `{"a":1}`, false},
 		{6, `{"a":[1,2,{"b":"c"}]}`, true},
+		{7, `{"code":"ab","long":"xyz"}`, true},
+		{7, `{"code":"a","long":"xyz"}`, false},
+		{7, `{"code":"abcde","long":"xyz"}`, false},
+		{7, `{"code":"\n\tab","long":"xyz"}`, true},
+		{7, `{"code":"\n\tabc","long":"xyz"}`, false},
+		{7, `{"code":"\u00e9é\"","long":"xyz"}`, true},
+		{7, `{"code":"ééééé","long":"xyz"}`, false},
+		{7, `{"code":"\ud83d\ude00x","long":"xyz"}`, true},
+		{7, `{"code":"abc\ud83d\ude00","long":"xyz"}`, true},
+		{7, `{"code":"abc\ud83d\u0041","long":"xyz"}`, false},
+		{7, `{"code":"abc\ud83dx","long":"xyz"}`, false},
+		{7, `{"code":"ab\ud83d","long":"xyz"}`, true},
+		{7, `{"code":"ab","note":"","long":"xyz"}`, true},
+		{7, `{"code":"ab","note":null,"long":"xyz"}`, true},
+		{7, `{"code":"ab","note":"a","long":"xyz"}`, false},
+		{7, `{"code":"ab","long":"😀😀😀"}`, true},
+		{7, `{"code":"ab","long":"\ud83d\ude00\ud83d\ude00"}`, false},
+		{7, `{"code":"ab","long":"xy"}`, false},
 	}
 	compiled := make([]*Schema, len(schemas))
 	for i, s := range schemas {
@@ -310,6 +342,9 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"a":false}}`, "accepts nothing"},
 		{`{"type":"object","properties":{"a":{"type":"date"}}}`, `"date"`},
 		{`{"type":"object","properties":{"a":{"type":"array","minItems":3,"maxItems":2}}}`, "below minItems"},
+		{`{"type":"object","properties":{"a":{"type":"string","minLength":3,"maxLength":2}}}`, "maxLength 2 is below minLength 3"},
+		{`{"type":"object","properties":{"a":{"type":"string","minLength":-1}}}`, "minLength is -1"},
+		{`{"type":"object","properties":{"a":{"type":"string","maxLength":"4"}}}`, "maxLength is not a number"},
 		{`{"type":"object"} x`, "after the schema"},
 		{`{"type":`, "schema:"},
 		{`{"$ref":"#"}`, "without end"},
@@ -416,4 +451,59 @@ func TestGrammarShared(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Walks that favour escapes and surrogate pairs through strings with a
+// minLength and a maxLength never meet a dead end, and end on documents
+// whose strings the oracle counts within the bounds: the masks count a
+// pair as one character, and at maxLength after a high surrogate let only
+// a low one follow.
+func TestStringLengthWalks(t *testing.T) {
+	vocab := testVocab()
+	for _, k := range []string{`\ud83d`, `\ude00`, `\ud8`, `\udc`, `\u0041`, `00`, `3d`, `de`, `\ud83d\ude00`, `"x":"`} {
+		vocab = append(vocab, []byte(k))
+	}
+	v, err := NewVocab(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := `{"type":"object","properties":{"x":{"type":"string","minLength":1,"maxLength":3}},"required":["x"]}`
+	s, err := CompileSchema([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := v.Schema(s)
+	root := decodeDoc(t, []byte(src))
+	r := rand.New(rand.NewPCG(11, 12))
+	favour := map[string]float32{`\ud83d`: 3, `\ude00`: 3, `\ud8`: 2, `\udc`: 2, `\u0041`: 1.5, `\ud83d\ude00`: 2, `"x":"`: 4, `\`: 1, `u`: 1, "é": 1}
+	ids := map[int]float32{}
+	for id, b := range vocab {
+		if w, ok := favour[string(b)]; ok {
+			ids[id] = w
+		}
+	}
+	pairs, closed := 0, 0
+	for n := range 400 {
+		text, done := walk(t, gr.Start(), r, 60, func(step int, logits []float32) {
+			for id, w := range ids {
+				logits[id] += w
+			}
+			logits['"'] += float32(step) / 6
+			logits['}'] += float32(step) / 6
+		})
+		if !done {
+			continue
+		}
+		closed++
+		if !json.Valid(text) || !validates(t, root, root, decodeDoc(t, text)) {
+			t.Fatalf("walk %d: %s does not validate", n, text)
+		}
+		// A string of more UTF-16 units than maxLength: pairs counted once.
+		if x := decodeDoc(t, text).(*object).vals["x"].(string); len(utf16.Encode([]rune(x))) > 3 {
+			pairs++
+		}
+	}
+	if closed < 300 || pairs < 10 {
+		t.Errorf("%d of 400 walks closed, %d with more UTF-16 units than maxLength", closed, pairs)
+	}
 }

@@ -109,7 +109,7 @@ func (g *Grammar) mask(s state) []uint64 {
 	}
 	v := g.v
 	m = make([]uint64, v.words)
-	if s.inString() {
+	if g.inString(&s) {
 		// Inside a string, most tokens are plain text, which leaves the
 		// state as it is: scan each token from its first other byte.
 		for _, id := range v.order {
