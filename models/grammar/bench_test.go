@@ -48,6 +48,29 @@ func BenchmarkMask(b *testing.B) {
 			}
 		})
 	}
+	// A string with a maxLength counts its characters, so every byte
+	// changes the state: no plain-text shortcut.
+	v, err := NewVocab(vocab)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sc, err := CompileSchema([]byte(`{"type":"object","properties":{"name":{"type":"string","maxLength":64}}}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := v.Schema(sc)
+	q := g.Start()
+	for _, c := range []byte(`{"name":"Ada`) {
+		if err := q.Accept(int32(findByte(b, vocab, c))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("scan/bounded string", func(b *testing.B) {
+		for b.Loop() {
+			clear(g.masks)
+			q.Mask(logits)
+		}
+	})
 	b.Run("cached", func(b *testing.B) {
 		q := j.Start()
 		q.Mask(logits)

@@ -45,11 +45,30 @@ type state struct {
 	ws  uint8  // whitespace bytes in a row between values
 }
 
-// inString reports whether the text is inside a string that takes any
-// plain byte without a change of state: not one whose length is bounded,
-// which counts its characters.
-func (g *Grammar) inString(s *state) bool {
-	return s.n > 0 && s.top.phase == pSub && s.sub.mode == mString && !g.s.nodes[s.top.node].bounded()
+// inString reports whether the text is inside a string, where a plain
+// byte (printable ASCII but '"' and '\\') changes the state at most by
+// the count of a bounded string's characters (plain).
+func (s *state) inString() bool { return s.n > 0 && s.top.phase == pSub && s.sub.mode == mString }
+
+// plain takes p plain bytes inside a string (inString): each is a
+// character, which a string with a minLength or a maxLength counts.
+func (g *Grammar) plain(s *state, p int) bool {
+	nd := &g.s.nodes[s.top.node]
+	if p == 0 || !nd.bounded() {
+		return true
+	}
+	s.top.rep = 0
+	return more(&s.top, nd, p)
+}
+
+// more counts p characters of a bounded string of node nd in its frame f,
+// refusing them past maxLength.
+func more(f *frame, nd *node, p int) bool {
+	if nd.maxItems >= 0 && int(f.idx)+p > nd.maxItems {
+		return false
+	}
+	f.idx = uint16(min(int(f.idx)+p, max(nd.minItems, nd.maxItems)+1))
+	return true
 }
 
 // A bounded string's frame counts its characters in idx (up to one more
@@ -68,13 +87,6 @@ const (
 // minLength of them.
 func (g *Grammar) length(s *state, nd *node, c byte) bool {
 	f := &s.top
-	more := func() bool {
-		if nd.maxItems >= 0 && int(f.idx) >= nd.maxItems {
-			return false
-		}
-		f.idx = uint16(min(int(f.idx)+1, max(nd.minItems, nd.maxItems)+1))
-		return true
-	}
 	switch s.sub.mode {
 	case mString:
 		switch {
@@ -86,10 +98,10 @@ func (g *Grammar) length(s *state, nd *node, c byte) bool {
 				return true
 			}
 			f.rep = sMaybeLo
-			return more()
+			return more(f, nd, 1)
 		}
 		f.rep = 0
-		return more()
+		return more(f, nd, 1)
 	case mEscape:
 		if c != 'u' {
 			if f.rep&sMustLo != 0 {

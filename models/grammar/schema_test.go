@@ -3,6 +3,7 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -505,5 +506,58 @@ func TestStringLengthWalks(t *testing.T) {
 	}
 	if closed < 300 || pairs < 10 {
 		t.Errorf("%d of 400 walks closed, %d with more UTF-16 units than maxLength", closed, pairs)
+	}
+}
+
+// The masks inside strings with a minLength and a maxLength, taken by the
+// plain-text shortcut, agree with stepping each token byte by byte.
+func TestStringLengthMasks(t *testing.T) {
+	vocab := testVocab()
+	for _, k := range []string{`abcdef`, `ab"`, `a\"b`, `xy\u00e9`, `\ud83d`, `\ude00`, `q\ude00`} {
+		vocab = append(vocab, []byte(k))
+	}
+	v, err := NewVocab(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := CompileSchema([]byte(`{"type":"object","properties":{"a":{"type":"string","minLength":3,"maxLength":7},"b":{"type":"string","minLength":4}},"required":["a","b"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := v.Schema(s)
+	r := rand.New(rand.NewPCG(5, 6))
+	logits := make([]float32, len(vocab))
+	inside := 0
+	for walk := range 150 {
+		q := gr.Start()
+		var text []byte
+		for step := 0; step < 60 && !q.Done(); step++ {
+			clear(logits)
+			q.Mask(logits)
+			var allowed []int32
+			for id, b := range vocab {
+				st, want := q.s, len(b) > 0
+				for i := 0; want && i < len(b); i++ {
+					want = gr.step(&st, b[i])
+				}
+				if got := !math.IsInf(float64(logits[id]), -1); got != want {
+					t.Fatalf("walk %d after %q: token %q allowed %v, want %v", walk, text, b, got, want)
+				}
+				if want {
+					allowed = append(allowed, int32(id))
+				}
+			}
+			if q.s.inString() {
+				inside++
+			}
+			id := allowed[r.IntN(len(allowed))]
+			if err := q.Accept(id); err != nil {
+				t.Fatal(err)
+			}
+			text = append(text, vocab[id]...)
+		}
+	}
+	if inside < 500 {
+		t.Errorf("%d masks inside strings", inside)
 	}
 }

@@ -109,15 +109,16 @@ func (g *Grammar) mask(s state) []uint64 {
 	}
 	v := g.v
 	m = make([]uint64, v.words)
-	if g.inString(&s) {
+	if s.inString() {
 		// Inside a string, most tokens are plain text, which leaves the
-		// state as it is: scan each token from its first other byte.
+		// state as it is but for a bounded string's count: scan each
+		// token from its first other byte.
 		for _, id := range v.order {
-			t, ok := s, true
-			for _, c := range v.tokens[id][v.plain[id]:] {
-				if ok = g.step(&t, c); !ok {
-					break
-				}
+			t := s
+			ok := g.plain(&t, v.plain[id])
+			rest := v.tokens[id][v.plain[id]:]
+			for i := 0; ok && i < len(rest); i++ {
+				ok = g.step(&t, rest[i])
 			}
 			if ok {
 				m[id/64] |= 1 << (id % 64)
