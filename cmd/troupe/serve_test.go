@@ -250,7 +250,7 @@ func TestServeJSONSchema(t *testing.T) {
 		"properties": map[string]any{
 			"name": map[string]any{"type": "string", "minLength": 2, "maxLength": 12},
 			"kind": map[string]any{"enum": []any{"file", "directory", "link"}},
-			"size": map[string]any{"type": []any{"integer", "null"}},
+			"size": map[string]any{"type": []any{"integer", "null"}, "minimum": 1, "maximum": 4096},
 			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
 		},
 		"required":             []any{"name", "kind", "size", "tags"},
@@ -293,7 +293,7 @@ func TestServeJSONSchema(t *testing.T) {
 		}
 		order := []int{strings.Index(text, `"kind"`), strings.Index(text, `"name"`), strings.Index(text, `"size"`), strings.Index(text, `"tags"`)}
 		if n := utf8.RuneCountInString(got.Name); !slices.IsSorted(order) || order[0] < 0 || !slices.Contains([]string{"file", "directory", "link"}, got.Kind) ||
-			len(got.Tags) > 2 || n < 2 || n > 12 {
+			len(got.Tags) > 2 || n < 2 || n > 12 || got.Size != nil && (*got.Size < 1 || *got.Size > 4096) {
 			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
 		}
 	}

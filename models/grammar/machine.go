@@ -43,6 +43,7 @@ type state struct {
 	n   uint16 // open frames; 0 once the document is whole
 	sub scan   // the byte scanner of a pSub frame
 	ws  uint8  // whitespace bytes in a row between values
+	num uint64 // a bounded integer's sign and digits so far (addDigit)
 }
 
 // inString reports whether the text is inside a string, where a plain
@@ -136,6 +137,57 @@ func (g *Grammar) length(s *state, nd *node, c byte) bool {
 	return true
 }
 
+// A bounded integer's sign and digits: bit 63 the minus sign, bit 62 set
+// once a digit came, the rest the digits' value, held at numCap past every
+// limit (maxLimit).
+const (
+	numNeg   = 1 << 63
+	numDigit = 1 << 62
+	numCap   = 10 * maxLimit
+)
+
+func addDigit(num uint64, c byte) uint64 {
+	m := min((num&^(numNeg|numDigit))*10+uint64(c-'0'), numCap)
+	return num&numNeg | numDigit | m
+}
+
+// holds reports whether the whole integer num lies within the node's
+// limits.
+func (n *node) holds(num uint64) bool {
+	v := int64(num &^ (numNeg | numDigit))
+	if num&numNeg != 0 {
+		v = -v
+	}
+	return (n.limits&1 == 0 || v >= n.min) && (n.limits&2 == 0 || v <= n.max)
+}
+
+// open reports whether some integer that begins with num's sign and
+// digits, and may have more digits, lies within the node's limits.
+func (n *node) open(num uint64) bool {
+	lo, hi, hasLo, hasHi := n.min, n.max, n.limits&1 != 0, n.limits&2 != 0
+	if num&numNeg != 0 {
+		// -m lies within [lo, hi] where m lies within [-hi, -lo].
+		lo, hi, hasLo, hasHi = -hi, -lo, hasHi, hasLo
+	}
+	m := int64(num &^ (numNeg | numDigit))
+	switch {
+	case num&numDigit == 0: // a minus sign alone: any magnitude
+		return !hasHi || hi >= 0
+	case m == 0: // 0 or -0: no digit may follow
+		return (!hasLo || lo <= 0) && (!hasHi || hi >= 0)
+	}
+	// With j more digits the magnitude lies in [m·10^j, m·10^j + 10^j - 1].
+	for p := int64(1); ; p *= 10 {
+		a := m * p
+		if hasHi && a > hi {
+			return false
+		}
+		if !hasLo || a+p-1 >= lo {
+			return true
+		}
+	}
+}
+
 func hexDigit(c byte) (int, bool) {
 	switch {
 	case '0' <= c && c <= '9':
@@ -188,7 +240,7 @@ func (g *Grammar) push(s *state, child int32) bool {
 
 // pop closes the top frame's value.
 func (g *Grammar) pop(s *state) {
-	s.sub = scan{}
+	s.sub, s.num = scan{}, 0
 	if s.up == nil {
 		s.top, s.n = frame{}, 0
 		return
@@ -212,6 +264,20 @@ func (g *Grammar) step(s *state, c byte) bool {
 		}
 		if nd.kind == kString && nd.bounded() && !g.length(s, nd, c) {
 			return false
+		}
+		if nd.kind == kInteger && nd.limits != 0 {
+			switch {
+			case c == '-' && s.sub.mode == mValue:
+				if s.num = numNeg; !nd.open(s.num) {
+					return false
+				}
+			case '0' <= c && c <= '9' && (s.sub.mode == mValue || s.sub.mode == mMinus || s.sub.mode == mInt):
+				if s.num = addDigit(s.num, c); !nd.open(s.num) {
+					return false
+				}
+			case s.sub.numberEnds() && !nd.holds(s.num):
+				return false
+			}
 		}
 		t := s.sub
 		if t.step(c) {
@@ -329,7 +395,7 @@ func (g *Grammar) begin(s *state, c byte, hops int) bool {
 		if c != '-' && (c < '0' || c > '9') {
 			return false
 		}
-		s.sub = scan{mode: mValue}
+		s.sub, s.num = scan{mode: mValue}, 0
 	case kObject:
 		if c != '{' {
 			return false

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ type node struct {
 	lits         [][]byte // kLiterals, sorted
 	alts         []int32  // kUnion
 	first        byteSet  // the bytes a value may begin with
+	// kInteger: the least and the most value (minimum, maximum and their
+	// exclusive kinds), where limits has bit 0 and bit 1 set.
+	min, max int64
+	limits   uint8
 }
 
 // bounded reports whether a string node has a minLength or a maxLength.
@@ -66,7 +71,8 @@ type prop struct {
 // take: "type" (one or a list), "properties" with "required" and
 // "additionalProperties", "items" with "minItems" and "maxItems",
 // "minLength" and "maxLength" (in characters: code points, an escaped
-// surrogate pair one), "enum",
+// surrogate pair one), for integers "minimum", "maximum",
+// "exclusiveMinimum" and "exclusiveMaximum" (from -1e13 to 1e13), "enum",
 // "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
 // (recursion included), and the annotations (title, description,
 // default, examples, $schema, $id, $comment). An object writes its
@@ -76,8 +82,10 @@ type prop struct {
 // union must begin with different bytes (a string or null, say), and the
 // root must be an object. Any other keyword (pattern, format, minimum,
 // ...) is refused with an error that names it, rather than ignored.
-// minLength and maxLength apply to strings and are ignored by other types,
-// as JSON Schema has it.
+// minLength and maxLength apply to strings and the numeric bounds to
+// integers, and other types ignore them, as JSON Schema has it; the
+// numeric bounds of numbers with fractions, and bounds without a type or
+// beside enum, const, anyOf or oneOf, are refused.
 type Schema struct {
 	nodes []node
 	root  int32
@@ -224,7 +232,8 @@ var annotations = map[string]bool{"title": true, "description": true, "default":
 	"$schema": true, "$id": true, "$comment": true, "$defs": true, "definitions": true}
 
 var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
-	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
+	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "minimum": true,
+	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
 
 func (c *compiler) compile(v any, path string) (int32, error) {
 	if len(c.nodes) > 1<<15 {
@@ -261,6 +270,14 @@ func (c *compiler) object(o *object, path string) (int32, error) {
 			return 0, fmt.Errorf("%s: $ref is not a string", path)
 		}
 		return c.ref(r, path)
+	}
+	if k := o.first(limitKeywords...); k != "" {
+		if o.has("enum", "const", "anyOf", "oneOf") {
+			return 0, fmt.Errorf("%s: %q beside enum, const, anyOf or oneOf is not supported", path, k)
+		}
+		if !o.has("type") {
+			return 0, fmt.Errorf("%s: %q without a type is not supported: name the type it bounds", path, k)
+		}
 	}
 	if e, ok := o.vals["enum"]; ok {
 		list, ok := e.([]any)
@@ -364,9 +381,16 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		}
 		return c.add(n, path), nil
 	case "number":
+		if k := o.first(numericLimits...); k != "" {
+			return 0, fmt.Errorf("%s: %q is supported for integers, not for numbers with fractions", path, k)
+		}
 		return c.add(node{kind: kNumber}, path), nil
 	case "integer":
-		return c.add(node{kind: kInteger}, path), nil
+		n := node{kind: kInteger}
+		if err := intLimits(o, &n, path); err != nil {
+			return 0, err
+		}
+		return c.add(n, path), nil
 	case "boolean":
 		return c.literals([]any{false, true}, path)
 	case "null":
@@ -424,6 +448,59 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 }
 
 // count reads a non-negative integer keyword, def where absent.
+// limitKeywords bound strings' lengths and integers' values.
+var (
+	numericLimits = []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
+	limitKeywords = append([]string{"minLength", "maxLength"}, numericLimits...)
+)
+
+// maxLimit bounds the magnitude of an integer's limits, so that the
+// digits of a number that may still lie within them fit a state.
+const maxLimit = 1e13
+
+// intLimits reads an integer node's bounds: each inclusive, a fractional
+// bound rounded inward.
+func intLimits(o *object, n *node, path string) error {
+	for _, k := range numericLimits {
+		v, ok := o.vals[k]
+		if !ok {
+			continue
+		}
+		num, ok := v.(json.Number)
+		if !ok {
+			return fmt.Errorf("%s: %s is not a number", path, k)
+		}
+		f, err := num.Float64()
+		if err != nil || math.Abs(f) > maxLimit {
+			return fmt.Errorf("%s: %s is %s, want a number from -1e13 to 1e13", path, k, num)
+		}
+		switch k {
+		case "minimum", "exclusiveMinimum":
+			b := int64(math.Ceil(f))
+			if k == "exclusiveMinimum" {
+				b = int64(math.Floor(f)) + 1
+			}
+			if n.limits&1 == 0 || b > n.min {
+				n.min = b
+			}
+			n.limits |= 1
+		default:
+			b := int64(math.Floor(f))
+			if k == "exclusiveMaximum" {
+				b = int64(math.Ceil(f)) - 1
+			}
+			if n.limits&2 == 0 || b < n.max {
+				n.max = b
+			}
+			n.limits |= 2
+		}
+	}
+	if n.limits == 3 && n.min > n.max {
+		return fmt.Errorf("%s: no integer lies within the bounds (from %d to %d)", path, n.min, n.max)
+	}
+	return nil
+}
+
 // bounds reads a node's least and most counts (minItems and maxItems, or
 // minLength and maxLength) into its minItems and maxItems.
 func bounds(o *object, lo, hi string, n *node, path string) error {
@@ -505,6 +582,16 @@ func (c *compiler) ref(r, path string) (int32, error) {
 type object struct {
 	keys []string
 	vals map[string]any
+}
+
+// first returns the first of keys o has, or "".
+func (o *object) first(keys ...string) string {
+	for _, k := range keys {
+		if _, ok := o.vals[k]; ok {
+			return k
+		}
+	}
+	return ""
 }
 
 func (o *object) has(keys ...string) bool {

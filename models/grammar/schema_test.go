@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -144,7 +145,23 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 		return ok
 	case "integer":
 		n, ok := doc.(json.Number)
-		return ok && !strings.ContainsAny(n.String(), ".eE")
+		if !ok || strings.ContainsAny(n.String(), ".eE") {
+			return false
+		}
+		v, _ := n.Float64() // exact within the limits' range
+		for k, in := range map[string]func(v, b float64) bool{
+			"minimum":          func(v, b float64) bool { return v >= b },
+			"exclusiveMinimum": func(v, b float64) bool { return v > b },
+			"maximum":          func(v, b float64) bool { return v <= b },
+			"exclusiveMaximum": func(v, b float64) bool { return v < b },
+		} {
+			if b, ok := s.vals[k].(json.Number); ok {
+				if f, _ := b.Float64(); !in(v, f) {
+					return false
+				}
+			}
+		}
+		return true
 	case "boolean":
 		_, ok := doc.(bool)
 		return ok
@@ -186,6 +203,7 @@ var schemas = []string{
 	`{"type":"object","properties":{"any":{},"obj":{"type":"object"},"list":{"type":"array","minItems":1},"u":{"anyOf":[{"type":"string"},{"type":"object","properties":{"x":{"type":"null"}},"required":["x"]}]}},"required":["any","obj","list","u"]}`,
 	`{"type":"object","additionalProperties":false}`,
 	`{"title":"free","type":"object"}`,
+	`{"type":"object","properties":{"age":{"type":"integer","minimum":18,"exclusiveMaximum":130},"delta":{"type":["integer","null"],"minimum":-5.5,"maximum":-2},"big":{"type":"integer","exclusiveMinimum":999}},"required":["age","delta","big"]}`,
 	`{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"note":{"type":["string","null"],"maxLength":0},"long":{"type":"string","minLength":3}},"required":["code","long"]}`,
 }
 
@@ -224,24 +242,38 @@ func TestSchemaDocuments(t *testing.T) {
 		{5, `{}`, true},
 		{5, `{"a":1}`, false},
 		{6, `{"a":[1,2,{"b":"c"}]}`, true},
-		{7, `{"code":"ab","long":"xyz"}`, true},
-		{7, `{"code":"a","long":"xyz"}`, false},
-		{7, `{"code":"abcde","long":"xyz"}`, false},
-		{7, `{"code":"\n\tab","long":"xyz"}`, true},
-		{7, `{"code":"\n\tabc","long":"xyz"}`, false},
-		{7, `{"code":"\u00e9é\"","long":"xyz"}`, true},
-		{7, `{"code":"ééééé","long":"xyz"}`, false},
-		{7, `{"code":"\ud83d\ude00x","long":"xyz"}`, true},
-		{7, `{"code":"abc\ud83d\ude00","long":"xyz"}`, true},
-		{7, `{"code":"abc\ud83d\u0041","long":"xyz"}`, false},
-		{7, `{"code":"abc\ud83dx","long":"xyz"}`, false},
-		{7, `{"code":"ab\ud83d","long":"xyz"}`, true},
-		{7, `{"code":"ab","note":"","long":"xyz"}`, true},
-		{7, `{"code":"ab","note":null,"long":"xyz"}`, true},
-		{7, `{"code":"ab","note":"a","long":"xyz"}`, false},
-		{7, `{"code":"ab","long":"😀😀😀"}`, true},
-		{7, `{"code":"ab","long":"\ud83d\ude00\ud83d\ude00"}`, false},
-		{7, `{"code":"ab","long":"xy"}`, false},
+		{7, `{"age":18,"delta":-5,"big":1000}`, true},
+		{7, `{"age":129,"delta":null,"big":123456789012}`, true},
+		{7, `{"age":17,"delta":-5,"big":1000}`, false},
+		{7, `{"age":130,"delta":-5,"big":1000}`, false},
+		{7, `{"age":1300,"delta":-5,"big":1000}`, false},
+		{7, `{"age":-18,"delta":-5,"big":1000}`, false},
+		{7, `{"age":20,"delta":-6,"big":1000}`, false},
+		{7, `{"age":20,"delta":-1,"big":1000}`, false},
+		{7, `{"age":20,"delta":-2,"big":1000}`, true},
+		{7, `{"age":20,"delta":-0,"big":1000}`, false},
+		{7, `{"age":20,"delta":-2,"big":999}`, false},
+		{7, `{"age":20,"delta":-2,"big":0}`, false},
+		{7, `{"age":20,"delta":-2,"big":100000000000000000000000}`, true},
+		{7, `{"age":20.0,"delta":-2,"big":1000}`, false},
+		{8, `{"code":"ab","long":"xyz"}`, true},
+		{8, `{"code":"a","long":"xyz"}`, false},
+		{8, `{"code":"abcde","long":"xyz"}`, false},
+		{8, `{"code":"\n\tab","long":"xyz"}`, true},
+		{8, `{"code":"\n\tabc","long":"xyz"}`, false},
+		{8, `{"code":"\u00e9é\"","long":"xyz"}`, true},
+		{8, `{"code":"ééééé","long":"xyz"}`, false},
+		{8, `{"code":"\ud83d\ude00x","long":"xyz"}`, true},
+		{8, `{"code":"abc\ud83d\ude00","long":"xyz"}`, true},
+		{8, `{"code":"abc\ud83d\u0041","long":"xyz"}`, false},
+		{8, `{"code":"abc\ud83dx","long":"xyz"}`, false},
+		{8, `{"code":"ab\ud83d","long":"xyz"}`, true},
+		{8, `{"code":"ab","note":"","long":"xyz"}`, true},
+		{8, `{"code":"ab","note":null,"long":"xyz"}`, true},
+		{8, `{"code":"ab","note":"a","long":"xyz"}`, false},
+		{8, `{"code":"ab","long":"😀😀😀"}`, true},
+		{8, `{"code":"ab","long":"\ud83d\ude00\ud83d\ude00"}`, false},
+		{8, `{"code":"ab","long":"xy"}`, false},
 	}
 	compiled := make([]*Schema, len(schemas))
 	for i, s := range schemas {
@@ -344,6 +376,13 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"a":{"type":"date"}}}`, `"date"`},
 		{`{"type":"object","properties":{"a":{"type":"array","minItems":3,"maxItems":2}}}`, "below minItems"},
 		{`{"type":"object","properties":{"a":{"type":"string","minLength":3,"maxLength":2}}}`, "maxLength 2 is below minLength 3"},
+		{`{"type":"object","properties":{"a":{"maxLength":2}}}`, `"maxLength" without a type`},
+		{`{"type":"object","properties":{"a":{"enum":["abc"],"maxLength":2}}}`, `"maxLength" beside enum`},
+		{`{"type":"object","properties":{"a":{"anyOf":[{"type":"integer"}],"minimum":2}}}`, `"minimum" beside enum`},
+		{`{"type":"object","properties":{"a":{"type":"integer","minimum":3,"maximum":2.5}}}`, "no integer lies within"},
+		{`{"type":"object","properties":{"a":{"type":"integer","exclusiveMinimum":2,"exclusiveMaximum":3}}}`, "no integer lies within"},
+		{`{"type":"object","properties":{"a":{"type":"integer","maximum":1e14}}}`, "from -1e13 to 1e13"},
+		{`{"type":"object","properties":{"a":{"type":"integer","exclusiveMinimum":true}}}`, "exclusiveMinimum is not a number"},
 		{`{"type":"object","properties":{"a":{"type":"string","minLength":-1}}}`, "minLength is -1"},
 		{`{"type":"object","properties":{"a":{"type":"string","maxLength":"4"}}}`, "maxLength is not a number"},
 		{`{"type":"object"} x`, "after the schema"},
@@ -559,5 +598,78 @@ func TestStringLengthMasks(t *testing.T) {
 	}
 	if inside < 500 {
 		t.Errorf("%d masks inside strings", inside)
+	}
+}
+
+// Every sign and up to four digits under integer limits: the grammar takes
+// a prefix exactly when some integer within the limits begins with it, and
+// closes it exactly when it is one, against a search of the integers near
+// zero.
+func TestIntegerLimitsPrefixes(t *testing.T) {
+	for _, lim := range []string{
+		`"minimum":18,"maximum":129`, `"minimum":-5,"maximum":-2`, `"minimum":1000`, `"maximum":7`,
+		`"minimum":0,"maximum":0`, `"minimum":-3,"maximum":12`, `"exclusiveMinimum":4.5,"exclusiveMaximum":5.5`,
+		`"maximum":-40`, `"minimum":-1e4,"maximum":-999`,
+	} {
+		src := `{"type":"object","properties":{"x":{"type":"integer",` + lim + `}},"required":["x"]}`
+		sc, err := CompileSchema([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := NewVocab(testVocab())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr := v.Schema(sc)
+		root := decodeDoc(t, []byte(src))
+		// The prefixes of the integers within the limits (by the oracle)
+		// near zero, "-0" among them where 0 is.
+		inside, prefixes := map[int]bool{}, map[string]bool{}
+		for n := -20000; n <= 20000; n++ {
+			if !validates(t, root, root, decodeDoc(t, []byte(`{"x":`+strconv.Itoa(n)+`}`))) {
+				continue
+			}
+			inside[n] = true
+			reprs := []string{strconv.Itoa(n)}
+			if n == 0 {
+				reprs = append(reprs, "-0")
+			}
+			for _, r := range reprs {
+				for i := 1; i <= len(r); i++ {
+					prefixes[r[:i]] = true
+				}
+			}
+		}
+		var texts []string
+		for _, sign := range []string{"", "-"} {
+			texts = append(texts, sign)
+			for n := range 10000 {
+				texts = append(texts, sign+strconv.Itoa(n))
+			}
+		}
+		for _, p := range texts {
+			if p == "" {
+				continue
+			}
+			want, whole := prefixes[p], false
+			if p != "-" {
+				n, _ := strconv.Atoi(p)
+				whole = inside[n]
+			}
+			s, ok := gr.start(), true
+			for _, c := range []byte(`{"x":` + p) {
+				if ok = gr.step(&s, c); !ok {
+					break
+				}
+			}
+			if ok != want {
+				t.Fatalf("%s: %q taken %v, want %v", lim, p, ok, want)
+			}
+			if ok {
+				if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
+					t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
+				}
+			}
+		}
 	}
 }
