@@ -78,11 +78,22 @@ func TestRunJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &got); err != nil || len(got) != 1 {
 		t.Errorf("run --json-schema wrote %q: %v", out, err)
 	}
-	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"n":{"type":"integer","minimum":1}}}`), 0o644); err != nil {
+	// An integer's bounds are kept; a number's with fractions are refused.
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"n":{"type":"integer","minimum":100,"maximum":199}},"required":["n"]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runCLI(t, "", "run", "--json-schema", schema, prompt); err == nil || !strings.Contains(err.Error(), `"minimum" is not supported`) {
-		t.Errorf("a schema with a minimum: %v", err)
+	if out, _, err = runCLI(t, "", "run", "--json-schema", schema, prompt); err != nil {
+		t.Fatal(err)
+	}
+	var n struct{ N int }
+	if err := json.Unmarshal([]byte(strings.TrimSuffix(strings.TrimPrefix(out, prompt), "\n")), &n); err != nil || n.N < 100 || n.N > 199 {
+		t.Errorf("run --json-schema with an integer from 100 to 199 wrote %q: %v", out, err)
+	}
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"x":{"type":"number","minimum":1}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI(t, "", "run", "--json-schema", schema, prompt); err == nil || !strings.Contains(err.Error(), `"minimum" is supported for integers`) {
+		t.Errorf("a number with a minimum: %v", err)
 	}
 }
 
