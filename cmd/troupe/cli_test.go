@@ -78,7 +78,7 @@ func TestRunJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &got); err != nil || len(got) != 1 {
 		t.Errorf("run --json-schema wrote %q: %v", out, err)
 	}
-	// An integer's bounds are kept; a number's with fractions are refused.
+	// An integer's bounds are kept; a bound finer than a millionth is refused.
 	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"n":{"type":"integer","minimum":100,"maximum":199}},"required":["n"]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +89,11 @@ func TestRunJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimSuffix(strings.TrimPrefix(out, prompt), "\n")), &n); err != nil || n.N < 100 || n.N > 199 {
 		t.Errorf("run --json-schema with an integer from 100 to 199 wrote %q: %v", out, err)
 	}
-	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"x":{"type":"number","minimum":1}}}`), 0o644); err != nil {
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"x":{"type":"number","minimum":0.0000001}}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runCLI(t, "", "run", "--json-schema", schema, prompt); err == nil || !strings.Contains(err.Error(), `"minimum" is supported for integers`) {
-		t.Errorf("a number with a minimum: %v", err)
+	if _, _, err := runCLI(t, "", "run", "--json-schema", schema, prompt); err == nil || !strings.Contains(err.Error(), "at most six digits after the point") {
+		t.Errorf("a number with a minimum of 1e-7: %v", err)
 	}
 }
 

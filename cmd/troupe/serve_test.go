@@ -251,9 +251,10 @@ func TestServeJSONSchema(t *testing.T) {
 			"name": map[string]any{"type": "string", "minLength": 2, "maxLength": 12},
 			"kind": map[string]any{"enum": []any{"file", "directory", "link"}},
 			"size": map[string]any{"type": []any{"integer", "null"}, "minimum": 1, "maximum": 4096},
+			"rank": map[string]any{"type": "number", "exclusiveMinimum": 0, "maximum": 1},
 			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
 		},
-		"required":             []any{"name", "kind", "size", "tags"},
+		"required":             []any{"name", "kind", "size", "rank", "tags"},
 		"additionalProperties": false,
 	}
 	format := func(schema any) openai.ChatCompletionNewParamsResponseFormatUnion {
@@ -283,6 +284,7 @@ func TestServeJSONSchema(t *testing.T) {
 			Name string
 			Kind string
 			Size *int
+			Rank float64
 			Tags []string
 		}
 		dec := json.NewDecoder(strings.NewReader(text))
@@ -293,7 +295,7 @@ func TestServeJSONSchema(t *testing.T) {
 		}
 		order := []int{strings.Index(text, `"kind"`), strings.Index(text, `"name"`), strings.Index(text, `"size"`), strings.Index(text, `"tags"`)}
 		if n := utf8.RuneCountInString(got.Name); !slices.IsSorted(order) || order[0] < 0 || !slices.Contains([]string{"file", "directory", "link"}, got.Kind) ||
-			len(got.Tags) > 2 || n < 2 || n > 12 || got.Size != nil && (*got.Size < 1 || *got.Size > 4096) {
+			len(got.Tags) > 2 || n < 2 || n > 12 || got.Size != nil && (*got.Size < 1 || *got.Size > 4096) || got.Rank <= 0 || got.Rank > 1 {
 			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
 		}
 	}

@@ -1,6 +1,9 @@
 package grammar
 
-import "bytes"
+import (
+	"bytes"
+	"math"
+)
 
 // The phases of a frame: where in its value the text is.
 const (
@@ -188,6 +191,140 @@ func (n *node) open(num uint64) bool {
 	}
 }
 
+// A bounded number's sign, digits and point (state.num): the flags below,
+// the integer part in the low 36 bits (held at decCap, past every limit),
+// the first decPlaces digits after the point as a number at bit 36 and
+// their count at bit 56. Limits lie within maxDecLimit of zero with at
+// most decPlaces digits after the point, so values compare in millionths
+// (decUnit) exactly; a nonzero digit past them only says the value lies
+// strictly between two millionths.
+const (
+	decNeg      = 1 << 63
+	decDigit    = 1 << 62
+	decDot      = 1 << 61
+	decMore     = 1 << 60 // a nonzero digit past decPlaces
+	decPlaces   = 6
+	decUnit     = 1_000_000
+	maxDecLimit = 1e9
+	decCap      = 10 * maxDecLimit
+)
+
+// decimal takes byte c of a number with limits, before the scanner does:
+// a sign, digit or point only while some number that begins so lies
+// within them, and the byte after the number only if it does. Exponents
+// are not written.
+func (g *Grammar) decimal(s *state, nd *node, c byte) bool {
+	switch {
+	case (c == 'e' || c == 'E') && s.sub.inNumber():
+		return false
+	case c == '-' && s.sub.mode == mValue:
+		s.num = decNeg
+	case c == '.' && (s.sub.mode == mZero || s.sub.mode == mInt):
+		s.num |= decDot
+	case '0' <= c && c <= '9' && (s.sub.mode == mValue || s.sub.mode == mMinus || s.sub.mode == mInt || s.sub.mode == mDot || s.sub.mode == mFrac):
+		s.num = addDec(s.num, c)
+	case s.sub.numberEnds():
+		return nd.decHolds(s.num)
+	default:
+		return true
+	}
+	return nd.decOpen(s.num)
+}
+
+func addDec(num uint64, c byte) uint64 {
+	d := uint64(c - '0')
+	p, f, n := num&(1<<36-1), num>>36&(1<<20-1), num>>56&7
+	switch {
+	case num&decDot == 0:
+		p = min(p*10+d, decCap)
+	case n < decPlaces:
+		f, n = f*10+d, n+1
+	case d != 0:
+		num |= decMore
+	}
+	return num&(decNeg|decDot|decMore) | decDigit | n<<56 | f<<36 | p
+}
+
+// decSpan is the magnitudes, in millionths, that a bounded number's text
+// so far may still come to in [a, b) (a excluded with open), for j more
+// digits of its integer part; ok false once no j is left.
+func decSpan(num uint64, j int) (a, b int64, open, ok bool) {
+	p, f, n := int64(num&(1<<36-1)), int64(num>>36&(1<<20-1)), int(num>>56&7)
+	switch {
+	case num&decDigit == 0: // a minus sign alone
+		return 0, math.MaxInt64, false, j == 0
+	case num&decDot != 0:
+		if j > 0 {
+			return 0, 0, false, false
+		}
+		w := int64(decUnit)
+		for range n {
+			w /= 10
+		}
+		a = p*decUnit + f*w
+		if num&decMore != 0 {
+			return a, a + 1, true, true
+		}
+		return a, a + w, false, true
+	case p == 0: // 0 or -0, then at most a fraction
+		return 0, decUnit, false, j == 0
+	}
+	a, b = p*decUnit, (p+1)*decUnit
+	for range j {
+		if a > 10*maxDecLimit*decUnit {
+			return 0, 0, false, false
+		}
+		a, b = a*10, b*10
+	}
+	return a, b, false, true
+}
+
+// decLimits is the node's limits for a number of num's sign, as limits of
+// its magnitude: lo, hi and whether each is set and exclusive.
+func (n *node) decLimits(num uint64) (lo, hi int64, hasLo, hasHi, loEx, hiEx bool) {
+	lo, hi = n.min, n.max
+	hasLo, hasHi, loEx, hiEx = n.limits&1 != 0, n.limits&2 != 0, n.limits&4 != 0, n.limits&8 != 0
+	if num&decNeg != 0 {
+		return -hi, -lo, hasHi, hasLo, hiEx, loEx
+	}
+	return
+}
+
+// decOpen reports whether some number that begins with num's text lies
+// within the node's limits.
+func (n *node) decOpen(num uint64) bool {
+	lo, hi, hasLo, hasHi, loEx, hiEx := n.decLimits(num)
+	for j := 0; ; j++ {
+		a, b, open, ok := decSpan(num, j)
+		if !ok {
+			return false
+		}
+		// The larger lower end and the smaller upper end, each excluded
+		// where either that meets there excludes it.
+		l, lOpen := a, open
+		if hasLo && (lo > l || lo == l && loEx) {
+			l, lOpen = lo, loEx || lo == a && open
+		}
+		h, hOpen := b, true
+		if hasHi && hi <= h {
+			h, hOpen = hi, hiEx || hi == b
+		}
+		if l < h || l == h && !lOpen && !hOpen {
+			return true
+		}
+	}
+}
+
+// decHolds reports whether the whole number num lies within the node's
+// limits.
+func (n *node) decHolds(num uint64) bool {
+	lo, hi, hasLo, hasHi, loEx, hiEx := n.decLimits(num)
+	v, _, more, _ := decSpan(num, 0)
+	above := func(b int64, ex bool) bool { return v > b || v == b && !ex && !more || v == b && more }
+	below := func(b int64, ex bool) bool { return v < b || v == b && !ex && !more }
+	return (!hasLo || above(lo, loEx)) && (!hasHi || below(hi, hiEx))
+}
+
 func hexDigit(c byte) (int, bool) {
 	switch {
 	case '0' <= c && c <= '9':
@@ -263,6 +400,9 @@ func (g *Grammar) step(s *state, c byte) bool {
 			return false
 		}
 		if nd.kind == kString && nd.bounded() && !g.length(s, nd, c) {
+			return false
+		}
+		if nd.kind == kNumber && nd.limits != 0 && !g.decimal(s, nd, c) {
 			return false
 		}
 		if nd.kind == kInteger && nd.limits != 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +51,9 @@ type node struct {
 	alts         []int32  // kUnion
 	first        byteSet  // the bytes a value may begin with
 	// kInteger: the least and the most value (minimum, maximum and their
-	// exclusive kinds), where limits has bit 0 and bit 1 set.
+	// exclusive kinds), where limits has bit 0 and bit 1 set. kNumber: the
+	// same in millionths (decUnit), bits 2 and 3 saying a limit is
+	// exclusive.
 	min, max int64
 	limits   uint8
 }
@@ -71,8 +74,10 @@ type prop struct {
 // take: "type" (one or a list), "properties" with "required" and
 // "additionalProperties", "items" with "minItems" and "maxItems",
 // "minLength" and "maxLength" (in characters: code points, an escaped
-// surrogate pair one), for integers "minimum", "maximum",
-// "exclusiveMinimum" and "exclusiveMaximum" (from -1e13 to 1e13), "enum",
+// surrogate pair one), "minimum", "maximum", "exclusiveMinimum" and
+// "exclusiveMaximum" (of integers from -1e13 to 1e13; of numbers from -1e9
+// to 1e9 with at most six digits after the point, and a bounded number is
+// written without an exponent), "enum",
 // "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
 // (recursion included), and the annotations (title, description,
 // default, examples, $schema, $id, $comment). An object writes its
@@ -83,9 +88,8 @@ type prop struct {
 // root must be an object. Any other keyword (pattern, format, minimum,
 // ...) is refused with an error that names it, rather than ignored.
 // minLength and maxLength apply to strings and the numeric bounds to
-// integers, and other types ignore them, as JSON Schema has it; the
-// numeric bounds of numbers with fractions, and bounds without a type or
-// beside enum, const, anyOf or oneOf, are refused.
+// numbers, and other types ignore them, as JSON Schema has it; bounds
+// without a type or beside enum, const, anyOf or oneOf are refused.
 type Schema struct {
 	nodes []node
 	root  int32
@@ -381,10 +385,11 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		}
 		return c.add(n, path), nil
 	case "number":
-		if k := o.first(numericLimits...); k != "" {
-			return 0, fmt.Errorf("%s: %q is supported for integers, not for numbers with fractions", path, k)
+		n := node{kind: kNumber}
+		if err := decLimits(o, &n, path); err != nil {
+			return 0, err
 		}
-		return c.add(node{kind: kNumber}, path), nil
+		return c.add(n, path), nil
 	case "integer":
 		n := node{kind: kInteger}
 		if err := intLimits(o, &n, path); err != nil {
@@ -497,6 +502,46 @@ func intLimits(o *object, n *node, path string) error {
 	}
 	if n.limits == 3 && n.min > n.max {
 		return fmt.Errorf("%s: no integer lies within the bounds (from %d to %d)", path, n.min, n.max)
+	}
+	return nil
+}
+
+// decLimits reads a number node's bounds, in millionths: each within
+// 1e9 of zero, with at most six digits after the point.
+func decLimits(o *object, n *node, path string) error {
+	for _, k := range numericLimits {
+		v, ok := o.vals[k]
+		if !ok {
+			continue
+		}
+		num, ok := v.(json.Number)
+		if !ok {
+			return fmt.Errorf("%s: %s is not a number", path, k)
+		}
+		r, ok := new(big.Rat).SetString(num.String())
+		if ok {
+			r.Mul(r, big.NewRat(decUnit, 1))
+		}
+		if !ok || !r.IsInt() || r.Num().CmpAbs(big.NewInt(maxDecLimit*decUnit)) > 0 {
+			return fmt.Errorf("%s: %s is %s, want a number from -1e9 to 1e9 with at most six digits after the point", path, k, num)
+		}
+		b, ex := r.Num().Int64(), strings.HasPrefix(k, "exclusive")
+		if strings.HasSuffix(k, "inimum") {
+			if n.limits&1 == 0 || b > n.min || b == n.min && ex {
+				n.min, n.limits = b, n.limits&^4|1
+				if ex {
+					n.limits |= 4
+				}
+			}
+		} else if n.limits&2 == 0 || b < n.max || b == n.max && ex {
+			n.max, n.limits = b, n.limits&^8|2
+			if ex {
+				n.limits |= 8
+			}
+		}
+	}
+	if n.limits&3 == 3 && (n.min > n.max || n.min == n.max && n.limits&12 != 0) {
+		return fmt.Errorf("%s: no number lies within the bounds", path)
 	}
 	return nil
 }

@@ -3,7 +3,9 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -141,27 +143,14 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 		}
 		return true
 	case "number":
-		_, ok := doc.(json.Number)
-		return ok
+		n, ok := doc.(json.Number)
+		return ok && inLimits(s, n)
 	case "integer":
 		n, ok := doc.(json.Number)
 		if !ok || strings.ContainsAny(n.String(), ".eE") {
 			return false
 		}
-		v, _ := n.Float64() // exact within the limits' range
-		for k, in := range map[string]func(v, b float64) bool{
-			"minimum":          func(v, b float64) bool { return v >= b },
-			"exclusiveMinimum": func(v, b float64) bool { return v > b },
-			"maximum":          func(v, b float64) bool { return v <= b },
-			"exclusiveMaximum": func(v, b float64) bool { return v < b },
-		} {
-			if b, ok := s.vals[k].(json.Number); ok {
-				if f, _ := b.Float64(); !in(v, f) {
-					return false
-				}
-			}
-		}
-		return true
+		return inLimits(s, n)
 	case "boolean":
 		_, ok := doc.(bool)
 		return ok
@@ -169,6 +158,31 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 		return doc == nil
 	}
 	return false
+}
+
+// inLimits reports whether n lies within the numeric limits of schema s,
+// compared exactly.
+func inLimits(s *object, n json.Number) bool {
+	if !s.has(numericLimits...) {
+		return true
+	}
+	v, ok := new(big.Rat).SetString(n.String())
+	if !ok {
+		return false
+	}
+	for k, in := range map[string]func(c int) bool{
+		"minimum":          func(c int) bool { return c >= 0 },
+		"exclusiveMinimum": func(c int) bool { return c > 0 },
+		"maximum":          func(c int) bool { return c <= 0 },
+		"exclusiveMaximum": func(c int) bool { return c < 0 },
+	} {
+		if b, ok := s.vals[k].(json.Number); ok {
+			if r, ok := new(big.Rat).SetString(b.String()); ok && !in(v.Cmp(r)) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func must(n int64, err error) int64 {
@@ -205,6 +219,7 @@ var schemas = []string{
 	`{"title":"free","type":"object"}`,
 	`{"type":"object","properties":{"age":{"type":"integer","minimum":18,"exclusiveMaximum":130},"delta":{"type":["integer","null"],"minimum":-5.5,"maximum":-2},"big":{"type":"integer","exclusiveMinimum":999}},"required":["age","delta","big"]}`,
 	`{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"note":{"type":["string","null"],"maxLength":0},"long":{"type":"string","minLength":3}},"required":["code","long"]}`,
+	`{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":["number","null"],"exclusiveMinimum":-2.5,"exclusiveMaximum":3.75},"m":{"type":"number","maximum":-0.5}},"required":["p","t","m"]}`,
 }
 
 func TestSchemaDocuments(t *testing.T) {
@@ -242,6 +257,18 @@ func TestSchemaDocuments(t *testing.T) {
 		{5, `{}`, true},
 		{5, `{"a":1}`, false},
 		{6, `{"a":[1,2,{"b":"c"}]}`, true},
+		{9, `{"p":0,"t":0,"m":-1}`, true},
+		{9, `{"p":1.000000,"t":-2.4999999,"m":-0.5}`, true},
+		{9, `{"p":1.0000001,"t":0,"m":-1}`, false},
+		{9, `{"p":0.99999999999,"t":3.7499999999,"m":-0.50000000001}`, true},
+		{9, `{"p":-0.0,"t":null,"m":-100}`, true},
+		{9, `{"p":-0.1,"t":0,"m":-1}`, false},
+		{9, `{"p":2,"t":0,"m":-1}`, false},
+		{9, `{"p":0.5,"t":-2.5,"m":-1}`, false},
+		{9, `{"p":0.5,"t":3.75,"m":-1}`, false},
+		{9, `{"p":0.5,"t":3.750000001,"m":-1}`, false},
+		{9, `{"p":0.5,"t":0,"m":-0.49}`, false},
+		{9, `{"p":0.5,"t":0,"m":0}`, false},
 		{7, `{"age":18,"delta":-5,"big":1000}`, true},
 		{7, `{"age":129,"delta":null,"big":123456789012}`, true},
 		{7, `{"age":17,"delta":-5,"big":1000}`, false},
@@ -366,7 +393,9 @@ func TestSchemaRefused(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type":"string"}`, "root must be an object"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a+"}}}`, `"pattern" is not supported`},
-		{`{"type":"object","properties":{"n":{"type":"number","minimum":0}}}`, `"minimum"`},
+		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
+		{`{"type":"object","properties":{"n":{"type":"number","maximum":2e9}}}`, "from -1e9 to 1e9"},
+		{`{"type":"object","properties":{"n":{"type":"number","exclusiveMinimum":1,"maximum":1}}}`, "no number lies within"},
 		{`{"type":"object","properties":{"u":{"anyOf":[{"type":"integer"},{"type":"number"}]}}}`, "begin differently"},
 		{`{"type":"object","properties":{"u":{"anyOf":[{"type":"object"},{"type":"object","properties":{}}]}}}`, "begin differently"},
 		{`{"type":"object","required":["x"],"properties":{}}`, "required names x"},
@@ -668,6 +697,117 @@ func TestIntegerLimitsPrefixes(t *testing.T) {
 			if ok {
 				if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
 					t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
+				}
+			}
+		}
+	}
+}
+
+// Every sign, some integer parts and up to three digits after the point
+// under number limits: the grammar takes a prefix exactly when some number
+// within the limits begins with it, and closes it exactly when it is one,
+// against the intervals of values each prefix may still come to, checked
+// at their meeting's lower end and middle.
+func TestNumberLimitsPrefixes(t *testing.T) {
+	var fracs []string
+	for n := 1; n <= 3; n++ {
+		for v := range []int{10, 100, 1000}[n-1] {
+			fracs = append(fracs, fmt.Sprintf("%0*d", n, v))
+		}
+	}
+	// Past the six digits the limits have: a value a hair off a limit.
+	fracs = append(fracs, "0000001", "0000000", "5000001", "4999999", "2500000", "24999991", "25000001", "3450000001", "0010000001", "0009999999")
+	ints := []string{"0", "1", "2", "3", "9", "10", "12", "99", "100", "123", "999", "1000", "1001"}
+	for _, lim := range []string{
+		`"minimum":0,"maximum":1`, `"exclusiveMinimum":0,"exclusiveMaximum":1`, `"exclusiveMinimum":-2.5,"exclusiveMaximum":3.75`,
+		`"maximum":-0.5`, `"minimum":0.001`, `"minimum":1000,"maximum":1000.5`, `"exclusiveMaximum":12.345`, `"minimum":-0.25,"maximum":-0.25`,
+	} {
+		src := `{"type":"object","properties":{"x":{"type":"number",` + lim + `}},"required":["x"]}`
+		sc, err := CompileSchema([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := NewVocab(testVocab())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr := v.Schema(sc)
+		limits := decodeDoc(t, []byte(src)).(*object).vals["properties"].(*object).vals["x"].(*object)
+		in := func(r *big.Rat) bool { return inLimits(limits, json.Number(r.FloatString(12))) }
+		rat := func(s string) *big.Rat { r, _ := new(big.Rat).SetString(s); return r }
+		// reach says whether a value of sign neg in [a, b) lies within.
+		reach := func(neg bool, a, b *big.Rat) bool {
+			if neg {
+				a, b = new(big.Rat).Neg(b), new(big.Rat).Neg(a)
+			}
+			lo, hi := new(big.Rat).Set(a), new(big.Rat).Set(b)
+			for _, k := range []string{"minimum", "exclusiveMinimum"} {
+				if n, ok := limits.vals[k].(json.Number); ok && rat(n.String()).Cmp(lo) > 0 {
+					lo = rat(n.String())
+				}
+			}
+			for _, k := range []string{"maximum", "exclusiveMaximum"} {
+				if n, ok := limits.vals[k].(json.Number); ok && rat(n.String()).Cmp(hi) < 0 {
+					hi = rat(n.String())
+				}
+			}
+			mid := new(big.Rat).Add(lo, hi)
+			mid.Quo(mid, big.NewRat(2, 1))
+			for _, c := range []*big.Rat{lo, mid} {
+				inside := c.Cmp(a) > 0 && c.Cmp(b) < 0 || !neg && c.Cmp(a) == 0 || neg && c.Cmp(b) == 0
+				if inside && in(c) {
+					return true
+				}
+			}
+			return false
+		}
+		for _, sign := range []string{"", "-"} {
+			neg := sign == "-"
+			var texts []string
+			if neg {
+				texts = append(texts, sign)
+			}
+			for _, i := range ints {
+				texts = append(texts, sign+i, sign+i+".")
+				for _, f := range fracs {
+					texts = append(texts, sign+i+"."+f)
+				}
+			}
+			for _, p := range texts {
+				digits := strings.TrimPrefix(p, "-")
+				var want, whole bool
+				switch {
+				case digits == "":
+					want = reach(neg, rat("0"), rat("1e20"))
+				case !strings.Contains(digits, "."):
+					pv := rat(digits)
+					if digits == "0" {
+						want = reach(neg, rat("0"), rat("1"))
+					}
+					for j := int64(1); digits != "0" && j <= 1e15 && !want; j *= 10 {
+						a := new(big.Rat).Mul(pv, big.NewRat(j, 1))
+						want = reach(neg, a, new(big.Rat).Add(a, big.NewRat(j, 1)))
+					}
+					whole = in(rat(p))
+				default:
+					f := len(digits) - strings.Index(digits, ".") - 1
+					a := rat(strings.TrimSuffix(digits, "."))
+					want = reach(neg, a, new(big.Rat).Add(a, new(big.Rat).SetFrac64(1, int64(math.Pow10(f)))))
+					whole = f > 0 && in(rat(p))
+				}
+				s, ok := gr.start(), true
+				for _, c := range []byte(`{"x":` + p) {
+					if ok = gr.step(&s, c); !ok {
+						break
+					}
+				}
+				if ok != want {
+					t.Fatalf("%s: %q taken %v, want %v", lim, p, ok, want)
+				}
+				if ok {
+					if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
+						t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
+					}
 				}
 			}
 		}
