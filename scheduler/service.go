@@ -422,9 +422,10 @@ func (c *Client) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
 }
 
 // SubmitWait is how long a request waits for a scheduler of its model to
-// take it: long enough to ride over a standby taking a group over (the
-// registry's TTL and a start, docs/deploy.md).
-const SubmitWait = 20 * time.Second
+// take it: long enough to ride over a standby taking a group over (its
+// leader's drain, up to 10 s, the registry's TTL, 5 s, and a start, which
+// took up to 7 s on a loaded 2-core host; docs/deploy.md).
+const SubmitWait = 30 * time.Second
 
 // resubmit calls submit until it does not fail with CodeUnavailable, or
 // for c's submit wait, waiting longer each time, up to half a second.

@@ -539,7 +539,7 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 
 // groupDrain bounds the drain of a group's scheduling node: the requests
 // sent meanwhile wait for the standby that takes the group over once the
-// drain ends (for up to scheduler.SubmitWait, 20 s), so the drain, the
+// drain ends (for up to scheduler.SubmitWait, 30 s), so the drain, the
 // registry's TTL and the takeover's start must fit in that wait.
 const groupDrain = 10 * time.Second
 
