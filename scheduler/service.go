@@ -423,8 +423,8 @@ func (c *Client) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error) {
 
 // SubmitWait is how long a request waits for a scheduler of its model to
 // take it: long enough to ride over a standby taking a group over (its
-// leader's drain, up to 10 s, the registry's TTL, 5 s, and a start, which
-// took up to 7 s on a loaded 2-core host; docs/deploy.md).
+// leader's drain, up to 10 s, the registry's TTL, 5 s, and the standby's
+// start: 21.5 s in all once on a loaded 2-core host; docs/deploy.md).
 const SubmitWait = 30 * time.Second
 
 // resubmit calls submit until it does not fail with CodeUnavailable, or
