@@ -452,8 +452,7 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 	return i, nil
 }
 
-// count reads a non-negative integer keyword, def where absent.
-// limitKeywords bound strings' lengths and integers' values.
+// limitKeywords bound strings' lengths and numbers' values.
 var (
 	numericLimits = []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
 	limitKeywords = append([]string{"minLength", "maxLength"}, numericLimits...)
@@ -463,9 +462,9 @@ var (
 // digits of a number that may still lie within them fit a state.
 const maxLimit = 1e13
 
-// intLimits reads an integer node's bounds: each inclusive, a fractional
-// bound rounded inward.
-func intLimits(o *object, n *node, path string) error {
+// eachLimit calls f with each numeric limit o has, in numericLimits'
+// order, refusing one that is not a number.
+func eachLimit(o *object, path string, f func(k string, num json.Number) error) error {
 	for _, k := range numericLimits {
 		v, ok := o.vals[k]
 		if !ok {
@@ -475,6 +474,17 @@ func intLimits(o *object, n *node, path string) error {
 		if !ok {
 			return fmt.Errorf("%s: %s is not a number", path, k)
 		}
+		if err := f(k, num); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// intLimits reads an integer node's bounds: each inclusive, a fractional
+// bound rounded inward.
+func intLimits(o *object, n *node, path string) error {
+	err := eachLimit(o, path, func(k string, num json.Number) error {
 		f, err := num.Float64()
 		if err != nil || math.Abs(f) > maxLimit {
 			return fmt.Errorf("%s: %s is %s, want a number from -1e13 to 1e13", path, k, num)
@@ -499,6 +509,10 @@ func intLimits(o *object, n *node, path string) error {
 			}
 			n.limits |= 2
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if n.limits == 3 && n.min > n.max {
 		return fmt.Errorf("%s: no integer lies within the bounds (from %d to %d)", path, n.min, n.max)
@@ -509,15 +523,7 @@ func intLimits(o *object, n *node, path string) error {
 // decLimits reads a number node's bounds, in millionths: each within
 // 1e9 of zero, with at most six digits after the point.
 func decLimits(o *object, n *node, path string) error {
-	for _, k := range numericLimits {
-		v, ok := o.vals[k]
-		if !ok {
-			continue
-		}
-		num, ok := v.(json.Number)
-		if !ok {
-			return fmt.Errorf("%s: %s is not a number", path, k)
-		}
+	err := eachLimit(o, path, func(k string, num json.Number) error {
 		r, ok := new(big.Rat).SetString(num.String())
 		if ok {
 			r.Mul(r, big.NewRat(decUnit, 1))
@@ -539,6 +545,10 @@ func decLimits(o *object, n *node, path string) error {
 				n.limits |= 8
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if n.limits&3 == 3 && (n.min > n.max || n.min == n.max && n.limits&12 != 0) {
 		return fmt.Errorf("%s: no number lies within the bounds", path)
@@ -562,6 +572,7 @@ func bounds(o *object, lo, hi string, n *node, path string) error {
 	return nil
 }
 
+// count reads a non-negative integer keyword, def where absent.
 func count(o *object, k string, def int, path string) (int, error) {
 	v, ok := o.vals[k]
 	if !ok {

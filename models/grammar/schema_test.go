@@ -635,21 +635,17 @@ func TestStringLengthMasks(t *testing.T) {
 // closes it exactly when it is one, against a search of the integers near
 // zero.
 func TestIntegerLimitsPrefixes(t *testing.T) {
+	v, err := NewVocab(testVocab())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, lim := range []string{
 		`"minimum":18,"maximum":129`, `"minimum":-5,"maximum":-2`, `"minimum":1000`, `"maximum":7`,
 		`"minimum":0,"maximum":0`, `"minimum":-3,"maximum":12`, `"exclusiveMinimum":4.5,"exclusiveMaximum":5.5`,
 		`"maximum":-40`, `"minimum":-1e4,"maximum":-999`,
 	} {
 		src := `{"type":"object","properties":{"x":{"type":"integer",` + lim + `}},"required":["x"]}`
-		sc, err := CompileSchema([]byte(src))
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := NewVocab(testVocab())
-		if err != nil {
-			t.Fatal(err)
-		}
-		gr := v.Schema(sc)
+		gr := limitGrammar(t, v, src)
 		root := decodeDoc(t, []byte(src))
 		// The prefixes of the integers within the limits (by the oracle)
 		// near zero, "-0" among them where 0 is.
@@ -685,20 +681,7 @@ func TestIntegerLimitsPrefixes(t *testing.T) {
 				n, _ := strconv.Atoi(p)
 				whole = inside[n]
 			}
-			s, ok := gr.start(), true
-			for _, c := range []byte(`{"x":` + p) {
-				if ok = gr.step(&s, c); !ok {
-					break
-				}
-			}
-			if ok != want {
-				t.Fatalf("%s: %q taken %v, want %v", lim, p, ok, want)
-			}
-			if ok {
-				if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
-					t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
-				}
-			}
+			takesPrefix(t, gr, lim, p, want, whole)
 		}
 	}
 }
@@ -709,6 +692,10 @@ func TestIntegerLimitsPrefixes(t *testing.T) {
 // against the intervals of values each prefix may still come to, checked
 // at their meeting's lower end and middle.
 func TestNumberLimitsPrefixes(t *testing.T) {
+	v, err := NewVocab(testVocab())
+	if err != nil {
+		t.Fatal(err)
+	}
 	var fracs []string
 	for n := 1; n <= 3; n++ {
 		for v := range []int{10, 100, 1000}[n-1] {
@@ -723,15 +710,7 @@ func TestNumberLimitsPrefixes(t *testing.T) {
 		`"maximum":-0.5`, `"minimum":0.001`, `"minimum":1000,"maximum":1000.5`, `"exclusiveMaximum":12.345`, `"minimum":-0.25,"maximum":-0.25`,
 	} {
 		src := `{"type":"object","properties":{"x":{"type":"number",` + lim + `}},"required":["x"]}`
-		sc, err := CompileSchema([]byte(src))
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := NewVocab(testVocab())
-		if err != nil {
-			t.Fatal(err)
-		}
-		gr := v.Schema(sc)
+		gr := limitGrammar(t, v, src)
 		limits := decodeDoc(t, []byte(src)).(*object).vals["properties"].(*object).vals["x"].(*object)
 		in := func(r *big.Rat) bool { return inLimits(limits, json.Number(r.FloatString(12))) }
 		rat := func(s string) *big.Rat { r, _ := new(big.Rat).SetString(s); return r }
@@ -795,21 +774,38 @@ func TestNumberLimitsPrefixes(t *testing.T) {
 					want = reach(neg, a, new(big.Rat).Add(a, new(big.Rat).SetFrac64(1, int64(math.Pow10(f)))))
 					whole = f > 0 && in(rat(p))
 				}
-				s, ok := gr.start(), true
-				for _, c := range []byte(`{"x":` + p) {
-					if ok = gr.step(&s, c); !ok {
-						break
-					}
-				}
-				if ok != want {
-					t.Fatalf("%s: %q taken %v, want %v", lim, p, ok, want)
-				}
-				if ok {
-					if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
-						t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
-					}
-				}
+				takesPrefix(t, gr, lim, p, want, whole)
 			}
+		}
+	}
+}
+
+// limitGrammar is the grammar of schema src over v.
+func limitGrammar(t *testing.T, v *Vocab, src string) *Grammar {
+	t.Helper()
+	sc, err := CompileSchema([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.Schema(sc)
+}
+
+// takesPrefix checks that gr takes the value text p of property x exactly
+// when want says, and closes the object after it exactly when whole does.
+func takesPrefix(t *testing.T, gr *Grammar, lim, p string, want, whole bool) {
+	t.Helper()
+	s, ok := gr.start(), true
+	for _, c := range []byte(`{"x":` + p) {
+		if ok = gr.step(&s, c); !ok {
+			break
+		}
+	}
+	if ok != want {
+		t.Fatalf("%s: %q taken %v, want %v", lim, p, ok, want)
+	}
+	if ok {
+		if closed := gr.step(&s, '}') && s.n == 0; closed != whole {
+			t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
 		}
 	}
 }
