@@ -102,6 +102,23 @@ const (
 	numCap   = 10 * maxLimit
 )
 
+// integer takes byte c of an integer with limits, before the scanner
+// does: a sign or digit only while some integer that begins so lies within
+// them, and the byte after the integer only if it does.
+func (g *Grammar) integer(s *state, nd *node, c byte) bool {
+	switch {
+	case c == '-' && s.sub.mode == mValue:
+		s.num = numNeg
+	case '0' <= c && c <= '9' && (s.sub.mode == mValue || s.sub.mode == mMinus || s.sub.mode == mInt):
+		s.num = addDigit(s.num, c)
+	case s.sub.numberEnds():
+		return nd.holds(s.num)
+	default:
+		return true
+	}
+	return nd.open(s.num)
+}
+
 func addDigit(num uint64, c byte) uint64 {
 	m := min((num&^(numNeg|numDigit))*10+uint64(c-'0'), numCap)
 	return num&numNeg | numDigit | m

@@ -119,19 +119,8 @@ func (g *Grammar) step(s *state, c byte) bool {
 		if nd.kind == kNumber && nd.limits != 0 && !g.decimal(s, nd, c) {
 			return false
 		}
-		if nd.kind == kInteger && nd.limits != 0 {
-			switch {
-			case c == '-' && s.sub.mode == mValue:
-				if s.num = numNeg; !nd.open(s.num) {
-					return false
-				}
-			case '0' <= c && c <= '9' && (s.sub.mode == mValue || s.sub.mode == mMinus || s.sub.mode == mInt):
-				if s.num = addDigit(s.num, c); !nd.open(s.num) {
-					return false
-				}
-			case s.sub.numberEnds() && !nd.holds(s.num):
-				return false
-			}
+		if nd.kind == kInteger && nd.limits != 0 && !g.integer(s, nd, c) {
+			return false
 		}
 		t := s.sub
 		if t.step(c) {
