@@ -88,12 +88,11 @@ func TwinBytes(cfg *Config, c Coding, dev gpu.Device) int64 {
 	return n
 }
 
-// codedMatrix is a matrix a coding codes: the layer (-1 for the LM head)
-// and its product (packed, as a gpu.Packer device holds it), its shape
-// and the checkpoint's tensors of its rows.
+// codedMatrix is a matrix a coding codes: its weight in a loaded model
+// (packed, as a gpu.Packer device holds it), its shape and the
+// checkpoint's tensors of its rows.
 type codedMatrix struct {
-	layer   int
-	w       func(*layer) gpu.Buffer
+	w       func(*Model) gpu.Buffer
 	rows, k int
 	names   []string
 }
@@ -110,14 +109,14 @@ func codedMatrices(cfg *Config, c Coding, first, last int, head bool) []codedMat
 			if cfg.SparseLayers != nil && cfg.SparseLayers[l] {
 				continue
 			}
-			p := fmt.Sprintf("model.layers.%d.", l)
+			p, i := fmt.Sprintf("model.layers.%d.", l), l-first
 			for _, cm := range []codedMatrix{
-				{l - first, func(ly *layer) gpu.Buffer { return ly.qkv }, qw + 2*kvw, cfg.Hidden,
+				{func(m *Model) gpu.Buffer { return m.layers[i].qkv }, qw + 2*kvw, cfg.Hidden,
 					[]string{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}},
-				{l - first, func(ly *layer) gpu.Buffer { return ly.o }, cfg.Hidden, qw, []string{p + "self_attn.o_proj.weight"}},
-				{l - first, func(ly *layer) gpu.Buffer { return ly.gateUp }, 2 * cfg.Intermediate, cfg.Hidden,
+				{func(m *Model) gpu.Buffer { return m.layers[i].o }, cfg.Hidden, qw, []string{p + "self_attn.o_proj.weight"}},
+				{func(m *Model) gpu.Buffer { return m.layers[i].gateUp }, 2 * cfg.Intermediate, cfg.Hidden,
 					[]string{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}},
-				{l - first, func(ly *layer) gpu.Buffer { return ly.down }, cfg.Hidden, cfg.Intermediate, []string{p + "mlp.down_proj.weight"}},
+				{func(m *Model) gpu.Buffer { return m.layers[i].down }, cfg.Hidden, cfg.Intermediate, []string{p + "mlp.down_proj.weight"}},
 			} {
 				if cm.rows*cm.k >= codeMinWeights {
 					out = append(out, cm)
@@ -130,7 +129,7 @@ func codedMatrices(cfg *Config, c Coding, first, last int, head bool) []codedMat
 		if cfg.TieEmbeddings {
 			name = "model.embed_tokens.weight"
 		}
-		out = append(out, codedMatrix{layer: -1, rows: cfg.Vocab, k: cfg.Hidden, names: []string{name}})
+		out = append(out, codedMatrix{func(m *Model) gpu.Buffer { return m.lmHead }, cfg.Vocab, cfg.Hidden, []string{name}})
 	}
 	return out
 }
@@ -154,10 +153,7 @@ func (m *Model) codeWeights(ckpt *safetensors.Checkpoint) error {
 	}
 	m.coding = c
 	for _, cm := range codedMatrices(&m.Config, c, m.opts.FirstLayer, m.opts.LastLayer, m.last() && !m.headSplit) {
-		w := m.lmHead
-		if cm.layer >= 0 {
-			w = cm.w(&m.layers[cm.layer])
-		}
+		w := cm.w(m)
 		if w == nil {
 			continue
 		}
