@@ -124,5 +124,6 @@ func cudaConfig() cuda.Config {
 		cfg.Kernels = os.DirFS(dir)
 	}
 	cfg.Serial = os.Getenv("TROUPE_CUDA_SERIAL") == "1"
+	cfg.PTX = os.Getenv("TROUPE_CUDA_PTX") == "1"
 	return cfg
 }

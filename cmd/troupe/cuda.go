@@ -18,6 +18,10 @@ const kernelsEnv = "TROUPE_CUDA_KERNELS"
 // (cuda.Config.Serial), for comparisons.
 const serialEnv = "TROUPE_CUDA_SERIAL"
 
+// ptxEnv set to 1 loads the compute_80 PTX on Hopper too (cuda.Config.PTX),
+// to run the kernels other GPUs run.
+const ptxEnv = "TROUPE_CUDA_PTX"
+
 // cudaConfig is the configuration of GPU ordinal.
 func cudaConfig(ordinal int) cuda.Config {
 	cfg := cuda.DefaultConfig()
@@ -26,6 +30,7 @@ func cudaConfig(ordinal int) cuda.Config {
 		cfg.Kernels = os.DirFS(dir)
 	}
 	cfg.Serial = os.Getenv(serialEnv) == "1"
+	cfg.PTX = os.Getenv(ptxEnv) == "1"
 	return cfg
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -46,7 +47,10 @@ func codedWeights(t *testing.T, d *Device, r *rand.Rand, rows, k int) (raw []byt
 // argmax) against the float64 reference and against the same products
 // over the bf16 weights, for every k the coded kernels take.
 func TestCodedProducts(t *testing.T) {
-	d := open(t)
+	codedProducts(t, open(t))
+}
+
+func codedProducts(t *testing.T, d *Device) {
 	rf := ref.New()
 	const eps = 1e-6
 	for _, c := range []struct{ k, m int }{{512, 96}, {1024, 200}, {2048, 6144}, {3072, 300}, {4096, 1000}, {8192, 2048}} {
@@ -150,6 +154,13 @@ func TestCodedProducts(t *testing.T) {
 		}
 		logits := readF32(t, d, got)
 		codedAgrees(t, "head", logits, readF32(t, d, bf), readF32(t, rf, p))
+		// Without the argmax the coded head gives the same logits.
+		if err := d.HeadMatVec(got, nil, rb, yb, wn, wf, cw, k, m, eps); err != nil {
+			t.Fatal(err)
+		}
+		if plain := readF32(t, d, got); !slices.Equal(plain, logits) {
+			t.Errorf("coded head without the argmax: logits differ from those with it")
+		}
 		best := make([]int32, 1)
 		if err := d.Read(gpu.I32Bytes(best), next, 0); err != nil {
 			t.Fatal(err)

@@ -31,6 +31,10 @@ type Config struct {
 	// default a Hopper GPU running the sm_90a kernels starts a kernel's
 	// blocks while the previous kernel drains (docs/cuda.md).
 	Serial bool
+	// PTX loads the compute_80 PTX (compiled by the driver at load) where
+	// the Hopper cubins would serve, so that a Hopper GPU runs the kernels
+	// as other GPUs do: for testing that path.
+	PTX bool
 }
 
 // DefaultConfig returns the configuration of the first GPU.

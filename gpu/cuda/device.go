@@ -326,7 +326,8 @@ const maxCounters = 65535
 const codeCubin = "cubin sm_90a"
 
 // loadKernels loads every module (the Hopper cubin on compute capability
-// 9.0, the PTX elsewhere) and resolves the kernels the operations use.
+// 9.0 unless Config.PTX, the PTX elsewhere) and resolves the kernels the
+// operations use.
 func (d *Device) loadKernels() error {
 	fsys := d.cfg.Kernels
 	if fsys == nil {
@@ -336,7 +337,7 @@ func (d *Device) loadKernels() error {
 	if err != nil {
 		return err
 	}
-	useCubin := d.info.ComputeMajor == 9 && d.info.ComputeMinor == 0
+	useCubin := d.info.ComputeMajor == 9 && d.info.ComputeMinor == 0 && !d.cfg.PTX
 	if useCubin {
 		d.info.Code = codeCubin
 		d.info.Overlap = !d.cfg.Serial && d.drv.cuLaunchKernelEx.addr != 0

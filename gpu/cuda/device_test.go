@@ -23,6 +23,8 @@ var kernelDir = flag.String("cuda.kernels", "", "load kernel artifacts from this
 
 var serial = flag.Bool("cuda.serial", false, "launch kernels without programmatic dependent launch")
 
+var ptxFlag = flag.Bool("cuda.ptx", false, "load the compute_80 PTX even on Hopper, as other GPUs do")
+
 // open opens GPU 0 as the package's tests run it (-cuda.serial,
 // -cuda.kernels), closed when the test ends.
 func open(t testing.TB) *Device {
@@ -31,11 +33,12 @@ func open(t testing.TB) *Device {
 }
 
 // withKernels is cfg loading the kernel artifacts -cuda.kernels names,
-// if any.
+// if any, and the PTX with -cuda.ptx.
 func withKernels(cfg Config) Config {
 	if *kernelDir != "" {
 		cfg.Kernels = os.DirFS(*kernelDir)
 	}
+	cfg.PTX = cfg.PTX || *ptxFlag
 	return cfg
 }
 
@@ -89,6 +92,21 @@ func TestConformance(t *testing.T) {
 	t.Run("16bit", func(t *testing.T) {
 		gputest.Run(t, d, gputest.Options{Tol: 5e-3, CacheDTypes: []gpu.DType{gpu.F16}, WeightDTypes: []gpu.DType{gpu.BF16, gpu.F16}, Large: true, Attention: attentionKernels(d)})
 	})
+}
+
+// TestPTXFallback runs kernels as GPUs other than Hopper load them, from
+// the compute_80 PTX that the driver compiles at load: the conformance
+// suite and the products over coded weights. (-cuda.ptx runs the whole
+// package that way.)
+func TestPTXFallback(t *testing.T) {
+	d := openWith(t, Config{Ordinal: 0, Serial: *serial, PTX: true})
+	if code := d.Info().Code; !strings.HasPrefix(code, "ptx") {
+		t.Fatalf("code %q, want the PTX", code)
+	}
+	t.Run("conformance", func(t *testing.T) {
+		gputest.Run(t, d, gputest.Options{Tol: 1e-2, CacheDTypes: []gpu.DType{gpu.F32, gpu.BF16}, Large: true, Attention: attentionKernels(d)})
+	})
+	t.Run("coded", func(t *testing.T) { codedProducts(t, d) })
 }
 
 func randF32(r *rand.Rand, n int, scale float64) []float32 {

@@ -459,7 +459,9 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
     else if (ph == 1) step(g1, g0, base, it & 1, false, false);
     else step(g2, g1, base, it & 1, false, false);
   }
-  if constexpr (AM) grid_best(bv, bi, am.pv, am.pi, am.cnt, am.next, blockIdx.x, gridDim.x);
+  if constexpr (AM) {
+    if (am.next != nullptr) grid_best(bv, bi, am.pv, am.pi, am.cnt, am.next, blockIdx.x, gridDim.x);
+  }
 }
 
 // Entry points for the (NV, KS) pairs gemvShape in gpu/cuda picks: KS = 8
@@ -499,18 +501,19 @@ DEV void gemv_bf16_fast(float* __restrict__ out, const float* __restrict__ x, co
   }
 // gemv_bf16_head_*: an LM head over one row whose x is formed from the
 // step's last residual update and final norm (POST_HEAD), with the
-// argmax of its outputs into *next unless next is null.
+// argmax of its outputs into *next unless next is null. One instantiation
+// serves both, so that a coded head's x in shared memory is declared once
+// (two would pass the 48 KiB of static shared memory that the PTX for
+// other GPUs may hold).
 #define HEAD1(NV, KS)                                                                                               \
   extern "C" __global__ void __launch_bounds__(256, NV <= 2 ? 4 : 1)                                               \
       gemv_bf16_head_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, const float* r,  \
                                      const void* wn, int wn_f32, const void* wf, int wf_f32, float eps, int* next, \
                                      float* pv, int* pi, unsigned* cnt) {                                          \
     constexpr int D = (NV == 3 || NV == 6) ? 3 : 2;                                                                \
-    PostNorm pn{nullptr, r, wn, wn_f32, eps, wf, wf_f32};                                                          \
-    if (next != nullptr)                                                                                           \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, D, 1, POST_HEAD, true>(out, y, w, 1, k, m, pn, ArgmaxOut{next, pv, pi, cnt}); \
-    else                                                                                                           \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, D, 1, POST_HEAD>(out, y, w, 1, k, m, pn);                              \
+    gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, D, 1, POST_HEAD, true>(out, y, w, 1, k, m,                                \
+                                                                 PostNorm{nullptr, r, wn, wn_f32, eps, wf, wf_f32}, \
+                                                                 ArgmaxOut{next, pv, pi, cnt});                    \
   }
 #define FAST(NV, KS)                                                                                                \
   FAST1(gemv_bf16, GEMV_PLAIN, NV, KS) FAST1(gemv_glu_bf16, GEMV_GLU, NV, KS) POST1(gemv_bf16, GEMV_PLAIN, NV, KS)   \
@@ -544,14 +547,9 @@ AHEADS(1, 1) AHEADS(2, 1) AHEADS(2, 2) AHEADS(2, 4) AHEADS(2, 8)
       gemv_c12_head_nv##NV##_ks##KS(float* out, const float* y, const uint16_t* w, int k, int m, const float* r,    \
                                     const void* wn, int wn_f32, const void* wf, int wf_f32, float eps, int* next,   \
                                     float* pv, int* pi, unsigned* cnt, CODED_ARGS) {                                \
-    PostNorm pn{nullptr, r, wn, wn_f32, eps, wf, wf_f32};                                                           \
-    Coded cd{esc, cap, base4, v0};                                                                                  \
-    if (next != nullptr)                                                                                            \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, 1, POST_HEAD, true, false, true>(out, y, w, 1, k, m, pn,             \
-                                                                                ArgmaxOut{next, pv, pi, cnt}, cd);  \
-    else                                                                                                            \
-      gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, 1, POST_HEAD, false, false, true>(out, y, w, 1, k, m, pn,            \
-                                                                                 ArgmaxOut{}, cd);                  \
+    gemv_bf16_fast<NV, KS, 2, GEMV_PLAIN, 2, 1, POST_HEAD, true, false, true>(                                      \
+        out, y, w, 1, k, m, PostNorm{nullptr, r, wn, wn_f32, eps, wf, wf_f32}, ArgmaxOut{next, pv, pi, cnt},        \
+        Coded{esc, cap, base4, v0});                                                                                \
   }
 #define CFAST(NV, KS)                                                                                               \
   CFAST1(gemv_c12, GEMV_PLAIN, NV, KS) CFAST1(gemv_glu_c12, GEMV_GLU, NV, KS) CPOST1(gemv_c12, GEMV_PLAIN, NV, KS)  \
