@@ -26,6 +26,9 @@ type Info struct {
 	Driver       int    // driver API version, e.g. 13000
 	UUID         UUID   // the GPU's UUID, as nvidia-smi -L prints it
 	Code         string // "cubin sm_90a" or "ptx compute_80 (JIT)"
+	// SharedOptin is the shared memory a block may take once its kernel
+	// opts in: 227 KiB on Hopper, 163 on the A100, 99 on most other GPUs.
+	SharedOptin int
 	// Overlap says kernels are launched as programmatic dependent
 	// launches (Config.Serial).
 	Overlap bool
@@ -241,6 +244,7 @@ func (d *Device) init() error {
 		Name: cstring(name[:]), Ordinal: d.cfg.Ordinal,
 		ComputeMajor: attr(attrComputeMajor), ComputeMinor: attr(attrComputeMinor),
 		SMs: attr(attrMultiprocessors), L2Bytes: attr(attrL2CacheSize), MemBytes: int64(mem), Driver: int(ver),
+		SharedOptin: attr(attrSharedOptin),
 	}
 	uuid := new(UUID)
 	if err := drv.cuDeviceGetUuid_v2.call(ptr(&uuid[0]), uintptr(d.cudev)); err != nil {
@@ -393,6 +397,15 @@ func (d *Device) loadKernels() error {
 		}
 		k.threads = int(threads)
 		if threads, shmem, ok := occupancyShape(name); ok {
+			if shmem > d.info.SharedOptin {
+				// A GPU with less shared memory than the block takes
+				// (a kernel meant for Hopper, loaded from the PTX) goes
+				// without it; its callers take another path.
+				if i < required {
+					return fmt.Errorf("cuda: %s takes %d bytes of shared memory a block; %s allows %d", name, shmem, d.info.Name, d.info.SharedOptin)
+				}
+				continue
+			}
 			if shmem > defaultShmem {
 				// The driver counts no blocks for more shared memory than
 				// the kernel is allowed: allow it first, as launch would.

@@ -396,6 +396,15 @@ func TestSpanCheckRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "launch add_f32: argument a") {
 		t.Fatalf("got %v, want the span error of add_f32's argument a", err)
 	}
+	// More shared memory than the GPU gives a block is refused as well.
+	if d.info.SharedOptin < 99<<10 {
+		t.Errorf("%s: %d bytes of shared memory a block, want at least 99 KiB", d.Name(), d.info.SharedOptin)
+	}
+	err = d.launch(d.k("add_f32"), grid1(1), grid1(256), d.info.SharedOptin+1024,
+		bufArg("out", bb, gpu.F32, 1024), bufArg("a", bb, gpu.F32, 1024), bufArg("b", bb, gpu.F32, 1024), i32Arg(1024))
+	if err == nil || !strings.Contains(err.Error(), "bytes of shared memory a block") {
+		t.Fatalf("got %v, want the shared memory error", err)
+	}
 	if err := d.Sync(context.Background()); err != nil {
 		t.Fatalf("sync after a refused launch: %v", err)
 	}

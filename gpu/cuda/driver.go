@@ -141,6 +141,7 @@ const (
 	attrUnifiedAddressing = 41
 	attrComputeMajor      = 75
 	attrComputeMinor      = 76
+	attrSharedOptin       = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 )
 
 // driver is the table of libcuda entry points. Field names are the symbol

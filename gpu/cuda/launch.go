@@ -166,6 +166,9 @@ func (d *Device) launch(k *kernel, grid, block dim3, shmem int, args ...arg) err
 	if threads := block.x * block.y * block.z; threads == 0 || threads > 1024 || (k.threads > 0 && int(threads) > k.threads) {
 		return fmt.Errorf("cuda: launch %s: block %v out of range (the kernel takes up to %d threads)", k.name, block, k.threads)
 	}
+	if shmem > defaultShmem && shmem > d.info.SharedOptin {
+		return fmt.Errorf("cuda: launch %s: %d bytes of shared memory a block; %s allows %d", k.name, shmem, d.info.Name, d.info.SharedOptin)
+	}
 	if shmem > defaultShmem && shmem > k.shmem {
 		fn := k.fn
 		d.post(func() error {

@@ -83,6 +83,12 @@ func TestSpanCheck(t *testing.T) {
 	if err := d.launch(k, grid1(0), grid1(32), 0); err == nil {
 		t.Error("empty grid: got no error")
 	}
+	// More shared memory than the GPU allows a block is refused by name
+	// (the 99 KiB of an L40, say).
+	small99 := &Device{info: Info{Name: "L40", SharedOptin: 99 << 10}}
+	if err := small99.launch(k, grid1(1), grid1(128), 160<<10); err == nil || !strings.Contains(err.Error(), "add_f32: 163840 bytes of shared memory a block; L40 allows 101376") {
+		t.Errorf("160 KiB of shared memory where 99 are allowed: got %v", err)
+	}
 	// A block larger than the kernel's registers allow is refused by name.
 	narrow := &kernel{name: "rmsnorm_bf16", threads: 640}
 	if err := d.launch(narrow, grid1(1), grid1(1024), 0); err == nil || !strings.Contains(err.Error(), "rmsnorm_bf16: block") {
