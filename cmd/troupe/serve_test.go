@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,8 +254,10 @@ func TestServeJSONSchema(t *testing.T) {
 			"size": map[string]any{"type": []any{"integer", "null"}, "minimum": 1, "maximum": 4096},
 			"rank": map[string]any{"type": "number", "exclusiveMinimum": 0, "maximum": 1},
 			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
+			"code": map[string]any{"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
+			"day":  map[string]any{"type": "string", "format": "date"},
 		},
-		"required":             []any{"name", "kind", "size", "rank", "tags"},
+		"required":             []any{"name", "kind", "size", "rank", "tags", "code", "day"},
 		"additionalProperties": false,
 	}
 	format := func(schema any) openai.ChatCompletionNewParamsResponseFormatUnion {
@@ -286,6 +289,8 @@ func TestServeJSONSchema(t *testing.T) {
 			Size *int
 			Rank float64
 			Tags []string
+			Code string
+			Day  string
 		}
 		dec := json.NewDecoder(strings.NewReader(text))
 		dec.DisallowUnknownFields()
@@ -298,18 +303,32 @@ func TestServeJSONSchema(t *testing.T) {
 			len(got.Tags) > 2 || n < 2 || n > 12 || got.Size != nil && (*got.Size < 1 || *got.Size > 4096) || got.Rank <= 0 || got.Rank > 1 {
 			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
 		}
+		if _, err := time.Parse(time.DateOnly, got.Day); err != nil || !codeText.MatchString(got.Code) {
+			t.Errorf("temperature %v: code %q or day %q does not follow the schema (%v)", temp, got.Code, got.Day, err)
+		}
 	}
-	bad := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "pattern": "^[a-z]+$"}}}
-	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
-		Model:          openai.ChatModel(demo.Name),
-		Messages:       []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")},
-		ResponseFormat: format(bad),
-	})
-	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `"pattern" is not supported`) {
-		t.Errorf("a schema with a pattern: %v, want a 400 naming the pattern", err)
+	for _, c2 := range []struct {
+		prop map[string]any
+		want string
+	}{
+		{map[string]any{"type": "integer", "multipleOf": 3}, `"multipleOf" is not supported`},
+		{map[string]any{"type": "string", "pattern": "^a(?=b)"}, `pattern "^a(?=b)"`},
+		{map[string]any{"type": "string", "format": "hostname"}, `format "hostname" is not supported`},
+	} {
+		bad := map[string]any{"type": "object", "properties": map[string]any{"id": c2.prop}}
+		_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model:          openai.ChatModel(demo.Name),
+			Messages:       []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")},
+			ResponseFormat: format(bad),
+		})
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, c2.want) {
+			t.Errorf("a schema with %v: %v, want a 400 with %q", c2.prop, err, c2.want)
+		}
 	}
 }
+
+var codeText = regexp.MustCompile(`^[A-Z]{3}-[0-9]{2,4}$`)
 
 // jsonObjectPrefix reports whether text begins a JSON object as JSON mode
 // writes it, and whether it is a whole one.

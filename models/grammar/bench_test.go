@@ -48,29 +48,40 @@ func BenchmarkMask(b *testing.B) {
 			}
 		})
 	}
-	// A string with a maxLength counts its characters, so every byte
-	// changes the state: no plain-text shortcut.
+	// A string with a maxLength counts its characters, and one with a
+	// pattern moves its automaton, so every byte changes the state: no
+	// plain-text shortcut.
 	v, err := NewVocab(vocab)
 	if err != nil {
 		b.Fatal(err)
 	}
-	sc, err := CompileSchema([]byte(`{"type":"object","properties":{"name":{"type":"string","maxLength":64}}}`))
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := v.Schema(sc)
-	q := g.Start()
-	for _, c := range []byte(`{"name":"Ada`) {
-		if err := q.Accept(int32(findByte(b, vocab, c))); err != nil {
+	for _, c := range []struct{ name, schema string }{
+		{"bounded string", `{"type":"string","maxLength":64}`},
+		{"patterned string", `{"type":"string","pattern":"^[A-Z][a-z]+( [A-Z][a-z]+)*$"}`},
+		{"date-time", `{"type":"string","format":"date-time"}`},
+	} {
+		sc, err := CompileSchema([]byte(`{"type":"object","properties":{"name":` + c.schema + `}}`))
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
-	b.Run("scan/bounded string", func(b *testing.B) {
-		for b.Loop() {
-			clear(g.masks)
-			q.Mask(logits)
+		g := v.Schema(sc)
+		q := g.Start()
+		text := `{"name":"Ada`
+		if c.name == "date-time" {
+			text = `{"name":"2024-`
 		}
-	})
+		for _, ch := range []byte(text) {
+			if err := q.Accept(int32(findByte(b, vocab, ch))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run("scan/"+c.name, func(b *testing.B) {
+			for b.Loop() {
+				clear(g.masks)
+				q.Mask(logits)
+			}
+		})
+	}
 	b.Run("cached", func(b *testing.B) {
 		q := j.Start()
 		q.Mask(logits)

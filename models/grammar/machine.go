@@ -116,6 +116,9 @@ func (g *Grammar) step(s *state, c byte) bool {
 		if nd.kind == kString && nd.bounded() && !g.length(s, nd, c) {
 			return false
 		}
+		if nd.kind == kString && nd.pat != nil && !g.pattern(s, nd, c) {
+			return false
+		}
 		if nd.kind == kNumber && nd.limits != 0 && !g.decimal(s, nd, c) {
 			return false
 		}
@@ -233,7 +236,7 @@ func (g *Grammar) begin(s *state, c byte, hops int) bool {
 		if c != '"' {
 			return false
 		}
-		s.sub = scan{mode: mValue}
+		s.sub, s.num = scan{mode: mValue}, 0
 	case kNumber, kInteger:
 		if c != '-' && (c < '0' || c > '9') {
 			return false

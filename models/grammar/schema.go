@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/big"
 	"slices"
@@ -56,6 +57,7 @@ type node struct {
 	// exclusive.
 	min, max int64
 	limits   uint8
+	pat      *dfa // kString: the pattern or format its text matches
 }
 
 // bounded reports whether a string node has a minLength or a maxLength.
@@ -74,7 +76,8 @@ type prop struct {
 // take: "type" (one or a list), "properties" with "required" and
 // "additionalProperties", "items" with "minItems" and "maxItems",
 // "minLength" and "maxLength" (in characters: code points, an escaped
-// surrogate pair one), "minimum", "maximum", "exclusiveMinimum" and
+// surrogate pair one), "pattern" (compilePattern) and "format" (date,
+// time, date-time, uuid, ipv4) of strings, "minimum", "maximum", "exclusiveMinimum" and
 // "exclusiveMaximum" (of integers from -1e13 to 1e13; of numbers from -1e9
 // to 1e9 with at most six digits after the point, and a bounded number is
 // written without an exponent), "enum",
@@ -85,8 +88,8 @@ type prop struct {
 // others as the model chooses; one without "properties" takes any
 // members unless "additionalProperties" is false. The alternatives of a
 // union must begin with different bytes (a string or null, say), and the
-// root must be an object. Any other keyword (pattern, format, minimum,
-// ...) is refused with an error that names it, rather than ignored.
+// root must be an object. Any other keyword (multipleOf, ...) is
+// refused with an error that names it, rather than ignored.
 // minLength and maxLength apply to strings and the numeric bounds to
 // numbers, and other types ignore them, as JSON Schema has it; bounds
 // without a type or beside enum, const, anyOf or oneOf are refused.
@@ -237,7 +240,8 @@ var annotations = map[string]bool{"title": true, "description": true, "default":
 
 var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
 	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "minimum": true,
-	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true}
+	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true,
+	"pattern": true, "format": true}
 
 func (c *compiler) compile(v any, path string) (int32, error) {
 	if len(c.nodes) > 1<<15 {
@@ -383,6 +387,9 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		if err := bounds(o, "minLength", "maxLength", &n, path); err != nil {
 			return 0, err
 		}
+		if err := stringPattern(o, &n, path); err != nil {
+			return 0, err
+		}
 		return c.add(n, path), nil
 	case "number":
 		n := node{kind: kNumber}
@@ -455,7 +462,7 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 // limitKeywords bound strings' lengths and numbers' values.
 var (
 	numericLimits = []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
-	limitKeywords = append([]string{"minLength", "maxLength"}, numericLimits...)
+	limitKeywords = append([]string{"minLength", "maxLength", "pattern", "format"}, numericLimits...)
 )
 
 // maxLimit bounds the magnitude of an integer's limits, so that the
@@ -747,5 +754,35 @@ func writeJSON(b *bytes.Buffer, v any) error {
 		}
 		b.Truncate(b.Len() - 1) // Encode's newline
 	}
+	return nil
+}
+
+// stringPattern reads a string's pattern or format into its automaton.
+func stringPattern(o *object, n *node, path string) error {
+	k := o.first("pattern", "format")
+	if k == "" {
+		return nil
+	}
+	if o.has("pattern") && o.has("format") {
+		return fmt.Errorf("%s: pattern beside format is not supported: write the format into the pattern", path)
+	}
+	if n.bounded() {
+		return fmt.Errorf("%s: %s beside minLength or maxLength is not supported: write the length into the pattern (as .{2,12})", path, k)
+	}
+	v, ok := o.vals[k].(string)
+	if !ok {
+		return fmt.Errorf("%s: %s is not a string", path, k)
+	}
+	src := v
+	if k == "format" {
+		if src, ok = formats[v]; !ok {
+			return fmt.Errorf("%s: format %q is not supported (%s are)", path, v, strings.Join(slices.Sorted(maps.Keys(formats)), ", "))
+		}
+	}
+	d, err := compilePattern(src)
+	if err != nil {
+		return fmt.Errorf("%s: pattern %q: %w", path, v, err)
+	}
+	n.pat = d
 	return nil
 }

@@ -7,11 +7,14 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -141,6 +144,12 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 		if m, ok := s.vals["maxLength"].(json.Number); ok && n > must(m.Int64()) {
 			return false
 		}
+		if p, ok := s.vals["pattern"].(string); ok && !oraclePattern(t, p).MatchString(str) {
+			return false
+		}
+		if f, ok := s.vals["format"].(string); ok && !validFormat(f, str) {
+			return false
+		}
 		return true
 	case "number":
 		n, ok := doc.(json.Number)
@@ -220,6 +229,9 @@ var schemas = []string{
 	`{"type":"object","properties":{"age":{"type":"integer","minimum":18,"exclusiveMaximum":130},"delta":{"type":["integer","null"],"minimum":-5.5,"maximum":-2},"big":{"type":"integer","exclusiveMinimum":999}},"required":["age","delta","big"]}`,
 	`{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"note":{"type":["string","null"],"maxLength":0},"long":{"type":"string","minLength":3}},"required":["code","long"]}`,
 	`{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":["number","null"],"exclusiveMinimum":-2.5,"exclusiveMaximum":3.75},"m":{"type":"number","maximum":-0.5}},"required":["p","t","m"]}`,
+	`{"type":"object","properties":{"id":{"type":"string","format":"uuid"},"day":{"type":"string","format":"date"},` +
+		`"at":{"type":["string","null"],"format":"date-time"},"ip":{"type":"string","format":"ipv4"},"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]+$"},` +
+		`"tag":{"type":"string","pattern":"x\\.y|\\u00e9|^$|0"},"t":{"type":"string","format":"time"}},"required":["id","day","ip","code","tag"]}`,
 }
 
 func TestSchemaDocuments(t *testing.T) {
@@ -301,6 +313,28 @@ func TestSchemaDocuments(t *testing.T) {
 		{8, `{"code":"ab","long":"😀😀😀"}`, true},
 		{8, `{"code":"ab","long":"\ud83d\ude00\ud83d\ude00"}`, false},
 		{8, `{"code":"ab","long":"xy"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":""}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","at":"2024-12-31T23:59:59.5+01:00","ip":"0.0.0.0","code":"ZZ-0","tag":"--x.y--","t":"00:00:00Z"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","at":null,"ip":"0.0.0.0","code":"ZZ-0","tag":"\u00e9"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"\ud83d\ude00\u00e9\n"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"😀é"}`, true},
+		{10, `{"id":"0A1B2C3D-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":"a0"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ag","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789a","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-30","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-04-31","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.256.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.01.1","code":"AB-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"Ab-12","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-1","tag":"xzy"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-1","tag":"\u00e8"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-1","tag":"\ud83d"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-1","tag":"\ud83dx"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","at":"2024-02-28T24:00:00Z","ip":"1.1.1.1","code":"AB-1","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","at":"2024-02-28T12:00:00","ip":"1.1.1.1","code":"AB-1","tag":""}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"1.1.1.1","code":"AB-1","tag":"","t":"12:00:00.123456789-23:59"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"1.1.1.1","code":"AB-1","tag":"","t":"12:00:60Z"}`, false},
 	}
 	compiled := make([]*Schema, len(schemas))
 	for i, s := range schemas {
@@ -392,7 +426,20 @@ func TestSchemaWalks(t *testing.T) {
 func TestSchemaRefused(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type":"string"}`, "root must be an object"},
-		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a+"}}}`, `"pattern" is not supported`},
+		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":2}}}`, `"multipleOf" is not supported`},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a(?=b)"}}}`, `pattern "a(?=b)"`},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"(a"}}}`, `pattern "(a"`},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"\\bword"}}}`, "word boundaries"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"(?i)abc"}}}`, "case-insensitive"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"(?m)^a"}}}`, "multi-line"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a$b"}}}`, "matches no string"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"[ab]*a[ab]{14}"}}}`, "states"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
+		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"email"}}}`, `format "email" is not supported (date, date-time, ipv4, time, uuid are)`},
+		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
+		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
 		{`{"type":"object","properties":{"n":{"type":"number","maximum":2e9}}}`, "from -1e9 to 1e9"},
 		{`{"type":"object","properties":{"n":{"type":"number","exclusiveMinimum":1,"maximum":1}}}`, "no number lies within"},
@@ -808,4 +855,40 @@ func takesPrefix(t *testing.T, gr *Grammar, lim, p string, want, whole bool) {
 			t.Fatalf("%s: %q closed %v, want %v", lim, p, closed, whole)
 		}
 	}
+}
+
+// oraclePattern is a JSON Schema pattern as Go's regexp reads it, its
+// ECMA-262 \uXXXX escapes written as \x{XXXX}.
+func oraclePattern(t testing.TB, p string) *regexp.Regexp {
+	t.Helper()
+	re, err := regexp.Compile(regexp.MustCompile(`\\u([0-9a-fA-F]{4})`).ReplaceAllString(p, `\x{$1}`))
+	if err != nil {
+		t.Fatalf("pattern %q: %v", p, err)
+	}
+	return re
+}
+
+var uuidText = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// validFormat is a test oracle for the formats: the time package's RFC
+// 3339 parser, net's IPv4 parser (which takes no leading zeros) and a
+// UUID's shape.
+func validFormat(f, s string) bool {
+	switch f {
+	case "date":
+		_, err := time.Parse(time.DateOnly, s)
+		return err == nil
+	case "time":
+		_, err := time.Parse(time.RFC3339Nano, "2000-01-01T"+s)
+		return err == nil
+	case "date-time":
+		_, err := time.Parse(time.RFC3339Nano, s)
+		return err == nil
+	case "uuid":
+		return uuidText.MatchString(s)
+	case "ipv4":
+		ip := net.ParseIP(s)
+		return ip != nil && ip.To4() != nil && !strings.Contains(s, ":")
+	}
+	return false
 }

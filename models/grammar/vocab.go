@@ -109,10 +109,10 @@ func (g *Grammar) mask(s state) []uint64 {
 	}
 	v := g.v
 	m = make([]uint64, v.words)
-	if s.inString() {
-		// Inside a string, most tokens are plain text, which leaves the
-		// state as it is but for a bounded string's count: scan each
-		// token from its first other byte.
+	if s.inString() && g.s.nodes[s.top.node].pat == nil {
+		// Inside a string without a pattern, most tokens are plain text,
+		// which leaves the state as it is but for a bounded string's
+		// count: scan each token from its first other byte.
 		for _, id := range v.order {
 			t := s
 			ok := g.plain(&t, v.plain[id])

@@ -1,0 +1,149 @@
+package grammar
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// matches runs d over text: whether the whole text is accepted.
+func (d *dfa) matches(text string) bool {
+	st := int32(0)
+	for _, r := range text {
+		if st = d.step(st, r); st < 0 {
+			return false
+		}
+	}
+	return d.accept[st]
+}
+
+var testPatterns = []string{
+	`^[A-Z]{2}-[0-9]+$`, `x\.y|\u00e9|^$`, `ab`, `^ab`, `ab$`, `^$`, `^(a|bc)*$`, `a*b?c{2,3}`, `[^a-c]x`,
+	`^\d{3}(-\d{4})?$`, `é+ü`, `^[\x{1F600}-\x{1F64F}]+$`, `^\w+@\w+\.\w{2,}$`, `\s`, `^[^\n]*$`, `$^`, `^$^$`,
+	`(^a|b$)`, `^.$`, `a.c`, `^(?:x|y)+z?$`, `[😀-😂]`, `\\`, `"`,
+}
+
+// The automata accept exactly the strings Go's regexp matches anywhere
+// (each pattern's own anchors aside), over random strings of the
+// characters the patterns tell apart and others.
+func TestPatternAutomaton(t *testing.T) {
+	alphabet := []rune("abcxyzABZ019-.@_ \t\n\\\"éü😀😁😂\U0001F64F\u4e16")
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, p := range testPatterns {
+		d, err := compilePattern(p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		re := oraclePattern(t, p)
+		matched := 0
+		for range 4000 {
+			n := r.IntN(8)
+			var b strings.Builder
+			for range n {
+				b.WriteRune(alphabet[r.IntN(len(alphabet))])
+			}
+			text := b.String()
+			if r.IntN(3) == 0 {
+				// A match of a sibling pattern's shape, changed a little.
+				shape := []string{"AB-12", "ab@cd.xyz", "ab", "019-1090"}[r.IntN(4)]
+				text = strings.Repeat("ab", r.IntN(3)*r.IntN(2)) + shape + text[:min(len(text), r.IntN(3))]
+			}
+			want := re.MatchString(text)
+			if got := d.matches(text); got != want {
+				t.Fatalf("%s over %q: automaton %v, regexp %v", p, text, got, want)
+			}
+			if want {
+				matched++
+			}
+		}
+		if matched == 0 && p != "$^" && p != "^$^$" && p != "^$" {
+			t.Errorf("%s: no random string matched", p)
+		}
+	}
+	// ECMA-262's '.' takes no line terminator; RE2's takes all but \n.
+	d, err := compilePattern(`^.$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"\n", "\r", "\u2028", "\u2029"} {
+		if d.matches(s) {
+			t.Errorf("'.' took %q", s)
+		}
+	}
+	if !d.matches("\t") || !d.matches("😀") {
+		t.Error("'.' refused a tab or an emoji")
+	}
+}
+
+// The formats' automata take valid texts only, by the oracle of the
+// schema tests, and some of each.
+func TestFormats(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	for name, src := range formats {
+		d, err := compilePattern(src)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		// Random walks through the automaton: each accepted text validates.
+		accepted := 0
+		for range 2000 {
+			st, text := int32(0), []rune{}
+			for len(text) < 40 && !(d.accept[st] && r.IntN(4) == 0) {
+				var next []rune
+				for c := range d.classes {
+					if d.next[int(st)*d.classes+c] >= 0 {
+						lo := d.bounds[c]
+						hi := rune(utf8.MaxRune)
+						if c+1 < d.classes {
+							hi = d.bounds[c+1] - 1
+						}
+						next = append(next, lo+rune(r.Int64N(int64(min(hi-lo, 64))+1)))
+					}
+				}
+				if len(next) == 0 {
+					if !d.accept[st] {
+						t.Fatalf("%s: stuck after %q", name, string(text))
+					}
+					break
+				}
+				c := next[r.IntN(len(next))]
+				text, st = append(text, c), d.step(st, c)
+			}
+			if d.accept[st] {
+				accepted++
+				if !validFormat(name, string(text)) {
+					t.Fatalf("%s: %q is not valid", name, string(text))
+				}
+			}
+		}
+		if accepted < 1000 {
+			t.Errorf("%s: %d of 2000 walks ended on a text", name, accepted)
+		}
+	}
+}
+
+// FuzzPattern compiles a pattern and checks its automaton against Go's
+// regexp on a text; it never panics, whatever the pattern.
+func FuzzPattern(f *testing.F) {
+	for i, p := range testPatterns {
+		f.Add(p, []string{"ab", "AB-12", "x.y", "é", "", "a\nb"}[i%6])
+	}
+	f.Fuzz(func(t *testing.T, p, text string) {
+		if !utf8.ValidString(text) || strings.ContainsAny(text, "\r\u2028\u2029") && strings.Contains(p, ".") {
+			return
+		}
+		d, err := compilePattern(p)
+		if err != nil {
+			return
+		}
+		for _, r := range text {
+			if r >= 0xD800 && r < 0xE000 || r == utf8.RuneError {
+				return
+			}
+		}
+		if got, want := d.matches(text), oraclePattern(t, p).MatchString(text); got != want {
+			t.Fatalf("%q over %q: automaton %v, regexp %v", p, text, got, want)
+		}
+	})
+}
