@@ -82,20 +82,30 @@ func (d *dfa) liveUnits(st int32, lo, hi rune) bool {
 
 // formats are the string formats taken, as patterns of the texts JSON
 // Schema's format names (RFC 3339 dates and times, without leap seconds
-// or February 29; UUIDs; dotted-quad IPv4): each matches only
-// valid texts.
+// or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
+// address; hostnames of up to four labels; addresses of a common shape):
+// each matches only valid texts, not every one.
 var formats = map[string]string{
 	"date":      `^` + fmtDate + `$`,
 	"time":      `^` + fmtTime + `$`,
 	"date-time": `^` + fmtDate + `T` + fmtTime + `$`,
 	"uuid":      `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`,
 	"ipv4":      `^(` + fmtOctet + `\.){3}` + fmtOctet + `$`,
+	"ipv6":      `^(` + strings.ReplaceAll(fmtIPv6, "H", `[0-9a-fA-F]{1,4}`) + `)$`,
+	"hostname":  `^` + fmtLabel + `(\.` + fmtLabel + `){0,3}$`,
+	"email":     `^[A-Za-z0-9_+-]{1,32}(\.[A-Za-z0-9_+-]{1,15})?@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$`,
 }
 
 const (
 	fmtDate  = `[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))`
 	fmtTime  = `([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])`
 	fmtOctet = `(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])`
+	// Eight groups of hex digits (H), or fewer around one "::".
+	fmtIPv6 = `(H:){7}H|(H:){1,7}:|(H:){1,6}:H|(H:){1,5}(:H){1,2}|(H:){1,4}(:H){1,3}|(H:){1,3}(:H){1,4}|` +
+		`(H:){1,2}(:H){1,5}|H:(:H){1,6}|:((:H){1,7}|:)`
+	// A label of at most 61 characters, so that four and their dots stay
+	// within a hostname's 253.
+	fmtLabel = `[A-Za-z0-9]([A-Za-z0-9-]{0,59}[A-Za-z0-9])?`
 )
 
 // compilePattern builds the automaton of the strings pattern matches

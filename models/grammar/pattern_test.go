@@ -79,6 +79,25 @@ func TestPatternAutomaton(t *testing.T) {
 // The formats' automata take valid texts only, by the oracle of the
 // schema tests, and some of each.
 func TestFormats(t *testing.T) {
+	for _, c := range []struct {
+		format, text string
+		ok           bool
+	}{
+		{"ipv6", "::1", true}, {"ipv6", "::", true}, {"ipv6", "2001:db8::ff00:42:8329", true}, {"ipv6", "1:2:3:4:5:6:7:8", true},
+		{"ipv6", "1::2::3", false}, {"ipv6", "1:2:3:4:5:6:7:8:9", false}, {"ipv6", "12345::", false}, {"ipv6", "::ffff:1.2.3.4", false},
+		{"hostname", "example.com", true}, {"hostname", "a-b.c", true}, {"hostname", "-a.com", false}, {"hostname", "a..b", false},
+		{"email", "ada.l@math.example.org", true}, {"email", "a@b", false}, {"email", "a..b@c.io", false}, {"email", "@c.io", false},
+		{"date", "2023-11-30", true}, {"date", "2023-11-31", false}, {"time", "23:59:59+14:00", true}, {"time", "23:59:59", false},
+		{"uuid", "123e4567-e89b-12d3-a456-426614174000", true}, {"ipv4", "255.255.255.255", true}, {"ipv4", "1.2.3", false},
+	} {
+		d, err := compilePattern(formats[c.format])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.matches(c.text); got != c.ok || got && !validFormat(c.format, c.text) {
+			t.Errorf("%s %q: taken %v, want %v", c.format, c.text, got, c.ok)
+		}
+	}
 	r := rand.New(rand.NewPCG(8, 9))
 	for name, src := range formats {
 		d, err := compilePattern(src)

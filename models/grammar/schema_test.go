@@ -8,6 +8,8 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net"
+	"net/mail"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -437,7 +439,7 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
-		{`{"type":"object","properties":{"s":{"type":"string","format":"email"}}}`, `format "email" is not supported (date, date-time, ipv4, time, uuid are)`},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"uri"}}}`, `format "uri" is not supported (date, date-time, email, hostname, ipv4, ipv6, time, uuid are)`},
 		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
 		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
@@ -889,6 +891,24 @@ func validFormat(f, s string) bool {
 	case "ipv4":
 		ip := net.ParseIP(s)
 		return ip != nil && ip.To4() != nil && !strings.Contains(s, ":")
+	case "ipv6":
+		a, err := netip.ParseAddr(s)
+		return err == nil && a.Is6() && a.Zone() == ""
+	case "hostname":
+		if len(s) > 253 {
+			return false
+		}
+		for _, l := range strings.Split(s, ".") {
+			if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' ||
+				strings.Trim(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != "" {
+				return false
+			}
+		}
+		return true
+	case "email":
+		a, err := mail.ParseAddress(s)
+		at := strings.LastIndexByte(s, '@')
+		return err == nil && a.Address == s && at <= 64 && validFormat("hostname", s[at+1:])
 	}
 	return false
 }
