@@ -313,7 +313,7 @@ func TestServeJSONSchema(t *testing.T) {
 	}{
 		{map[string]any{"type": "integer", "multipleOf": 3}, `"multipleOf" is not supported`},
 		{map[string]any{"type": "string", "pattern": "^a(?=b)"}, `pattern "^a(?=b)"`},
-		{map[string]any{"type": "string", "format": "hostname"}, `format "hostname" is not supported`},
+		{map[string]any{"type": "string", "format": "uri"}, `format "uri" is not supported`},
 	} {
 		bad := map[string]any{"type": "object", "properties": map[string]any{"id": c2.prop}}
 		_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{

@@ -1,9 +1,12 @@
 package sample
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"sync"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -154,31 +157,100 @@ func (s *Sampler) row() gpu.SampleRow {
 
 // LogProbs returns the log-probability of token i under logits, and the
 // k most likely tokens (ties to the lower id) with theirs; NaN logits are
-// left out of both. One pass finds the maximum, one sums the exponentials
-// under it, one keeps the k.
+// left out of both. The row is read in logProbChunks fixed pieces, each
+// by its own goroutine where the row is long: one pass finds a piece's
+// maximum and its k most likely, one sums its exponentials under the
+// row's maximum, and the pieces' sums are added in order, so the result
+// does not depend on the goroutines.
 func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
-	mx, sum := float32(math.Inf(-1)), 0.0
-	for _, l := range logits {
-		if l > mx { // never a NaN
-			mx = l
-		}
-	}
-	if !math.IsInf(float64(mx), -1) {
-		for _, l := range logits {
-			if l == l {
-				sum += gpu.ExpNonPos(float64(l - mx))
+	k = max(0, min(k, len(logits)))
+	var parts [logProbChunks]logProbPart
+	size := (len(logits) + logProbChunks - 1) / logProbChunks
+	each := func(f func(c int, lo, hi int)) {
+		if len(logits) < logProbParallel {
+			for c := range logProbChunks {
+				f(c, min(c*size, len(logits)), min((c+1)*size, len(logits)))
 			}
+			return
+		}
+		var wg sync.WaitGroup
+		for c := range logProbChunks {
+			wg.Go(func() { f(c, min(c*size, len(logits)), min((c+1)*size, len(logits))) })
+		}
+		wg.Wait()
+	}
+	each(func(c, lo, hi int) { parts[c].scan(logits, lo, hi, k) })
+	mx := float32(math.Inf(-1))
+	for c := range parts {
+		mx = max(mx, parts[c].max)
+	}
+	sum := 0.0
+	if !math.IsInf(float64(mx), -1) {
+		each(func(c, lo, hi int) {
+			sum := 0.0
+			for _, l := range logits[lo:hi] {
+				if l == l {
+					sum += gpu.ExpNonPos(float64(l - mx))
+				}
+			}
+			parts[c].sum = sum
+		})
+		for c := range parts {
+			sum += parts[c].sum
 		}
 	}
 	lse := float64(mx) + math.Log(sum)
 	lp := float32(float64(logits[i]) - lse)
-	k = min(k, len(logits))
-	if k <= 0 {
+	if k == 0 {
 		return lp, nil, nil
 	}
+	// The pieces' candidates, most likely first, ties to the lower id.
+	var ids []int32
+	for c := range parts {
+		ids = append(ids, parts[c].top...)
+	}
+	slices.SortFunc(ids, func(a, b int32) int {
+		if c := cmp.Compare(logits[b], logits[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	ids = ids[:min(k, len(ids))]
+	lps := make([]float32, len(ids))
+	for j, id := range ids {
+		lps[j] = float32(float64(logits[id]) - lse)
+	}
+	return lp, ids, lps
+}
+
+// logProbChunks is how many pieces LogProbs reads a row in, and
+// logProbParallel the row length from which it reads them at once.
+const (
+	logProbChunks   = 8
+	logProbParallel = 1 << 14
+)
+
+// logProbPart is a piece of a row: its largest logit, its k most likely
+// tokens and its exponentials' sum.
+type logProbPart struct {
+	max float32
+	top []int32
+	sum float64
+}
+
+// scan finds the largest of logits[lo:hi] (NaNs left out) and its k most
+// likely, ties to the lower id.
+func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
+	mx := float32(math.Inf(-1))
 	ids := make([]int32, 0, k)
-	for id, l := range logits {
-		if l != l || len(ids) == k && l <= logits[ids[k-1]] {
+	// least is the least kept logit once k are kept.
+	least := float32(math.Inf(-1))
+	for id := lo; id < hi; id++ {
+		l := logits[id]
+		if l > mx { // never a NaN
+			mx = l
+		}
+		if l != l || k == 0 || len(ids) == k && l <= least {
 			continue
 		}
 		// Insert after the kept ones at least as likely.
@@ -191,10 +263,9 @@ func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 		}
 		copy(ids[at+1:], ids[at:len(ids)-1])
 		ids[at] = int32(id)
+		if len(ids) == k {
+			least = logits[ids[k-1]]
+		}
 	}
-	lps := make([]float32, len(ids))
-	for j, id := range ids {
-		lps[j] = float32(float64(logits[id]) - lse)
-	}
-	return lp, ids, lps
+	p.max, p.top = mx, ids
 }
