@@ -116,7 +116,7 @@ func compilePattern(pattern string) (*dfa, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ecmaDot(re); err != nil {
+	if err := asECMA(re); err != nil {
 		return nil, err
 	}
 	anyText := &syntax.Regexp{Op: syntax.OpStar, Sub: []*syntax.Regexp{{Op: syntax.OpAnyChar}}}
@@ -156,10 +156,10 @@ func isHexString(s string) bool {
 	return true
 }
 
-// ecmaDot makes '.' ECMA-262's, which takes no line terminator (\n, \r,
+// asECMA makes '.' ECMA-262's, which takes no line terminator (\n, \r,
 // U+2028, U+2029), and refuses what RE2 reads otherwise than ECMA-262:
 // case folding, multi-line anchors and word boundaries.
-func ecmaDot(re *syntax.Regexp) error {
+func asECMA(re *syntax.Regexp) error {
 	switch re.Op {
 	case syntax.OpAnyCharNotNL:
 		re.Op = syntax.OpCharClass
@@ -173,7 +173,7 @@ func ecmaDot(re *syntax.Regexp) error {
 		return fmt.Errorf("case-insensitive matching is not supported")
 	}
 	for _, s := range re.Sub {
-		if err := ecmaDot(s); err != nil {
+		if err := asECMA(s); err != nil {
 			return err
 		}
 	}
@@ -188,9 +188,6 @@ func buildDFA(prog *syntax.Prog) (*dfa, error) {
 	for _, in := range prog.Inst {
 		switch in.Op {
 		case syntax.InstRune:
-			if syntax.Flags(in.Arg)&syntax.FoldCase != 0 {
-				return nil, fmt.Errorf("case-insensitive matching is not supported")
-			}
 			for i := 0; i+1 < len(in.Rune); i += 2 {
 				cuts = append(cuts, in.Rune[i], in.Rune[i+1]+1)
 			}
@@ -325,19 +322,28 @@ func buildDFA(prog *syntax.Prog) (*dfa, error) {
 			d.next = append(d.next, id)
 		}
 	}
-	// Keep the states from which an accepting one can be reached.
+	// Keep the states from which an accepting one can be reached: a
+	// search back from the accepting states along the transitions.
+	into := make([][]int32, len(sets)) // into[n]: the states with a transition to n
+	for i, n := range d.next {
+		if n >= 0 {
+			into[n] = append(into[n], int32(i/d.classes))
+		}
+	}
 	live := slices.Clone(d.accept)
-	for changed := true; changed; {
-		changed = false
-		for st := range live {
-			if live[st] {
-				continue
-			}
-			for _, n := range d.next[st*d.classes : (st+1)*d.classes] {
-				if n >= 0 && live[n] {
-					live[st], changed = true, true
-					break
-				}
+	var queue []int32
+	for st, ok := range live {
+		if ok {
+			queue = append(queue, int32(st))
+		}
+	}
+	for len(queue) > 0 {
+		n := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		for _, st := range into[n] {
+			if !live[st] {
+				live[st] = true
+				queue = append(queue, st)
 			}
 		}
 	}
