@@ -131,7 +131,34 @@ func (n *node) holds(num uint64) bool {
 	if num&numNeg != 0 {
 		v = -v
 	}
-	return (n.limits&1 == 0 || v >= n.min) && (n.limits&2 == 0 || v <= n.max)
+	return (n.limits&1 == 0 || v >= n.min) && (n.limits&2 == 0 || v <= n.max) && (n.mult == 0 || v%n.mult == 0)
+}
+
+// reaches reports whether some magnitude from a to b lies within lo and
+// hi (where each is set) and, with a multipleOf, is a multiple of it.
+func (n *node) reaches(a, b, lo, hi int64, hasLo, hasHi bool) bool {
+	if hasLo {
+		a = max(a, lo)
+	}
+	if hasHi {
+		b = min(b, hi)
+	}
+	if n.mult > 0 {
+		a = ceilMultiple(a, n.mult)
+	}
+	return a <= b
+}
+
+// ceilMultiple is the least multiple of m at or above a.
+func ceilMultiple(a, m int64) int64 {
+	r := a % m
+	if r < 0 {
+		r += m
+	}
+	if r == 0 {
+		return a
+	}
+	return a - r + m
 }
 
 // open reports whether some integer that begins with num's sign and
@@ -145,9 +172,9 @@ func (n *node) open(num uint64) bool {
 	m := int64(num &^ (numNeg | numDigit))
 	switch {
 	case num&numDigit == 0: // a minus sign alone: any magnitude
-		return !hasHi || hi >= 0
+		return n.reaches(0, math.MaxInt64, lo, hi, hasLo, hasHi)
 	case m == 0: // 0 or -0: no digit may follow
-		return (!hasLo || lo <= 0) && (!hasHi || hi >= 0)
+		return n.reaches(0, 0, lo, hi, hasLo, hasHi)
 	}
 	// With j more digits the magnitude lies in [m·10^j, m·10^j + 10^j - 1].
 	for p := int64(1); ; p *= 10 {
@@ -155,7 +182,7 @@ func (n *node) open(num uint64) bool {
 		if hasHi && a > hi {
 			return false
 		}
-		if !hasLo || a+p-1 >= lo {
+		if n.reaches(a, a+p-1, lo, hi, hasLo, hasHi) {
 			return true
 		}
 	}
@@ -279,6 +306,14 @@ func (n *node) decOpen(num uint64) bool {
 		if hasHi && hi <= h {
 			h, hOpen = hi, hiEx || hi == b
 		}
+		if n.mult > 0 {
+			// The least multiple past the lower end.
+			x := ceilMultiple(l, n.mult)
+			if x == l && lOpen {
+				x += n.mult
+			}
+			l, lOpen = x, false
+		}
 		if l < h || l == h && !lOpen && !hOpen {
 			return true
 		}
@@ -292,7 +327,7 @@ func (n *node) decHolds(num uint64) bool {
 	v, _, more, _ := decSpan(num, 0)
 	above := func(b int64, ex bool) bool { return v > b || v == b && !ex && !more || v == b && more }
 	below := func(b int64, ex bool) bool { return v < b || v == b && !ex && !more }
-	return (!hasLo || above(lo, loEx)) && (!hasHi || below(hi, hiEx))
+	return (!hasLo || above(lo, loEx)) && (!hasHi || below(hi, hiEx)) && (n.mult == 0 || !more && v%n.mult == 0)
 }
 
 func hexDigit(c byte) (int, bool) {

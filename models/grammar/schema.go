@@ -57,7 +57,8 @@ type node struct {
 	// exclusive.
 	min, max int64
 	limits   uint8
-	pat      *dfa // kString: the pattern or format its text matches
+	mult     int64 // kInteger, kNumber (in millionths): the values are its multiples
+	pat      *dfa  // kString: the pattern or format its text matches
 }
 
 // bounded reports whether a string node has a minLength or a maxLength.
@@ -78,9 +79,9 @@ type prop struct {
 // "minLength" and "maxLength" (in characters: code points, an escaped
 // surrogate pair one), "pattern" (compilePattern) and "format" (date,
 // time, date-time, uuid, ipv4, ipv6, hostname, email) of strings,
-// "minimum", "maximum", "exclusiveMinimum" and
-// "exclusiveMaximum" (of integers from -1e13 to 1e13; of numbers from -1e9
-// to 1e9 with at most six digits after the point, and a bounded number is
+// "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" and
+// "multipleOf" (of integers from -1e13 to 1e13; of numbers from -1e9 to
+// 1e9 with at most six digits after the point, and a bounded number is
 // written without an exponent), "enum",
 // "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
 // (recursion included), and the annotations (title, description,
@@ -89,7 +90,7 @@ type prop struct {
 // others as the model chooses; one without "properties" takes any
 // members unless "additionalProperties" is false. The alternatives of a
 // union must begin with different bytes (a string or null, say), and the
-// root must be an object. Any other keyword (multipleOf, ...) is
+// root must be an object. Any other keyword (uniqueItems, ...) is
 // refused with an error that names it, rather than ignored.
 // minLength and maxLength apply to strings and the numeric bounds to
 // numbers, and other types ignore them, as JSON Schema has it; bounds
@@ -242,7 +243,7 @@ var annotations = map[string]bool{"title": true, "description": true, "default":
 var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
 	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "minimum": true,
 	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true,
-	"pattern": true, "format": true}
+	"pattern": true, "format": true, "multipleOf": true}
 
 func (c *compiler) compile(v any, path string) (int32, error) {
 	if len(c.nodes) > 1<<15 {
@@ -397,10 +398,16 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		if err := decLimits(o, &n, path); err != nil {
 			return 0, err
 		}
+		if err := multipleOf(o, &n, path); err != nil {
+			return 0, err
+		}
 		return c.add(n, path), nil
 	case "integer":
 		n := node{kind: kInteger}
 		if err := intLimits(o, &n, path); err != nil {
+			return 0, err
+		}
+		if err := multipleOf(o, &n, path); err != nil {
 			return 0, err
 		}
 		return c.add(n, path), nil
@@ -463,7 +470,7 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 // limitKeywords bound strings' lengths and numbers' values.
 var (
 	numericLimits = []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
-	limitKeywords = append([]string{"minLength", "maxLength", "pattern", "format"}, numericLimits...)
+	limitKeywords = append([]string{"minLength", "maxLength", "pattern", "format", "multipleOf"}, numericLimits...)
 )
 
 // maxLimit bounds the magnitude of an integer's limits, so that the
@@ -785,5 +792,54 @@ func stringPattern(o *object, n *node, path string) error {
 		return fmt.Errorf("%s: pattern %q: %w", path, v, err)
 	}
 	n.pat = d
+	return nil
+}
+
+// multipleOf reads a number's multipleOf into n.mult: for an integer, the
+// least positive integer whose multiples are the integers it divides (the
+// numerator of the fraction it is: 2.5 allows the multiples of 5); for a
+// number, itself in millionths. The digits of a multiple are checked
+// against the limits' state, so a side without a limit takes the most
+// one may be (±1e13 for integers, ±1e9 for numbers).
+func multipleOf(o *object, n *node, path string) error {
+	v, ok := o.vals["multipleOf"]
+	if !ok {
+		return nil
+	}
+	num, ok := v.(json.Number)
+	r, isRat := new(big.Rat), false
+	if ok {
+		r, isRat = r.SetString(num.String())
+	}
+	if !isRat || r.Sign() <= 0 {
+		return fmt.Errorf("%s: multipleOf is %v, want a positive number", path, v)
+	}
+	limit := int64(maxLimit)
+	if n.kind == kInteger {
+		r.SetInt(r.Num())
+	} else {
+		limit = maxDecLimit * decUnit
+		r.Mul(r, big.NewRat(decUnit, 1))
+	}
+	if !r.IsInt() || r.Num().CmpAbs(big.NewInt(limit)) > 0 {
+		if n.kind == kInteger {
+			return fmt.Errorf("%s: multipleOf is %s, want at most 1e13", path, num)
+		}
+		return fmt.Errorf("%s: multipleOf is %s, want at most 1e9 with at most six digits after the point", path, num)
+	}
+	n.mult = r.Num().Int64()
+	if n.limits&1 == 0 {
+		n.min, n.limits = -limit, n.limits|1
+	}
+	if n.limits&2 == 0 {
+		n.max, n.limits = limit, n.limits|2
+	}
+	lo := ceilMultiple(n.min, n.mult)
+	if lo == n.min && n.limits&4 != 0 {
+		lo += n.mult
+	}
+	if lo > n.max || lo == n.max && n.limits&8 != 0 {
+		return fmt.Errorf("%s: no multiple of %s lies within the bounds", path, num)
+	}
 	return nil
 }

@@ -174,12 +174,17 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 // inLimits reports whether n lies within the numeric limits of schema s,
 // compared exactly.
 func inLimits(s *object, n json.Number) bool {
-	if !s.has(numericLimits...) {
+	if !s.has(append(numericLimits, "multipleOf")...) {
 		return true
 	}
 	v, ok := new(big.Rat).SetString(n.String())
 	if !ok {
 		return false
+	}
+	if m, ok := s.vals["multipleOf"].(json.Number); ok {
+		if r, ok := new(big.Rat).SetString(m.String()); !ok || !new(big.Rat).Quo(v, r).IsInt() {
+			return false
+		}
 	}
 	for k, in := range map[string]func(c int) bool{
 		"minimum":          func(c int) bool { return c >= 0 },
@@ -234,6 +239,8 @@ var schemas = []string{
 	`{"type":"object","properties":{"id":{"type":"string","format":"uuid"},"day":{"type":"string","format":"date"},` +
 		`"at":{"type":["string","null"],"format":"date-time"},"ip":{"type":"string","format":"ipv4"},"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]+$"},` +
 		`"tag":{"type":"string","pattern":"x\\.y|\\u00e9|^$|0"},"t":{"type":"string","format":"time"}},"required":["id","day","ip","code","tag"]}`,
+	`{"type":"object","properties":{"qty":{"type":"integer","multipleOf":6},"price":{"type":"number","multipleOf":0.01,"minimum":0},` +
+		`"step":{"type":["number","null"],"multipleOf":2.5,"maximum":100}},"required":["qty","price","step"]}`,
 }
 
 func TestSchemaDocuments(t *testing.T) {
@@ -337,6 +344,16 @@ func TestSchemaDocuments(t *testing.T) {
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","at":"2024-02-28T12:00:00","ip":"1.1.1.1","code":"AB-1","tag":""}`, false},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"1.1.1.1","code":"AB-1","tag":"","t":"12:00:00.123456789-23:59"}`, true},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"1.1.1.1","code":"AB-1","tag":"","t":"12:00:60Z"}`, false},
+		{11, `{"qty":12,"price":0.05,"step":-5}`, true},
+		{11, `{"qty":-0,"price":1.10,"step":null}`, true},
+		{11, `{"qty":-600000000,"price":0,"step":100}`, true},
+		{11, `{"qty":13,"price":0.05,"step":-5}`, false},
+		{11, `{"qty":12,"price":0.055,"step":-5}`, false},
+		{11, `{"qty":12,"price":0.0500000001,"step":-5}`, false},
+		{11, `{"qty":12,"price":-0.01,"step":-5}`, false},
+		{11, `{"qty":12,"price":3,"step":7.4}`, false},
+		{11, `{"qty":12,"price":3,"step":102.5}`, false},
+		{11, `{"qty":12,"price":3,"step":97.50}`, true},
 	}
 	compiled := make([]*Schema, len(schemas))
 	for i, s := range schemas {
@@ -428,7 +445,14 @@ func TestSchemaWalks(t *testing.T) {
 func TestSchemaRefused(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type":"string"}`, "root must be an object"},
-		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":2}}}`, `"multipleOf" is not supported`},
+		{`{"type":"object","properties":{"s":{"type":"integer","uniqueItems":true}}}`, `"uniqueItems" is not supported`},
+		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":0}}}`, "want a positive number"},
+		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":"2"}}}`, "want a positive number"},
+		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":1e14}}}`, "want at most 1e13"},
+		{`{"type":"object","properties":{"s":{"type":"number","multipleOf":0.0000001}}}`, "at most six digits after the point"},
+		{`{"type":"object","properties":{"s":{"type":"integer","multipleOf":7,"minimum":1,"maximum":6}}}`, "no multiple of 7"},
+		{`{"type":"object","properties":{"s":{"type":"number","multipleOf":0.5,"exclusiveMinimum":1,"exclusiveMaximum":1.5}}}`, "no multiple of 0.5"},
+		{`{"type":"object","properties":{"s":{"multipleOf":2}}}`, `"multipleOf" without a type`},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a(?=b)"}}}`, `pattern "a(?=b)"`},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"(a"}}}`, `pattern "(a"`},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"\\bword"}}}`, "word boundaries"},
@@ -692,6 +716,8 @@ func TestIntegerLimitsPrefixes(t *testing.T) {
 		`"minimum":18,"maximum":129`, `"minimum":-5,"maximum":-2`, `"minimum":1000`, `"maximum":7`,
 		`"minimum":0,"maximum":0`, `"minimum":-3,"maximum":12`, `"exclusiveMinimum":4.5,"exclusiveMaximum":5.5`,
 		`"maximum":-40`, `"minimum":-1e4,"maximum":-999`,
+		`"multipleOf":7,"minimum":-100,"maximum":100`, `"multipleOf":5,"maximum":20000,"minimum":-20000`, `"multipleOf":2.5,"minimum":-300,"maximum":12000`,
+		`"multipleOf":3,"exclusiveMinimum":-10,"exclusiveMaximum":10`, `"multipleOf":1000,"minimum":1,"maximum":19999`, `"multipleOf":13,"minimum":27,"maximum":39`,
 	} {
 		src := `{"type":"object","properties":{"x":{"type":"integer",` + lim + `}},"required":["x"]}`
 		gr := limitGrammar(t, v, src)
@@ -757,6 +783,8 @@ func TestNumberLimitsPrefixes(t *testing.T) {
 	for _, lim := range []string{
 		`"minimum":0,"maximum":1`, `"exclusiveMinimum":0,"exclusiveMaximum":1`, `"exclusiveMinimum":-2.5,"exclusiveMaximum":3.75`,
 		`"maximum":-0.5`, `"minimum":0.001`, `"minimum":1000,"maximum":1000.5`, `"exclusiveMaximum":12.345`, `"minimum":-0.25,"maximum":-0.25`,
+		`"multipleOf":0.25,"minimum":-1,"maximum":3`, `"multipleOf":0.001,"exclusiveMinimum":0,"exclusiveMaximum":1`, `"multipleOf":1.5,"minimum":-2,"maximum":1000`,
+		`"multipleOf":0.125,"exclusiveMinimum":0.5,"maximum":1000.5`, `"multipleOf":7,"minimum":-20,"maximum":20`,
 	} {
 		src := `{"type":"object","properties":{"x":{"type":"number",` + lim + `}},"required":["x"]}`
 		gr := limitGrammar(t, v, src)
@@ -781,7 +809,21 @@ func TestNumberLimitsPrefixes(t *testing.T) {
 			}
 			mid := new(big.Rat).Add(lo, hi)
 			mid.Quo(mid, big.NewRat(2, 1))
-			for _, c := range []*big.Rat{lo, mid} {
+			cands := []*big.Rat{lo, mid}
+			if m, ok := limits.vals["multipleOf"].(json.Number); ok {
+				// The two least multiples at or above the lower end.
+				mr := rat(m.String())
+				q := new(big.Rat).Quo(lo, mr)
+				k := new(big.Int).Div(q.Num(), q.Denom()) // floor
+				for range 3 {
+					c := new(big.Rat).Mul(new(big.Rat).SetInt(k), mr)
+					if c.Cmp(lo) >= 0 {
+						cands = append(cands, c)
+					}
+					k.Add(k, big.NewInt(1))
+				}
+			}
+			for _, c := range cands {
 				inside := c.Cmp(a) > 0 && c.Cmp(b) < 0 || !neg && c.Cmp(a) == 0 || neg && c.Cmp(b) == 0
 				if inside && in(c) {
 					return true
