@@ -256,8 +256,9 @@ func TestServeJSONSchema(t *testing.T) {
 			"tags": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": 2},
 			"code": map[string]any{"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
 			"day":  map[string]any{"type": "string", "format": "date"},
+			"lots": map[string]any{"type": "integer", "multipleOf": 4, "minimum": 0, "maximum": 100},
 		},
-		"required":             []any{"name", "kind", "size", "rank", "tags", "code", "day"},
+		"required":             []any{"name", "kind", "size", "rank", "tags", "code", "day", "lots"},
 		"additionalProperties": false,
 	}
 	format := func(schema any) openai.ChatCompletionNewParamsResponseFormatUnion {
@@ -291,6 +292,7 @@ func TestServeJSONSchema(t *testing.T) {
 			Tags []string
 			Code string
 			Day  string
+			Lots int
 		}
 		dec := json.NewDecoder(strings.NewReader(text))
 		dec.DisallowUnknownFields()
@@ -303,15 +305,15 @@ func TestServeJSONSchema(t *testing.T) {
 			len(got.Tags) > 2 || n < 2 || n > 12 || got.Size != nil && (*got.Size < 1 || *got.Size > 4096) || got.Rank <= 0 || got.Rank > 1 {
 			t.Errorf("temperature %v: %q does not follow the schema", temp, text)
 		}
-		if _, err := time.Parse(time.DateOnly, got.Day); err != nil || !codeText.MatchString(got.Code) {
-			t.Errorf("temperature %v: code %q or day %q does not follow the schema (%v)", temp, got.Code, got.Day, err)
+		if _, err := time.Parse(time.DateOnly, got.Day); err != nil || !codeText.MatchString(got.Code) || got.Lots%4 != 0 || got.Lots < 0 || got.Lots > 100 {
+			t.Errorf("temperature %v: code %q, day %q or lots %d does not follow the schema (%v)", temp, got.Code, got.Day, got.Lots, err)
 		}
 	}
 	for _, c2 := range []struct {
 		prop map[string]any
 		want string
 	}{
-		{map[string]any{"type": "integer", "multipleOf": 3}, `"multipleOf" is not supported`},
+		{map[string]any{"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}, `no multiple of 7`},
 		{map[string]any{"type": "string", "pattern": "^a(?=b)"}, `pattern "^a(?=b)"`},
 		{map[string]any{"type": "string", "format": "uri"}, `format "uri" is not supported`},
 	} {
