@@ -81,8 +81,8 @@ func (d *dfa) liveUnits(st int32, lo, hi rune) bool {
 }
 
 // formats are the string formats taken, as patterns of the texts JSON
-// Schema's format names (RFC 3339 dates and times, without leap seconds
-// or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
+// Schema's format names (RFC 3339 dates, times and durations, without
+// leap seconds or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
 // address; hostnames of up to four labels; addresses of a common shape):
 // each matches only valid texts, not every one.
 var formats = map[string]string{
@@ -93,6 +93,7 @@ var formats = map[string]string{
 	"ipv4":      `^(` + fmtOctet + `\.){3}` + fmtOctet + `$`,
 	"ipv6":      `^(` + strings.ReplaceAll(fmtIPv6, "H", `[0-9a-fA-F]{1,4}`) + `)$`,
 	"hostname":  `^` + fmtLabel + `(\.` + fmtLabel + `){0,3}$`,
+	"duration":  `^P(` + fmtDurDate + `(T` + fmtDurTime + `)?|T` + fmtDurTime + `|[0-9]+W)$`,
 	"email":     `^[A-Za-z0-9_+-]{1,32}(\.[A-Za-z0-9_+-]{1,15})?@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$`,
 }
 
@@ -103,6 +104,10 @@ const (
 	// Eight groups of hex digits (H), or fewer around one "::".
 	fmtIPv6 = `(H:){7}H|(H:){1,7}:|(H:){1,6}:H|(H:){1,5}(:H){1,2}|(H:){1,4}(:H){1,3}|(H:){1,3}(:H){1,4}|` +
 		`(H:){1,2}(:H){1,5}|H:(:H){1,6}|:((:H){1,7}|:)`
+	// RFC 3339's durations (its appendix A): the date's and the time's
+	// parts in order, none skipped between the first and the last.
+	fmtDurDate = `([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)`
+	fmtDurTime = `([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)`
 	// A label of at most 61 characters, so that four and their dots stay
 	// within a hostname's 253.
 	fmtLabel = `[A-Za-z0-9]([A-Za-z0-9-]{0,59}[A-Za-z0-9])?`

@@ -88,6 +88,8 @@ func TestFormats(t *testing.T) {
 		{"hostname", "example.com", true}, {"hostname", "a-b.c", true}, {"hostname", "-a.com", false}, {"hostname", "a..b", false},
 		{"email", "ada.l@math.example.org", true}, {"email", "a@b", false}, {"email", "a..b@c.io", false}, {"email", "@c.io", false},
 		{"date", "2023-11-30", true}, {"date", "2023-11-31", false}, {"time", "23:59:59+14:00", true}, {"time", "23:59:59", false},
+		{"duration", "P1Y2M3DT4H5M6S", true}, {"duration", "P3W", true}, {"duration", "PT36H", true}, {"duration", "P2D", true},
+		{"duration", "P", false}, {"duration", "PT", false}, {"duration", "P1D2Y", false}, {"duration", "PT1H1S", false}, {"duration", "P1W2D", false},
 		{"uuid", "123e4567-e89b-12d3-a456-426614174000", true}, {"ipv4", "255.255.255.255", true}, {"ipv4", "1.2.3", false},
 	} {
 		d, err := compilePattern(formats[c.format])

@@ -463,7 +463,7 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
-		{`{"type":"object","properties":{"s":{"type":"string","format":"uri"}}}`, `format "uri" is not supported (date, date-time, email, hostname, ipv4, ipv6, time, uuid are)`},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"uri"}}}`, `format "uri" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, time, uuid are)`},
 		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
 		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
@@ -947,10 +947,58 @@ func validFormat(f, s string) bool {
 			}
 		}
 		return true
+	case "duration":
+		return validDuration(s)
 	case "email":
 		a, err := mail.ParseAddress(s)
 		at := strings.LastIndexByte(s, '@')
 		return err == nil && a.Address == s && at <= 64 && validFormat("hostname", s[at+1:])
 	}
 	return false
+}
+
+// validDuration is RFC 3339's appendix A grammar of durations, read by
+// hand: "P", then a week, or date parts and an optional time, or a time;
+// the parts of each in order, each after the one before it.
+func validDuration(s string) bool {
+	rest, ok := strings.CutPrefix(s, "P")
+	if !ok {
+		return false
+	}
+	// parts reads numbers with designators from units, each following the
+	// last one read, and returns how many it read.
+	parts := func(units string) int {
+		n, next := 0, 0
+		for rest != "" && rest[0] != 'T' {
+			i := 0
+			for i < len(rest) && '0' <= rest[i] && rest[i] <= '9' {
+				i++
+			}
+			if i == 0 || i == len(rest) {
+				return -1
+			}
+			u := strings.IndexByte(units, rest[i])
+			if u < 0 || u != next && n > 0 || u < next {
+				return -1
+			}
+			if n == 0 {
+				next = u
+			}
+			next, n, rest = u+1, n+1, rest[i+1:]
+		}
+		return n
+	}
+	if strings.HasSuffix(s, "W") {
+		_, err := strconv.Atoi(rest[:len(rest)-1])
+		return err == nil && len(rest) > 1 && !strings.ContainsAny(rest[:len(rest)-1], "+-")
+	}
+	date := parts("YMD")
+	if date < 0 {
+		return false
+	}
+	if rest == "" {
+		return date > 0
+	}
+	rest = rest[1:] // the T
+	return parts("HMS") > 0 && rest == ""
 }
