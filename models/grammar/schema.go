@@ -79,9 +79,8 @@ type prop struct {
 // "minLength" and "maxLength" (in characters: code points, an escaped
 // surrogate pair one), "pattern" (compilePattern) and "format" (date,
 // time, date-time, duration, uuid, ipv4, ipv6, hostname, email) of
-// strings,
-// "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" and
-// "multipleOf" (of integers from -1e13 to 1e13; of numbers from -1e9 to
+// strings, "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"
+// and "multipleOf" (of integers from -1e13 to 1e13; of numbers from -1e9 to
 // 1e9 with at most six digits after the point, and a bounded number is
 // written without an exponent), "enum",
 // "const", "anyOf" and "oneOf", "$ref" into "$defs" or "definitions"
