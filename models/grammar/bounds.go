@@ -164,11 +164,7 @@ func ceilMultiple(a, m int64) int64 {
 // open reports whether some integer that begins with num's sign and
 // digits, and may have more digits, lies within the node's limits.
 func (n *node) open(num uint64) bool {
-	lo, hi, hasLo, hasHi := n.min, n.max, n.limits&1 != 0, n.limits&2 != 0
-	if num&numNeg != 0 {
-		// -m lies within [lo, hi] where m lies within [-hi, -lo].
-		lo, hi, hasLo, hasHi = -hi, -lo, hasHi, hasLo
-	}
+	lo, hi, hasLo, hasHi, _, _ := n.magnitudeLimits(num) // an integer's limits are inclusive
 	m := int64(num &^ (numNeg | numDigit))
 	switch {
 	case num&numDigit == 0: // a minus sign alone: any magnitude
@@ -276,9 +272,11 @@ func decSpan(num uint64, j int) (a, b int64, open, ok bool) {
 	return a, b, false, true
 }
 
-// decLimits is the node's limits for a number of num's sign, as limits of
-// its magnitude: lo, hi and whether each is set and exclusive.
-func (n *node) decLimits(num uint64) (lo, hi int64, hasLo, hasHi, loEx, hiEx bool) {
+// magnitudeLimits is the node's limits for a number or an integer of
+// num's sign (bit 63 in both encodings, decNeg and numNeg), as limits of
+// its magnitude: lo, hi and whether each is set and exclusive. -m lies
+// within [lo, hi] where m lies within [-hi, -lo].
+func (n *node) magnitudeLimits(num uint64) (lo, hi int64, hasLo, hasHi, loEx, hiEx bool) {
 	lo, hi = n.min, n.max
 	hasLo, hasHi, loEx, hiEx = n.limits&1 != 0, n.limits&2 != 0, n.limits&4 != 0, n.limits&8 != 0
 	if num&decNeg != 0 {
@@ -290,7 +288,7 @@ func (n *node) decLimits(num uint64) (lo, hi int64, hasLo, hasHi, loEx, hiEx boo
 // decOpen reports whether some number that begins with num's text lies
 // within the node's limits.
 func (n *node) decOpen(num uint64) bool {
-	lo, hi, hasLo, hasHi, loEx, hiEx := n.decLimits(num)
+	lo, hi, hasLo, hasHi, loEx, hiEx := n.magnitudeLimits(num)
 	for j := 0; ; j++ {
 		a, b, open, ok := decSpan(num, j)
 		if !ok {
@@ -323,7 +321,7 @@ func (n *node) decOpen(num uint64) bool {
 // decHolds reports whether the whole number num lies within the node's
 // limits.
 func (n *node) decHolds(num uint64) bool {
-	lo, hi, hasLo, hasHi, loEx, hiEx := n.decLimits(num)
+	lo, hi, hasLo, hasHi, loEx, hiEx := n.magnitudeLimits(num)
 	v, _, more, _ := decSpan(num, 0)
 	above := func(b int64, ex bool) bool { return v > b || v == b && !ex && !more || v == b && more }
 	below := func(b int64, ex bool) bool { return v < b || v == b && !ex && !more }

@@ -393,18 +393,12 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 			return 0, err
 		}
 		return c.add(n, path), nil
-	case "number":
-		n := node{kind: kNumber}
-		if err := decLimits(o, &n, path); err != nil {
-			return 0, err
+	case "number", "integer":
+		n, limits := node{kind: kNumber}, decLimits
+		if t == "integer" {
+			n.kind, limits = kInteger, intLimits
 		}
-		if err := multipleOf(o, &n, path); err != nil {
-			return 0, err
-		}
-		return c.add(n, path), nil
-	case "integer":
-		n := node{kind: kInteger}
-		if err := intLimits(o, &n, path); err != nil {
+		if err := limits(o, &n, path); err != nil {
 			return 0, err
 		}
 		if err := multipleOf(o, &n, path); err != nil {
