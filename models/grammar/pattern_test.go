@@ -168,3 +168,27 @@ func FuzzPattern(f *testing.F) {
 		}
 	})
 }
+
+// The strings of a schema that share a pattern or format share one
+// automaton, built once.
+func TestPatternsShared(t *testing.T) {
+	s, err := CompileSchema([]byte(`{"type":"object","properties":{"a":{"type":"string","format":"date"},` +
+		`"b":{"type":"array","items":{"type":"string","format":"date"}},"c":{"type":"string","pattern":"^x+$"},"d":{"type":"string","pattern":"^x+$"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPattern := map[*dfa]int{}
+	for _, n := range s.nodes {
+		if n.pat != nil {
+			byPattern[n.pat]++
+		}
+	}
+	if len(byPattern) != 2 {
+		t.Fatalf("%d automata for two patterns", len(byPattern))
+	}
+	for _, n := range byPattern {
+		if n != 2 {
+			t.Errorf("an automaton serves %d strings, want 2", n)
+		}
+	}
+}

@@ -118,7 +118,7 @@ func CompileSchema(doc []byte) (*Schema, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("schema: data after the schema")
 	}
-	c := &compiler{doc: root, refs: map[string]int32{}}
+	c := &compiler{doc: root, refs: map[string]int32{}, pats: map[string]*dfa{}}
 	r, err := c.compile(root, "#")
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
@@ -229,6 +229,7 @@ type compiler struct {
 	nodes []node
 	paths []string // where each node's schema is, for errors
 	refs  map[string]int32
+	pats  map[string]*dfa // the automata built, by pattern, shared by the strings of one
 }
 
 func (c *compiler) add(n node, path string) int32 {
@@ -389,7 +390,7 @@ func (c *compiler) typed(o *object, t, path string) (int32, error) {
 		if err := bounds(o, "minLength", "maxLength", &n, path); err != nil {
 			return 0, err
 		}
-		if err := stringPattern(o, &n, path); err != nil {
+		if err := c.stringPattern(o, &n, path); err != nil {
 			return 0, err
 		}
 		return c.add(n, path), nil
@@ -759,8 +760,9 @@ func writeJSON(b *bytes.Buffer, v any) error {
 	return nil
 }
 
-// stringPattern reads a string's pattern or format into its automaton.
-func stringPattern(o *object, n *node, path string) error {
+// stringPattern reads a string's pattern or format into its automaton,
+// built once for the strings of a schema that share it.
+func (c *compiler) stringPattern(o *object, n *node, path string) error {
 	k := o.first("pattern", "format")
 	if k == "" {
 		return nil
@@ -781,9 +783,13 @@ func stringPattern(o *object, n *node, path string) error {
 			return fmt.Errorf("%s: format %q is not supported (%s are)", path, v, strings.Join(slices.Sorted(maps.Keys(formats)), ", "))
 		}
 	}
-	d, err := compilePattern(src)
-	if err != nil {
-		return fmt.Errorf("%s: pattern %q: %w", path, v, err)
+	d, ok := c.pats[src]
+	if !ok {
+		var err error
+		if d, err = compilePattern(src); err != nil {
+			return fmt.Errorf("%s: pattern %q: %w", path, v, err)
+		}
+		c.pats[src] = d
 	}
 	n.pat = d
 	return nil
