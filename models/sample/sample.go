@@ -167,15 +167,16 @@ func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 	var parts [logProbChunks]logProbPart
 	size := (len(logits) + logProbChunks - 1) / logProbChunks
 	each := func(f func(c int, lo, hi int)) {
+		piece := func(c int) { f(c, min(c*size, len(logits)), min((c+1)*size, len(logits))) }
 		if len(logits) < logProbParallel {
 			for c := range logProbChunks {
-				f(c, min(c*size, len(logits)), min((c+1)*size, len(logits)))
+				piece(c)
 			}
 			return
 		}
 		var wg sync.WaitGroup
 		for c := range logProbChunks {
-			wg.Go(func() { f(c, min(c*size, len(logits)), min((c+1)*size, len(logits))) })
+			wg.Go(func() { piece(c) })
 		}
 		wg.Wait()
 	}
