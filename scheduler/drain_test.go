@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/generate"
 )
 
@@ -157,7 +159,14 @@ func TestServiceDrainsAndClosesAtOnce(t *testing.T) {
 func TestClientLocalLeastLoaded(t *testing.T) {
 	s := demoSamples(t)[0]
 	cfg := Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}
-	a, b := start(t, 256, cfg), start(t, 256, cfg)
+	// A's steps after its first wait for release, so its long request
+	// cannot end, however fast the host, before the short ones are placed.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	a := startWith(t, 256, cfg, func(e *ModelEngine) Engine { return &heldEngine{Engine: e, release: release} })
+	b := start(t, 256, cfg)
 	ctx := context.Background()
 	_, nc := testBus(t)
 	subj, _ := bus.NewSubjects("test")
@@ -173,9 +182,12 @@ func TestClientLocalLeastLoaded(t *testing.T) {
 	}()
 	waitFor(t, func() bool { return a.s.Stats().Running == 1 })
 	client.Local(svcA, svcB)
+	// A short request placed on the held A would wait for ever.
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
 	for i := range 3 {
 		var got []int32
-		if _, err := client.Generate(ctx, SubmitMsg{ID: fmt.Sprint("short-", i), Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
+		if _, err := client.Generate(sctx, SubmitMsg{ID: fmt.Sprint("short-", i), Prompt: s.PromptIDs, MaxTokens: len(s.GreedyIDs), IgnoreEOS: true}, func(f FrameMsg) error {
 			got = append(got, f.ID)
 			return nil
 		}); err != nil {
@@ -189,8 +201,28 @@ func TestClientLocalLeastLoaded(t *testing.T) {
 		t.Errorf("B made %d tokens, want the %d of the three short requests", st.Tokens, 3*len(s.GreedyIDs))
 	}
 	cancel()
+	free()
 	if err := <-long; err != context.Canceled {
 		t.Errorf("long request: got %v, want %v", err, context.Canceled)
 	}
 	waitFor(t, func() bool { st := a.s.Stats(); return st.Running == 0 && st.KV.Used == 0 })
+}
+
+// heldEngine runs its first step and holds every later one until release
+// is closed.
+type heldEngine struct {
+	Engine
+	release <-chan struct{}
+	steps   atomic.Int64
+}
+
+func (h *heldEngine) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	if h.steps.Add(1) > 1 {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return h.Engine.Forward(ctx, b, logits)
 }

@@ -542,11 +542,14 @@ func (s *Scheduler) finish(q *seq, reason, msg string) {
 	q.req.Sink(Frame{Seq: q.emitted + 1, Final: true, Reason: reason, Err: msg, PromptTokens: q.prompt, CompletionTokens: q.gen.Generated(), TraceID: q.span.traceID()})
 }
 
+// remove forgets q and publishes the stats before q's final frame goes
+// out, so a client that submits on that frame sees the load without it.
 func (s *Scheduler) remove(q *seq) {
 	s.kv.Free(q.req.ID)
 	s.running = remove(s.running, q)
 	s.waiting = remove(s.waiting, q)
 	delete(s.byID, q.req.ID)
+	s.publishStats()
 }
 
 func remove(list []*seq, q *seq) []*seq {
