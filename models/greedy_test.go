@@ -20,13 +20,15 @@ import (
 // the same length. On devices with a device-side argmax and late reads (the
 // CPU and CUDA lanes) Greedy chains the steps on the device and reads each
 // token back one step late; elsewhere (the reference lane) it is that loop.
+// Greedy is called twice on the sequence: the second call replays the
+// steps the first recorded.
 func TestGreedyMatchesFeedArgmax(t *testing.T) {
 	var checkpoints []string
 	if demo.Embedded() {
 		checkpoints = append(checkpoints, "demo")
 	}
 	if root := sharedDir(t, "fixtures"); root != "" {
-		for _, name := range []string{"olmo2", "llama-gqa"} {
+		for _, name := range []string{"olmo2", "llama-gqa", "qwen3", "qwen3-moe"} {
 			if _, err := os.Stat(filepath.Join(root, name)); err == nil {
 				checkpoints = append(checkpoints, filepath.Join(root, name))
 			}
@@ -36,7 +38,7 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 		t.Skip("no demo model (nodemo) and no shared fixtures")
 	}
 	ctx := context.Background()
-	const gen = 20
+	const gen = 40
 	prompt := []int32{5, 9, 200, 31, 7}
 	for _, ln := range lanes() {
 		for _, ck := range checkpoints {
@@ -74,7 +76,10 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 					}
 					out := []int32{next}
 					if greedy {
-						err = seq.Greedy(ctx, next, gen, func(id int32) { out = append(out, id) })
+						keep := func(id int32) { out = append(out, id) }
+						if err = seq.Greedy(ctx, next, gen/2-1, keep); err == nil {
+							err = seq.Greedy(ctx, out[len(out)-1], gen-gen/2+1, keep)
+						}
 					} else {
 						for range gen {
 							if next, err = seq.FeedArgmax(ctx, []int32{next}); err != nil {

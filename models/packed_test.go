@@ -37,7 +37,8 @@ func init() {
 	extraLanes = append(extraLanes, lane{name: "cpu-packed", open: openPackedCPU})
 }
 
-// Slice implements gpu.Slicer: a view sharing b's memory.
+// Slice implements gpu.Slicer: a view sharing b's memory, starting at a
+// 16-byte boundary as the CUDA lane's do.
 func (d packedCPU) Slice(b gpu.Buffer, off, n int) (gpu.Buffer, error) {
 	hb, err := host.Of("slice", b)
 	if err != nil {
@@ -47,6 +48,9 @@ func (d packedCPU) Slice(b gpu.Buffer, off, n int) (gpu.Buffer, error) {
 		return nil, fmt.Errorf("slice: [%d, %d) outside %d elements", off, off+n, hb.Len())
 	}
 	sz := hb.DType().Size()
+	if off*sz%16 != 0 {
+		return nil, fmt.Errorf("slice: element %d starts %d bytes in, not a multiple of 16 (as on CUDA)", off, off*sz)
+	}
 	return host.Memory{}.Weights(hb.DType(), hb.Bytes()[off*sz:(off+n)*sz])
 }
 
