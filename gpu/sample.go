@@ -241,6 +241,51 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 	return prob, sums
 }
 
+// argmaxHost rewrites NaN logits as -Inf and returns the index of the
+// largest, the lowest among equals (0 when every one is -Inf or the row
+// is empty), in one pass: eight lanes each keep the first index of their
+// largest, so that no comparison waits for the one before it.
+func argmaxHost(logits []float32) int {
+	const lanes = 8
+	neg := float32(math.Inf(-1))
+	var mx [lanes]float32
+	var at [lanes]int
+	for j := range mx {
+		mx[j], at[j] = neg, -1
+	}
+	i := 0
+	for ; i+lanes <= len(logits); i += lanes {
+		v := logits[i : i+lanes : i+lanes]
+		for j := range lanes {
+			l := v[j]
+			if l != l {
+				v[j] = neg
+				continue
+			}
+			if l > mx[j] {
+				mx[j], at[j] = l, i+j
+			}
+		}
+	}
+	for ; i < len(logits); i++ {
+		l := logits[i]
+		if l != l {
+			logits[i] = neg
+			continue
+		}
+		if l > mx[0] {
+			mx[0], at[0] = l, i
+		}
+	}
+	best, bestV := 0, neg
+	for j := range lanes {
+		if at[j] >= 0 && (mx[j] > bestV || mx[j] == bestV && at[j] < best) {
+			best, bestV = at[j], mx[j]
+		}
+	}
+	return best
+}
+
 // SampleHost draws a token from logits as r says, in float64: the
 // definition the devices' Sample follows. Top-p and min-p over the whole
 // row add up probabilities a bucket of logits at a time where they can
@@ -250,17 +295,7 @@ func (s *SampleScratch) expSums(logits []float32, t, top float64) (prob, sums []
 func SampleHost(logits []float32, r SampleRow, s *SampleScratch) int32 {
 	AdjustLogits(logits, r.Penalties, r.Adjust)
 	n := len(logits)
-	for i, l := range logits {
-		if l != l {
-			logits[i] = float32(math.Inf(-1))
-		}
-	}
-	best := 0
-	for i, l := range logits {
-		if l > logits[best] {
-			best = i
-		}
-	}
+	best := argmaxHost(logits)
 	if r.Temperature == 0 || n == 0 {
 		return int32(best)
 	}

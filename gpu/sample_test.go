@@ -310,3 +310,43 @@ func FuzzSampleRowAdjust(f *testing.F) {
 		}
 	})
 }
+
+// TestArgmaxHost checks the lane-wise argmax against the plain loop over
+// rows of many lengths, with ties, NaNs, infinities and rows of nothing
+// but -Inf or NaN.
+func TestArgmaxHost(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	values := []float32{float32(math.NaN()), float32(math.Inf(-1)), float32(math.Inf(1)), -1, 0, 2, 2, 3}
+	for n := range 70 {
+		for range 200 {
+			row := make([]float32, n)
+			for i := range row {
+				row[i] = values[r.IntN(len(values))]
+				if r.IntN(3) == 0 {
+					row[i] = float32(math.NaN())
+				}
+			}
+			if n > 0 && r.IntN(4) == 0 {
+				for i := range row {
+					row[i] = []float32{float32(math.Inf(-1)), float32(math.NaN())}[r.IntN(2)]
+				}
+			}
+			want := slices.Clone(row)
+			for i, l := range want {
+				if l != l {
+					want[i] = float32(math.Inf(-1))
+				}
+			}
+			best := 0
+			for i, l := range want {
+				if l > want[best] {
+					best = i
+				}
+			}
+			in := slices.Clone(row)
+			if got := argmaxHost(in); got != best || !slices.Equal(in, want) {
+				t.Fatalf("%v: argmax %d, want %d; row after %v, want %v", row, got, best, in, want)
+			}
+		}
+	}
+}

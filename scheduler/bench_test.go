@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/sample"
 	ttrace "github.com/troupe/troupe/trace"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -316,5 +319,71 @@ func benchTrip(b *testing.B, frame FrameMsg, put func(FrameMsg), next func(conte
 		b.Fatal(err)
 	}
 	b.StopTimer()
+	perToken(b, cpu0)
+}
+
+// The scheduler's host work a token on the logits path (a step the
+// engine cannot choose for: log-probabilities, a grammar's host draws),
+// at OLMo 2's vocabulary of 100,352: an engine that computes nothing
+// copies a fixed row of logits into each step's output, and the
+// scheduler samples, takes the log-probabilities and emits. What a served
+// token on that path costs beyond the device's step and the row's read.
+//
+//	go test -run XXX -bench 'HostStep' -benchtime 2000x ./scheduler
+func BenchmarkHostStepGreedy(b *testing.B) { benchHostStep(b, generate.Params{}) }
+
+func BenchmarkHostStepLogprobs(b *testing.B) {
+	benchHostStep(b, generate.Params{Logprobs: true, TopLogprobs: 5})
+}
+
+func BenchmarkHostStepDrawn(b *testing.B) {
+	benchHostStep(b, generate.Params{Params: sample.Params{Temperature: 0.8, TopP: 0.9, Seed: new(int64)}})
+}
+
+// rowEngine is an Engine whose every logits row is row.
+type rowEngine struct{ row []float32 }
+
+func (e rowEngine) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
+	for i := range b.Logits {
+		copy(logits[i*len(e.row):], e.row)
+	}
+	return nil
+}
+
+func benchHostStep(b *testing.B, p generate.Params) {
+	const vocab = 100352
+	row := make([]float32, vocab)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range row {
+		row[i] = float32(r.NormFloat64() * 3)
+	}
+	kv, err := NewKV(4096, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4, Vocab: vocab, Context: 1 << 16}, rowEngine{row}, kv, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	p.IgnoreEOS = true
+	cpu0 := cpuTime()
+	for i, tokens := 0, 0; tokens < b.N; i++ {
+		p.MaxTokens = min(1000, b.N-tokens)
+		c := newCollect()
+		if err := s.Submit(&Request{ID: fmt.Sprint("h-", i), Prompt: []int32{1, 2}, Params: p, Detok: nop{}, Sink: c.sink}); err != nil {
+			b.Fatal(err)
+		}
+		if f := c.wait(b); len(f) != p.MaxTokens || f[len(f)-1].Err != "" {
+			b.Fatalf("%d frames, the last %+v", len(f), f[len(f)-1])
+		}
+		tokens += p.MaxTokens
+	}
 	perToken(b, cpu0)
 }

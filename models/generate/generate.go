@@ -236,6 +236,7 @@ func (s *State) Next(logits []float32) Step {
 		return Step{ID: s.endToken(), Text: s.held + s.dec.Flush(), Reason: Stop}
 	}
 	var id int32
+	logprobs := s.p.Logprobs || s.p.TopLogprobs > 0
 	if s.doc != nil && s.doc.Mask(logits) <= maxCompact {
 		// Few tokens may come: draw among them alone, the adjustments
 		// made first on the whole row.
@@ -246,11 +247,17 @@ func (s *State) Next(logits []float32) Step {
 			s.compact = append(s.compact, logits[a])
 		}
 		id = s.allowed[s.sampler.Sample(s.compact, nil)]
+	} else if logprobs && s.sampler.Greedy() && !s.p.Adjusts() {
+		// The greedy choice is the most likely token, which the
+		// log-probabilities find in the same read of the row.
+		var st Step
+		st.ID, st.Logprob, st.TopIDs, st.TopLPs = sample.ArgmaxLogProbs(logits, s.p.TopLogprobs)
+		return s.accept(st)
 	} else {
 		id = s.sampler.Sample(logits, s.adj)
 	}
 	st := Step{ID: id}
-	if s.p.Logprobs || s.p.TopLogprobs > 0 {
+	if logprobs {
 		st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
 	}
 	return s.accept(st)

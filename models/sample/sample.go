@@ -99,7 +99,19 @@ func New(p Params) *Sampler {
 	} else {
 		seed = rand.Uint64()
 	}
-	return &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	s := &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	s.scratch.Parallel = fanOut
+	return s
+}
+
+// fanOut runs f(0) … f(n-1) each on a goroutine of its own and returns
+// when all are done.
+func fanOut(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { f(i) })
+	}
+	wg.Wait()
 }
 
 // Greedy reports whether the sampler always picks the most likely token.
@@ -163,6 +175,21 @@ func (s *Sampler) row() gpu.SampleRow {
 // row's maximum, and the pieces' sums are added in order, so the result
 // does not depend on the goroutines.
 func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
+	_, lp, ids, lps := logProbs(logits, i, k)
+	return lp, ids, lps
+}
+
+// ArgmaxLogProbs is the greedy choice with LogProbs in one read of the
+// row: the most likely token (the lowest id among equals, NaNs left out,
+// 0 when no logit is above -Inf: gpu.SampleHost's choice at temperature
+// 0), its log-probability, and the k most likely tokens with theirs.
+func ArgmaxLogProbs(logits []float32, k int) (int32, float32, []int32, []float32) {
+	return logProbs(logits, -1, k)
+}
+
+// logProbs is LogProbs of token i, or of the most likely token when i is
+// negative, which it returns.
+func logProbs(logits []float32, i, k int) (int32, float32, []int32, []float32) {
 	k = max(0, min(k, len(logits)))
 	var parts [logProbChunks]logProbPart
 	size := (len(logits) + logProbChunks - 1) / logProbChunks
@@ -174,16 +201,18 @@ func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 			}
 			return
 		}
-		var wg sync.WaitGroup
-		for c := range logProbChunks {
-			wg.Go(func() { piece(c) })
-		}
-		wg.Wait()
+		fanOut(logProbChunks, piece)
 	}
 	each(func(c, lo, hi int) { parts[c].scan(logits, lo, hi, k) })
 	mx := float32(math.Inf(-1))
+	at := 0
 	for c := range parts {
-		mx = max(mx, parts[c].max)
+		if parts[c].max > mx {
+			mx, at = parts[c].max, parts[c].at
+		}
+	}
+	if i < 0 {
+		i = at
 	}
 	sum := 0.0
 	if !math.IsInf(float64(mx), -1) {
@@ -203,7 +232,7 @@ func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 	lse := float64(mx) + math.Log(sum)
 	lp := float32(float64(logits[i]) - lse)
 	if k == 0 {
-		return lp, nil, nil
+		return int32(i), lp, nil, nil
 	}
 	// The pieces' candidates, most likely first, ties to the lower id.
 	var ids []int32
@@ -221,7 +250,7 @@ func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 	for j, id := range ids {
 		lps[j] = float32(float64(logits[id]) - lse)
 	}
-	return lp, ids, lps
+	return int32(i), lp, ids, lps
 }
 
 // logProbChunks is how many pieces LogProbs reads a row in, and
@@ -231,25 +260,26 @@ const (
 	logProbParallel = 1 << 14
 )
 
-// logProbPart is a piece of a row: its largest logit, its k most likely
-// tokens and its exponentials' sum.
+// logProbPart is a piece of a row: its largest logit and where it first
+// is, its k most likely tokens and its exponentials' sum.
 type logProbPart struct {
 	max float32
+	at  int
 	top []int32
 	sum float64
 }
 
-// scan finds the largest of logits[lo:hi] (NaNs left out) and its k most
-// likely, ties to the lower id.
+// scan finds the largest of logits[lo:hi] (NaNs left out), where it first
+// is, and the piece's k most likely, ties to the lower id.
 func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
-	mx := float32(math.Inf(-1))
+	mx, at := float32(math.Inf(-1)), 0
 	ids := make([]int32, 0, k)
 	// least is the least kept logit once k are kept.
 	least := float32(math.Inf(-1))
 	for id := lo; id < hi; id++ {
 		l := logits[id]
 		if l > mx { // never a NaN
-			mx = l
+			mx, at = l, id
 		}
 		if l != l || k == 0 || len(ids) == k && l <= least {
 			continue
@@ -268,5 +298,5 @@ func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
 			least = logits[ids[k-1]]
 		}
 	}
-	p.max, p.top = mx, ids
+	p.max, p.at, p.top = mx, at, ids
 }

@@ -113,6 +113,49 @@ func TestLogProbs(t *testing.T) {
 	}
 }
 
+// TestArgmaxLogProbs: the greedy choice with log-probabilities is
+// gpu.SampleHost's greedy choice with LogProbs of it, bit for bit, over
+// short and long rows (one piece and eight at once) with ties across
+// pieces, NaNs, infinities, and rows with nothing above -Inf.
+func TestArgmaxLogProbs(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, n := range []int{1, 2, 9, 100, 20000, 100352} {
+		for trial := range 40 {
+			row := make([]float32, n)
+			for i := range row {
+				row[i] = float32(r.IntN(64)) / 4
+				switch r.IntN(16) {
+				case 0:
+					row[i] = float32(math.NaN())
+				case 1:
+					row[i] = float32(math.Inf(-1))
+				}
+			}
+			switch trial % 5 {
+			case 1: // the largest tied in several pieces
+				for range 4 {
+					row[r.IntN(n)] = 40
+				}
+			case 2:
+				for i := range row {
+					row[i] = []float32{float32(math.Inf(-1)), float32(math.NaN())}[r.IntN(2)]
+				}
+			case 3:
+				row[r.IntN(n)] = float32(math.Inf(1))
+			}
+			for _, k := range []int{0, 1, 5} {
+				want := gpu.SampleHost(slices.Clone(row), gpu.SampleRow{}, &gpu.SampleScratch{})
+				wlp, wids, wlps := LogProbs(row, int(want), k)
+				id, lp, ids, lps := ArgmaxLogProbs(row, k)
+				same := func(a, b float32) bool { return a == b || a != a && b != b }
+				if id != want || !same(lp, wlp) || !slices.Equal(ids, wids) || !slices.EqualFunc(lps, wlps, same) {
+					t.Fatalf("%d logits, trial %d, k %d: %d %v %v %v, want %d %v %v %v", n, trial, k, id, lp, ids, lps, want, wlp, wids, wlps)
+				}
+			}
+		}
+	}
+}
+
 // logProbsMatch checks LogProbs of token i against a float64 oracle.
 func logProbsMatch(t *testing.T, row []float32, i int) {
 	t.Helper()
