@@ -12,6 +12,7 @@ import (
 	"github.com/troupe/troupe/gpu/cuda"
 	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/models/safetensors"
 	"github.com/troupe/troupe/models/synth"
 )
@@ -45,7 +46,7 @@ func TestCUDAGraphsMatchEager(t *testing.T) {
 	})
 	for _, name := range []string{"llama-gqa", "olmo2", "qwen3", "qwen3-moe"} {
 		t.Run(name, func(t *testing.T) {
-			dir := sharedDir(t, "fixtures", name)
+			dir := modeltest.Shared(t, "fixtures", name)
 			if dir == "" {
 				t.Skip("shared fixture not present")
 			}
@@ -358,7 +359,7 @@ func TestCUDALongPrompt(t *testing.T) {
 // olmo2 fixture; where moving u by 1e-9 changes the host's choice either
 // neighbour is accepted.
 func TestCUDASampleMatchesHost(t *testing.T) {
-	dir := sharedDir(t, "fixtures", "olmo2")
+	dir := modeltest.Shared(t, "fixtures", "olmo2")
 	if dir == "" {
 		t.Skip("shared fixture not present")
 	}

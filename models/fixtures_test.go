@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -12,44 +11,9 @@ import (
 	"github.com/troupe/troupe/gpu/gputest"
 	"github.com/troupe/troupe/gpu/ref"
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/models/safetensors"
 )
-
-// shared returns the shared test data path parts, skipping when it is
-// absent.
-func shared(t testing.TB, parts ...string) string {
-	t.Helper()
-	p := sharedDir(t, parts...)
-	if p == "" {
-		t.Skipf("shared test data not present (%s)", filepath.Join(parts...))
-	}
-	return p
-}
-
-// sharedDir is the shared test data path parts (beside the module's
-// root), or "" when absent.
-func sharedDir(t testing.TB, parts ...string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
-	if _, err := os.Stat(p); err != nil {
-		return ""
-	}
-	return p
-}
 
 // reference is a fixture's Hugging Face output.
 type reference struct {
@@ -149,7 +113,7 @@ func loadModel(t testing.TB, dir string, dev gpu.Device, o models.Options) *mode
 const greedyTolerance = 1e-3
 
 func TestFixtures(t *testing.T) {
-	root := shared(t, "fixtures")
+	root := modeltest.MustShared(t, "fixtures")
 	for _, name := range []string{"llama-gqa", "olmo2", "qwen3", "qwen3-moe"} {
 		for _, ln := range lanes() {
 			t.Run(name+"/"+ln.name, func(t *testing.T) {

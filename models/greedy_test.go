@@ -13,6 +13,7 @@ import (
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/modeltest"
 )
 
 // TestGreedyMatchesFeedArgmax checks Sequence.Greedy against a loop of
@@ -27,7 +28,7 @@ func TestGreedyMatchesFeedArgmax(t *testing.T) {
 	if demo.Embedded() {
 		checkpoints = append(checkpoints, "demo")
 	}
-	if root := sharedDir(t, "fixtures"); root != "" {
+	if root := modeltest.Shared(t, "fixtures"); root != "" {
 		for _, name := range []string{"olmo2", "llama-gqa", "qwen3", "qwen3-moe"} {
 			if _, err := os.Stat(filepath.Join(root, name)); err == nil {
 				checkpoints = append(checkpoints, filepath.Join(root, name))

@@ -12,6 +12,7 @@ import (
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/cuda"
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/xgmi"
 )
 
@@ -64,7 +65,7 @@ func TestCUDATensorParallel(t *testing.T) {
 	// fixtures from their directories.
 	opens := map[string]func(t *testing.T) *models.Bundle{"demo": func(t *testing.T) *models.Bundle { return openDemo(t) }}
 	for _, f := range []string{"olmo2", "llama-gqa", "qwen3"} {
-		if p := sharedDir(t, filepath.Join("fixtures", f)); p != "" {
+		if p := modeltest.Shared(t, filepath.Join("fixtures", f)); p != "" {
 			opens[f] = func(t *testing.T) *models.Bundle {
 				b, err := models.OpenDir(p)
 				if err != nil {

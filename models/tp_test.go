@@ -12,6 +12,7 @@ import (
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/modeltest"
 )
 
 // hostReducer sums f32 buffers of several host devices through host
@@ -91,7 +92,7 @@ func (h hostRank) AllGather(dst, src gpu.Buffer) error {
 func TestTensorParallelCPU(t *testing.T) {
 	for _, f := range []string{"llama-gqa", "qwen3"} {
 		t.Run(f, func(t *testing.T) {
-			b, err := models.OpenDir(shared(t, filepath.Join("fixtures", f)))
+			b, err := models.OpenDir(modeltest.MustShared(t, filepath.Join("fixtures", f)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/models/sample"
 	ttrace "github.com/troupe/troupe/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -173,11 +173,7 @@ func benchOverhead(b *testing.B, local, submit bool) {
 
 // fixture opens one of the shared test checkpoints, skipping when absent.
 func fixture(b *testing.B, name string) *models.Bundle {
-	dir := filepath.Join("..", "..", "shared", "fixtures", name)
-	if _, err := os.Stat(dir); err != nil {
-		b.Skipf("shared fixtures not present: %v", err)
-	}
-	bundle, err := models.OpenDir(dir)
+	bundle, err := models.OpenDir(modeltest.MustShared(b, "fixtures", name))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,21 +1,16 @@
 package grammar
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/models/tokenizer"
 )
 
 // olmoVocab is OLMo 2's vocabulary (100,278 tokens) from the shared test
 // data beside the repository, which only the benchmark needs.
 func olmoVocab(b *testing.B) [][]byte {
-	p := filepath.Join("..", "..", "..", "shared", "tokenizers", "olmo2-dolma2", "tokenizer.json")
-	if _, err := os.Stat(p); err != nil {
-		b.Skipf("OLMo 2's tokenizer is absent: %v", err)
-	}
-	tok, err := tokenizer.Load(p)
+	tok, err := tokenizer.Load(modeltest.MustShared(b, "tokenizers", "olmo2-dolma2", "tokenizer.json"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/troupe/troupe/models/modeltest"
 )
 
 func benchText(b *testing.B) string {
@@ -53,7 +55,7 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 func BenchmarkParse(b *testing.B) {
-	data, err := os.ReadFile(sharedDir(b, "tokenizers", "olmo2-dolma2", "tokenizer.json"))
+	data, err := os.ReadFile(modeltest.MustShared(b, "tokenizers", "olmo2-dolma2", "tokenizer.json"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,32 +9,8 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/models/demo"
+	"github.com/troupe/troupe/models/modeltest"
 )
-
-// sharedDir returns the path of parts in the shared test data folder
-// beside the repository root, skipping the test when it is absent.
-func sharedDir(t testing.TB, parts ...string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("repository root (go.mod) not found above the test directory")
-		}
-		dir = parent
-	}
-	p := filepath.Join(append([]string{dir, "..", "shared"}, parts...)...)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared test data %s is absent: %v", filepath.Join(parts...), err)
-	}
-	return p
-}
 
 var (
 	loadMu    sync.Mutex
@@ -54,7 +30,7 @@ func loadDemo(t testing.TB) *Tokenizer {
 // skipping the test when it is absent.
 func loadShared(t testing.TB, parts ...string) *Tokenizer {
 	t.Helper()
-	return load(t, sharedDir(t, parts...))
+	return load(t, modeltest.MustShared(t, parts...))
 }
 
 // load loads the tokenizer at p once per test binary.
@@ -96,7 +72,7 @@ func decodeStream(tok *Tokenizer, ids []int32, skipSpecial bool) string {
 
 func TestDolma2Samples(t *testing.T) {
 	tok := loadShared(t, "tokenizers", "olmo2-dolma2", "tokenizer.json")
-	dir := sharedDir(t, "tokenizers", "olmo2-dolma2")
+	dir := modeltest.MustShared(t, "tokenizers", "olmo2-dolma2")
 	var strs []string
 	readJSON(t, filepath.Join(dir, "sample_strings.json"), &strs)
 	var want []struct {
