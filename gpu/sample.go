@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 )
 
 // SampleRow says how a token is drawn from one row of logits, and with
@@ -206,6 +209,22 @@ type SampleScratch struct {
 	mass     []float64 // a whole-row draw's sums by bucket (sampleBuckets)
 	head     []int32   // and each bucket's first token (or -1)
 	next     []int32   // and each token's next in its bucket (or -1)
+}
+
+// InParallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and
+// returns when all are done: a SampleScratch.Parallel for draws on the
+// host.
+func InParallel(n int, f func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				f(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // samplePiece is the logits an unfiltered or whole-row draw sums at a

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/safetensors"
@@ -964,7 +961,7 @@ func (m *Model) issue(cache *Cache, b *Batch, argmax bool, from tokenSource) err
 // vocab values, which it may rewrite) as rows[i] says, as ForwardSample
 // draws: gpu.SampleHost, each row's exponentials spread over goroutines.
 func SampleRows(ids []int32, logits []float32, vocab int, rows []gpu.SampleRow) {
-	sc := gpu.SampleScratch{Parallel: parallel}
+	sc := gpu.SampleScratch{Parallel: gpu.InParallel}
 	for i, row := range rows {
 		ids[i] = gpu.SampleHost(logits[i*vocab:(i+1)*vocab], row, &sc)
 	}
@@ -1425,19 +1422,4 @@ func (c *Config) Describe() string {
 		fmt.Fprintf(&b, ", %d experts top-%d", c.Experts, c.ExpertsPerToken)
 	}
 	return b.String()
-}
-
-// parallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and returns
-// when all are done.
-func parallel(n int, f func(i int)) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(n, runtime.GOMAXPROCS(0)) {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				f(i)
-			}
-		})
-	}
-	wg.Wait()
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 
 	"github.com/troupe/troupe/gpu"
 )
@@ -100,18 +99,8 @@ func New(p Params) *Sampler {
 		seed = rand.Uint64()
 	}
 	s := &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
-	s.scratch.Parallel = fanOut
+	s.scratch.Parallel = gpu.InParallel
 	return s
-}
-
-// fanOut runs f(0) … f(n-1) each on a goroutine of its own and returns
-// when all are done.
-func fanOut(n int, f func(i int)) {
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { f(i) })
-	}
-	wg.Wait()
 }
 
 // Greedy reports whether the sampler always picks the most likely token.
@@ -201,7 +190,7 @@ func logProbs(logits []float32, i, k int) (int32, float32, []int32, []float32) {
 			}
 			return
 		}
-		fanOut(logProbChunks, piece)
+		gpu.InParallel(logProbChunks, piece)
 	}
 	each(func(c, lo, hi int) { parts[c].scan(logits, lo, hi, k) })
 	mx := float32(math.Inf(-1))
