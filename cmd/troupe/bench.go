@@ -36,6 +36,9 @@ type benchResult struct {
 	DecodeMSPerTk float64 `json:"decode_ms_per_token"`
 	// Sampling describes the draws when they are not greedy.
 	Sampling *benchSampling `json:"sampling,omitempty"`
+	// Logprobs is --logprobs: each step's logits read back and the
+	// log-probabilities of this many most likely tokens taken.
+	Logprobs int `json:"logprobs,omitempty"`
 }
 
 // benchSampling is bench's drawing flags.
@@ -63,11 +66,18 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	topP := fs.Float64("top-p", 0, "with --temperature, keep the most likely tokens up to this cumulative probability (0: all)")
 	minP := fs.Float64("min-p", 0, "with --temperature, drop tokens less likely than this times the most likely (0: none)")
 	seed := fs.Int64("seed", 1, "with --temperature, the first sequence's seed (sequence s takes seed+s)")
+	logprobs := fs.Int("logprobs", 0, "greedy, one sequence: read each step's logits back and take the log-probabilities of this many most likely tokens, as a served request asking for them does (0: choose on the device)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *prompt < 1 || *gen < 1 || *runs < 1 {
 		return fmt.Errorf("bench: --prompt, --gen and --runs must be positive")
+	}
+	if *logprobs < 0 || *logprobs > 20 {
+		return fmt.Errorf("bench: --logprobs %d: want 0 to 20", *logprobs)
+	}
+	if *logprobs > 0 && (*temp != 0 || len(batches) != 1 || batches[0] != 1) {
+		return fmt.Errorf("bench: --logprobs takes one greedy sequence")
 	}
 	sp.Temperature, sp.TopP, sp.MinP = float32(*temp), float32(*topP), float32(*minP)
 	if err := sp.Validate(); err != nil {
@@ -83,7 +93,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg := l.model.Config; *prompt+*gen+2 > cfg.MaxPositions {
 		return fmt.Errorf("bench: %d + %d tokens (and two untimed steps) exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
 	}
-	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
+	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, logprobs: *logprobs, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
 	for _, batch := range batches {
 		r, err := b.measure(ctx, batch)
 		if err != nil {
@@ -142,6 +152,7 @@ type bench struct {
 	prompt, gen, runs int
 	sampling          sample.Params // greedy at temperature 0
 	seed              int64
+	logprobs          int  // --logprobs
 	quiet, sweep      bool // sweep: several batches, each report named
 	stderr            io.Writer
 }
@@ -163,6 +174,7 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 	if n, c := l.model.Coded(); n > 0 {
 		r.CodedWeights, r.Coding = n, c.String()
 	}
+	r.Logprobs = b.logprobs
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: b.seed}
 	}
@@ -181,7 +193,7 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 			}
 		}
 		if batch == 1 && draws == nil {
-			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen)
+			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen, b.logprobs)
 		} else {
 			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws)
 		}
@@ -218,9 +230,10 @@ const maxBenchBatch = 64
 // benchOnce prefills ids and then decodes gen tokens greedily
 // (models.Sequence.Greedy: the argmax taken on the device, and each step
 // issued before the previous step's token is read, where the device
-// allows). Two decode steps before the timed ones record both kinds of
+// allows), or with logprobs each step's logits read back and the greedy
+// choice and log-probabilities taken from them on the host. Two decode steps before the timed ones record both kinds of
 // step on devices that replay recorded steps.
-func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, decode time.Duration, err error) {
+func benchOnce(ctx context.Context, l *loaded, ids []int32, gen, logprobs int) (prefill, decode time.Duration, err error) {
 	seq, err := l.model.NewSequence(len(ids) + gen + 2)
 	if err != nil {
 		return 0, 0, err
@@ -233,11 +246,24 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, d
 	}
 	prefill = time.Since(start)
 	keep := func(id int32) { next = id }
-	if err := seq.Greedy(ctx, next, 2, keep); err != nil {
+	steps := func(n int) error {
+		if logprobs == 0 {
+			return seq.Greedy(ctx, next, n, keep)
+		}
+		for range n {
+			row, err := seq.Feed(ctx, []int32{next}, false)
+			if err != nil {
+				return err
+			}
+			next, _, _, _ = sample.ArgmaxLogProbs(row, logprobs)
+		}
+		return nil
+	}
+	if err := steps(2); err != nil {
 		return 0, 0, err
 	}
 	start = time.Now()
-	if err := seq.Greedy(ctx, next, gen, keep); err != nil {
+	if err := steps(gen); err != nil {
 		return 0, 0, err
 	}
 	return prefill, time.Since(start), nil

@@ -125,3 +125,21 @@ func FuzzBatchList(f *testing.F) {
 		}
 	})
 }
+
+// TestBenchLogprobs: --logprobs reads each step's logits back and reports
+// it in the JSON; it takes one greedy sequence and a count up to 20.
+func TestBenchLogprobs(t *testing.T) {
+	out, _, err := runCLI(t, "", "bench", "--prompt", "8", "--gen", "6", "--runs", "1", "--json", "--logprobs", "5")
+	if err != nil {
+		t.Fatalf("bench --logprobs 5: %v", err)
+	}
+	var r benchResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Logprobs != 5 || r.Gen != 6 || !(r.DecodeTokS > 0) {
+		t.Errorf("bench --logprobs 5: %+v, %v", r, err)
+	}
+	for _, bad := range [][]string{{"--logprobs", "21"}, {"--logprobs", "-1"}, {"--logprobs", "2", "--batch", "2"}, {"--logprobs", "2", "--temperature", "0.5"}} {
+		if _, _, err := runCLI(t, "", append([]string{"bench", "--prompt", "4", "--gen", "1", "--runs", "1"}, bad...)...); err == nil || !strings.Contains(err.Error(), "logprobs") {
+			t.Errorf("bench %v: %v, want an error naming --logprobs", bad, err)
+		}
+	}
+}
