@@ -131,7 +131,7 @@ func (n *node) holds(num uint64) bool {
 	if num&numNeg != 0 {
 		v = -v
 	}
-	return (n.limits&1 == 0 || v >= n.min) && (n.limits&2 == 0 || v <= n.max) && (n.mult == 0 || v%n.mult == 0)
+	return (n.limits&limMin == 0 || v >= n.min) && (n.limits&limMax == 0 || v <= n.max) && (n.mult == 0 || v%n.mult == 0)
 }
 
 // reaches reports whether some magnitude from a to b lies within lo and
@@ -278,7 +278,7 @@ func decSpan(num uint64, j int) (a, b int64, open, ok bool) {
 // within [lo, hi] where m lies within [-hi, -lo].
 func (n *node) magnitudeLimits(num uint64) (lo, hi int64, hasLo, hasHi, loEx, hiEx bool) {
 	lo, hi = n.min, n.max
-	hasLo, hasHi, loEx, hiEx = n.limits&1 != 0, n.limits&2 != 0, n.limits&4 != 0, n.limits&8 != 0
+	hasLo, hasHi, loEx, hiEx = n.limits&limMin != 0, n.limits&limMax != 0, n.limits&limMinEx != 0, n.limits&limMaxEx != 0
 	if num&decNeg != 0 {
 		return -hi, -lo, hasHi, hasLo, hiEx, loEx
 	}
@@ -323,7 +323,7 @@ func (n *node) decOpen(num uint64) bool {
 func (n *node) decHolds(num uint64) bool {
 	lo, hi, hasLo, hasHi, loEx, hiEx := n.magnitudeLimits(num)
 	v, _, more, _ := decSpan(num, 0)
-	above := func(b int64, ex bool) bool { return v > b || v == b && !ex && !more || v == b && more }
+	above := func(b int64, ex bool) bool { return v > b || v == b && (more || !ex) }
 	below := func(b int64, ex bool) bool { return v < b || v == b && !ex && !more }
 	return (!hasLo || above(lo, loEx)) && (!hasHi || below(hi, hiEx)) && (n.mult == 0 || !more && v%n.mult == 0)
 }

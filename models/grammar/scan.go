@@ -100,7 +100,7 @@ func (s *scan) ended() {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+func isHex(c byte) bool { _, ok := hexDigit(c); return ok }
 
 // step scans one byte and reports whether the text is still a prefix of a
 // valid JSON object.

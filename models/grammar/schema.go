@@ -52,14 +52,22 @@ type node struct {
 	alts         []int32  // kUnion
 	first        byteSet  // the bytes a value may begin with
 	// kInteger: the least and the most value (minimum, maximum and their
-	// exclusive kinds), where limits has bit 0 and bit 1 set. kNumber: the
-	// same in millionths (decUnit), bits 2 and 3 saying a limit is
+	// exclusive kinds), where limits has limMin and limMax. kNumber: the
+	// same in millionths (decUnit), limMinEx and limMaxEx saying a limit is
 	// exclusive.
 	min, max int64
 	limits   uint8
 	mult     int64 // kInteger, kNumber (in millionths): the values are its multiples
 	pat      *dfa  // kString: the pattern or format its text matches
 }
+
+// The bits of node.limits.
+const (
+	limMin   = 1 << iota // min is set
+	limMax               // max is set
+	limMinEx             // min is exclusive (numbers)
+	limMaxEx             // max is exclusive (numbers)
+)
 
 // bounded reports whether a string node has a minLength or a maxLength.
 func (n *node) bounded() bool { return n.kind == kString && (n.minItems > 0 || n.maxItems >= 0) }
@@ -505,26 +513,26 @@ func intLimits(o *object, n *node, path string) error {
 			if k == "exclusiveMinimum" {
 				b = int64(math.Floor(f)) + 1
 			}
-			if n.limits&1 == 0 || b > n.min {
+			if n.limits&limMin == 0 || b > n.min {
 				n.min = b
 			}
-			n.limits |= 1
+			n.limits |= limMin
 		default:
 			b := int64(math.Floor(f))
 			if k == "exclusiveMaximum" {
 				b = int64(math.Ceil(f)) - 1
 			}
-			if n.limits&2 == 0 || b < n.max {
+			if n.limits&limMax == 0 || b < n.max {
 				n.max = b
 			}
-			n.limits |= 2
+			n.limits |= limMax
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	if n.limits == 3 && n.min > n.max {
+	if n.limits == limMin|limMax && n.min > n.max {
 		return fmt.Errorf("%s: no integer lies within the bounds (from %d to %d)", path, n.min, n.max)
 	}
 	return nil
@@ -543,16 +551,16 @@ func decLimits(o *object, n *node, path string) error {
 		}
 		b, ex := r.Num().Int64(), strings.HasPrefix(k, "exclusive")
 		if strings.HasSuffix(k, "inimum") {
-			if n.limits&1 == 0 || b > n.min || b == n.min && ex {
-				n.min, n.limits = b, n.limits&^4|1
+			if n.limits&limMin == 0 || b > n.min || b == n.min && ex {
+				n.min, n.limits = b, n.limits&^limMinEx|limMin
 				if ex {
-					n.limits |= 4
+					n.limits |= limMinEx
 				}
 			}
-		} else if n.limits&2 == 0 || b < n.max || b == n.max && ex {
-			n.max, n.limits = b, n.limits&^8|2
+		} else if n.limits&limMax == 0 || b < n.max || b == n.max && ex {
+			n.max, n.limits = b, n.limits&^limMaxEx|limMax
 			if ex {
-				n.limits |= 8
+				n.limits |= limMaxEx
 			}
 		}
 		return nil
@@ -560,7 +568,7 @@ func decLimits(o *object, n *node, path string) error {
 	if err != nil {
 		return err
 	}
-	if n.limits&3 == 3 && (n.min > n.max || n.min == n.max && n.limits&12 != 0) {
+	if n.limits&(limMin|limMax) == limMin|limMax && (n.min > n.max || n.min == n.max && n.limits&(limMinEx|limMaxEx) != 0) {
 		return fmt.Errorf("%s: no number lies within the bounds", path)
 	}
 	return nil
@@ -828,17 +836,17 @@ func multipleOf(o *object, n *node, path string) error {
 		return fmt.Errorf("%s: multipleOf is %s, want at most 1e9 with at most six digits after the point", path, num)
 	}
 	n.mult = r.Num().Int64()
-	if n.limits&1 == 0 {
-		n.min, n.limits = -limit, n.limits|1
+	if n.limits&limMin == 0 {
+		n.min, n.limits = -limit, n.limits|limMin
 	}
-	if n.limits&2 == 0 {
-		n.max, n.limits = limit, n.limits|2
+	if n.limits&limMax == 0 {
+		n.max, n.limits = limit, n.limits|limMax
 	}
 	lo := ceilMultiple(n.min, n.mult)
-	if lo == n.min && n.limits&4 != 0 {
+	if lo == n.min && n.limits&limMinEx != 0 {
 		lo += n.mult
 	}
-	if lo > n.max || lo == n.max && n.limits&8 != 0 {
+	if lo > n.max || lo == n.max && n.limits&limMaxEx != 0 {
 		return fmt.Errorf("%s: no multiple of %s lies within the bounds", path, num)
 	}
 	return nil

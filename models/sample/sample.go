@@ -274,15 +274,15 @@ func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
 			continue
 		}
 		// Insert after the kept ones at least as likely.
-		at := len(ids)
-		for at > 0 && logits[ids[at-1]] < l {
-			at--
+		pos := len(ids)
+		for pos > 0 && logits[ids[pos-1]] < l {
+			pos--
 		}
 		if len(ids) < k {
 			ids = append(ids, 0)
 		}
-		copy(ids[at+1:], ids[at:len(ids)-1])
-		ids[at] = int32(id)
+		copy(ids[pos+1:], ids[pos:len(ids)-1])
+		ids[pos] = int32(id)
 		if len(ids) == k {
 			least = logits[ids[k-1]]
 		}
