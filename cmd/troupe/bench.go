@@ -231,8 +231,9 @@ const maxBenchBatch = 64
 // (models.Sequence.Greedy: the argmax taken on the device, and each step
 // issued before the previous step's token is read, where the device
 // allows), or with logprobs each step's logits read back and the greedy
-// choice and log-probabilities taken from them on the host. Two decode steps before the timed ones record both kinds of
-// step on devices that replay recorded steps.
+// choice and log-probabilities taken from them on the host. Two decode
+// steps before the timed ones record both kinds of step on devices that
+// replay recorded steps.
 func benchOnce(ctx context.Context, l *loaded, ids []int32, gen, logprobs int) (prefill, decode time.Duration, err error) {
 	seq, err := l.model.NewSequence(len(ids) + gen + 2)
 	if err != nil {
