@@ -173,17 +173,26 @@ func chainDraws(s int) []gpu.SampleRow {
 		{Temperature: 1.2, U: math.Mod(0.61*float64(s)+0.29, 1)}}
 }
 
+// chainReads gives step s's rows to read in checkChains: both, the
+// second, or none.
+func chainReads(s int) []int32 {
+	return [][]int32{{0, 1}, {1}, nil}[s%3]
+}
+
 // checkChains decodes two sequences greedy and then drawn, once through a
-// loop of ForwardArgmax / ForwardSample and once through IssueStep's
-// queued steps, each fed the choice of the step before on the device: the
-// tokens must be equal. IssueStep must refuse steps it cannot chain.
+// loop of ForwardChoose and once through IssueStep's queued steps, each
+// fed the choice of the step before on the device, reading some steps'
+// logits rows (chainReads): the tokens and the rows must be equal, and
+// the loop's rows those Forward writes. IssueStep must refuse steps it
+// cannot chain.
 func checkChains(t *testing.T, m *models.Model) {
 	t.Helper()
 	ctx := context.Background()
+	V := m.Config.Vocab
 	prompts := [][]int32{{5, 9, 200, 31, 7}, {11, 4, 90}}
 	const bs, gen = 16, 12
 	for _, draws := range []func(int) []gpu.SampleRow{func(int) []gpu.SampleRow { return nil }, chainDraws} {
-		run := func(chained bool) [][]int32 {
+		run := func(chained bool) ([][]int32, [][]float32) {
 			cache, err := m.NewCache(4, bs)
 			if err != nil {
 				t.Fatal(err)
@@ -202,28 +211,44 @@ func checkChains(t *testing.T, m *models.Model) {
 				t.Fatal(err)
 			}
 			out := [][]int32{{ids[0]}, {ids[1]}}
+			var read [][]float32 // each step's rows read
 			db := &models.Batch{Tokens: slices.Clone(ids), Pos: []int32{int32(len(prompts[0])), int32(len(prompts[1]))},
 				Seq: []int32{0, 1}, Tables: tables, Logits: []int32{0, 1}}
 			if !chained {
+				full := make([]float32, 2*V)
 				for s := range gen {
-					var err error
-					if rows := draws(s); rows == nil {
-						err = m.ForwardArgmax(ctx, cache, db, ids)
-					} else {
-						err = m.ForwardSample(ctx, cache, db, rows, ids)
-					}
-					if err != nil {
+					db.Read = chainReads(s)
+					if err := m.Forward(ctx, cache, db, full); err != nil {
 						t.Fatal(err)
 					}
+					rows := make([]float32, len(db.Read)*V)
+					if err := m.ForwardChoose(ctx, cache, db, draws(s), ids, rows); err != nil {
+						t.Fatal(err)
+					}
+					for i, r := range db.Read {
+						if !slices.Equal(rows[i*V:(i+1)*V], full[int(r)*V:(int(r)+1)*V]) {
+							t.Fatalf("step %d: row %d read with the choices differs from Forward's", s, r)
+						}
+					}
 					out[0], out[1] = append(out[0], ids[0]), append(out[1], ids[1])
+					read = append(read, rows)
 					copy(db.Tokens, ids)
 					db.Pos[0]++
 					db.Pos[1]++
 				}
-				return out
+				db.Read = []int32{1, 0}
+				if err := m.ForwardChoose(ctx, cache, db, nil, ids, make([]float32, 2*V)); err == nil {
+					t.Error("rows to read out of order were taken")
+				}
+				db.Read = []int32{0}
+				if err := m.ForwardChoose(ctx, cache, db, nil, ids, make([]float32, V-1)); err == nil {
+					t.Error("a row read into too few floats was taken")
+				}
+				return out, read
 			}
 			var (
 				got  = [2][]int32{make([]int32, 2), make([]int32, 2)}
+				rows [2][]float32
 				wait [2]func() error
 			)
 			take := func(i int) {
@@ -231,9 +256,12 @@ func checkChains(t *testing.T, m *models.Model) {
 					t.Fatal(err)
 				}
 				out[0], out[1] = append(out[0], got[i][0]), append(out[1], got[i][1])
+				read = append(read, rows[i])
 			}
 			for s := range gen {
-				if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2]); err != nil {
+				db.Read = chainReads(s)
+				rows[s%2] = make([]float32, len(db.Read)*V)
+				if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2], rows[s%2]); err != nil {
 					t.Fatal(err)
 				}
 				db.Pos[0]++
@@ -244,27 +272,38 @@ func checkChains(t *testing.T, m *models.Model) {
 			}
 			take((gen - 1) % 2)
 			// Refused: rows out of order, more rows than the step before
-			// chose, and a whole-row draw.
-			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids); err == nil {
+			// chose, a whole-row draw and rows to read out of order.
+			db.Read = nil
+			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids, nil); err == nil {
 				t.Error("a step fed by the one before with its logits rows swapped was queued")
 			}
 			three := make([]int32, 3)
-			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three); err == nil {
+			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three, nil); err == nil {
 				t.Error("a step fed by one of two rows with three rows was queued")
 			}
 			whole := []gpu.SampleRow{{Temperature: 1, MinP: 0.1}, {}}
-			if _, err := m.IssueStep(ctx, cache, db, whole, true, ids); err == nil {
+			if _, err := m.IssueStep(ctx, cache, db, whole, true, ids, nil); err == nil {
 				t.Error("a whole-row min-p draw was queued")
 			}
-			return out
+			db.Read = []int32{1, 1}
+			if _, err := m.IssueStep(ctx, cache, db, nil, true, ids, make([]float32, 2*V)); err == nil {
+				t.Error("a row to read twice was queued")
+			}
+			return out, read
 		}
-		want, got := run(false), run(true)
+		want, wantRows := run(false)
+		got, gotRows := run(true)
 		for s := range want {
 			if !slices.Equal(got[s], want[s]) {
 				t.Fatalf("sequence %d (drawn %v): queued steps chose %v, the loop %v", s, draws(0) != nil, got[s], want[s])
 			}
 		}
-		t.Logf("drawn %v: %d tokens of two sequences equal", draws(0) != nil, len(got[0])+len(got[1]))
+		for s := range wantRows {
+			if !slices.Equal(gotRows[s], wantRows[s]) {
+				t.Fatalf("step %d (drawn %v): the queued step's rows %v differ from the loop's", s, draws(0) != nil, chainReads(s))
+			}
+		}
+		t.Logf("drawn %v: %d tokens of two sequences and %d rows equal", draws(0) != nil, len(got[0])+len(got[1]), len(gotRows))
 	}
 }
 

@@ -607,6 +607,11 @@ type Batch struct {
 	// step that follows (one a logits row, gpu.SampleRow with its uniform
 	// number), so that an engine may queue it. A hint only.
 	NextDraws []gpu.SampleRow
+	// Read lists, for a step whose tokens the engine chooses
+	// (ForwardChoose, IssueStep), the logits rows (indexes into Logits,
+	// increasing) it returns as well: the rows of the sequences that
+	// report log-probabilities.
+	Read []int32
 }
 
 // Forward runs one step. For the last stage it writes the logits of the
@@ -777,6 +782,53 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	return nil
 }
 
+// ForwardChoose runs a step whose tokens the device chooses, greedy as
+// ForwardArgmax (rows nil) or drawn as ForwardSample (rows), and reads
+// besides into logits ([len(b.Read), Vocab]) the logits rows b.Read
+// names, as Forward would have written them.
+func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	if err := m.checkRead(b, logits); err != nil {
+		return err
+	}
+	var err error
+	if rows == nil {
+		err = m.ForwardArgmax(ctx, cache, b, ids)
+	} else {
+		err = m.ForwardSample(ctx, cache, b, rows, ids)
+	}
+	if err != nil || len(b.Read) == 0 {
+		return err
+	}
+	V := m.Config.Vocab
+	for i, r := range b.Read {
+		if err := m.dev.Read(gpu.F32Bytes(logits[i*V:(i+1)*V]), m.s.logits, int(r)*V); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckRead checks that Read names increasing logits rows of b.
+func (b *Batch) CheckRead() error {
+	for i, r := range b.Read {
+		if r < 0 || int(r) >= len(b.Logits) || i > 0 && r <= b.Read[i-1] {
+			return fmt.Errorf("rows to read %v are not increasing rows of %d", b.Read, len(b.Logits))
+		}
+	}
+	return nil
+}
+
+// checkRead checks b.Read and that logits holds its rows.
+func (m *Model) checkRead(b *Batch, logits []float32) error {
+	if err := b.CheckRead(); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	if len(logits) < len(b.Read)*m.Config.Vocab {
+		return fmt.Errorf("forward: logits holds %d floats, %d rows to read need %d", len(logits), len(b.Read), len(b.Read)*m.Config.Vocab)
+	}
+	return nil
+}
+
 // Chains reports whether IssueStep can queue greedy steps back to back:
 // a whole model (not a pipeline stage), a tensor-parallel group, or a
 // rank that runs its own steps in lock-step with its peers (not one that
@@ -821,11 +873,13 @@ func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
 // of the work before them. With previous, the step embeds for each token
 // the choice of the same row of the step queued before it, on the device
 // (b.Tokens are placeholders); b must then have one token per logits row,
-// in order, and that step as many rows. Two steps' reads may be pending at
-// most; ids must not be used before wait returns. It needs Chains (and
+// in order, and that step as many rows. The logits rows b.Read names are
+// read late with the choices, into logits ([len(b.Read), Vocab]). Two
+// steps' reads may be pending at most; ids and logits must not be used
+// before wait returns. It needs Chains (and
 // ChainsDraws for drawn steps). A tensor-parallel group queues the step on
 // every rank, and wait checks that the ranks chose alike.
-func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, previous bool, ids []int32) (wait func() error, err error) {
+func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, previous bool, ids []int32, logits []float32) (wait func() error, err error) {
 	if !m.Chains() || (rows != nil && !m.ChainsDraws(rows)) {
 		return nil, fmt.Errorf("forward: this model and device cannot queue these steps")
 	}
@@ -848,10 +902,22 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 	if slices.ContainsFunc(rows, func(r gpu.SampleRow) bool { return r.Follows }) && (!previous || !m.s.drew) {
 		return nil, fmt.Errorf("forward: draws that follow the step before need a step fed by a drawn one")
 	}
+	if err := m.checkRead(b, logits); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return m.issueChoices(cache, b, rows, from, true, ids)
+	chosen, err := m.issueChoices(cache, b, rows, from, true, ids)
+	if err != nil || len(b.Read) == 0 {
+		return chosen, err
+	}
+	read, err := m.dev.(gpu.LateReader).ReadRowsLater(gpu.F32Bytes(logits[:len(b.Read)*m.Config.Vocab]), m.s.logits, b.Read, m.Config.Vocab)
+	if err != nil {
+		_ = chosen()
+		return nil, err
+	}
+	return func() error { return errors.Join(chosen(), read()) }, nil
 }
 
 // issueChoices issues a step of b on every rank of a group (m alone

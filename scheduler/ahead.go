@@ -30,7 +30,11 @@ import (
 // and bias depend on the tokens follows the step before
 // (gpu.SampleRow.Follows): the device keeps and updates its list, and the
 // shard works out on the host, once it reads a step's tokens, what the
-// queued step's lists were, to match them with the plan's.
+// queued step's lists were, to match them with the plan's. A step that
+// returns some logits rows (models.Batch.Read: sequences that report
+// log-probabilities) queues the next reading the same rows, late, into
+// the shard's memory; the plan that it answers may ask for those rows or
+// fewer.
 
 // aheadStep is a step queued before it was asked for.
 type aheadStep struct {
@@ -39,25 +43,38 @@ type aheadStep struct {
 	rows     []gpu.SampleRow // its draws; nil for a greedy step
 	fed      []int32         // the tokens it embeds: the choices of the step before
 	ids      []int32         // its choices, once wait returns
+	read     []int32         // the logits rows it reads (models.Batch.Read)
+	logits   []float32       // those rows, once wait returns
 	wait     func() error
 }
 
 // chained runs step b into ids, greedy (rows nil) or drawn as rows say,
-// queueing the next one, and says how b was met (trace.AttrShardAhead).
-// It runs on the shard's device, under s.mu.
-func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
+// and the logits rows b.Read names into logits, queueing the next step,
+// and says how b was met (trace.AttrShardAhead). It runs on the shard's
+// device, under s.mu.
+func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) (string, error) {
 	var wait func() error
 	how := "issued"
-	if idx, ok := s.ahead.rowsOf(b, rows); ok {
+	idx, ok := s.ahead.rowsOf(b, rows)
+	var at []int
+	if ok {
+		at, ok = s.ahead.readAt(b.Read, idx)
+	}
+	if ok {
 		a := s.ahead
 		s.ahead = nil
 		s.aheadUsed++
 		how = "answered"
+		V := s.model.Config.Vocab
 		wait = func() error {
 			err := a.wait()
 			for i, j := range idx {
 				ids[i] = a.ids[j]
 			}
+			for k, j := range at {
+				copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
+			}
+			s.spare = a.logits
 			return err
 		}
 	} else {
@@ -65,7 +82,7 @@ func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleR
 			how = "dropped"
 		}
 		s.dropAhead()
-		w, err := s.model.IssueStep(ctx, s.cache, b, rows, false, ids)
+		w, err := s.model.IssueStep(ctx, s.cache, b, rows, false, ids, logits)
 		if err != nil {
 			return how, err
 		}
@@ -101,7 +118,16 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 	if !b.Continues || n == 0 || len(b.Logits) != n || len(b.Seq) != n || (drawn && len(b.NextDraws) != n) {
 		return
 	}
-	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n)}
+	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n),
+		read: slices.Clone(b.Read)}
+	if len(a.read) > 0 {
+		need := len(a.read) * s.model.Config.Vocab
+		a.logits, s.spare = s.spare, nil
+		if cap(a.logits) < need {
+			a.logits = make([]float32, need)
+		}
+		a.logits = a.logits[:need]
+	}
 	if drawn {
 		a.rows = slices.Clone(b.NextDraws)
 	}
@@ -117,13 +143,13 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 		a.pos[i] = int32(p)
 		a.tables[b.Seq[i]] = slices.Clone(t[:p/bs+1])
 	}
-	next := &models.Batch{Tokens: make([]int32, n), Pos: a.pos, Seq: a.seq, Tables: a.tables, Logits: b.Logits}
+	next := &models.Batch{Tokens: make([]int32, n), Pos: a.pos, Seq: a.seq, Tables: a.tables, Logits: b.Logits, Read: a.read}
 	for i := range a.tables {
 		if a.tables[i] == nil {
 			a.tables[i] = []int32{} // a row no token reads
 		}
 	}
-	wait, err := s.model.IssueStep(ctx, s.cache, next, a.rows, true, a.ids)
+	wait, err := s.model.IssueStep(ctx, s.cache, next, a.rows, true, a.ids, a.logits)
 	if err != nil {
 		// Nothing is queued, or a step whose choices nobody reads: the
 		// next step is issued as asked.
@@ -172,6 +198,24 @@ func (a *aheadStep) rowsOf(b *models.Batch, rows []gpu.SampleRow) ([]int, bool) 
 		j++
 	}
 	return idx, true
+}
+
+// readAt says, for each row of read (rows of a step whose rows are a's
+// rows idx), which of the rows a read holds it, or false where a did not
+// read one.
+func (a *aheadStep) readAt(read []int32, idx []int) ([]int, bool) {
+	at := make([]int, len(read))
+	for k, r := range read {
+		if r < 0 || int(r) >= len(idx) {
+			return nil, false
+		}
+		j := slices.Index(a.read, int32(idx[r]))
+		if j < 0 {
+			return nil, false
+		}
+		at[k] = j
+	}
+	return at, true
 }
 
 // dropAhead waits for the queued step's read, if any, and forgets it.

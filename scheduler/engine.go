@@ -26,6 +26,11 @@ func (e *ModelEngine) ForwardArgmax(ctx context.Context, b *models.Batch, ids []
 	return e.Model.ForwardArgmax(ctx, e.Cache, b, ids)
 }
 
+// ForwardChoose implements ChooseEngine.
+func (e *ModelEngine) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	return e.Model.ForwardChoose(ctx, e.Cache, b, rows, ids, logits)
+}
+
 // ForwardSample implements SampleEngine: on a device that draws tokens
 // itself only the drawn ids come back.
 func (e *ModelEngine) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models"
 )
 
@@ -152,6 +153,36 @@ func (f *Failover) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 			return err
 		}
 		models.ArgmaxRows(ids, f.logits, f.vocab)
+		return nil
+	})
+}
+
+// ForwardChoose implements ChooseEngine; a placement whose engine cannot
+// choose tokens returns logits, and the choice is made here.
+func (f *Failover) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	if err := b.CheckRead(); err != nil {
+		return fmt.Errorf("failover: %w", err)
+	}
+	V := f.vocab
+	if len(logits) < len(b.Read)*V || rows != nil && len(rows) != len(b.Logits) {
+		return fmt.Errorf("failover: %d floats for %d logits rows, %d draws for %d", len(logits), len(b.Read), len(rows), len(b.Logits))
+	}
+	return f.forward(ctx, b, func(e Engine) error {
+		if ce, ok := e.(ChooseEngine); ok {
+			return ce.ForwardChoose(ctx, b, rows, ids, logits)
+		}
+		f.logits = slices.Grow(f.logits[:0], len(b.Logits)*V)[:len(b.Logits)*V]
+		if err := e.Forward(ctx, b, f.logits); err != nil {
+			return err
+		}
+		for k, r := range b.Read {
+			copy(logits[k*V:(k+1)*V], f.logits[int(r)*V:])
+		}
+		if rows == nil {
+			models.ArgmaxRows(ids, f.logits, V)
+		} else {
+			models.SampleRows(ids, f.logits, V, rows)
+		}
 		return nil
 	})
 }

@@ -39,6 +39,17 @@ type SampleEngine interface {
 	ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error
 }
 
+// ChooseEngine is an engine that chooses each row's token itself, greedy
+// (rows nil) as an ArgmaxEngine or drawn as a SampleEngine, and returns
+// besides the logits rows b.Read names ([len(b.Read), vocab] into logits).
+// A step in which some sequences report log-probabilities uses it: their
+// tokens are still chosen where the logits are, and a device may queue
+// the step after it before these rows are read.
+type ChooseEngine interface {
+	Engine
+	ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error
+}
+
 // Blocks allocates the KV cache's blocks; *KV implements it.
 type Blocks interface {
 	Start(id, tenant string, prompt []int32) (int, error)
@@ -141,6 +152,7 @@ type Scheduler struct {
 	logits   []float32
 	ids      []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
 	rows     []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
+	read     []float32       // the logits rows of such a step's sequences that report log-probabilities (ChooseEngine)
 	next     []gpu.SampleRow // the draws of the step after it, when it Continues
 	in       []*seq          // the step's sequences, in table order
 	chunks   []int           // tokens of each
@@ -402,24 +414,37 @@ plan:
 		return nil
 	}
 	// The engine chooses (greedy) or draws the tokens when every sampled
-	// sequence allows it. The same sequences decode next unless one
+	// sequence allows it, returning the rows of those that report
+	// log-probabilities. The same sequences decode next unless one
 	// reaches its token limit or a waiting request may join them.
 	ae, greedy := s.engine.(ArgmaxEngine)
 	se, drawn := s.engine.(SampleEngine)
-	b.Continues, b.NextDraws = len(s.waiting) == 0, nil
-	for _, q := range sampled {
+	ce, reads := s.engine.(ChooseEngine)
+	b.Continues, b.NextDraws, b.Read = len(s.waiting) == 0, nil, b.Read[:0]
+	for i, q := range sampled {
 		greedy = greedy && q.gen.Greedy()
 		drawn = drawn && q.gen.Drawable()
+		if q.gen.Logprobs() {
+			b.Read = append(b.Read, int32(i))
+		}
 		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context || q.gen.Constrained() {
 			b.Continues = false
 		}
 	}
-	greedy = greedy && len(sampled) > 0
-	drawn = drawn && !greedy && len(sampled) > 0
+	greedy = greedy && len(sampled) > 0 && (reads || len(b.Read) == 0)
+	drawn = drawn && !greedy && len(sampled) > 0 && (reads || len(b.Read) == 0)
+	if !greedy && !drawn {
+		b.Read = b.Read[:0]
+	}
+	V := s.cfg.Vocab
+	s.read = slices.Grow(s.read[:0], len(b.Read)*V)[:len(b.Read)*V]
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
 	var err error
 	switch {
+	case greedy && len(b.Read) > 0:
+		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
+		err = ce.ForwardChoose(span.ctx, b, nil, s.ids, s.read)
 	case greedy:
 		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 		err = ae.ForwardArgmax(span.ctx, b, s.ids)
@@ -436,7 +461,11 @@ plan:
 			}
 			b.NextDraws = s.next
 		}
-		err = se.ForwardSample(span.ctx, b, s.rows, s.ids)
+		if len(b.Read) > 0 {
+			err = ce.ForwardChoose(span.ctx, b, s.rows, s.ids, s.read)
+		} else {
+			err = se.ForwardSample(span.ctx, b, s.rows, s.ids)
+		}
 	default:
 		if need := len(b.Logits) * s.cfg.Vocab; cap(s.logits) < need {
 			s.logits = make([]float32, need)
@@ -457,13 +486,19 @@ plan:
 		q.done += chunks[i]
 		s.kv.Commit(q.req.ID, q.tokens[:q.done])
 	}
+	read := b.Read
 	for i, q := range sampled {
 		t0 := time.Now()
 		var st generate.Step
-		if greedy || drawn {
+		switch {
+		case len(read) > 0 && int(read[0]) == i:
+			j := len(b.Read) - len(read)
+			st = q.gen.AcceptRow(s.ids[i], s.read[j*V:(j+1)*V])
+			read = read[1:]
+		case greedy || drawn:
 			st = q.gen.Accept(s.ids[i], 0)
-		} else {
-			st = q.gen.Next(s.logits[i*s.cfg.Vocab : (i+1)*s.cfg.Vocab])
+		default:
+			st = q.gen.Next(s.logits[i*V : (i+1)*V])
 		}
 		q.tokens = append(q.tokens, st.ID)
 		s.emit(q, st, span, t0)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -191,10 +193,11 @@ func TestBatchedMatchesReference(t *testing.T) {
 // samples every step from the logits.
 type logitsOnly struct{ Engine }
 
-// argmaxCounter counts the steps in which an engine chose the tokens.
+// argmaxCounter counts the steps in which an engine chose the tokens, and
+// those of them that returned logits rows too.
 type argmaxCounter struct {
 	*ModelEngine
-	steps atomic.Int64
+	steps, reads atomic.Int64
 }
 
 func (a *argmaxCounter) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
@@ -202,10 +205,18 @@ func (a *argmaxCounter) ForwardArgmax(ctx context.Context, b *models.Batch, ids 
 	return a.ModelEngine.ForwardArgmax(ctx, b, ids)
 }
 
+func (a *argmaxCounter) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	a.steps.Add(1)
+	a.reads.Add(1)
+	return a.ModelEngine.ForwardChoose(ctx, b, rows, ids, logits)
+}
+
 // TestGreedyStepsChooseOnTheEngine runs the same batched requests with the
 // engine choosing greedy tokens (ArgmaxEngine) and with the scheduler
 // sampling from logits: the same tokens, the reference's. A request asking
-// for log-probabilities keeps its steps on the logits and gets them.
+// for log-probabilities has its tokens chosen on the engine too, which
+// returns its logits rows (ChooseEngine), and gets the log-probabilities
+// the scheduler takes from the logits.
 func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	samples := demoSamples(t)
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
@@ -214,7 +225,7 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 		cs := submitGreedy(t, h, samples)
 		lp := newCollect()
 		p := greedy(8)
-		p.Logprobs = true
+		p.Logprobs, p.TopLogprobs = true, 3
 		if err := h.s.Submit(&Request{ID: "logprobs", Prompt: samples[0].PromptIDs, Params: p, Detok: nop{}, Sink: lp.sink}); err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +237,11 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	}
 	counter := &argmaxCounter{}
 	onEngine, lpFrames := run(func(e *ModelEngine) Engine { counter.ModelEngine = e; return counter })
-	onHost, _ := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
+	onHost, hostFrames := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
+	sameFrames(t, "logprobs request", lpFrames, hostFrames)
+	if counter.reads.Load() == 0 {
+		t.Error("no step returned the logprobs request's logits rows with the tokens")
+	}
 	for i := range samples {
 		if fmt.Sprint(onEngine[i]) != fmt.Sprint(samples[i].GreedyIDs) || fmt.Sprint(onHost[i]) != fmt.Sprint(onEngine[i]) {
 			t.Errorf("request %d: engine's choice %v, host's %v, reference %v", i, onEngine[i], onHost[i], samples[i].GreedyIDs)
@@ -252,10 +267,39 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	}
 }
 
-// sampleCounter counts the steps in which an engine drew the tokens.
+// sameFrames checks that two runs of a request sent the same tokens with
+// the same log-probabilities.
+func sameFrames(t *testing.T, name string, got, want []Frame) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d frames, want %d", name, len(got), len(want))
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if !sameToken(g.ID, g.Logprob, g.TopIDs, g.TopLPs, w.ID, w.Logprob, w.TopIDs, w.TopLPs) {
+			t.Fatalf("%s: frame %d: %d (%v, top %v %v), want %d (%v, top %v %v)", name, i, g.ID, g.Logprob, g.TopIDs, g.TopLPs, w.ID, w.Logprob, w.TopIDs, w.TopLPs)
+		}
+	}
+}
+
+// sameToken reports whether two tokens with their log-probabilities are
+// the same, the log-probabilities within 1e-5: a batch's logits depend in
+// their last bits on the batch's shape, which depends on when its
+// requests came.
+func sameToken(id int32, lp float32, ids []int32, lps []float32, wid int32, wlp float32, wids []int32, wlps []float32) bool {
+	near := func(a, b float32) bool { return math.Abs(float64(a-b)) <= 1e-5 }
+	same := id == wid && near(lp, wlp) && slices.Equal(ids, wids) && len(lps) == len(wlps)
+	for j := range lps {
+		same = same && near(lps[j], wlps[j])
+	}
+	return same
+}
+
+// sampleCounter counts the steps in which an engine drew the tokens, and
+// those of them that returned logits rows too.
 type sampleCounter struct {
 	*ModelEngine
-	steps atomic.Int64
+	steps, reads atomic.Int64
 }
 
 func (c *sampleCounter) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
@@ -263,12 +307,21 @@ func (c *sampleCounter) ForwardSample(ctx context.Context, b *models.Batch, rows
 	return c.ModelEngine.ForwardSample(ctx, b, rows, ids)
 }
 
+func (c *sampleCounter) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	if rows != nil {
+		c.steps.Add(1)
+	}
+	c.reads.Add(1)
+	return c.ModelEngine.ForwardChoose(ctx, b, rows, ids, logits)
+}
+
 // TestSampledStepsDrawOnTheEngine runs the same seeded, sampled requests
 // (temperature alone; top-k with top-p and min-p; mixed in one batch with
-// a greedy one) with the engine drawing the tokens (SampleEngine) and with
-// the scheduler drawing from the logits: the same tokens, since both take
-// the same numbers from each request's generator. A request with a
-// repetition penalty keeps the steps it is in on the logits.
+// a greedy one; penalties; log-probabilities, with penalties and bias)
+// with the engine drawing the tokens (SampleEngine, ChooseEngine) and with
+// the scheduler drawing from the logits: the same tokens and
+// log-probabilities, since both take the same numbers from each request's
+// generator.
 func TestSampledStepsDrawOnTheEngine(t *testing.T) {
 	samples := demoSamples(t)
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
@@ -279,8 +332,10 @@ func TestSampledStepsDrawOnTheEngine(t *testing.T) {
 		{MaxTokens: 12, IgnoreEOS: true, Params: sample.Params{Temperature: 0.7, TopK: 5, Seed: seed(3)}},
 		greedy(12),
 		{MaxTokens: 3, IgnoreEOS: true, Params: sample.Params{Temperature: 0.8, RepetitionPenalty: 1.3, Seed: seed(4)}},
+		{MaxTokens: 12, IgnoreEOS: true, Logprobs: true, TopLogprobs: 4, Params: sample.Params{Temperature: 0.8, TopK: 50,
+			PresencePenalty: 0.7, FrequencyPenalty: 0.3, LogitBias: map[int32]float32{11: 3}, Seed: seed(5)}},
 	}
-	run := func(wrap func(*ModelEngine) Engine) [][]int32 {
+	run := func(wrap func(*ModelEngine) Engine) [][]Frame {
 		h := startWith(t, 256, cfg, wrap)
 		var cs []*collect
 		for i, p := range params {
@@ -290,26 +345,27 @@ func TestSampledStepsDrawOnTheEngine(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		var out [][]int32
+		var out [][]Frame
 		for _, col := range cs {
-			out = append(out, ids(t, col.wait(t)))
+			out = append(out, col.wait(t))
 		}
 		return out
 	}
 	counter := &sampleCounter{}
 	onEngine := run(func(e *ModelEngine) Engine { counter.ModelEngine = e; return counter })
 	onHost := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
-	for i := range params {
-		if len(onEngine[i]) != params[i].MaxTokens || fmt.Sprint(onHost[i]) != fmt.Sprint(onEngine[i]) {
-			t.Errorf("request %d: engine's draws %v, host's %v", i, onEngine[i], onHost[i])
+	for i, p := range params {
+		if got := ids(t, onEngine[i]); len(got) != p.MaxTokens {
+			t.Errorf("request %d: %d tokens, want %d", i, len(got), p.MaxTokens)
 		}
+		sameFrames(t, fmt.Sprintf("request %d", i), onEngine[i], onHost[i])
 	}
-	// The penalised request's three steps stay on the logits, and the
-	// first token of each request comes from its prompt's step.
-	if counter.steps.Load() < 5 {
-		t.Errorf("%d steps drew their tokens on the engine", counter.steps.Load())
+	// The first token of each request comes from its prompt's step; the
+	// others are drawn on the engine, with the logprobs request's rows.
+	if counter.steps.Load() < 5 || counter.reads.Load() < 5 {
+		t.Errorf("%d steps drew their tokens on the engine, %d returned rows", counter.steps.Load(), counter.reads.Load())
 	}
-	t.Logf("%d steps drawn on the engine; request 1: %v", counter.steps.Load(), onEngine[1])
+	t.Logf("%d steps drawn on the engine, %d with rows; request 1: %v", counter.steps.Load(), counter.reads.Load(), ids(t, onEngine[1]))
 }
 
 // TestPreemption runs more than the cache holds: sequences are preempted,

@@ -229,20 +229,25 @@ func TestSingleStageQueuesAhead(t *testing.T) {
 	}
 }
 
-// TestPipelineDraws: seeded, sampled requests served by one stage (whose
-// shard draws the tokens, ForwardMsg.Sample), by one stage whose shard
-// queues each drawn step's successor with the next draws the plan carries
-// (ForwardMsg.NextSample), by two stages (the last draws) and by two
-// stages cut into micro-batches (the pipeline draws from the logits) get
-// the same tokens.
+// TestPipelineDraws: seeded, sampled requests, one reporting
+// log-probabilities, and a greedy one reporting them that outlives the
+// others, served by one stage (whose shard draws the tokens,
+// ForwardMsg.Sample, and returns the logits rows asked for,
+// ForwardMsg.Read), by one stage whose shard queues each step's successor
+// with the next draws the plan carries (ForwardMsg.NextSample) and the
+// same rows to read, by two stages (the last draws) and by two stages cut
+// into micro-batches (the pipeline draws from the logits) get the same
+// tokens and log-probabilities (sameToken).
 func TestPipelineDraws(t *testing.T) {
 	s := demoSamples(t)[1]
 	msgs := []SubmitMsg{
 		{ID: "a", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 0.9, HasSeed: true, Seed: 7},
-		{ID: "b", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 1.1, TopK: 30, TopP: 0.9, MinP: 0.01, HasSeed: true, Seed: 8},
+		{ID: "b", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 1.1, TopK: 30, TopP: 0.9, MinP: 0.01, HasSeed: true, Seed: 8,
+			Logprobs: true, TopLogprobs: 2},
+		{ID: "c", Prompt: s.PromptIDs[:3], MaxTokens: 16, IgnoreEOS: true, TopLogprobs: 3},
 	}
 	var used, dropped int
-	run := func(stages int, micro, queue bool) [][]int32 {
+	run := func(stages int, micro, queue bool) [][]FrameMsg {
 		var opts []replicaOpt
 		if queue {
 			opts = append(opts, func(_ *Pipeline, s *Shard) {
@@ -263,14 +268,17 @@ func TestPipelineDraws(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := startReplicaWith(t, b, stages, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4}, nil, viaLocal, opts...)
-		out := make([][]int32, len(msgs))
+		out := make([][]FrameMsg, len(msgs))
 		var wg sync.WaitGroup
 		for i, m := range msgs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				_, err := r.client.Generate(context.Background(), m, func(f FrameMsg) error {
-					out[i] = append(out[i], f.ID)
+					if (f.Logprob < 0) != (m.Logprobs || m.TopLogprobs > 0) || len(f.TopIDs) != m.TopLogprobs {
+						t.Errorf("request %s: frame %+v", m.ID, f)
+					}
+					out[i] = append(out[i], f)
 					return nil
 				})
 				if err != nil {
@@ -288,9 +296,16 @@ func TestPipelineDraws(t *testing.T) {
 		return out
 	}
 	one, ahead, two, micro := run(1, false, false), run(1, false, true), run(2, false, false), run(2, true, false)
-	for i := range msgs {
-		if len(one[i]) != 10 || fmt.Sprint(one[i]) != fmt.Sprint(ahead[i]) || fmt.Sprint(one[i]) != fmt.Sprint(two[i]) || fmt.Sprint(one[i]) != fmt.Sprint(micro[i]) {
-			t.Errorf("request %s: one stage %v, one queueing ahead %v, two %v, two in micro-batches %v", msgs[i].ID, one[i], ahead[i], two[i], micro[i])
+	for i, m := range msgs {
+		for name, got := range map[string][][]FrameMsg{"one stage queueing ahead": ahead, "two stages": two, "two in micro-batches": micro} {
+			if len(one[i]) != m.MaxTokens || len(got[i]) != len(one[i]) {
+				t.Fatalf("request %s: %d frames on one stage, %d on %s, want %d", m.ID, len(one[i]), len(got[i]), name, m.MaxTokens)
+			}
+			for k, f := range got[i] {
+				if w := one[i][k]; !sameToken(f.ID, f.Logprob, f.TopIDs, f.TopLPs, w.ID, w.Logprob, w.TopIDs, w.TopLPs) {
+					t.Errorf("request %s, token %d: %s %d (%v, top %v %v), one stage %d (%v, top %v %v)", m.ID, k, name, f.ID, f.Logprob, f.TopIDs, f.TopLPs, w.ID, w.Logprob, w.TopIDs, w.TopLPs)
+				}
+			}
 		}
 	}
 	t.Logf("queued ahead: %d drawn steps answered, %d dropped", used, dropped)

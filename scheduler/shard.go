@@ -54,6 +54,7 @@ type Shard struct {
 	mu    sync.Mutex  // one step at a time
 	outs  [][]float32 // published outputs, by ForwardMsg.Micro
 	ahead *aheadStep  // the step queued past the last asked for (ahead.go)
+	spare []float32   // logits rows' memory for the next step queued ahead
 	// Steps answered by a step queued ahead, and those queued for
 	// nothing (the next step asked for was another).
 	aheadUsed, aheadDropped int
@@ -97,7 +98,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.model.Config
-	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues, NextDraws: m.NextSample}
+	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues, NextDraws: m.NextSample, Read: m.Read}
 	if !s.model.IsFirst() {
 		in, err := readRef(ctx, s.plane, s.Remote, m.Input)
 		if err != nil {
@@ -114,25 +115,34 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		if m.Argmax && len(m.Sample) > 0 {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: a step both argmax and sampled", s.ID)
 		}
+		if err := b.CheckRead(); err != nil {
+			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
+		}
 		ids := make([]int32, len(m.Logits))
+		rows := s.out(m.Micro, len(m.Read)*cfg.Vocab)
+		var draws []gpu.SampleRow
+		if !m.Argmax {
+			draws = m.Sample
+		}
 		err := s.onDevice(ctx, func() error {
 			if s.QueueAhead && m.Micro == 0 && len(m.Logits) > 0 && (m.Argmax && s.model.Chains() || len(m.Sample) > 0 && s.model.ChainsDraws(m.Sample)) {
-				how, err := s.chained(ctx, b, m.Sample, ids)
+				how, err := s.chained(ctx, b, draws, ids, rows)
 				if span.IsRecording() {
 					span.SetAttributes(ttrace.AttrShardAhead.String(how))
 				}
 				return err
 			}
 			s.dropAhead()
-			if m.Argmax {
-				return s.model.ForwardArgmax(ctx, s.cache, b, ids)
-			}
-			return s.model.ForwardSample(ctx, s.cache, b, m.Sample, ids)
+			return s.model.ForwardChoose(ctx, s.cache, b, draws, ids, rows)
 		})
 		if err != nil {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 		}
-		return ForwardReply{IDs: ids}, nil
+		reply := ForwardReply{IDs: ids}
+		if len(m.Read) > 0 {
+			reply.Output = s.publish(m.Micro, rows, len(m.Read), cfg.Vocab)
+		}
+		return reply, nil
 	}
 	var n int
 	if s.model.IsLast() {
@@ -140,15 +150,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	} else {
 		n = len(m.Pos) * cfg.Hidden
 	}
-	// Each micro-batch of a step publishes its own buffer: the next stage
-	// may still read micro-batch m while this one computes m+1.
-	for len(s.outs) <= m.Micro {
-		s.outs = append(s.outs, nil)
-	}
-	if cap(s.outs[m.Micro]) < n {
-		s.outs[m.Micro] = make([]float32, n)
-	}
-	out := s.outs[m.Micro][:n]
+	out := s.out(m.Micro, n)
 	err := s.onDevice(ctx, func() error {
 		s.dropAhead()
 		return s.model.Forward(ctx, s.cache, b, out)
@@ -156,15 +158,32 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	if err != nil {
 		return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 	}
-	name := outputName(s.ID, m.Micro)
-	s.plane.Publish(name, out)
-	ref := bus.TensorRef{Location: bus.LocationHost, Node: s.plane.Node(), Buffer: name, Bytes: uint64(4 * n), DType: bus.F32}
 	if s.model.IsLast() {
-		ref.Shape = []int64{int64(len(m.Logits)), int64(cfg.Vocab)}
-	} else {
-		ref.Shape = []int64{int64(len(m.Pos)), int64(cfg.Hidden)}
+		return ForwardReply{Output: s.publish(m.Micro, out, len(m.Logits), cfg.Vocab)}, nil
 	}
-	return ForwardReply{Output: ref}, nil
+	return ForwardReply{Output: s.publish(m.Micro, out, len(m.Pos), cfg.Hidden)}, nil
+}
+
+// out is micro-batch m's output buffer of n floats. Each micro-batch of a
+// step publishes its own: the next stage may still read micro-batch m
+// while this one computes m+1.
+func (s *Shard) out(m, n int) []float32 {
+	for len(s.outs) <= m {
+		s.outs = append(s.outs, nil)
+	}
+	if cap(s.outs[m]) < n {
+		s.outs[m] = make([]float32, n)
+	}
+	return s.outs[m][:n]
+}
+
+// publish puts micro-batch m's output, rows of width logits (the last
+// stage) or activations, on the shard's plane and names it.
+func (s *Shard) publish(m int, out []float32, rows, width int) bus.TensorRef {
+	name := outputName(s.ID, m)
+	s.plane.Publish(name, out)
+	return bus.TensorRef{Location: bus.LocationHost, Node: s.plane.Node(), Buffer: name, Bytes: uint64(4 * len(out)), DType: bus.F32,
+		Shape: []int64{int64(rows), int64(width)}}
 }
 
 // RemoteReader fetches a host buffer that another node published on its
@@ -249,18 +268,33 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if parts := p.split(b); parts != nil {
 		return p.forwardMicro(ctx, b, parts, logits)
 	}
-	out, err := p.stagesForward(ctx, b, false, nil)
+	out, err := p.stagesForward(ctx, b, false, nil, nil)
 	if err != nil || len(b.Logits) == 0 {
 		return err
 	}
-	return p.readLogits(ctx, b, out.Output, logits)
+	return p.readRows(ctx, out.Output, len(b.Logits), logits)
 }
 
 // ForwardArgmax implements ArgmaxEngine: the last stage returns each row's
 // most likely token instead of its logits. A step cut into micro-batches
 // takes the logits and chooses here.
 func (p *Pipeline) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
-	return p.forwardIDs(ctx, b, nil, ids)
+	return p.forwardIDs(ctx, b, nil, ids, nil)
+}
+
+// ForwardChoose implements ChooseEngine: the last stage chooses or draws
+// each row's token and returns the logits rows b.Read names.
+func (p *Pipeline) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	if rows != nil && len(rows) != len(b.Logits) {
+		return fmt.Errorf("pipeline: %d draws for %d logits rows", len(rows), len(b.Logits))
+	}
+	if err := b.CheckRead(); err != nil {
+		return fmt.Errorf("pipeline: %w", err)
+	}
+	if len(logits) < len(b.Read)*p.vocab {
+		return fmt.Errorf("pipeline: %d floats for %d logits rows", len(logits), len(b.Read))
+	}
+	return p.forwardIDs(ctx, b, rows, ids, logits)
 }
 
 // ForwardSample implements SampleEngine: the last stage draws each row's
@@ -270,12 +304,13 @@ func (p *Pipeline) ForwardSample(ctx context.Context, b *models.Batch, rows []gp
 	if len(rows) != len(b.Logits) {
 		return fmt.Errorf("pipeline: %d draws for %d logits rows", len(rows), len(b.Logits))
 	}
-	return p.forwardIDs(ctx, b, rows, ids)
+	return p.forwardIDs(ctx, b, rows, ids, nil)
 }
 
 // forwardIDs runs a step whose last stage returns a token a row: drawn as
-// rows says, or with rows nil the most likely.
-func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
+// rows says, or with rows nil the most likely; and, with logits, the
+// logits rows b.Read names.
+func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
 	if len(ids) < len(b.Logits) {
 		return fmt.Errorf("pipeline: %d ids for %d logits rows", len(ids), len(b.Logits))
 	}
@@ -285,6 +320,11 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
+		if logits != nil {
+			for k, r := range b.Read {
+				copy(logits[k*p.vocab:(k+1)*p.vocab], p.scratch[int(r)*p.vocab:])
+			}
+		}
 		if rows == nil {
 			models.ArgmaxRows(ids, p.scratch, p.vocab)
 		} else {
@@ -292,7 +332,11 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		}
 		return nil
 	}
-	out, err := p.stagesForward(ctx, b, rows == nil, rows)
+	read := b.Read
+	if logits == nil {
+		read = nil
+	}
+	out, err := p.stagesForward(ctx, b, rows == nil, rows, read)
 	if err != nil {
 		return err
 	}
@@ -300,13 +344,16 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		return fmt.Errorf("pipeline: the last stage returned %d tokens for %d rows", len(out.IDs), len(b.Logits))
 	}
 	copy(ids, out.IDs)
-	return nil
+	if len(read) == 0 {
+		return nil
+	}
+	return p.readRows(ctx, out.Output, len(read), logits)
 }
 
 // stagesForward sends the step's plan through the stages in turn and
 // returns the last one's reply; with argmax the last stage chooses tokens,
-// with rows it draws them.
-func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) (ForwardReply, error) {
+// with rows it draws them, and it returns the logits rows read names.
+func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow, read []int32) (ForwardReply, error) {
 	msg := ForwardMsg{Step: p.step, Tokens: b.Tokens, Pos: b.Pos, Seq: b.Seq, Tables: b.Tables, Logits: b.Logits, Continues: b.Continues}
 	next := b.NextDraws
 	var r ForwardReply
@@ -323,17 +370,17 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 		if ref != nil && !copied {
 			// A local stage shares the plan's memory, which the scheduler
 			// reuses next step: it gets a copy that only it holds.
-			p.plan.copyOf(b, rows)
-			rows, next = p.plan.rows, p.plan.next
+			p.plan.copyOf(b, rows, read)
+			rows, next, read = p.plan.rows, p.plan.next, p.plan.read
 			msg.Tokens, msg.Pos, msg.Seq, msg.Tables, msg.Logits = p.plan.tokens, p.plan.pos, p.plan.seq, p.plan.tables, p.plan.logits
 			if i > 0 {
 				msg.Tokens = nil
 			}
 			copied = true
 		}
-		msg.Sample, msg.NextSample = nil, nil
+		msg.Sample, msg.NextSample, msg.Read = nil, nil, nil
 		if i == len(p.stages)-1 {
-			msg.Sample = rows
+			msg.Sample, msg.Read = rows, read
 			if len(rows) > 0 && len(next) == len(rows) {
 				msg.NextSample = next
 			}
@@ -357,8 +404,8 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 	return r, nil
 }
 
-// readLogits copies the last stage's logits, out, into logits.
-func (p *Pipeline) readLogits(ctx context.Context, b *models.Batch, out bus.TensorRef, logits []float32) error {
+// readRows copies n logits rows of the last stage, out, into logits.
+func (p *Pipeline) readRows(ctx context.Context, out bus.TensorRef, n int, logits []float32) error {
 	rctx := ctx
 	if out.Node != p.plane.Node() {
 		// Only a fetch from another node can take time.
@@ -373,7 +420,7 @@ func (p *Pipeline) readLogits(ctx context.Context, b *models.Batch, out bus.Tens
 		}
 		return fmt.Errorf("pipeline logits: %w", err)
 	}
-	if want := len(b.Logits) * p.vocab; len(rows) != want {
+	if want := n * p.vocab; len(rows) != want {
 		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), want)
 	}
 	copy(logits, rows)
@@ -382,16 +429,18 @@ func (p *Pipeline) readLogits(ctx context.Context, b *models.Batch, out bus.Tens
 
 // plan is a step's batch indexes, copied into memory of the pipeline's.
 type plan struct {
-	tokens, pos, seq, logits []int32
-	tables                   [][]int32
-	flat                     []int32 // the tables' entries
-	rows, next               []gpu.SampleRow
+	tokens, pos, seq, logits, read []int32
+	tables                         [][]int32
+	flat                           []int32 // the tables' entries
+	rows, next                     []gpu.SampleRow
 }
 
 // copyOf copies b's plan into p's own memory, with the step's draws rows
-// (nil for a greedy step) and the next step's (b.NextDraws).
-func (p *plan) copyOf(b *models.Batch, rows []gpu.SampleRow) {
+// (nil for a greedy step), the next step's (b.NextDraws) and the logits
+// rows to read.
+func (p *plan) copyOf(b *models.Batch, rows []gpu.SampleRow, read []int32) {
 	p.rows = append(p.rows[:0], rows...)
+	p.read = append(p.read[:0], read...)
 	p.next = append(p.next[:0], b.NextDraws...)
 	p.tokens = append(p.tokens[:0], b.Tokens...)
 	p.pos = append(p.pos[:0], b.Pos...)

@@ -120,7 +120,7 @@ func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows [
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
-	l.plan.copyOf(b, rows)
+	l.plan.copyOf(b, rows, nil)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
 		Argmax: argmax, Continues: b.Continues}
 	if rows != nil {

@@ -120,16 +120,21 @@ type ForwardMsg struct {
 	// NextSample, for a Sample step that Continues, are the draws of the
 	// step after it (models.Batch.NextDraws).
 	NextSample []gpu.SampleRow `msgpack:"next_sample,omitempty"`
+	// Read, for an Argmax or Sample step, lists the logits rows (indexes
+	// into Logits, increasing) the last stage returns with the tokens
+	// (models.Batch.Read).
+	Read []int32 `msgpack:"read,omitempty"`
 }
 
 // Schema implements bus.Message.
-func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 3} }
+func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 4} }
 
 // ForwardReply names a shard's output: activations, or logits from the last stage.
 type ForwardReply struct {
 	Output bus.TensorRef `msgpack:"output"`
 	// IDs are the chosen tokens of an Argmax or Sample step's last stage,
-	// one per logits row; Output is then empty.
+	// one per logits row; Output then names the logits rows the step's
+	// Read asked for, or is empty.
 	IDs []int32 `msgpack:"ids,omitempty"`
 }
 

@@ -36,8 +36,9 @@ type benchResult struct {
 	DecodeMSPerTk float64 `json:"decode_ms_per_token"`
 	// Sampling describes the draws when they are not greedy.
 	Sampling *benchSampling `json:"sampling,omitempty"`
-	// Logprobs is --logprobs: each step's logits read back and the
-	// log-probabilities of this many most likely tokens taken.
+	// Logprobs is --logprobs: each step's logits rows read back with its
+	// tokens and the log-probabilities of this many most likely tokens
+	// taken on the host.
 	Logprobs int `json:"logprobs,omitempty"`
 }
 
@@ -66,7 +67,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	topP := fs.Float64("top-p", 0, "with --temperature, keep the most likely tokens up to this cumulative probability (0: all)")
 	minP := fs.Float64("min-p", 0, "with --temperature, drop tokens less likely than this times the most likely (0: none)")
 	seed := fs.Int64("seed", 1, "with --temperature, the first sequence's seed (sequence s takes seed+s)")
-	logprobs := fs.Int("logprobs", 0, "greedy, one sequence: read each step's logits back and take the log-probabilities of this many most likely tokens, as a served request asking for them does (0: choose on the device)")
+	logprobs := fs.Int("logprobs", 0, "read each step's logits rows back with its tokens and take the log-probabilities of this many most likely tokens on the host, as served requests asking for them do (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -75,9 +76,6 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *logprobs < 0 || *logprobs > 20 {
 		return fmt.Errorf("bench: --logprobs %d: want 0 to 20", *logprobs)
-	}
-	if *logprobs > 0 && (*temp != 0 || len(batches) != 1 || batches[0] != 1) {
-		return fmt.Errorf("bench: --logprobs takes one greedy sequence")
 	}
 	sp.Temperature, sp.TopP, sp.MinP = float32(*temp), float32(*topP), float32(*minP)
 	if err := sp.Validate(); err != nil {
@@ -192,10 +190,10 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 				draws = append(draws, sample.New(p))
 			}
 		}
-		if batch == 1 && draws == nil {
-			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen, b.logprobs)
+		if batch == 1 && draws == nil && b.logprobs == 0 {
+			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen)
 		} else {
-			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws)
+			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws, b.logprobs)
 		}
 		if err != nil {
 			return r, err
@@ -230,11 +228,9 @@ const maxBenchBatch = 64
 // benchOnce prefills ids and then decodes gen tokens greedily
 // (models.Sequence.Greedy: the argmax taken on the device, and each step
 // issued before the previous step's token is read, where the device
-// allows), or with logprobs each step's logits read back and the greedy
-// choice and log-probabilities taken from them on the host. Two decode
-// steps before the timed ones record both kinds of step on devices that
-// replay recorded steps.
-func benchOnce(ctx context.Context, l *loaded, ids []int32, gen, logprobs int) (prefill, decode time.Duration, err error) {
+// allows). Two decode steps before the timed ones record both kinds of
+// step on devices that replay recorded steps.
+func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, decode time.Duration, err error) {
 	seq, err := l.model.NewSequence(len(ids) + gen + 2)
 	if err != nil {
 		return 0, 0, err
@@ -247,24 +243,11 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen, logprobs int) (
 	}
 	prefill = time.Since(start)
 	keep := func(id int32) { next = id }
-	steps := func(n int) error {
-		if logprobs == 0 {
-			return seq.Greedy(ctx, next, n, keep)
-		}
-		for range n {
-			row, err := seq.Feed(ctx, []int32{next}, false)
-			if err != nil {
-				return err
-			}
-			next, _, _, _ = sample.ArgmaxLogProbs(row, logprobs)
-		}
-		return nil
-	}
-	if err := steps(2); err != nil {
+	if err := seq.Greedy(ctx, next, 2, keep); err != nil {
 		return 0, 0, err
 	}
 	start = time.Now()
-	if err := steps(gen); err != nil {
+	if err := seq.Greedy(ctx, next, gen, keep); err != nil {
 		return 0, 0, err
 	}
 	return prefill, time.Since(start), nil
@@ -272,11 +255,13 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen, logprobs int) (
 
 // benchBatch prefills each prompt in turn into one shared paged cache, then
 // decodes gen tokens of every sequence together, one step per token:
-// greedily (draws nil), or drawn by each sequence's sampler. Where the
-// device chains such steps (models.Model.IssueStep) each is queued before
-// the previous one's tokens are read, after two untimed steps
-// (benchChained); otherwise each waits for the one before, after one.
-func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler) (prefill, decode time.Duration, err error) {
+// greedily (draws nil), or drawn by each sequence's sampler; with logprobs,
+// every row's logits read back with the tokens and the log-probabilities
+// of the chosen and the logprobs most likely tokens taken on the host.
+// Where the device chains such steps (models.Model.IssueStep) each is
+// queued before the previous one's tokens are read, after two untimed
+// steps (benchChained); otherwise each waits for the one before, after one.
+func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler, logprobs int) (prefill, decode time.Duration, err error) {
 	m := l.model
 	const blockSize = 16
 	B, P := len(prompts), len(prompts[0])
@@ -315,6 +300,11 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 	for s := range B {
 		step.Seq[s], step.Logits[s] = int32(s), int32(s)
 	}
+	var lp benchLogprobs
+	if logprobs > 0 {
+		step.Read = step.Logits
+		lp = benchLogprobs{k: logprobs, vocab: m.Config.Vocab}
+	}
 	rows := func() []gpu.SampleRow {
 		if draws == nil {
 			return nil
@@ -337,7 +327,7 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 		for s := range B {
 			step.Pos[s] = int32(P)
 		}
-		decode, err = benchChained(ctx, m, cache, step, gen, rows)
+		decode, err = benchChained(ctx, m, cache, step, gen, rows, lp)
 		return prefill, decode, err
 	}
 	for t := 0; t <= gen; t++ {
@@ -347,16 +337,40 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 		for s := range B {
 			step.Pos[s] = int32(P + t)
 		}
-		if draws == nil {
-			err = m.ForwardArgmax(ctx, cache, step, next)
-		} else {
-			err = m.ForwardSample(ctx, cache, step, rows(), next)
-		}
-		if err != nil {
+		if err := m.ForwardChoose(ctx, cache, step, rows(), next, lp.buf(0, B)); err != nil {
 			return 0, 0, err
 		}
+		lp.take(0, next)
 	}
 	return prefill, time.Since(start), nil
+}
+
+// benchLogprobs takes a step's log-probabilities from its logits rows, as
+// a served sequence that asks for the k most likely tokens' does; k = 0
+// takes none.
+type benchLogprobs struct {
+	k, vocab int
+	rows     [2][]float32 // two steps' rows: one read while the other is taken
+}
+
+// buf is the memory of slot i for B rows, or nil without logprobs.
+func (l *benchLogprobs) buf(i, B int) []float32 {
+	if l.k == 0 {
+		return nil
+	}
+	if len(l.rows[i]) < B*l.vocab {
+		l.rows[i] = make([]float32, B*l.vocab)
+	}
+	return l.rows[i]
+}
+
+// take computes the log-probabilities of slot i's rows, ids chosen.
+func (l *benchLogprobs) take(i int, ids []int32) {
+	for s, id := range ids {
+		if l.k > 0 {
+			sample.LogProbs(l.rows[i][s*l.vocab:(s+1)*l.vocab], int(id), l.k)
+		}
+	}
 }
 
 // benchChained decodes gen+2 steps of step (its tokens the first step's,
@@ -364,7 +378,9 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 // each queued before the step before it is read, as a serving shard
 // queues them (models.Model.IssueStep), and times the last gen: the first
 // two, fed from the host and from the step before, record their graphs.
-func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, step *models.Batch, gen int, rows func() []gpu.SampleRow) (time.Duration, error) {
+// The rows step.Read names are read with the tokens and lp takes their
+// log-probabilities while the next step runs.
+func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, step *models.Batch, gen int, rows func() []gpu.SampleRow, lp benchLogprobs) (time.Duration, error) {
 	B := len(step.Tokens)
 	var (
 		got   = [2][]int32{make([]int32, B), make([]int32, B)}
@@ -381,7 +397,7 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 			start = time.Now()
 		}
 		var err error
-		if wait[t%2], err = m.IssueStep(ctx, cache, step, rows(), t > 0, got[t%2]); err != nil {
+		if wait[t%2], err = m.IssueStep(ctx, cache, step, rows(), t > 0, got[t%2], lp.buf(t%2, B)); err != nil {
 			return 0, err
 		}
 		for s := range B {
@@ -391,10 +407,12 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 			if err := wait[(t-1)%2](); err != nil {
 				return 0, err
 			}
+			lp.take((t-1)%2, got[(t-1)%2])
 		}
 	}
 	if err := wait[(gen+1)%2](); err != nil {
 		return 0, err
 	}
+	lp.take((gen+1)%2, got[(gen+1)%2])
 	return time.Since(start), nil
 }

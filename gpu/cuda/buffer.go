@@ -313,8 +313,9 @@ func (d *Device) Read(dst []byte, b gpu.Buffer, off int) error {
 	})
 }
 
-// lateSlotBytes is the most bytes one ReadLater copies: token ids and the
-// like, not tensors.
+// lateSlotBytes is what a ReadLater slot holds at first: token ids and
+// the like. A slot grows, while no read is pending on it, to hold a larger
+// read (logits rows).
 const lateSlotBytes = 4096
 
 // lateSlot is pinned host memory a ReadLater copies into, and the event
@@ -322,13 +323,21 @@ const lateSlotBytes = 4096
 type lateSlot struct {
 	host    unsafe.Pointer
 	dev     uint64 // host's address on the device
+	size    int
 	ev      uintptr
 	pending bool
 }
 
-// ReadLater implements gpu.LateReader for up to 4 KiB: the copy goes into
-// one of two pinned slots behind the work issued so far, and wait blocks on
-// that copy's event alone.
+// lateSpan is one copy of a late read: n bytes from device address src
+// to offset at of its slot.
+type lateSpan struct {
+	src   uint64
+	at, n int
+}
+
+// ReadLater implements gpu.LateReader: the copy goes into one of
+// gpu.MaxLateReads pinned slots behind the work issued so far, and wait
+// blocks on that copy's event alone.
 func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, error) {
 	const op = "read later"
 	if err := d.enter(op); err != nil {
@@ -342,27 +351,79 @@ func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, err
 	if err := span(op, cb, off, len(dst)); err != nil {
 		return nil, err
 	}
-	switch {
-	case d.capture:
-		return nil, fmt.Errorf("%s: not allowed while recording a graph", op)
-	case len(dst) > lateSlotBytes:
-		return nil, fmt.Errorf("%s: %d bytes, at most %d", op, len(dst), lateSlotBytes)
+	return d.readLater(op, dst, []lateSpan{{src: cb.ptr + uint64(off*cb.dt.Size()), n: len(dst)}})
+}
+
+// ReadRowsLater implements gpu.LateReader: one copy a run of consecutive
+// rows into one slot, and one event.
+func (d *Device) ReadRowsLater(dst []byte, b gpu.Buffer, rows []int32, width int) (func() error, error) {
+	const op = "read rows later"
+	if err := d.enter(op); err != nil {
+		return nil, err
 	}
-	i := d.lateNext
-	s := &d.late[i]
-	if s.pending {
-		return nil, fmt.Errorf("%s: two reads are pending already", op)
+	defer d.leave()
+	cb, err := d.buf(op, "b", b)
+	if err != nil {
+		return nil, err
+	}
+	row, err := gpu.RowBytes(len(dst), rows, width, cb.dt)
+	if err != nil {
+		return nil, err
+	}
+	var spans []lateSpan
+	for i, r := range rows {
+		if err := span(op, cb, int(r)*width, row); err != nil {
+			return nil, err
+		}
+		src := cb.ptr + uint64(int(r)*row)
+		if k := len(spans) - 1; k >= 0 && spans[k].src+uint64(spans[k].n) == src {
+			spans[k].n += row
+			continue
+		}
+		spans = append(spans, lateSpan{src: src, at: i * row, n: row})
+	}
+	return d.readLater(op, dst, spans)
+}
+
+// readLater queues spans into a free slot, grown to len(dst) bytes where
+// it holds fewer, and returns the wait that copies the slot into dst.
+func (d *Device) readLater(op string, dst []byte, spans []lateSpan) (func() error, error) {
+	if d.capture {
+		return nil, fmt.Errorf("%s: not allowed while recording a graph", op)
+	}
+	// The least free slot that holds dst, else the largest, to grow.
+	fits := func(c *lateSlot) bool { return c.size >= len(dst) }
+	var s *lateSlot
+	for i := range d.late {
+		c := &d.late[i]
+		switch {
+		case c.pending:
+		case s == nil, fits(c) != fits(s):
+			if s == nil || fits(c) {
+				s = c
+			}
+		case fits(c) && c.size < s.size, !fits(c) && c.size > s.size:
+			s = c
+		}
+	}
+	if s == nil {
+		return nil, fmt.Errorf("%s: %d reads are pending already", op, len(d.late))
+	}
+	if s.size < len(dst) {
+		if err := d.do(func() error { return d.growLate(s, len(dst)) }); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
 	}
 	s.pending = true
-	d.lateNext ^= 1
-	src := cb.ptr + uint64(off*cb.dt.Size())
 	d.post(func() error {
-		if wordCopy(s.dev, src, len(dst)) {
-			if err := d.copyWords(s.dev, src, len(dst)/4); err != nil {
+		for _, c := range spans {
+			if wordCopy(s.dev+uint64(c.at), c.src, c.n) {
+				if err := d.copyWords(s.dev+uint64(c.at), c.src, c.n/4); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+			} else if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(s.host)+uintptr(c.at), uintptr(c.src), uintptr(c.n), d.stream); err != nil {
 				return fmt.Errorf("%s: %w", op, err)
 			}
-		} else if err := d.drv.cuMemcpyDtoHAsync_v2.call(uintptr(s.host), uintptr(src), uintptr(len(dst)), d.stream); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
 		}
 		return d.drv.cuEventRecord.call(s.ev, d.stream)
 	})
@@ -387,4 +448,24 @@ func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, err
 			return d.takeErr()
 		})
 	}, nil
+}
+
+// growLate replaces s's pinned memory with at least n bytes; no copy is
+// pending on it. Device's thread only.
+func (d *Device) growLate(s *lateSlot, n int) error {
+	size := max(n, 2*s.size, lateSlotBytes)
+	var host unsafe.Pointer
+	var dev uint64
+	if err := d.drv.cuMemHostAlloc.call(ptr(&host), uintptr(size), hostAllocPortable|hostAllocDeviceMap); err != nil {
+		return fmt.Errorf("pinned read slot of %d bytes: %w", size, err)
+	}
+	if err := d.drv.cuMemHostGetDevicePointer_v2.call(ptr(&dev), uintptr(host), 0); err != nil {
+		_ = d.drv.cuMemFreeHost.call(uintptr(host))
+		return err
+	}
+	if s.host != nil {
+		_ = d.drv.cuMemFreeHost.call(uintptr(s.host))
+	}
+	s.host, s.dev, s.size = host, dev, size
+	return nil
 }

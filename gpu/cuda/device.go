@@ -80,8 +80,7 @@ type Device struct {
 	staging   unsafe.Pointer
 	stageDev  uint64 // staging's address on the device
 	halves    [2]stageHalf
-	late      [2]lateSlot // ReadLater's pinned slots
-	lateNext  int
+	late      [gpu.MaxLateReads]lateSlot // ReadLater's pinned slots
 	cur       int
 	modules   []uintptr
 }
@@ -289,11 +288,8 @@ func (d *Device) init() error {
 		}
 	}
 	for i := range d.late {
-		if err := drv.cuMemHostAlloc.call(ptr(&d.late[i].host), lateSlotBytes, hostAllocPortable|hostAllocDeviceMap); err != nil {
-			return fmt.Errorf("cuda: pinned read slot: %w", err)
-		}
-		if err := drv.cuMemHostGetDevicePointer_v2.call(ptr(&d.late[i].dev), uintptr(d.late[i].host), 0); err != nil {
-			return err
+		if err := d.growLate(&d.late[i], lateSlotBytes); err != nil {
+			return fmt.Errorf("cuda: %w", err)
 		}
 		if err := drv.cuEventCreate.call(ptr(&d.late[i].ev), eventDisableTiming); err != nil {
 			return err

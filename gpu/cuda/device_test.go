@@ -828,8 +828,10 @@ func TestGEMMWarpgroup(t *testing.T) {
 }
 
 // TestReadLater checks that a late read returns the buffer as the work
-// issued before it left it, not as later work changes it, that at most two
-// reads are pending, and that a wait is used once.
+// issued before it left it, not as later work changes it, that at most
+// gpu.MaxLateReads reads are pending, that a wait is used once, and that
+// rows read late (ReadRowsLater), small by a kernel and large by copies
+// into a slot grown for them, come in the order asked for.
 func TestReadLater(t *testing.T) {
 	d := open(t)
 	x := f32buf(t, d, []float32{1, 2, 3, 4})
@@ -846,14 +848,21 @@ func TestReadLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var more []func() error
+	for range gpu.MaxLateReads - 2 {
+		w, err := d.ReadLater(make([]byte, 4), x, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		more = append(more, w)
+	}
 	if _, err := d.ReadLater(make([]byte, 4), x, 0); err == nil {
-		t.Error("a third pending read: no error")
+		t.Errorf("read %d pending at once: no error", gpu.MaxLateReads+1)
 	}
-	if err := wait1(); err != nil {
-		t.Fatal(err)
-	}
-	if err := wait2(); err != nil {
-		t.Fatal(err)
+	for _, w := range append([]func() error{wait1, wait2}, more...) {
+		if err := w(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if first != [4]float32{1, 2, 3, 4} || second != [4]float32{11, 22, 33, 44} {
 		t.Fatalf("late reads %v and %v, want [1 2 3 4] and [11 22 33 44]", first, second)
@@ -861,9 +870,39 @@ func TestReadLater(t *testing.T) {
 	if err := wait1(); err == nil {
 		t.Error("a second wait: no error")
 	}
-	big := alloc(t, d, gpu.F32, 2*lateSlotBytes/4)
-	if _, err := d.ReadLater(make([]byte, lateSlotBytes+4), big, 0); err == nil {
-		t.Error("a read larger than a slot: no error")
+
+	for _, width := range []int{5, 3000} { // 20 bytes a row, by a kernel; 12,000, copied
+		const n = 6
+		vals := make([]float32, n*width)
+		for i := range vals {
+			vals[i] = float32(i)
+		}
+		b := f32buf(t, d, vals)
+		rows := []int32{4, 1, 2, 5} // 1 and 2 in one copy
+		got := make([]float32, len(rows)*width)
+		wait, err := d.ReadRowsLater(gpu.F32Bytes(got), b, rows, width)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Add(b, b, b, n*width); err != nil { // issued after the read
+			t.Fatal(err)
+		}
+		if err := wait(); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			for j := range width {
+				if want := float32(int(r)*width + j); got[i*width+j] != want {
+					t.Fatalf("width %d: row %d (%d) element %d = %v, want %v", width, i, r, j, got[i*width+j], want)
+				}
+			}
+		}
+		if _, err := d.ReadRowsLater(gpu.F32Bytes(got), b, []int32{4, 1, 2, 6}, width); err == nil {
+			t.Errorf("width %d: a row past the buffer: no error", width)
+		}
+		if _, err := d.ReadRowsLater(gpu.F32Bytes(got[1:]), b, rows, width); err == nil {
+			t.Errorf("width %d: dst not whole rows: no error", width)
+		}
 	}
 }
 

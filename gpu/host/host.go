@@ -175,3 +175,21 @@ func (m Memory) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, erro
 	}
 	return func() error { return nil }, nil
 }
+
+// ReadRowsLater implements gpu.LateReader: the rows are copied at once.
+func (m Memory) ReadRowsLater(dst []byte, b gpu.Buffer, rows []int32, width int) (func() error, error) {
+	hb, err := Of("read", b)
+	if err != nil {
+		return nil, err
+	}
+	row, err := gpu.RowBytes(len(dst), rows, width, hb.dt)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range rows {
+		if err := m.Read(dst[i*row:(i+1)*row], b, int(r)*width); err != nil {
+			return nil, err
+		}
+	}
+	return func() error { return nil }, nil
+}

@@ -150,24 +150,23 @@ func (s *State) Done() bool { return s.done }
 func (s *State) Generated() int { return s.n }
 
 // Greedy reports whether the next token is the most likely one of the raw
-// logits, with nothing else read from them (no penalty or bias, no
-// log-probabilities, no grammar): then a device-side argmax may choose it
-// (Accept).
+// logits (no penalty or bias, no grammar): then a device-side argmax may
+// choose it (Accept, or AcceptRow where Logprobs).
 func (s *State) Greedy() bool {
-	return s.sampler.Greedy() && !s.p.Adjusts() && s.doc == nil && s.Drawable()
+	return s.sampler.Greedy() && !s.p.Adjusts() && s.doc == nil
 }
 
 // Drawable reports whether the next token may be drawn where the logits
-// are (Row, then Accept): no log-probabilities to report, and under a
-// grammar, few enough tokens banned for the draw to carry them
-// (maxBanned).
+// are (Row, then Accept, or AcceptRow where Logprobs): under a grammar,
+// few enough tokens banned for the draw to carry them (maxBanned).
 func (s *State) Drawable() bool {
-	if s.p.Logprobs || s.p.TopLogprobs > 0 {
-		return false
-	}
 	_, ok := s.banned()
 	return ok
 }
+
+// Logprobs reports whether the steps report log-probabilities: a token
+// chosen where the logits are then comes with its logits row (AcceptRow).
+func (s *State) Logprobs() bool { return s.p.Logprobs || s.p.TopLogprobs > 0 }
 
 // Constrained reports whether a grammar masks the draws: then a draw
 // depends on the token before it, and no step is drawn ahead (NextRow).
@@ -236,7 +235,7 @@ func (s *State) Next(logits []float32) Step {
 		return Step{ID: s.endToken(), Text: s.held + s.dec.Flush(), Reason: Stop}
 	}
 	var id int32
-	logprobs := s.p.Logprobs || s.p.TopLogprobs > 0
+	logprobs := s.Logprobs()
 	if s.doc != nil && s.doc.Mask(logits) <= maxCompact {
 		// Few tokens may come: draw among them alone, the adjustments
 		// made first on the whole row.
@@ -278,6 +277,19 @@ func (s *State) endToken() int32 {
 // Accept records a token chosen elsewhere (by a device-side argmax, say).
 func (s *State) Accept(id int32, logprob float32) Step {
 	return s.accept(Step{ID: id, Logprob: logprob})
+}
+
+// AcceptRow records a token chosen elsewhere from logits, the raw row it
+// was chosen from (which it modifies), with the log-probabilities Next
+// reports: under the grammar's mask, the penalties and the bias.
+func (s *State) AcceptRow(id int32, logits []float32) Step {
+	if s.doc != nil {
+		s.doc.Mask(logits)
+	}
+	gpu.AdjustLogits(logits, s.p.Penalties(), s.adj)
+	st := Step{ID: id}
+	st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
+	return s.accept(st)
 }
 
 func (s *State) accept(st Step) Step {

@@ -2,6 +2,8 @@ package generate
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,7 +84,8 @@ func TestValidate(t *testing.T) {
 }
 
 // TestGreedy says when a device-side argmax may choose the next token: a
-// greedy draw with nothing else read from the logits.
+// greedy draw of the raw logits, whose log-probabilities, when asked for,
+// come from its row (AcceptRow).
 func TestGreedy(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -96,11 +99,15 @@ func TestGreedy(t *testing.T) {
 		{"presence", Params{MaxTokens: 4, Params: sample.Params{PresencePenalty: 0.5}}, false},
 		{"frequency", Params{MaxTokens: 4, Params: sample.Params{FrequencyPenalty: -0.5}}, false},
 		{"bias", Params{MaxTokens: 4, Params: sample.Params{LogitBias: map[int32]float32{3: 1}}}, false},
-		{"logprobs", Params{MaxTokens: 4, Logprobs: true}, false},
-		{"top logprobs", Params{MaxTokens: 4, TopLogprobs: 2}, false},
+		{"logprobs", Params{MaxTokens: 4, Logprobs: true}, true},
+		{"top logprobs", Params{MaxTokens: 4, TopLogprobs: 2}, true},
 	} {
-		if got := New(c.p, nil, nil, nil).Greedy(); got != c.want {
+		s := New(c.p, nil, nil, nil)
+		if got := s.Greedy(); got != c.want {
 			t.Errorf("%s: Greedy() = %v, want %v", c.name, got, c.want)
+		}
+		if got, want := s.Logprobs(), c.p.Logprobs || c.p.TopLogprobs > 0; got != want {
+			t.Errorf("%s: Logprobs() = %v, want %v", c.name, got, want)
 		}
 	}
 }
@@ -316,5 +323,64 @@ func TestGrammarStuck(t *testing.T) {
 	// allows, then the end.
 	if want := strings.Repeat(`{"a":`, 127) + `{"a"` + strings.Repeat("\t", 20); last.Reason != Stop || last.ID != eos || out.String() != want {
 		t.Fatalf("%q (%s, token %d), want %q and stop", out.String(), last.Reason, last.ID, want)
+	}
+}
+
+// A token chosen where the logits are and accepted with its raw row
+// (AcceptRow) reports what Next reports from that row: the same token, text
+// and log-probabilities, under penalties, bias and a grammar's mask.
+func TestAcceptRowMatchesNext(t *testing.T) {
+	var table []string
+	for c := range 256 {
+		table = append(table, string([]byte{byte(c)}))
+	}
+	table = append(table, "<eos>")
+	eos := int32(len(table) - 1)
+	vocab := make([][]byte, len(table))
+	for id, s := range table[:len(table)-1] {
+		vocab[id] = []byte(s)
+	}
+	v, err := grammar.NewVocab(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(3)
+	cases := map[string]Params{
+		"greedy, logprobs": {Logprobs: true, TopLogprobs: 3},
+		"drawn, penalties and bias": {Logprobs: true, TopLogprobs: 5, Params: sample.Params{Temperature: 0.8, TopK: 40, Seed: &seed,
+			PresencePenalty: 1.5, FrequencyPenalty: 0.5, RepetitionPenalty: 1.3, LogitBias: map[int32]float32{'a': 4, 'b': -100}}},
+		"greedy, a grammar": {TopLogprobs: 2, Grammar: v.JSON()},
+		"drawn, a grammar":  {Logprobs: true, Grammar: v.JSON(), Params: sample.Params{Temperature: 1.1, Seed: &seed}},
+	}
+	for name, p := range cases {
+		p.MaxTokens = 40
+		host, dev := New(p, []int32{'x', 'y'}, []int32{eos}, &letters{table}), New(p, []int32{'x', 'y'}, []int32{eos}, &letters{table})
+		if !dev.Logprobs() || !dev.Drawable() || dev.Greedy() != (p.Temperature == 0 && p.Grammar == nil) {
+			t.Fatalf("%s: logprobs %v, drawable %v, greedy %v", name, dev.Logprobs(), dev.Drawable(), dev.Greedy())
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(len(name))))
+		var sc gpu.SampleScratch
+		steps := 0
+		for !host.Done() {
+			logits := make([]float32, len(table))
+			for i := range logits {
+				logits[i] = float32(rng.NormFloat64() * 3)
+			}
+			want := host.Next(slices.Clone(logits))
+			if !dev.Drawable() {
+				t.Fatalf("%s: step %d not drawable", name, steps)
+			}
+			// As a device chooses: the draw's row, the logits left as they are.
+			id := gpu.SampleHost(slices.Clone(logits), dev.Row(), &sc)
+			got := dev.AcceptRow(id, logits)
+			if got.ID != want.ID || got.Text != want.Text || got.Reason != want.Reason || got.Logprob != want.Logprob ||
+				!slices.Equal(got.TopIDs, want.TopIDs) || !slices.Equal(got.TopLPs, want.TopLPs) {
+				t.Fatalf("%s: step %d: AcceptRow %+v, Next %+v", name, steps, got, want)
+			}
+			steps++
+		}
+		if steps < 2 || !dev.Done() {
+			t.Fatalf("%s: %d steps, done %v", name, steps, dev.Done())
+		}
 	}
 }
