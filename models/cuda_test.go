@@ -357,7 +357,8 @@ func TestCUDALongPrompt(t *testing.T) {
 // greedy, unfiltered, top-k/top-p/min-p and whole-row top-p and min-p
 // draws (which the GPU may leave to the host), over several steps of the
 // olmo2 fixture; where moving u by 1e-9 changes the host's choice either
-// neighbour is accepted.
+// neighbour is accepted. The rows read with the draws (ForwardChoose), the
+// whole-row draws' among them, are the rows Forward writes.
 func TestCUDASampleMatchesHost(t *testing.T) {
 	dir := modeltest.Shared(t, "fixtures", "olmo2")
 	if dir == "" {
@@ -391,8 +392,16 @@ func TestCUDASampleMatchesHost(t *testing.T) {
 				}
 			}
 			if onDevice {
-				if err := m.ForwardSample(ctx, cache, b, rows, ids); err != nil {
+				b.Read = b.Logits
+				read := make([]float32, n*V)
+				if err := m.ForwardChoose(ctx, cache, b, rows, ids, read); err != nil {
 					t.Fatal(err)
+				}
+				if err := m.Forward(ctx, cache, b, logits); err != nil { // the same step again
+					t.Fatal(err)
+				}
+				if !slices.Equal(read, logits) {
+					t.Fatalf("step %d: the rows read with the draws differ from Forward's", step)
 				}
 			} else {
 				if err := m.Forward(ctx, cache, b, logits); err != nil {

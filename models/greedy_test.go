@@ -155,8 +155,7 @@ func TestGreedyStops(t *testing.T) {
 // token per logits row, in order, and as many rows; a draw the device may
 // leave to the host (a whole-row filter) is not queued.
 func TestIssueStepChains(t *testing.T) {
-	b := openDemo(t)
-	onFastLanes(t, b, func(t *testing.T, ln lane, m *models.Model) {
+	check := func(t *testing.T, ln lane, m *models.Model) {
 		if !m.Chains() || !m.ChainsDraws(chainDraws(0)) {
 			t.Fatalf("lane %s: the whole model does not chain", ln.name)
 		}
@@ -164,7 +163,29 @@ func TestIssueStepChains(t *testing.T) {
 			t.Errorf("lane %s: a whole-row top-p draw would be queued", ln.name)
 		}
 		checkChains(t, m)
-	})
+	}
+	ran := false
+	if demo.Embedded() {
+		onFastLanes(t, openDemo(t), check)
+		ran = true
+	}
+	// A fixture too, for builds without the demo model (a GPU host's).
+	if root := modeltest.Shared(t, "fixtures"); root != "" {
+		for _, ln := range lanes() {
+			if ln.slow {
+				continue
+			}
+			t.Run(ln.name+"/olmo2", func(t *testing.T) {
+				dev := ln.open(t)
+				defer dev.Close()
+				check(t, ln, loadModel(t, filepath.Join(root, "olmo2"), dev, models.Options{MaxTokens: 64, CacheDType: ln.cache}))
+			})
+			ran = true
+		}
+	}
+	if !ran {
+		t.Skip("no demo model (nodemo) and no shared fixtures")
+	}
 }
 
 // chainDraws gives step s's draws in checkChains's drawn chains.
@@ -309,7 +330,8 @@ func checkChains(t *testing.T, m *models.Model) {
 
 // TestForwardSampleOnHost: on a device that does not draw tokens itself,
 // ForwardSample reads the logits and draws on the host, its pieces on
-// several goroutines: the tokens of Forward and gpu.SampleHost.
+// several goroutines: the tokens of Forward and gpu.SampleHost; and
+// ForwardChoose returns the rows it read, as Forward writes them.
 func TestForwardSampleOnHost(t *testing.T) {
 	b := openDemo(t)
 	dev, err := cpu.New(cpu.DefaultConfig())
@@ -349,5 +371,13 @@ func TestForwardSampleOnHost(t *testing.T) {
 	}
 	if err := m.ForwardSample(ctx, cache, batch, rows[:1], ids); err == nil {
 		t.Error("one draw for two rows was taken")
+	}
+	batch.Read = []int32{1}
+	read := make([]float32, V)
+	if err := m.ForwardChoose(ctx, cache, batch, rows, ids, read); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(read, logits[V:]) {
+		t.Error("ForwardChoose's row 1 differs from Forward's")
 	}
 }

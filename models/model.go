@@ -110,6 +110,7 @@ type scratch struct {
 	peerIDs          []int32    // tensor parallelism: the other ranks' choices
 	logitRows        int
 	hostLogits       []float32
+	draw             gpu.SampleScratch // the host's draws (SampleRows)
 }
 
 // Device returns the device the model runs on.
@@ -715,6 +716,12 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 // row the device leaves to the host: the same tokens either way, up to
 // the order of float64 sums.
 func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32) error {
+	return m.forwardSample(ctx, cache, b, rows, ids, nil)
+}
+
+// forwardSample is ForwardSample; seen, when set, is given each row i of
+// logits that the host reads, before it draws from it (which rewrites it).
+func (m *Model) forwardSample(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32, seen func(i int, row []float32)) error {
 	if !m.last() {
 		return fmt.Errorf("forward: sampling needs the last stage (layers [%d, %d) of %d)", m.opts.FirstLayer, m.opts.LastLayer, m.Config.Layers)
 	}
@@ -742,7 +749,12 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 		if err := m.Forward(ctx, cache, b, logits); err != nil {
 			return err
 		}
-		SampleRows(ids, logits, V, rows)
+		for i := range r {
+			if seen != nil {
+				seen(i, logits[i*V:(i+1)*V])
+			}
+		}
+		SampleRows(ids, logits, V, rows, &m.s.draw)
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -777,7 +789,10 @@ func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 		if err := m.dev.Read(gpu.F32Bytes(row), m.s.logits, i*V); err != nil {
 			return err
 		}
-		SampleRows(ids[i:i+1], row, V, rows[i:i+1])
+		if seen != nil {
+			seen(i, row)
+		}
+		SampleRows(ids[i:i+1], row, V, rows[i:i+1], &m.s.draw)
 	}
 	return nil
 }
@@ -790,18 +805,29 @@ func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := m.checkRead(b, logits); err != nil {
 		return err
 	}
+	V := m.Config.Vocab
+	// The rows the host reads to draw from are taken as they come.
+	read := make([]bool, len(b.Read))
+	seen := func(i int, row []float32) {
+		if k, ok := slices.BinarySearch(b.Read, int32(i)); ok {
+			copy(logits[k*V:(k+1)*V], row)
+			read[k] = true
+		}
+	}
 	var err error
 	if rows == nil {
 		err = m.ForwardArgmax(ctx, cache, b, ids)
 	} else {
-		err = m.ForwardSample(ctx, cache, b, rows, ids)
+		err = m.forwardSample(ctx, cache, b, rows, ids, seen)
 	}
-	if err != nil || len(b.Read) == 0 {
+	if err != nil {
 		return err
 	}
-	V := m.Config.Vocab
-	for i, r := range b.Read {
-		if err := m.dev.Read(gpu.F32Bytes(logits[i*V:(i+1)*V]), m.s.logits, int(r)*V); err != nil {
+	for k, r := range b.Read {
+		if read[k] {
+			continue
+		}
+		if err := m.dev.Read(gpu.F32Bytes(logits[k*V:(k+1)*V]), m.s.logits, int(r)*V); err != nil {
 			return err
 		}
 	}
@@ -1025,11 +1051,13 @@ func (m *Model) issue(cache *Cache, b *Batch, argmax bool, from tokenSource) err
 
 // SampleRows sets ids[i] to the token drawn from row i of logits (rows of
 // vocab values, which it may rewrite) as rows[i] says, as ForwardSample
-// draws: gpu.SampleHost, each row's exponentials spread over goroutines.
-func SampleRows(ids []int32, logits []float32, vocab int, rows []gpu.SampleRow) {
-	sc := gpu.SampleScratch{Parallel: gpu.InParallel}
+// draws: gpu.SampleHost, each row's exponentials spread over goroutines
+// (sc.Parallel, set here), in sc's memory, which a caller keeps from draw
+// to draw: a whole-row draw's scratch is megabytes.
+func SampleRows(ids []int32, logits []float32, vocab int, rows []gpu.SampleRow, sc *gpu.SampleScratch) {
+	sc.Parallel = gpu.InParallel
 	for i, row := range rows {
-		ids[i] = gpu.SampleHost(logits[i*vocab:(i+1)*vocab], row, &sc)
+		ids[i] = gpu.SampleHost(logits[i*vocab:(i+1)*vocab], row, sc)
 	}
 }
 

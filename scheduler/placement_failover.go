@@ -47,6 +47,7 @@ type Failover struct {
 	scratch []float32
 	vocab   int
 	logits  []float32 // a greedy step's logits, from an engine without ArgmaxEngine
+	draw    gpu.SampleScratch
 }
 
 // NewFailover returns a Failover over engines (named by names, in order
@@ -181,7 +182,7 @@ func (f *Failover) ForwardChoose(ctx context.Context, b *models.Batch, rows []gp
 		if rows == nil {
 			models.ArgmaxRows(ids, f.logits, V)
 		} else {
-			models.SampleRows(ids, f.logits, V, rows)
+			models.SampleRows(ids, f.logits, V, rows, &f.draw)
 		}
 		return nil
 	})

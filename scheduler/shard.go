@@ -236,6 +236,7 @@ type Pipeline struct {
 	plan    plan // the step's plan as local stages see it
 	micro   microPlan
 	scratch []float32 // logits of a micro-batched greedy step
+	draw    gpu.SampleScratch
 }
 
 // NewPipeline drives the stages listening on the given forward subjects.
@@ -328,7 +329,7 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		if rows == nil {
 			models.ArgmaxRows(ids, p.scratch, p.vocab)
 		} else {
-			models.SampleRows(ids, p.scratch, p.vocab, rows)
+			models.SampleRows(ids, p.scratch, p.vocab, rows, &p.draw)
 		}
 		return nil
 	}
