@@ -153,6 +153,7 @@ type Scheduler struct {
 	ids      []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
 	rows     []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
 	read     []float32       // the logits rows of such a step's sequences that report log-probabilities (ChooseEngine)
+	rowSteps []generate.Step // and their steps, with the log-probabilities (generate.State.RowStep)
 	next     []gpu.SampleRow // the draws of the step after it, when it Continues
 	in       []*seq          // the step's sequences, in table order
 	chunks   []int           // tokens of each
@@ -486,14 +487,19 @@ plan:
 		q.done += chunks[i]
 		s.kv.Commit(q.req.ID, q.tokens[:q.done])
 	}
+	// The log-probabilities of the rows read, a pass over each, at once.
+	s.rowSteps = slices.Grow(s.rowSteps[:0], len(b.Read))[:len(b.Read)]
+	gpu.InParallel(len(b.Read), func(j int) {
+		i := b.Read[j]
+		s.rowSteps[j] = sampled[i].gen.RowStep(s.ids[i], s.read[j*V:(j+1)*V])
+	})
 	read := b.Read
 	for i, q := range sampled {
 		t0 := time.Now()
 		var st generate.Step
 		switch {
 		case len(read) > 0 && int(read[0]) == i:
-			j := len(b.Read) - len(read)
-			st = q.gen.AcceptRow(s.ids[i], s.read[j*V:(j+1)*V])
+			st = q.gen.AcceptStep(s.rowSteps[len(b.Read)-len(read)])
 			read = read[1:]
 		case greedy || drawn:
 			st = q.gen.Accept(s.ids[i], 0)

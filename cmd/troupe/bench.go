@@ -364,13 +364,15 @@ func (l *benchLogprobs) buf(i, B int) []float32 {
 	return l.rows[i]
 }
 
-// take computes the log-probabilities of slot i's rows, ids chosen.
+// take computes the log-probabilities of slot i's rows, ids chosen, the
+// rows at once, as the scheduler takes them.
 func (l *benchLogprobs) take(i int, ids []int32) {
-	for s, id := range ids {
-		if l.k > 0 {
-			sample.LogProbs(l.rows[i][s*l.vocab:(s+1)*l.vocab], int(id), l.k)
-		}
+	if l.k == 0 {
+		return
 	}
+	gpu.InParallel(len(ids), func(s int) {
+		sample.LogProbs(l.rows[i][s*l.vocab:(s+1)*l.vocab], int(ids[s]), l.k)
+	})
 }
 
 // benchChained decodes gen+2 steps of step (its tokens the first step's,

@@ -151,13 +151,13 @@ func (s *State) Generated() int { return s.n }
 
 // Greedy reports whether the next token is the most likely one of the raw
 // logits (no penalty or bias, no grammar): then a device-side argmax may
-// choose it (Accept, or AcceptRow where Logprobs).
+// choose it (Accept, or RowStep and AcceptStep where Logprobs).
 func (s *State) Greedy() bool {
 	return s.sampler.Greedy() && !s.p.Adjusts() && s.doc == nil
 }
 
 // Drawable reports whether the next token may be drawn where the logits
-// are (Row, then Accept, or AcceptRow where Logprobs): under a grammar,
+// are (Row, then Accept, or RowStep and AcceptStep where Logprobs): under a grammar,
 // few enough tokens banned for the draw to carry them (maxBanned).
 func (s *State) Drawable() bool {
 	_, ok := s.banned()
@@ -165,7 +165,7 @@ func (s *State) Drawable() bool {
 }
 
 // Logprobs reports whether the steps report log-probabilities: a token
-// chosen where the logits are then comes with its logits row (AcceptRow).
+// chosen where the logits are then comes with its logits row (RowStep).
 func (s *State) Logprobs() bool { return s.p.Logprobs || s.p.TopLogprobs > 0 }
 
 // Constrained reports whether a grammar masks the draws: then a draw
@@ -279,17 +279,25 @@ func (s *State) Accept(id int32, logprob float32) Step {
 	return s.accept(Step{ID: id, Logprob: logprob})
 }
 
-// AcceptRow records a token chosen elsewhere from logits, the raw row it
-// was chosen from (which it modifies), with the log-probabilities Next
-// reports: under the grammar's mask, the penalties and the bias.
-func (s *State) AcceptRow(id int32, logits []float32) Step {
+// RowStep is the step of token id, chosen elsewhere from logits (the raw
+// row, which it modifies), with the log-probabilities Next would report
+// from that row: under the grammar's mask, the penalties and the bias.
+// It only reads the state, so that several sequences' may be taken at
+// once; AcceptStep records it.
+func (s *State) RowStep(id int32, logits []float32) Step {
 	if s.doc != nil {
 		s.doc.Mask(logits)
 	}
 	gpu.AdjustLogits(logits, s.p.Penalties(), s.adj)
 	st := Step{ID: id}
 	st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
-	return s.accept(st)
+	return st
+}
+
+// AcceptStep records a token chosen elsewhere with its log-probabilities
+// (RowStep).
+func (s *State) AcceptStep(st Step) Step {
+	return s.accept(Step{ID: st.ID, Logprob: st.Logprob, TopIDs: st.TopIDs, TopLPs: st.TopLPs})
 }
 
 func (s *State) accept(st Step) Step {

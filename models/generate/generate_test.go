@@ -85,7 +85,7 @@ func TestValidate(t *testing.T) {
 
 // TestGreedy says when a device-side argmax may choose the next token: a
 // greedy draw of the raw logits, whose log-probabilities, when asked for,
-// come from its row (AcceptRow).
+// come from its row (RowStep).
 func TestGreedy(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -327,9 +327,9 @@ func TestGrammarStuck(t *testing.T) {
 }
 
 // A token chosen where the logits are and accepted with its raw row
-// (AcceptRow) reports what Next reports from that row: the same token, text
+// (RowStep, AcceptStep) reports what Next reports from that row: the same token, text
 // and log-probabilities, under penalties, bias and a grammar's mask.
-func TestAcceptRowMatchesNext(t *testing.T) {
+func TestRowStepMatchesNext(t *testing.T) {
 	var table []string
 	for c := range 256 {
 		table = append(table, string([]byte{byte(c)}))
@@ -372,10 +372,10 @@ func TestAcceptRowMatchesNext(t *testing.T) {
 			}
 			// As a device chooses: the draw's row, the logits left as they are.
 			id := gpu.SampleHost(slices.Clone(logits), dev.Row(), &sc)
-			got := dev.AcceptRow(id, logits)
+			got := dev.AcceptStep(dev.RowStep(id, logits))
 			if got.ID != want.ID || got.Text != want.Text || got.Reason != want.Reason || got.Logprob != want.Logprob ||
 				!slices.Equal(got.TopIDs, want.TopIDs) || !slices.Equal(got.TopLPs, want.TopLPs) {
-				t.Fatalf("%s: step %d: AcceptRow %+v, Next %+v", name, steps, got, want)
+				t.Fatalf("%s: step %d: RowStep %+v, Next %+v", name, steps, got, want)
 			}
 			steps++
 		}

@@ -160,8 +160,9 @@ func (s *Sampler) row() gpu.SampleRow {
 // k most likely tokens (ties to the lower id) with theirs; NaN logits are
 // left out of both. The row is read in logProbChunks fixed pieces, each
 // by its own goroutine where the row is long: one pass finds a piece's
-// maximum and its k most likely, one sums its exponentials under the
-// row's maximum, and the pieces' sums are added in order, so the result
+// maximum and its k most likely, a second, while the piece is in the
+// core's cache, sums its exponentials under that maximum, and the pieces'
+// sums are scaled to the row's maximum and added in order, so the result
 // does not depend on the goroutines.
 func LogProbs(logits []float32, i, k int) (float32, []int32, []float32) {
 	_, lp, ids, lps := logProbs(logits, i, k)
@@ -205,17 +206,10 @@ func logProbs(logits []float32, i, k int) (int32, float32, []int32, []float32) {
 	}
 	sum := 0.0
 	if !math.IsInf(float64(mx), -1) {
-		each(func(c, lo, hi int) {
-			sum := 0.0
-			for _, l := range logits[lo:hi] {
-				if l == l {
-					sum += gpu.ExpNonPos(float64(l - mx))
-				}
-			}
-			parts[c].sum = sum
-		})
 		for c := range parts {
-			sum += parts[c].sum
+			if p := &parts[c]; !math.IsInf(float64(p.max), -1) {
+				sum += p.sum * gpu.ExpNonPos(float64(p.max)-float64(mx))
+			}
 		}
 	}
 	lse := float64(mx) + math.Log(sum)
@@ -250,7 +244,8 @@ const (
 )
 
 // logProbPart is a piece of a row: its largest logit and where it first
-// is, its k most likely tokens and its exponentials' sum.
+// is, its k most likely tokens and its exponentials' sum under its
+// largest logit.
 type logProbPart struct {
 	max float32
 	at  int
@@ -259,7 +254,8 @@ type logProbPart struct {
 }
 
 // scan finds the largest of logits[lo:hi] (NaNs left out), where it first
-// is, and the piece's k most likely, ties to the lower id.
+// is, the piece's k most likely, ties to the lower id, and the sum of its
+// exponentials under that largest (0 where none is above -Inf).
 func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
 	mx, at := float32(math.Inf(-1)), 0
 	ids := make([]int32, 0, k)
@@ -287,5 +283,13 @@ func (p *logProbPart) scan(logits []float32, lo, hi, k int) {
 			least = logits[ids[k-1]]
 		}
 	}
-	p.max, p.at, p.top = mx, at, ids
+	sum := 0.0
+	if !math.IsInf(float64(mx), -1) {
+		for _, l := range logits[lo:hi] {
+			if l == l {
+				sum += gpu.ExpNonPos(float64(l - mx))
+			}
+		}
+	}
+	p.max, p.at, p.top, p.sum = mx, at, ids, sum
 }
