@@ -67,24 +67,49 @@ func NewLockstep(ranks []*actors.Ref[ShardCall], group Group, plane *xgmi.Host, 
 // left to run on the reset group, where it would take the place of the
 // next step's.
 func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float32) error {
-	if err := l.run(ctx, b, false, nil); err != nil || len(b.Logits) == 0 {
+	if err := l.run(ctx, b, false, nil, nil); err != nil || len(b.Logits) == 0 {
 		return err
 	}
+	return l.rows(ctx, len(b.Logits), logits)
+}
+
+// rows copies rank 0's n logits rows into logits.
+func (l *Lockstep) rows(ctx context.Context, n int, logits []float32) error {
 	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
 	if err != nil {
 		return fmt.Errorf("lockstep logits: %w", err)
 	}
-	if want := len(b.Logits) * l.vocab; len(rows) != want {
+	if want := n * l.vocab; len(rows) != want {
 		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
 	}
 	copy(logits, rows)
 	return nil
 }
 
+// ForwardChoose implements ChooseEngine: every rank chooses or draws as
+// in ForwardArgmax and ForwardSample and reads the rows b.Read names (so
+// that ranks that queue ahead match their plans alike); rank 0's tokens
+// and rows are the step's.
+func (l *Lockstep) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	if err := b.CheckRead(); err != nil {
+		return fmt.Errorf("lockstep: %w", err)
+	}
+	if rows != nil && len(rows) != len(b.Logits) || len(logits) < len(b.Read)*l.vocab {
+		return fmt.Errorf("lockstep: %d draws for %d rows, %d floats for %d rows to read", len(rows), len(b.Logits), len(logits), len(b.Read))
+	}
+	if err := l.run(ctx, b, rows == nil, rows, b.Read); err != nil {
+		return err
+	}
+	if err := l.chosen(b, ids); err != nil || len(b.Read) == 0 {
+		return err
+	}
+	return l.rows(ctx, len(b.Read), logits)
+}
+
 // ForwardArgmax implements ArgmaxEngine: every rank chooses the tokens
 // from the whole logits rows it holds, and rank 0's choice is the step's.
 func (l *Lockstep) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
-	if err := l.run(ctx, b, true, nil); err != nil {
+	if err := l.run(ctx, b, true, nil, nil); err != nil {
 		return err
 	}
 	return l.chosen(b, ids)
@@ -97,7 +122,7 @@ func (l *Lockstep) ForwardSample(ctx context.Context, b *models.Batch, rows []gp
 	if len(rows) != len(b.Logits) {
 		return fmt.Errorf("lockstep: %d draws for %d rows", len(rows), len(b.Logits))
 	}
-	if err := l.run(ctx, b, false, rows); err != nil {
+	if err := l.run(ctx, b, false, rows, nil); err != nil {
 		return err
 	}
 	return l.chosen(b, ids)
@@ -113,16 +138,17 @@ func (l *Lockstep) chosen(b *models.Batch, ids []int32) error {
 }
 
 // run sends the step to every rank (greedy with argmax, drawn as rows
-// says when rows is not nil) and waits for all of them. Every rank gets
-// the same plan, Continues and next draws included, so ranks that queue
-// the next step ahead (Shard.QueueAhead) all queue it, or all drop it.
-func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow) error {
+// says when rows is not nil, returning the logits rows read names) and
+// waits for all of them. Every rank gets the same plan, Continues and next
+// draws included, so ranks that queue the next step ahead
+// (Shard.QueueAhead) all queue it, or all drop it.
+func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows []gpu.SampleRow, read []int32) error {
 	l.step++
 	// The ranks share the plan's memory, which the scheduler reuses next
 	// step: they get a copy of the engine's own.
-	l.plan.copyOf(b, rows, nil)
+	l.plan.copyOf(b, rows, read)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
-		Argmax: argmax, Continues: b.Continues}
+		Argmax: argmax, Continues: b.Continues, Read: l.plan.read}
 	if rows != nil {
 		msg.Sample = l.plan.rows
 		if len(l.plan.next) == len(rows) {

@@ -112,13 +112,19 @@ func (a rankActor) Receive(_ context.Context, c ShardCall) error {
 	if len(c.Req.Sample) > 0 {
 		a.seen <- c.Req
 	}
-	if c.Req.Argmax || len(c.Req.Sample) > 0 {
-		return c.Reply(ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}})
-	}
 	name := fmt.Sprintf("rank/%d", a.rank)
 	out := []float32{float32(a.rank), float32(c.Req.Step)}
+	ref := bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}
+	if c.Req.Argmax || len(c.Req.Sample) > 0 {
+		r := ForwardReply{IDs: []int32{int32(100*a.rank) + int32(c.Req.Step)}}
+		if len(c.Req.Read) > 0 {
+			a.plane.Publish(name, out)
+			r.Output = ref
+		}
+		return c.Reply(r)
+	}
 	a.plane.Publish(name, out)
-	return c.Reply(ForwardReply{Output: bus.TensorRef{Location: bus.LocationHost, Node: a.plane.Node(), Buffer: name, Bytes: 8, DType: bus.F32, Shape: []int64{1, 2}}})
+	return c.Reply(ForwardReply{Output: ref})
 }
 
 // rankLab is what the tests of scripted ranks share: a bus, an actor
@@ -227,6 +233,24 @@ func TestLockstep(t *testing.T) {
 	}
 	if err := l.ForwardSample(ctx, b, nil, ids); err == nil {
 		t.Error("a drawn step without draws ran")
+	}
+	// Steps that read their row: rank 0's tokens and row.
+	read := *b
+	read.Read = []int32{0}
+	if err := l.ForwardChoose(ctx, &read, nil, ids, logits); err != nil || ids[0] != 7 || logits[0] != 0 || logits[1] != 7 {
+		t.Errorf("argmax step 7 reading its row: ids %v, row %v, err %v; want rank 0's [7] and [0 7]", ids, logits, err)
+	}
+	if err := l.ForwardChoose(ctx, &read, rows, ids, logits); err != nil || ids[0] != 8 || logits[1] != 8 {
+		t.Errorf("drawn step 8 reading its row: ids %v, row %v, err %v; want rank 0's [8] and [0 8]", ids, logits, err)
+	}
+	for range refs {
+		if m := <-seen; !slices.Equal(m.Read, read.Read) {
+			t.Errorf("a rank's drawn plan reads rows %v, want %v", m.Read, read.Read)
+		}
+	}
+	read.Read = []int32{1}
+	if err := l.ForwardChoose(ctx, &read, nil, ids, logits); err == nil {
+		t.Error("a step reading a row it does not have ran")
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

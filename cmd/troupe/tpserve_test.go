@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -343,10 +344,14 @@ func startTestNode(t *testing.T, cfg serveConfig, exp sdktrace.SpanExporter, log
 // TestServeTensorParallelQueued drives ranks that queue each step ahead of
 // its read, as the CUDA lane's do, on two CPU devices: greedy requests get
 // the reference tokens, drawn ones (temperature, top-k) the tokens of
-// ranks that do not queue, and steps were answered from the queue.
+// ranks that do not queue, a greedy one that reports log-probabilities
+// (its rows read beside the tokens) the reference tokens and the
+// log-probabilities of ranks that do not queue, and steps were answered
+// from the queue.
 func TestServeTensorParallelQueued(t *testing.T) {
 	ctx := context.Background()
 	refs := demoRefs(t)
+	var lps [2][]gateway.Token
 	run := func(ahead bool) (drawn [][]int32, answered int) {
 		n, tp, exp := startTPNode(t)
 		defer tp.Shutdown(ctx)
@@ -371,6 +376,18 @@ func TestServeTensorParallelQueued(t *testing.T) {
 			drawn = append(drawn, gen(fmt.Sprintf("drawn-%d", i), gateway.GenerateRequest{Prompt: n.tok.Encode(ref.Prompt), MaxTokens: 12,
 				Temperature: 0.8, TopK: 40, TopP: 1, Seed: &seed}))
 		}
+		req := gateway.GenerateRequest{RequestID: "logprobs", Model: demo.Name, IgnoreEOS: true, Prompt: n.tok.Encode(refs[0].Prompt),
+			MaxTokens: len(refs[0].GreedyIDs), Logprobs: true, TopLogprobs: 3}
+		var toks []gateway.Token
+		if _, err := n.backend.Generate(ctx, req, func(tk gateway.Token) error { toks = append(toks, tk); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		for k, tk := range toks {
+			if k >= len(refs[0].GreedyIDs) || tk.ID != refs[0].GreedyIDs[k] || !(tk.Logprob < 0) || len(tk.TopLogprobs) != 3 {
+				t.Fatalf("ahead %v: logprobs request's token %d: %+v", ahead, k, tk)
+			}
+		}
+		lps[map[bool]int{false: 0, true: 1}[ahead]] = toks
 		if err := tp.ForceFlush(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -387,6 +404,12 @@ func TestServeTensorParallelQueued(t *testing.T) {
 	got, answered := run(true)
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("drawn tokens with queued steps %v, without %v", got, want)
+	}
+	for k := range lps[0] {
+		a, b := lps[0][k], lps[1][k]
+		if math.Abs(float64(a.Logprob-b.Logprob)) > 1e-5 || fmt.Sprint(a.TopLogprobs[0].ID, a.TopLogprobs[2].ID) != fmt.Sprint(b.TopLogprobs[0].ID, b.TopLogprobs[2].ID) {
+			t.Errorf("token %d: log-probabilities with queued steps %+v, without %+v", k, b, a)
+		}
 	}
 	if answered == 0 {
 		t.Error("no rank answered a step from its queue")
