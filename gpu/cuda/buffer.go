@@ -340,24 +340,43 @@ type lateSpan struct {
 // blocks on that copy's event alone.
 func (d *Device) ReadLater(dst []byte, b gpu.Buffer, off int) (func() error, error) {
 	const op = "read later"
-	if err := d.enter(op); err != nil {
-		return nil, err
-	}
-	defer d.leave()
-	cb, err := d.buf(op, "b", b)
-	if err != nil {
-		return nil, err
-	}
-	if err := span(op, cb, off, len(dst)); err != nil {
-		return nil, err
-	}
-	return d.readLater(op, dst, []lateSpan{{src: cb.ptr + uint64(off*cb.dt.Size()), n: len(dst)}})
+	return d.readLater(op, dst, b, func(cb *Buffer) ([]lateSpan, error) {
+		if err := span(op, cb, off, len(dst)); err != nil {
+			return nil, err
+		}
+		return []lateSpan{{src: cb.ptr + uint64(off*cb.dt.Size()), n: len(dst)}}, nil
+	})
 }
 
 // ReadRowsLater implements gpu.LateReader: one copy a run of consecutive
 // rows into one slot, and one event.
 func (d *Device) ReadRowsLater(dst []byte, b gpu.Buffer, rows []int32, width int) (func() error, error) {
 	const op = "read rows later"
+	return d.readLater(op, dst, b, func(cb *Buffer) ([]lateSpan, error) {
+		row, err := gpu.RowBytes(len(dst), rows, width, cb.dt)
+		if err != nil {
+			return nil, err
+		}
+		var spans []lateSpan
+		for i, r := range rows {
+			if err := span(op, cb, int(r)*width, row); err != nil {
+				return nil, err
+			}
+			src := cb.ptr + uint64(int(r)*row)
+			if k := len(spans) - 1; k >= 0 && spans[k].src+uint64(spans[k].n) == src {
+				spans[k].n += row
+				continue
+			}
+			spans = append(spans, lateSpan{src: src, at: i * row, n: row})
+		}
+		return spans, nil
+	})
+}
+
+// readLater queues the copies spans gives of b into a free slot, grown to
+// len(dst) bytes where it holds fewer, and returns the wait that copies the
+// slot into dst.
+func (d *Device) readLater(op string, dst []byte, b gpu.Buffer, spans func(cb *Buffer) ([]lateSpan, error)) (func() error, error) {
 	if err := d.enter(op); err != nil {
 		return nil, err
 	}
@@ -366,28 +385,10 @@ func (d *Device) ReadRowsLater(dst []byte, b gpu.Buffer, rows []int32, width int
 	if err != nil {
 		return nil, err
 	}
-	row, err := gpu.RowBytes(len(dst), rows, width, cb.dt)
+	copies, err := spans(cb)
 	if err != nil {
 		return nil, err
 	}
-	var spans []lateSpan
-	for i, r := range rows {
-		if err := span(op, cb, int(r)*width, row); err != nil {
-			return nil, err
-		}
-		src := cb.ptr + uint64(int(r)*row)
-		if k := len(spans) - 1; k >= 0 && spans[k].src+uint64(spans[k].n) == src {
-			spans[k].n += row
-			continue
-		}
-		spans = append(spans, lateSpan{src: src, at: i * row, n: row})
-	}
-	return d.readLater(op, dst, spans)
-}
-
-// readLater queues spans into a free slot, grown to len(dst) bytes where
-// it holds fewer, and returns the wait that copies the slot into dst.
-func (d *Device) readLater(op string, dst []byte, spans []lateSpan) (func() error, error) {
 	if d.capture {
 		return nil, fmt.Errorf("%s: not allowed while recording a graph", op)
 	}
@@ -416,7 +417,7 @@ func (d *Device) readLater(op string, dst []byte, spans []lateSpan) (func() erro
 	}
 	s.pending = true
 	d.post(func() error {
-		for _, c := range spans {
+		for _, c := range copies {
 			if wordCopy(s.dev+uint64(c.at), c.src, c.n) {
 				if err := d.copyWords(s.dev+uint64(c.at), c.src, c.n/4); err != nil {
 					return fmt.Errorf("%s: %w", op, err)
