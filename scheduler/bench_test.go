@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/troupe/troupe/bus"
+	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
@@ -319,21 +320,28 @@ func benchTrip(b *testing.B, frame FrameMsg, put func(FrameMsg), next func(conte
 }
 
 // The scheduler's host work a token on the logits path (a step the
-// engine cannot choose for: log-probabilities, a grammar's host draws),
-// at OLMo 2's vocabulary of 100,352: an engine that computes nothing
-// copies a fixed row of logits into each step's output, and the
-// scheduler samples, takes the log-probabilities and emits. What a served
-// token on that path costs beyond the device's step and the row's read.
+// engine cannot choose for: a whole-row draw the device leaves, a
+// grammar's host draws), at OLMo 2's vocabulary of 100,352: an engine
+// that computes nothing copies a fixed row of logits into each step's
+// output, and the scheduler samples, takes the log-probabilities and
+// emits. What a served token on that path costs beyond the device's step
+// and the row's read. LogprobsChosen is a step the engine chooses for
+// (ChooseEngine) that reads the row beside its token: the host's share of
+// a served greedy token that reports log-probabilities.
 //
 //	go test -run XXX -bench 'HostStep' -benchtime 2000x ./scheduler
-func BenchmarkHostStepGreedy(b *testing.B) { benchHostStep(b, generate.Params{}) }
+func BenchmarkHostStepGreedy(b *testing.B) { benchHostStep(b, generate.Params{}, false) }
 
 func BenchmarkHostStepLogprobs(b *testing.B) {
-	benchHostStep(b, generate.Params{Logprobs: true, TopLogprobs: 5})
+	benchHostStep(b, generate.Params{Logprobs: true, TopLogprobs: 5}, false)
+}
+
+func BenchmarkHostStepLogprobsChosen(b *testing.B) {
+	benchHostStep(b, generate.Params{Logprobs: true, TopLogprobs: 5}, true)
 }
 
 func BenchmarkHostStepDrawn(b *testing.B) {
-	benchHostStep(b, generate.Params{Params: sample.Params{Temperature: 0.8, TopP: 0.9, Seed: new(int64)}})
+	benchHostStep(b, generate.Params{Params: sample.Params{Temperature: 0.8, TopP: 0.9, Seed: new(int64)}}, false)
 }
 
 // rowEngine is an Engine whose every logits row is row.
@@ -346,7 +354,28 @@ func (e rowEngine) Forward(ctx context.Context, b *models.Batch, logits []float3
 	return nil
 }
 
-func benchHostStep(b *testing.B, p generate.Params) {
+// chosenRowEngine is a rowEngine that chooses each row's token, the
+// row's argmax, and returns the rows a step reads (ChooseEngine).
+type chosenRowEngine struct {
+	rowEngine
+	id int32
+}
+
+func (e chosenRowEngine) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
+	return e.ForwardChoose(ctx, b, nil, ids, nil)
+}
+
+func (e chosenRowEngine) ForwardChoose(_ context.Context, b *models.Batch, _ []gpu.SampleRow, ids []int32, logits []float32) error {
+	for i := range b.Logits {
+		ids[i] = e.id
+	}
+	for k := range b.Read {
+		copy(logits[k*len(e.row):], e.row)
+	}
+	return nil
+}
+
+func benchHostStep(b *testing.B, p generate.Params, chosen bool) {
 	const vocab = 100352
 	row := make([]float32, vocab)
 	r := rand.New(rand.NewPCG(1, 2))
@@ -357,7 +386,13 @@ func benchHostStep(b *testing.B, p generate.Params) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4, Vocab: vocab, Context: 1 << 16}, rowEngine{row}, kv, nil)
+	var e Engine = rowEngine{row}
+	if chosen {
+		id := make([]int32, 1)
+		models.ArgmaxRows(id, row, vocab)
+		e = chosenRowEngine{rowEngine{row}, id[0]}
+	}
+	s, err := New(Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4, Vocab: vocab, Context: 1 << 16}, e, kv, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
