@@ -502,7 +502,7 @@ plan:
 			st = q.gen.AcceptStep(s.rowSteps[len(b.Read)-len(read)])
 			read = read[1:]
 		case greedy || drawn:
-			st = q.gen.Accept(s.ids[i], 0)
+			st = q.gen.Accept(s.ids[i])
 		default:
 			st = q.gen.Next(s.logits[i*V : (i+1)*V])
 		}

@@ -275,8 +275,8 @@ func (s *State) endToken() int32 {
 }
 
 // Accept records a token chosen elsewhere (by a device-side argmax, say).
-func (s *State) Accept(id int32, logprob float32) Step {
-	return s.accept(Step{ID: id, Logprob: logprob})
+func (s *State) Accept(id int32) Step {
+	return s.accept(Step{ID: id})
 }
 
 // RowStep is the step of token id, chosen elsewhere from logits (the raw

@@ -159,7 +159,7 @@ func TestAdjustmentsFollowTheSequence(t *testing.T) {
 			if !next.Follows || next.Adjust != nil {
 				t.Fatalf("%+v, step %d: the next draw %+v does not follow this one", p, step, next)
 			}
-			s.Accept(out[step], 0)
+			s.Accept(out[step])
 			f, err := gpu.FollowRows([]gpu.SampleRow{row}, out[step:step+1], []gpu.SampleRow{next})
 			if err != nil {
 				t.Fatal(err)
@@ -275,7 +275,7 @@ func TestJSONMode(t *testing.T) {
 					if !seen[eos] {
 						t.Fatalf("step %d: the end token, which has no bytes, is not banned", i)
 					}
-					last = g.Accept(gpu.SampleHost(logits, row, &sc), 0)
+					last = g.Accept(gpu.SampleHost(logits, row, &sc))
 				}
 				out.WriteString(last.Text)
 			}
