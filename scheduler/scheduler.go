@@ -487,7 +487,9 @@ plan:
 		q.done += chunks[i]
 		s.kv.Commit(q.req.ID, q.tokens[:q.done])
 	}
-	// The log-probabilities of the rows read, a pass over each, at once.
+	// The log-probabilities of the rows read, a pass over each, at once:
+	// their sequences' sample spans start before it.
+	rowsStart := time.Now()
 	s.rowSteps = slices.Grow(s.rowSteps[:0], len(b.Read))[:len(b.Read)]
 	gpu.InParallel(len(b.Read), func(j int) {
 		i := b.Read[j]
@@ -499,6 +501,7 @@ plan:
 		var st generate.Step
 		switch {
 		case len(read) > 0 && int(read[0]) == i:
+			t0 = rowsStart
 			st = q.gen.AcceptStep(s.rowSteps[len(b.Read)-len(read)])
 			read = read[1:]
 		case greedy || drawn:
