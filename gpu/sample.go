@@ -211,6 +211,22 @@ type SampleScratch struct {
 	next     []int32   // and each token's next in its bucket (or -1)
 }
 
+// CopyRows copies src into dst as copy does, a large copy (logits rows
+// read back beside a step's tokens: megabytes a step) in pieces on
+// several goroutines, since one core copies at a fraction of the
+// memory's rate.
+func CopyRows[T any](dst, src []T) {
+	const piece = 1 << 16 // elements
+	n := min(len(dst), len(src))
+	if n <= 4*piece {
+		copy(dst, src)
+		return
+	}
+	InParallel((n+piece-1)/piece, func(i int) {
+		copy(dst[i*piece:min(n, (i+1)*piece)], src[i*piece:min(n, (i+1)*piece)])
+	})
+}
+
 // InParallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and
 // returns when all are done: a SampleScratch.Parallel for draws on the
 // host.

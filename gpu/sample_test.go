@@ -350,3 +350,22 @@ func TestArgmaxHost(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyRows copies as copy does, small copies and large ones in pieces
+// alike, up to the shorter of the two.
+func TestCopyRows(t *testing.T) {
+	for _, n := range []int{0, 5, 1 << 18, 1<<18 + 1, 3<<18 + 77} {
+		src := make([]float32, n)
+		for i := range src {
+			src[i] = float32(i)
+		}
+		for _, m := range []int{n, n + 9, n / 2} {
+			dst, want := make([]float32, m), make([]float32, m)
+			CopyRows(dst, src)
+			copy(want, src)
+			if !slices.Equal(dst, want) {
+				t.Fatalf("%d into %d: differs from copy", n, m)
+			}
+		}
+	}
+}

@@ -71,8 +71,16 @@ func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleR
 			for i, j := range idx {
 				ids[i] = a.ids[j]
 			}
+			inOrder := true // each row where a holds it: one copy
 			for k, j := range at {
-				copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
+				inOrder = inOrder && j == k
+			}
+			if inOrder {
+				gpu.CopyRows(logits, a.logits[:len(at)*V])
+			} else {
+				for k, j := range at {
+					copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
+				}
 			}
 			s.spare = a.logits
 			return err

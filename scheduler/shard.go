@@ -424,7 +424,7 @@ func (p *Pipeline) readRows(ctx context.Context, out bus.TensorRef, n int, logit
 	if want := n * p.vocab; len(rows) != want {
 		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), want)
 	}
-	copy(logits, rows)
+	gpu.CopyRows(logits, rows)
 	return nil
 }
 

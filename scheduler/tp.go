@@ -82,7 +82,7 @@ func (l *Lockstep) rows(ctx context.Context, n int, logits []float32) error {
 	if want := n * l.vocab; len(rows) != want {
 		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
 	}
-	copy(logits, rows)
+	gpu.CopyRows(logits, rows)
 	return nil
 }
 

@@ -445,7 +445,7 @@ func (d *Device) readLater(op string, dst []byte, b gpu.Buffer, spans func(cb *B
 			if err := d.drv.cuEventSynchronize.call(s.ev); err != nil {
 				return fmt.Errorf("%s: %w", op, err)
 			}
-			copy(dst, unsafe.Slice((*byte)(s.host), len(dst)))
+			gpu.CopyRows(dst, unsafe.Slice((*byte)(s.host), len(dst)))
 			return d.takeErr()
 		})
 	}, nil
