@@ -49,12 +49,14 @@ type aheadStep struct {
 }
 
 // chained runs step b into ids, greedy (rows nil) or drawn as rows say,
-// and the logits rows b.Read names into logits, queueing the next step,
-// and says how b was met (trace.AttrShardAhead). It runs on the shard's
-// device, under s.mu.
-func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) (string, error) {
+// and the logits rows b.Read names into the shard's output (s.out(0, …)),
+// queueing the next step, and says how b was met (trace.AttrShardAhead).
+// It runs on the shard's device, under s.mu.
+func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
 	var wait func() error
 	how := "issued"
+	V := s.model.Config.Vocab
+	logits := s.out(0, len(b.Read)*V)
 	idx, ok := s.ahead.rowsOf(b, rows)
 	var at []int
 	if ok {
@@ -65,22 +67,23 @@ func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleR
 		s.ahead = nil
 		s.aheadUsed++
 		how = "answered"
-		V := s.model.Config.Vocab
 		wait = func() error {
 			err := a.wait()
 			for i, j := range idx {
 				ids[i] = a.ids[j]
 			}
-			inOrder := true // each row where a holds it: one copy
+			inOrder := len(at) > 0
 			for k, j := range at {
 				inOrder = inOrder && j == k
 			}
 			if inOrder {
-				gpu.CopyRows(logits, a.logits[:len(at)*V])
-			} else {
-				for k, j := range at {
-					copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
-				}
+				// Each row where a holds it: a's memory becomes the
+				// output, and the output's the next queued step's.
+				s.outs[0], s.spare = a.logits, s.outs[0]
+				return err
+			}
+			for k, j := range at {
+				copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
 			}
 			s.spare = a.logits
 			return err

@@ -119,28 +119,28 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 		}
 		ids := make([]int32, len(m.Logits))
-		rows := s.out(m.Micro, len(m.Read)*cfg.Vocab)
 		var draws []gpu.SampleRow
 		if !m.Argmax {
 			draws = m.Sample
 		}
 		err := s.onDevice(ctx, func() error {
 			if s.QueueAhead && m.Micro == 0 && len(m.Logits) > 0 && (m.Argmax && s.model.Chains() || len(m.Sample) > 0 && s.model.ChainsDraws(m.Sample)) {
-				how, err := s.chained(ctx, b, draws, ids, rows)
+				how, err := s.chained(ctx, b, draws, ids)
 				if span.IsRecording() {
 					span.SetAttributes(ttrace.AttrShardAhead.String(how))
 				}
 				return err
 			}
 			s.dropAhead()
-			return s.model.ForwardChoose(ctx, s.cache, b, draws, ids, rows)
+			return s.model.ForwardChoose(ctx, s.cache, b, draws, ids, s.out(m.Micro, len(m.Read)*cfg.Vocab))
 		})
 		if err != nil {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
 		}
 		reply := ForwardReply{IDs: ids}
 		if len(m.Read) > 0 {
-			reply.Output = s.publish(m.Micro, rows, len(m.Read), cfg.Vocab)
+			// The rows' memory may have changed hands (chained).
+			reply.Output = s.publish(m.Micro, s.out(m.Micro, len(m.Read)*cfg.Vocab), len(m.Read), cfg.Vocab)
 		}
 		return reply, nil
 	}
