@@ -844,13 +844,22 @@ func (b *Batch) CheckRead() error {
 	return nil
 }
 
-// checkRead checks b.Read and that logits holds its rows.
-func (m *Model) checkRead(b *Batch, logits []float32) error {
+// CheckReadInto is CheckRead, and checks that logits holds the rows read,
+// vocab values each.
+func (b *Batch) CheckReadInto(logits []float32, vocab int) error {
 	if err := b.CheckRead(); err != nil {
-		return fmt.Errorf("forward: %w", err)
+		return err
 	}
-	if len(logits) < len(b.Read)*m.Config.Vocab {
-		return fmt.Errorf("forward: logits holds %d floats, %d rows to read need %d", len(logits), len(b.Read), len(b.Read)*m.Config.Vocab)
+	if len(logits) < len(b.Read)*vocab {
+		return fmt.Errorf("%d floats for %d rows to read of %d", len(logits), len(b.Read), vocab)
+	}
+	return nil
+}
+
+// checkRead is b.CheckReadInto(logits) for m's rows.
+func (m *Model) checkRead(b *Batch, logits []float32) error {
+	if err := b.CheckReadInto(logits, m.Config.Vocab); err != nil {
+		return fmt.Errorf("forward: %w", err)
 	}
 	return nil
 }

@@ -149,43 +149,41 @@ func (f *Failover) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int
 		if ae, ok := e.(ArgmaxEngine); ok {
 			return ae.ForwardArgmax(ctx, b, ids)
 		}
-		f.logits = slices.Grow(f.logits[:0], len(b.Logits)*f.vocab)[:len(b.Logits)*f.vocab]
-		if err := e.Forward(ctx, b, f.logits); err != nil {
-			return err
-		}
-		models.ArgmaxRows(ids, f.logits, f.vocab)
-		return nil
+		return f.chooseOnHost(ctx, e, b, nil, ids, nil)
 	})
 }
 
 // ForwardChoose implements ChooseEngine; a placement whose engine cannot
 // choose tokens returns logits, and the choice is made here.
 func (f *Failover) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
-	if err := b.CheckRead(); err != nil {
+	if err := b.CheckReadInto(logits, f.vocab); err != nil {
 		return fmt.Errorf("failover: %w", err)
 	}
-	V := f.vocab
-	if len(logits) < len(b.Read)*V || rows != nil && len(rows) != len(b.Logits) {
-		return fmt.Errorf("failover: %d floats for %d logits rows, %d draws for %d", len(logits), len(b.Read), len(rows), len(b.Logits))
+	if rows != nil && len(rows) != len(b.Logits) {
+		return fmt.Errorf("failover: %d draws for %d logits rows", len(rows), len(b.Logits))
 	}
 	return f.forward(ctx, b, func(e Engine) error {
 		if ce, ok := e.(ChooseEngine); ok {
 			return ce.ForwardChoose(ctx, b, rows, ids, logits)
 		}
-		f.logits = slices.Grow(f.logits[:0], len(b.Logits)*V)[:len(b.Logits)*V]
-		if err := e.Forward(ctx, b, f.logits); err != nil {
-			return err
-		}
-		for k, r := range b.Read {
-			copy(logits[k*V:(k+1)*V], f.logits[int(r)*V:])
-		}
-		if rows == nil {
-			models.ArgmaxRows(ids, f.logits, V)
-		} else {
-			models.SampleRows(ids, f.logits, V, rows, &f.draw)
-		}
-		return nil
+		return f.chooseOnHost(ctx, e, b, rows, ids, logits)
 	})
+}
+
+// chooseOnHost runs b on e for its logits and chooses (rows nil) or draws
+// the tokens here, with the rows b.Read names into logits (none without
+// logits).
+func (f *Failover) chooseOnHost(ctx context.Context, e Engine, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
+	f.logits = slices.Grow(f.logits[:0], len(b.Logits)*f.vocab)[:len(b.Logits)*f.vocab]
+	if err := e.Forward(ctx, b, f.logits); err != nil {
+		return err
+	}
+	var read []int32
+	if logits != nil {
+		read = b.Read
+	}
+	chooseOnHost(ids, f.logits, f.vocab, rows, &f.draw, read, logits)
+	return nil
 }
 
 // forward runs a step with run on the first placement that is up, moving

@@ -442,15 +442,13 @@ plan:
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
 	var err error
+	s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 	switch {
 	case greedy && len(b.Read) > 0:
-		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 		err = ce.ForwardChoose(span.ctx, b, nil, s.ids, s.read)
 	case greedy:
-		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 		err = ae.ForwardArgmax(span.ctx, b, s.ids)
 	case drawn:
-		s.ids = slices.Grow(s.ids[:0], len(b.Logits))[:len(b.Logits)]
 		s.rows, s.next = s.rows[:0], s.next[:0]
 		for _, q := range sampled {
 			s.rows = append(s.rows, q.gen.Row())

@@ -289,11 +289,8 @@ func (p *Pipeline) ForwardChoose(ctx context.Context, b *models.Batch, rows []gp
 	if rows != nil && len(rows) != len(b.Logits) {
 		return fmt.Errorf("pipeline: %d draws for %d logits rows", len(rows), len(b.Logits))
 	}
-	if err := b.CheckRead(); err != nil {
+	if err := b.CheckReadInto(logits, p.vocab); err != nil {
 		return fmt.Errorf("pipeline: %w", err)
-	}
-	if len(logits) < len(b.Read)*p.vocab {
-		return fmt.Errorf("pipeline: %d floats for %d logits rows", len(logits), len(b.Read))
 	}
 	return p.forwardIDs(ctx, b, rows, ids, logits)
 }
@@ -321,16 +318,11 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
+		var read []int32
 		if logits != nil {
-			for k, r := range b.Read {
-				copy(logits[k*p.vocab:(k+1)*p.vocab], p.scratch[int(r)*p.vocab:])
-			}
+			read = b.Read
 		}
-		if rows == nil {
-			models.ArgmaxRows(ids, p.scratch, p.vocab)
-		} else {
-			models.SampleRows(ids, p.scratch, p.vocab, rows, &p.draw)
-		}
+		chooseOnHost(ids, p.scratch, p.vocab, rows, &p.draw, read, logits)
 		return nil
 	}
 	read := b.Read
@@ -349,6 +341,21 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		return nil
 	}
 	return p.readRows(ctx, out.Output, len(read), logits)
+}
+
+// chooseOnHost chooses each row's token from all, a step's logits rows
+// of vocab values each, as an engine that chooses does: greedy with rows
+// nil, else drawn as rows say, in sc's memory; first it copies the rows
+// read names into logits, since a draw may rewrite all.
+func chooseOnHost(ids []int32, all []float32, vocab int, rows []gpu.SampleRow, sc *gpu.SampleScratch, read []int32, logits []float32) {
+	for k, r := range read {
+		copy(logits[k*vocab:(k+1)*vocab], all[int(r)*vocab:])
+	}
+	if rows == nil {
+		models.ArgmaxRows(ids, all, vocab)
+	} else {
+		models.SampleRows(ids, all, vocab, rows, sc)
+	}
 }
 
 // stagesForward sends the step's plan through the stages in turn and

@@ -91,11 +91,11 @@ func (l *Lockstep) rows(ctx context.Context, n int, logits []float32) error {
 // that ranks that queue ahead match their plans alike); rank 0's tokens
 // and rows are the step's.
 func (l *Lockstep) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
-	if err := b.CheckRead(); err != nil {
+	if err := b.CheckReadInto(logits, l.vocab); err != nil {
 		return fmt.Errorf("lockstep: %w", err)
 	}
-	if rows != nil && len(rows) != len(b.Logits) || len(logits) < len(b.Read)*l.vocab {
-		return fmt.Errorf("lockstep: %d draws for %d rows, %d floats for %d rows to read", len(rows), len(b.Logits), len(logits), len(b.Read))
+	if rows != nil && len(rows) != len(b.Logits) {
+		return fmt.Errorf("lockstep: %d draws for %d rows", len(rows), len(b.Logits))
 	}
 	if err := l.run(ctx, b, rows == nil, rows, b.Read); err != nil {
 		return err

@@ -394,16 +394,18 @@ func (d *Device) readLater(op string, dst []byte, b gpu.Buffer, spans func(cb *B
 	}
 	// The least free slot that holds dst, else the largest, to grow.
 	fits := func(c *lateSlot) bool { return c.size >= len(dst) }
+	better := func(c, s *lateSlot) bool {
+		switch {
+		case fits(c) != fits(s):
+			return fits(c)
+		case fits(c):
+			return c.size < s.size
+		}
+		return c.size > s.size
+	}
 	var s *lateSlot
 	for i := range d.late {
-		c := &d.late[i]
-		switch {
-		case c.pending:
-		case s == nil, fits(c) != fits(s):
-			if s == nil || fits(c) {
-				s = c
-			}
-		case fits(c) && c.size < s.size, !fits(c) && c.size > s.size:
+		if c := &d.late[i]; !c.pending && (s == nil || better(c, s)) {
 			s = c
 		}
 	}

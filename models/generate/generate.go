@@ -296,9 +296,7 @@ func (s *State) RowStep(id int32, logits []float32) Step {
 
 // AcceptStep records a token chosen elsewhere with its log-probabilities
 // (RowStep).
-func (s *State) AcceptStep(st Step) Step {
-	return s.accept(Step{ID: st.ID, Logprob: st.Logprob, TopIDs: st.TopIDs, TopLPs: st.TopLPs})
-}
+func (s *State) AcceptStep(st Step) Step { return s.accept(st) }
 
 func (s *State) accept(st Step) Step {
 	s.n++

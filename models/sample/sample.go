@@ -183,17 +183,14 @@ func logProbs(logits []float32, i, k int) (int32, float32, []int32, []float32) {
 	k = max(0, min(k, len(logits)))
 	var parts [logProbChunks]logProbPart
 	size := (len(logits) + logProbChunks - 1) / logProbChunks
-	each := func(f func(c int, lo, hi int)) {
-		piece := func(c int) { f(c, min(c*size, len(logits)), min((c+1)*size, len(logits))) }
-		if len(logits) < logProbParallel {
-			for c := range logProbChunks {
-				piece(c)
-			}
-			return
+	scan := func(c int) { parts[c].scan(logits, min(c*size, len(logits)), min((c+1)*size, len(logits)), k) }
+	if len(logits) < logProbParallel {
+		for c := range logProbChunks {
+			scan(c)
 		}
-		gpu.InParallel(logProbChunks, piece)
+	} else {
+		gpu.InParallel(logProbChunks, scan)
 	}
-	each(func(c, lo, hi int) { parts[c].scan(logits, lo, hi, k) })
 	mx := float32(math.Inf(-1))
 	at := 0
 	for c := range parts {
