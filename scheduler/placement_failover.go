@@ -178,11 +178,7 @@ func (f *Failover) chooseOnHost(ctx context.Context, e Engine, b *models.Batch, 
 	if err := e.Forward(ctx, b, f.logits); err != nil {
 		return err
 	}
-	var read []int32
-	if logits != nil {
-		read = b.Read
-	}
-	chooseOnHost(ids, f.logits, f.vocab, rows, &f.draw, read, logits)
+	chooseOnHost(ids, f.logits, f.vocab, rows, &f.draw, b.Read, logits)
 	return nil
 }
 

@@ -318,11 +318,7 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
-		var read []int32
-		if logits != nil {
-			read = b.Read
-		}
-		chooseOnHost(ids, p.scratch, p.vocab, rows, &p.draw, read, logits)
+		chooseOnHost(ids, p.scratch, p.vocab, rows, &p.draw, b.Read, logits)
 		return nil
 	}
 	read := b.Read
@@ -345,9 +341,12 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 
 // chooseOnHost chooses each row's token from all, a step's logits rows
 // of vocab values each, as an engine that chooses does: greedy with rows
-// nil, else drawn as rows say, in sc's memory; first it copies the rows
-// read names into logits, since a draw may rewrite all.
+// nil, else drawn as rows say, in sc's memory; first, with logits, it
+// copies the rows read names into logits, since a draw may rewrite all.
 func chooseOnHost(ids []int32, all []float32, vocab int, rows []gpu.SampleRow, sc *gpu.SampleScratch, read []int32, logits []float32) {
+	if logits == nil {
+		read = nil
+	}
 	for k, r := range read {
 		copy(logits[k*vocab:(k+1)*vocab], all[int(r)*vocab:])
 	}
