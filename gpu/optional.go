@@ -80,3 +80,13 @@ func RowBytes(n int, rows []int32, width int, dt DType) (int, error) {
 	}
 	return row, nil
 }
+
+// Summarizer is a device that takes log-probabilities from logits rows
+// itself: out (F32, [len(rows), SummaryWidth(top)]) holds, for each row
+// rows[j] of logits (width wide), what Summarize writes for the token
+// ids[rows[j]] (I32, a token per row of logits) and the top most likely
+// tokens, top at most MaxSummaryTop. Only a step's few values then come
+// back, where its whole rows would.
+type Summarizer interface {
+	Summarize(out, logits, ids Buffer, rows []int32, width, top int) error
+}

@@ -200,6 +200,38 @@ func chainReads(s int) []int32 {
 	return [][]int32{{0, 1}, {1}, nil}[s%3]
 }
 
+// chainTop is whether step s of checkChains reads summaries of its rows
+// (Batch.Summaries), and of how many likely tokens.
+func chainTop(s int) (bool, int) {
+	return s%2 == 1, [3]int{5, 0, gpu.MaxSummaryTop}[s%3]
+}
+
+// sameSummary reports whether two log-probability summaries name the same
+// tokens with log-probabilities within 2 ulp (a device's sums may differ
+// from the host's in their last bits).
+func sameSummary(a, b []float32) bool {
+	if len(a) != len(b) || a[1] != b[1] {
+		return false
+	}
+	near := func(x, y float32) bool {
+		if x == y || x != x && y != y {
+			return true
+		}
+		lo, hi := math.Nextafter32(math.Nextafter32(y, -math.MaxFloat32), -math.MaxFloat32), math.Nextafter32(math.Nextafter32(y, math.MaxFloat32), math.MaxFloat32)
+		return x >= lo && x <= hi
+	}
+	for j := range a {
+		if j >= 2 && j%2 == 0 {
+			if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
+				return false
+			}
+		} else if !near(a[j], b[j]) {
+			return false
+		}
+	}
+	return true
+}
+
 // checkChains decodes two sequences greedy and then drawn, once through a
 // loop of ForwardChoose and once through IssueStep's queued steps, each
 // fed the choice of the step before on the device, reading some steps'
@@ -239,15 +271,24 @@ func checkChains(t *testing.T, m *models.Model) {
 				full := make([]float32, 2*V)
 				for s := range gen {
 					db.Read = chainReads(s)
+					db.Summaries, db.Top = chainTop(s)
 					if err := m.Forward(ctx, cache, db, full); err != nil {
 						t.Fatal(err)
 					}
-					rows := make([]float32, len(db.Read)*V)
+					W := db.ReadWidth(V)
+					rows := make([]float32, len(db.Read)*W)
 					if err := m.ForwardChoose(ctx, cache, db, draws(s), ids, rows); err != nil {
 						t.Fatal(err)
 					}
 					for i, r := range db.Read {
-						if !slices.Equal(rows[i*V:(i+1)*V], full[int(r)*V:(int(r)+1)*V]) {
+						row := full[int(r)*V : (int(r)+1)*V]
+						if db.Summaries {
+							want := make([]float32, W)
+							gpu.Summarize(want, row, ids[r], db.Top)
+							if !sameSummary(rows[i*W:(i+1)*W], want) {
+								t.Fatalf("step %d: row %d's summary %v, want %v", s, r, rows[i*W:(i+1)*W], want)
+							}
+						} else if !slices.Equal(rows[i*V:(i+1)*V], row) {
 							t.Fatalf("step %d: row %d read with the choices differs from Forward's", s, r)
 						}
 					}
@@ -257,6 +298,11 @@ func checkChains(t *testing.T, m *models.Model) {
 					db.Pos[0]++
 					db.Pos[1]++
 				}
+				db.Read, db.Summaries, db.Top = []int32{0}, true, gpu.MaxSummaryTop+1
+				if err := m.ForwardChoose(ctx, cache, db, nil, ids, make([]float32, 2*V)); err == nil {
+					t.Error("a summary of too many tokens was taken")
+				}
+				db.Summaries = false
 				db.Read = []int32{1, 0}
 				if err := m.ForwardChoose(ctx, cache, db, nil, ids, make([]float32, 2*V)); err == nil {
 					t.Error("rows to read out of order were taken")
@@ -281,7 +327,8 @@ func checkChains(t *testing.T, m *models.Model) {
 			}
 			for s := range gen {
 				db.Read = chainReads(s)
-				rows[s%2] = make([]float32, len(db.Read)*V)
+				db.Summaries, db.Top = chainTop(s)
+				rows[s%2] = make([]float32, len(db.Read)*db.ReadWidth(V))
 				if wait[s%2], err = m.IssueStep(ctx, cache, db, draws(s), s > 0, got[s%2], rows[s%2]); err != nil {
 					t.Fatal(err)
 				}
@@ -294,7 +341,7 @@ func checkChains(t *testing.T, m *models.Model) {
 			take((gen - 1) % 2)
 			// Refused: rows out of order, more rows than the step before
 			// chose, a whole-row draw and rows to read out of order.
-			db.Read = nil
+			db.Read, db.Summaries = nil, false
 			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids, nil); err == nil {
 				t.Error("a step fed by the one before with its logits rows swapped was queued")
 			}

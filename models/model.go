@@ -98,6 +98,7 @@ type scratch struct {
 	qkv1, q1, k1, v1, gu1, g1, u1 gpu.Buffer
 	packedRows                    int
 	logits, last, next            gpu.Buffer // next: the argmax of each logits row
+	summary                       gpu.Buffer // the rows' log-probability summaries (Batch.Summaries)
 	chosen                        int        // rows of next the last step chose (0: it chose none)
 	drew                          bool       // and whether it drew them (gpu.Sampler): draws may follow them
 	// A vocabulary-parallel LM head writes this rank's columns of each row
@@ -411,13 +412,7 @@ func (m *Model) Close() error {
 	m.group = nil
 	m.dropGraphs(nil)
 	m.s.idx.free(m.dev)
-	for _, b := range []gpu.Buffer{m.s.logits, m.s.last, m.s.next, m.s.logitsPart} {
-		if b != nil {
-			m.dev.Free(b)
-		}
-	}
-	m.s.logits, m.s.last, m.s.next, m.s.logitsPart, m.s.logitRows = nil, nil, nil, nil, 0
-	m.s.rowPart, m.s.rowFull = nil, nil
+	m.freeLogits()
 	for _, b := range m.owned {
 		m.dev.Free(b)
 	}
@@ -613,6 +608,21 @@ type Batch struct {
 	// increasing) it returns as well: the rows of the sequences that
 	// report log-probabilities.
 	Read []int32
+	// Summaries asks for the rows Read names not raw but summarized on the
+	// engine (gpu.Summarize): the chosen token's log-probability and the
+	// Top most likely tokens' (at most gpu.MaxSummaryTop), ReadWidth values
+	// a row where a raw row takes Vocab. For sequences whose
+	// log-probabilities are the raw rows' (no grammar, penalties or bias).
+	Summaries bool
+	Top       int
+}
+
+// ReadWidth is how many values each row read takes: vocab, or a summary's.
+func (b *Batch) ReadWidth(vocab int) int {
+	if b.Summaries {
+		return gpu.SummaryWidth(b.Top)
+	}
+	return vocab
 }
 
 // Forward runs one step. For the last stage it writes the logits of the
@@ -823,6 +833,9 @@ func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err != nil {
 		return err
 	}
+	if b.Summaries {
+		return m.summarize(b, ids, logits)
+	}
 	for k, r := range b.Read {
 		if read[k] {
 			continue
@@ -832,6 +845,52 @@ func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows 
 		}
 	}
 	return nil
+}
+
+// summarize writes into out the summaries of the rows b.Read names
+// (Batch.Summaries) for the tokens ids, from the logits of the step just
+// run: on the device where it summarizes (the ids written to it first,
+// since the host may have drawn some), else on the host from each row.
+func (m *Model) summarize(b *Batch, ids []int32, out []float32) error {
+	V, W := m.Config.Vocab, gpu.SummaryWidth(b.Top)
+	if len(b.Read) == 0 {
+		return nil
+	}
+	if s, ok := m.dev.(gpu.Summarizer); ok {
+		if err := m.dev.Write(m.s.next, 0, gpu.I32Bytes(ids[:len(b.Logits)])); err != nil {
+			return err
+		}
+		if err := s.Summarize(m.s.summary, m.s.logits, m.s.next, b.Read, V, b.Top); err != nil {
+			return err
+		}
+		return m.dev.Read(gpu.F32Bytes(out[:len(b.Read)*W]), m.s.summary, 0)
+	}
+	if cap(m.s.hostLogits) < V {
+		m.s.hostLogits = make([]float32, V)
+	}
+	row := m.s.hostLogits[:V]
+	for k, r := range b.Read {
+		if err := m.dev.Read(gpu.F32Bytes(row), m.s.logits, int(r)*V); err != nil {
+			return err
+		}
+		gpu.Summarize(out[k*W:(k+1)*W], row, ids[r], b.Top)
+	}
+	return nil
+}
+
+// summarizeLater queues the summaries of the rows b.Read names, for the
+// choices the step just issued left on the device, and their read into
+// out (IssueStep).
+func (m *Model) summarizeLater(b *Batch, out []float32) (func() error, error) {
+	s, ok := m.dev.(gpu.Summarizer)
+	if !ok {
+		return nil, fmt.Errorf("forward: this device does not summarize log-probabilities")
+	}
+	n := len(b.Read) * gpu.SummaryWidth(b.Top)
+	if err := s.Summarize(m.s.summary, m.s.logits, m.s.next, b.Read, m.Config.Vocab, b.Top); err != nil {
+		return nil, err
+	}
+	return m.dev.(gpu.LateReader).ReadLater(gpu.F32Bytes(out[:n]), m.s.summary, 0)
 }
 
 // CheckRead checks that Read names increasing logits rows of b.
@@ -850,8 +909,11 @@ func (b *Batch) CheckReadInto(logits []float32, vocab int) error {
 	if err := b.CheckRead(); err != nil {
 		return err
 	}
-	if len(logits) < len(b.Read)*vocab {
-		return fmt.Errorf("%d floats for %d rows to read of %d", len(logits), len(b.Read), vocab)
+	if b.Summaries && (b.Top < 0 || b.Top > gpu.MaxSummaryTop || b.Top > vocab) {
+		return fmt.Errorf("summaries of the %d most likely tokens (at most %d)", b.Top, gpu.MaxSummaryTop)
+	}
+	if w := b.ReadWidth(vocab); len(logits) < len(b.Read)*w {
+		return fmt.Errorf("%d floats for %d rows to read of %d", len(logits), len(b.Read), w)
 	}
 	return nil
 }
@@ -947,7 +1009,12 @@ func (m *Model) IssueStep(ctx context.Context, cache *Cache, b *Batch, rows []gp
 	if err != nil || len(b.Read) == 0 {
 		return chosen, err
 	}
-	read, err := m.dev.(gpu.LateReader).ReadRowsLater(gpu.F32Bytes(logits[:len(b.Read)*m.Config.Vocab]), m.s.logits, b.Read, m.Config.Vocab)
+	var read func() error
+	if b.Summaries {
+		read, err = m.summarizeLater(b, logits)
+	} else {
+		read, err = m.dev.(gpu.LateReader).ReadRowsLater(gpu.F32Bytes(logits[:len(b.Read)*m.Config.Vocab]), m.s.logits, b.Read, m.Config.Vocab)
+	}
 	if err != nil {
 		_ = chosen()
 		return nil, err
@@ -1093,6 +1160,19 @@ func argmax(v []float32) int32 {
 	return int32(max(best, 0))
 }
 
+// freeLogits frees the buffers of the logits rows and what is formed from
+// them.
+func (m *Model) freeLogits() {
+	s := &m.s
+	for _, b := range []gpu.Buffer{s.logits, s.last, s.next, s.summary, s.logitsPart} {
+		if b != nil {
+			m.dev.Free(b)
+		}
+	}
+	s.logits, s.last, s.next, s.summary, s.logitsPart, s.logitRows = nil, nil, nil, nil, nil, 0
+	s.rowPart, s.rowFull = nil, nil
+}
+
 // ensureLogits sizes the logits buffers for r rows.
 func (m *Model) ensureLogits(r int) error {
 	s, d, c := &m.s, m.dev, &m.Config
@@ -1100,13 +1180,7 @@ func (m *Model) ensureLogits(r int) error {
 		return nil
 	}
 	m.dropGraphs(nil)
-	for _, b := range []gpu.Buffer{s.logits, s.last, s.next, s.logitsPart} {
-		if b != nil {
-			d.Free(b)
-		}
-	}
-	s.logits, s.last, s.next, s.logitsPart, s.logitRows = nil, nil, nil, nil, 0
-	s.rowPart, s.rowFull = nil, nil
+	m.freeLogits()
 	var err error
 	if s.logits, err = d.Alloc(gpu.F32, r*c.Vocab); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
@@ -1115,6 +1189,9 @@ func (m *Model) ensureLogits(r int) error {
 		return fmt.Errorf("forward: logits: %w", err)
 	}
 	if s.next, err = d.Alloc(gpu.I32, r); err != nil {
+		return fmt.Errorf("forward: logits: %w", err)
+	}
+	if s.summary, err = d.Alloc(gpu.F32, r*gpu.SummaryWidth(gpu.MaxSummaryTop)); err != nil {
 		return fmt.Errorf("forward: logits: %w", err)
 	}
 	if m.headSplit {

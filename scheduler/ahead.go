@@ -34,7 +34,7 @@ import (
 // returns some logits rows (models.Batch.Read: sequences that report
 // log-probabilities) queues the next reading the same rows, late, into
 // the shard's memory; the plan that it answers may ask for those rows or
-// fewer.
+// fewer, in the same form (raw, or summarized alike: models.Batch.Summaries).
 
 // aheadStep is a step queued before it was asked for.
 type aheadStep struct {
@@ -44,7 +44,9 @@ type aheadStep struct {
 	fed      []int32         // the tokens it embeds: the choices of the step before
 	ids      []int32         // its choices, once wait returns
 	read     []int32         // the logits rows it reads (models.Batch.Read)
-	logits   []float32       // those rows, once wait returns
+	summary  bool            // as summaries of the top most likely tokens (models.Batch.Summaries)
+	top      int
+	logits   []float32 // those rows, once wait returns
 	wait     func() error
 }
 
@@ -55,12 +57,12 @@ type aheadStep struct {
 func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
 	var wait func() error
 	how := "issued"
-	V := s.model.Config.Vocab
+	V := b.ReadWidth(s.model.Config.Vocab)
 	logits := s.out(0, len(b.Read)*V)
 	idx, ok := s.ahead.rowsOf(b, rows)
 	var at []int
 	if ok {
-		at, ok = s.ahead.readAt(b.Read, idx)
+		at, ok = s.ahead.readAt(b, idx)
 	}
 	if ok {
 		a := s.ahead
@@ -130,9 +132,9 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 		return
 	}
 	a := &aheadStep{pos: make([]int32, n), seq: slices.Clone(b.Seq), tables: make([][]int32, len(b.Tables)), ids: make([]int32, n),
-		read: slices.Clone(b.Read)}
+		read: slices.Clone(b.Read), summary: b.Summaries, top: b.Top}
 	if len(a.read) > 0 {
-		need := len(a.read) * s.model.Config.Vocab
+		need := len(a.read) * b.ReadWidth(s.model.Config.Vocab)
 		a.logits, s.spare = s.spare, nil
 		if cap(a.logits) < need {
 			a.logits = make([]float32, need)
@@ -154,7 +156,8 @@ func (s *Shard) queueAhead(ctx context.Context, b *models.Batch, drawn bool) {
 		a.pos[i] = int32(p)
 		a.tables[b.Seq[i]] = slices.Clone(t[:p/bs+1])
 	}
-	next := &models.Batch{Tokens: make([]int32, n), Pos: a.pos, Seq: a.seq, Tables: a.tables, Logits: b.Logits, Read: a.read}
+	next := &models.Batch{Tokens: make([]int32, n), Pos: a.pos, Seq: a.seq, Tables: a.tables, Logits: b.Logits, Read: a.read,
+		Summaries: a.summary, Top: a.top}
 	for i := range a.tables {
 		if a.tables[i] == nil {
 			a.tables[i] = []int32{} // a row no token reads
@@ -211,12 +214,16 @@ func (a *aheadStep) rowsOf(b *models.Batch, rows []gpu.SampleRow) ([]int, bool) 
 	return idx, true
 }
 
-// readAt says, for each row of read (rows of a step whose rows are a's
+// readAt says, for each row of b.Read (rows of a step whose rows are a's
 // rows idx), which of the rows a read holds it, or false where a did not
-// read one.
-func (a *aheadStep) readAt(read []int32, idx []int) ([]int, bool) {
-	at := make([]int, len(read))
-	for k, r := range read {
+// read one, or read its rows in another form (raw or summarized, and of
+// how many tokens).
+func (a *aheadStep) readAt(b *models.Batch, idx []int) ([]int, bool) {
+	if len(b.Read) > 0 && (b.Summaries != a.summary || b.Summaries && b.Top != a.top) {
+		return nil, false
+	}
+	at := make([]int, len(b.Read))
+	for k, r := range b.Read {
 		if r < 0 || int(r) >= len(idx) {
 			return nil, false
 		}

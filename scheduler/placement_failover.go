@@ -178,7 +178,7 @@ func (f *Failover) chooseOnHost(ctx context.Context, e Engine, b *models.Batch, 
 	if err := e.Forward(ctx, b, f.logits); err != nil {
 		return err
 	}
-	chooseOnHost(ids, f.logits, f.vocab, rows, &f.draw, b.Read, logits)
+	chooseOnHost(ids, f.logits, f.vocab, rows, &f.draw, b, logits)
 	return nil
 }
 

@@ -422,11 +422,16 @@ plan:
 	se, drawn := s.engine.(SampleEngine)
 	ce, reads := s.engine.(ChooseEngine)
 	b.Continues, b.NextDraws, b.Read = len(s.waiting) == 0, nil, b.Read[:0]
+	b.Summaries, b.Top = true, 0
 	for i, q := range sampled {
 		greedy = greedy && q.gen.Greedy()
 		drawn = drawn && q.gen.Drawable()
 		if q.gen.Logprobs() {
 			b.Read = append(b.Read, int32(i))
+			// The rows come back summarized where no sequence reading them
+			// changes them first.
+			b.Summaries = b.Summaries && q.gen.Summarizable()
+			b.Top = max(b.Top, q.req.Params.TopLogprobs)
 		}
 		if q.gen.Generated()+1 >= q.req.Params.MaxTokens || len(q.tokens)+1 >= s.cfg.Context || q.gen.Constrained() {
 			b.Continues = false
@@ -437,8 +442,12 @@ plan:
 	if !greedy && !drawn {
 		b.Read = b.Read[:0]
 	}
-	V := s.cfg.Vocab
-	s.read = slices.Grow(s.read[:0], len(b.Read)*V)[:len(b.Read)*V]
+	b.Summaries = b.Summaries && len(b.Read) > 0
+	if !b.Summaries {
+		b.Top = 0
+	}
+	V, W := s.cfg.Vocab, b.ReadWidth(s.cfg.Vocab)
+	s.read = slices.Grow(s.read[:0], len(b.Read)*W)[:len(b.Read)*W]
 	span := &s.span
 	s.tracer.step(span, ctx, in, len(b.Tokens))
 	var err error
@@ -489,10 +498,19 @@ plan:
 	// their sequences' sample spans start before it.
 	rowsStart := time.Now()
 	s.rowSteps = slices.Grow(s.rowSteps[:0], len(b.Read))[:len(b.Read)]
-	gpu.InParallel(len(b.Read), func(j int) {
-		i := b.Read[j]
-		s.rowSteps[j] = sampled[i].gen.RowStep(s.ids[i], s.read[j*V:(j+1)*V])
-	})
+	if b.Summaries {
+		for j, i := range b.Read {
+			if s.rowSteps[j], err = sampled[i].gen.SummaryStep(s.ids[i], s.read[j*W:(j+1)*W]); err != nil {
+				span.end()
+				return fmt.Errorf("step: %w", err)
+			}
+		}
+	} else {
+		gpu.InParallel(len(b.Read), func(j int) {
+			i := b.Read[j]
+			s.rowSteps[j] = sampled[i].gen.RowStep(s.ids[i], s.read[j*V:(j+1)*V])
+		})
+	}
 	read := b.Read
 	for i, q := range sampled {
 		t0 := time.Now()

@@ -197,7 +197,7 @@ type logitsOnly struct{ Engine }
 // those of them that returned logits rows too.
 type argmaxCounter struct {
 	*ModelEngine
-	steps, reads atomic.Int64
+	steps, reads, summaries atomic.Int64
 }
 
 func (a *argmaxCounter) ForwardArgmax(ctx context.Context, b *models.Batch, ids []int32) error {
@@ -208,6 +208,9 @@ func (a *argmaxCounter) ForwardArgmax(ctx context.Context, b *models.Batch, ids 
 func (a *argmaxCounter) ForwardChoose(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32, logits []float32) error {
 	a.steps.Add(1)
 	a.reads.Add(1)
+	if b.Summaries {
+		a.summaries.Add(1)
+	}
 	return a.ModelEngine.ForwardChoose(ctx, b, rows, ids, logits)
 }
 
@@ -215,8 +218,8 @@ func (a *argmaxCounter) ForwardChoose(ctx context.Context, b *models.Batch, rows
 // engine choosing greedy tokens (ArgmaxEngine) and with the scheduler
 // sampling from logits: the same tokens, the reference's. A request asking
 // for log-probabilities has its tokens chosen on the engine too, which
-// returns its logits rows (ChooseEngine), and gets the log-probabilities
-// the scheduler takes from the logits.
+// returns its logits rows summarized (ChooseEngine), and gets the
+// log-probabilities the scheduler takes from the logits.
 func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	samples := demoSamples(t)
 	cfg := Config{MaxQueue: 64, MaxBatchTokens: 64, MaxSeqs: 16}
@@ -239,8 +242,8 @@ func TestGreedyStepsChooseOnTheEngine(t *testing.T) {
 	onEngine, lpFrames := run(func(e *ModelEngine) Engine { counter.ModelEngine = e; return counter })
 	onHost, hostFrames := run(func(e *ModelEngine) Engine { return logitsOnly{e} })
 	sameFrames(t, "logprobs request", lpFrames, hostFrames)
-	if counter.reads.Load() == 0 {
-		t.Error("no step returned the logprobs request's logits rows with the tokens")
+	if counter.reads.Load() == 0 || counter.summaries.Load() != counter.reads.Load() {
+		t.Errorf("%d steps returned the logprobs request's logits rows with the tokens, %d summarized: want all", counter.reads.Load(), counter.summaries.Load())
 	}
 	for i := range samples {
 		if fmt.Sprint(onEngine[i]) != fmt.Sprint(samples[i].GreedyIDs) || fmt.Sprint(onHost[i]) != fmt.Sprint(onEngine[i]) {
@@ -299,7 +302,7 @@ func sameToken(id int32, lp float32, ids []int32, lps []float32, wid int32, wlp 
 // those of them that returned logits rows too.
 type sampleCounter struct {
 	*ModelEngine
-	steps, reads atomic.Int64
+	steps, reads, summaries atomic.Int64
 }
 
 func (c *sampleCounter) ForwardSample(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) error {
@@ -312,12 +315,16 @@ func (c *sampleCounter) ForwardChoose(ctx context.Context, b *models.Batch, rows
 		c.steps.Add(1)
 	}
 	c.reads.Add(1)
+	if b.Summaries {
+		c.summaries.Add(1)
+	}
 	return c.ModelEngine.ForwardChoose(ctx, b, rows, ids, logits)
 }
 
 // TestSampledStepsDrawOnTheEngine runs the same seeded, sampled requests
 // (temperature alone; top-k with top-p and min-p; mixed in one batch with
-// a greedy one; penalties; log-probabilities, with penalties and bias)
+// a greedy one; penalties; log-probabilities, with penalties and bias, and
+// without, whose rows the engine summarizes)
 // with the engine drawing the tokens (SampleEngine, ChooseEngine) and with
 // the scheduler drawing from the logits: the same tokens and
 // log-probabilities, since both take the same numbers from each request's
@@ -334,6 +341,7 @@ func TestSampledStepsDrawOnTheEngine(t *testing.T) {
 		{MaxTokens: 3, IgnoreEOS: true, Params: sample.Params{Temperature: 0.8, RepetitionPenalty: 1.3, Seed: seed(4)}},
 		{MaxTokens: 12, IgnoreEOS: true, Logprobs: true, TopLogprobs: 4, Params: sample.Params{Temperature: 0.8, TopK: 50,
 			PresencePenalty: 0.7, FrequencyPenalty: 0.3, LogitBias: map[int32]float32{11: 3}, Seed: seed(5)}},
+		{MaxTokens: 24, IgnoreEOS: true, Logprobs: true, TopLogprobs: 20, Params: sample.Params{Temperature: 0.8, TopP: 0.95, Seed: seed(6)}},
 	}
 	run := func(wrap func(*ModelEngine) Engine) [][]Frame {
 		h := startWith(t, 256, cfg, wrap)
@@ -365,7 +373,12 @@ func TestSampledStepsDrawOnTheEngine(t *testing.T) {
 	if counter.steps.Load() < 5 || counter.reads.Load() < 5 {
 		t.Errorf("%d steps drew their tokens on the engine, %d returned rows", counter.steps.Load(), counter.reads.Load())
 	}
-	t.Logf("%d steps drawn on the engine, %d with rows; request 1: %v", counter.steps.Load(), counter.reads.Load(), ids(t, onEngine[1]))
+	// Once the request with penalties and bias is done, the other's rows
+	// come back summarized.
+	if counter.summaries.Load() == 0 {
+		t.Error("no step returned summaries of its rows")
+	}
+	t.Logf("%d steps drawn on the engine, %d with rows, %d of them summarized; request 1: %v", counter.steps.Load(), counter.reads.Load(), counter.summaries.Load(), ids(t, onEngine[1]))
 }
 
 // TestPreemption runs more than the cache holds: sequences are preempted,

@@ -230,8 +230,9 @@ func TestSingleStageQueuesAhead(t *testing.T) {
 }
 
 // TestPipelineDraws: seeded, sampled requests, one reporting
-// log-probabilities, and a greedy one reporting them that outlives the
-// others, served by one stage (whose shard draws the tokens,
+// log-probabilities, one with a penalty reporting them (whose rows come
+// back raw, where the others' come back summarized), and a greedy one
+// reporting them that outlives the others, served by one stage (whose shard draws the tokens,
 // ForwardMsg.Sample, and returns the logits rows asked for,
 // ForwardMsg.Read), by one stage whose shard queues each step's successor
 // with the next draws the plan carries (ForwardMsg.NextSample) and the
@@ -245,6 +246,10 @@ func TestPipelineDraws(t *testing.T) {
 		{ID: "b", Prompt: s.PromptIDs, MaxTokens: 10, IgnoreEOS: true, Temperature: 1.1, TopK: 30, TopP: 0.9, MinP: 0.01, HasSeed: true, Seed: 8,
 			Logprobs: true, TopLogprobs: 2},
 		{ID: "c", Prompt: s.PromptIDs[:3], MaxTokens: 16, IgnoreEOS: true, TopLogprobs: 3},
+		// Its penalty changes its rows: while it runs, the rows come back
+		// raw, after it summarized (models.Batch.Summaries).
+		{ID: "d", Prompt: s.PromptIDs[:5], MaxTokens: 5, IgnoreEOS: true, Temperature: 0.8, HasSeed: true, Seed: 9, PresencePenalty: 0.5,
+			Logprobs: true, TopLogprobs: 1},
 	}
 	var used, dropped int
 	run := func(stages int, micro, queue bool) [][]FrameMsg {

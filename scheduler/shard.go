@@ -98,7 +98,8 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.model.Config
-	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues, NextDraws: m.NextSample, Read: m.Read}
+	b := &models.Batch{Tokens: m.Tokens, Pos: m.Pos, Seq: m.Seq, Tables: m.Tables, Logits: m.Logits, Continues: m.Continues, NextDraws: m.NextSample, Read: m.Read,
+		Summaries: m.Summaries, Top: m.Top}
 	if !s.model.IsFirst() {
 		in, err := readRef(ctx, s.plane, s.Remote, m.Input)
 		if err != nil {
@@ -132,7 +133,7 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 				return err
 			}
 			s.dropAhead()
-			return s.model.ForwardChoose(ctx, s.cache, b, draws, ids, s.out(m.Micro, len(m.Read)*cfg.Vocab))
+			return s.model.ForwardChoose(ctx, s.cache, b, draws, ids, s.out(m.Micro, len(m.Read)*b.ReadWidth(cfg.Vocab)))
 		})
 		if err != nil {
 			return ForwardReply{}, bus.Errorf(bus.CodeBadRequest, "shard %s: %w", s.ID, err)
@@ -140,7 +141,8 @@ func (s *Shard) Forward(ctx context.Context, m ForwardMsg) (ForwardReply, error)
 		reply := ForwardReply{IDs: ids}
 		if len(m.Read) > 0 {
 			// The rows' memory may have changed hands (chained).
-			reply.Output = s.publish(m.Micro, s.out(m.Micro, len(m.Read)*cfg.Vocab), len(m.Read), cfg.Vocab)
+			w := b.ReadWidth(cfg.Vocab)
+			reply.Output = s.publish(m.Micro, s.out(m.Micro, len(m.Read)*w), len(m.Read), w)
 		}
 		return reply, nil
 	}
@@ -273,7 +275,7 @@ func (p *Pipeline) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if err != nil || len(b.Logits) == 0 {
 		return err
 	}
-	return p.readRows(ctx, out.Output, len(b.Logits), logits)
+	return p.readRows(ctx, out.Output, len(b.Logits)*p.vocab, logits)
 }
 
 // ForwardArgmax implements ArgmaxEngine: the last stage returns each row's
@@ -318,7 +320,7 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 		if err := p.forwardMicro(ctx, b, parts, p.scratch); err != nil {
 			return err
 		}
-		chooseOnHost(ids, p.scratch, p.vocab, rows, &p.draw, b.Read, logits)
+		chooseOnHost(ids, p.scratch, p.vocab, rows, &p.draw, b, logits)
 		return nil
 	}
 	read := b.Read
@@ -336,24 +338,46 @@ func (p *Pipeline) forwardIDs(ctx context.Context, b *models.Batch, rows []gpu.S
 	if len(read) == 0 {
 		return nil
 	}
-	return p.readRows(ctx, out.Output, len(read), logits)
+	return p.readRows(ctx, out.Output, len(read)*b.ReadWidth(p.vocab), logits)
 }
 
 // chooseOnHost chooses each row's token from all, a step's logits rows
 // of vocab values each, as an engine that chooses does: greedy with rows
-// nil, else drawn as rows say, in sc's memory; first, with logits, it
-// copies the rows read names into logits, since a draw may rewrite all.
-func chooseOnHost(ids []int32, all []float32, vocab int, rows []gpu.SampleRow, sc *gpu.SampleScratch, read []int32, logits []float32) {
+// nil, else drawn as rows say, in sc's memory; with logits, it returns
+// there the rows b.Read names as they were before a draw rewrote them, or
+// their summaries (b.Summaries).
+func chooseOnHost(ids []int32, all []float32, vocab int, rows []gpu.SampleRow, sc *gpu.SampleScratch, b *models.Batch, logits []float32) {
+	read := b.Read
 	if logits == nil {
 		read = nil
 	}
-	for k, r := range read {
-		copy(logits[k*vocab:(k+1)*vocab], all[int(r)*vocab:])
+	raw := logits
+	if b.Summaries && len(read) > 0 {
+		raw = nil
+		if rows != nil {
+			raw = make([]float32, len(read)*vocab)
+		}
+	}
+	if raw != nil {
+		for k, r := range read {
+			copy(raw[k*vocab:(k+1)*vocab], all[int(r)*vocab:])
+		}
 	}
 	if rows == nil {
 		models.ArgmaxRows(ids, all, vocab)
 	} else {
 		models.SampleRows(ids, all, vocab, rows, sc)
+	}
+	if !b.Summaries {
+		return
+	}
+	w := gpu.SummaryWidth(b.Top)
+	for k, r := range read {
+		row := all[int(r)*vocab : (int(r)+1)*vocab]
+		if raw != nil {
+			row = raw[k*vocab : (k+1)*vocab]
+		}
+		gpu.Summarize(logits[k*w:(k+1)*w], row, ids[r], b.Top)
 	}
 }
 
@@ -385,9 +409,12 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 			}
 			copied = true
 		}
-		msg.Sample, msg.NextSample, msg.Read = nil, nil, nil
+		msg.Sample, msg.NextSample, msg.Read, msg.Summaries, msg.Top = nil, nil, nil, false, 0
 		if i == len(p.stages)-1 {
 			msg.Sample, msg.Read = rows, read
+			if len(read) > 0 {
+				msg.Summaries, msg.Top = b.Summaries, b.Top
+			}
 			if len(rows) > 0 && len(next) == len(rows) {
 				msg.NextSample = next
 			}
@@ -411,7 +438,7 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 	return r, nil
 }
 
-// readRows copies n logits rows of the last stage, out, into logits.
+// readRows copies the last stage's rows read, out, n values, into logits.
 func (p *Pipeline) readRows(ctx context.Context, out bus.TensorRef, n int, logits []float32) error {
 	rctx := ctx
 	if out.Node != p.plane.Node() {
@@ -427,8 +454,8 @@ func (p *Pipeline) readRows(ctx context.Context, out bus.TensorRef, n int, logit
 		}
 		return fmt.Errorf("pipeline logits: %w", err)
 	}
-	if want := n * p.vocab; len(rows) != want {
-		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), want)
+	if len(rows) != n {
+		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), n)
 	}
 	gpu.CopyRows(logits, rows)
 	return nil

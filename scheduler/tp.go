@@ -70,17 +70,17 @@ func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float3
 	if err := l.run(ctx, b, false, nil, nil); err != nil || len(b.Logits) == 0 {
 		return err
 	}
-	return l.rows(ctx, len(b.Logits), logits)
+	return l.rows(ctx, len(b.Logits)*l.vocab, logits)
 }
 
-// rows copies rank 0's n logits rows into logits.
+// rows copies rank 0's output, n values, into logits.
 func (l *Lockstep) rows(ctx context.Context, n int, logits []float32) error {
 	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
 	if err != nil {
 		return fmt.Errorf("lockstep logits: %w", err)
 	}
-	if want := n * l.vocab; len(rows) != want {
-		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), want)
+	if len(rows) != n {
+		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), n)
 	}
 	gpu.CopyRows(logits, rows)
 	return nil
@@ -103,7 +103,7 @@ func (l *Lockstep) ForwardChoose(ctx context.Context, b *models.Batch, rows []gp
 	if err := l.chosen(b, ids); err != nil || len(b.Read) == 0 {
 		return err
 	}
-	return l.rows(ctx, len(b.Read), logits)
+	return l.rows(ctx, len(b.Read)*b.ReadWidth(l.vocab), logits)
 }
 
 // ForwardArgmax implements ArgmaxEngine: every rank chooses the tokens
@@ -149,6 +149,9 @@ func (l *Lockstep) run(ctx context.Context, b *models.Batch, argmax bool, rows [
 	l.plan.copyOf(b, rows, read)
 	msg := ForwardMsg{Step: l.step, Tokens: l.plan.tokens, Pos: l.plan.pos, Seq: l.plan.seq, Tables: l.plan.tables, Logits: l.plan.logits,
 		Argmax: argmax, Continues: b.Continues, Read: l.plan.read}
+	if len(read) > 0 {
+		msg.Summaries, msg.Top = b.Summaries, b.Top
+	}
 	if rows != nil {
 		msg.Sample = l.plan.rows
 		if len(l.plan.next) == len(rows) {

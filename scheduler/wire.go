@@ -124,10 +124,14 @@ type ForwardMsg struct {
 	// into Logits, increasing) the last stage returns with the tokens
 	// (models.Batch.Read).
 	Read []int32 `msgpack:"read,omitempty"`
+	// Summaries asks for those rows summarized, with the Top most likely
+	// tokens' log-probabilities (models.Batch.Summaries).
+	Summaries bool `msgpack:"summaries,omitempty"`
+	Top       int  `msgpack:"top,omitempty"`
 }
 
 // Schema implements bus.Message.
-func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 4} }
+func (ForwardMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.shard.forward", Version: 5} }
 
 // ForwardReply names a shard's output: activations, or logits from the last stage.
 type ForwardReply struct {

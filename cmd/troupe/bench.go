@@ -36,10 +36,12 @@ type benchResult struct {
 	DecodeMSPerTk float64 `json:"decode_ms_per_token"`
 	// Sampling describes the draws when they are not greedy.
 	Sampling *benchSampling `json:"sampling,omitempty"`
-	// Logprobs is --logprobs: each step's logits rows read back with its
-	// tokens and the log-probabilities of this many most likely tokens
-	// taken on the host.
-	Logprobs int `json:"logprobs,omitempty"`
+	// Logprobs is --logprobs: the log-probabilities of each step's
+	// tokens and of this many most likely tokens, summarized on the device
+	// and read back with the tokens, or with RawRows (--raw-rows) taken on
+	// the host from the whole rows read back.
+	Logprobs int  `json:"logprobs,omitempty"`
+	RawRows  bool `json:"raw_rows,omitempty"`
 }
 
 // benchSampling is bench's drawing flags.
@@ -67,15 +69,19 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	topP := fs.Float64("top-p", 0, "with --temperature, keep the most likely tokens up to this cumulative probability (0: all)")
 	minP := fs.Float64("min-p", 0, "with --temperature, drop tokens less likely than this times the most likely (0: none)")
 	seed := fs.Int64("seed", 1, "with --temperature, the first sequence's seed (sequence s takes seed+s)")
-	logprobs := fs.Int("logprobs", 0, "read each step's logits rows back with its tokens and take the log-probabilities of this many most likely tokens on the host, as served requests asking for them do (0: none)")
+	logprobs := fs.Int("logprobs", 0, "report the log-probabilities of each token and of this many most likely tokens, as served requests asking for them do: the device summarizes each step's logits rows (0: none)")
+	rawRows := fs.Bool("raw-rows", false, "with --logprobs, read each step's whole logits rows back and take the log-probabilities on the host, as served requests whose grammar, penalties or bias change the rows do")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *prompt < 1 || *gen < 1 || *runs < 1 {
 		return fmt.Errorf("bench: --prompt, --gen and --runs must be positive")
 	}
-	if *logprobs < 0 || *logprobs > 20 {
-		return fmt.Errorf("bench: --logprobs %d: want 0 to 20", *logprobs)
+	if *logprobs < 0 || *logprobs > gpu.MaxSummaryTop {
+		return fmt.Errorf("bench: --logprobs %d: want 0 to %d", *logprobs, gpu.MaxSummaryTop)
+	}
+	if *rawRows && *logprobs == 0 {
+		return fmt.Errorf("bench: --raw-rows needs --logprobs")
 	}
 	sp.Temperature, sp.TopP, sp.MinP = float32(*temp), float32(*topP), float32(*minP)
 	if err := sp.Validate(); err != nil {
@@ -91,7 +97,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg := l.model.Config; *prompt+*gen+2 > cfg.MaxPositions {
 		return fmt.Errorf("bench: %d + %d tokens (and two untimed steps) exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
 	}
-	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, logprobs: *logprobs, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
+	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, logprobs: *logprobs, rawRows: *rawRows, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
 	for _, batch := range batches {
 		r, err := b.measure(ctx, batch)
 		if err != nil {
@@ -151,6 +157,7 @@ type bench struct {
 	sampling          sample.Params // greedy at temperature 0
 	seed              int64
 	logprobs          int  // --logprobs
+	rawRows           bool // --raw-rows
 	quiet, sweep      bool // sweep: several batches, each report named
 	stderr            io.Writer
 }
@@ -172,7 +179,7 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 	if n, c := l.model.Coded(); n > 0 {
 		r.CodedWeights, r.Coding = n, c.String()
 	}
-	r.Logprobs = b.logprobs
+	r.Logprobs, r.RawRows = b.logprobs, b.rawRows
 	if sp.Temperature > 0 {
 		r.Sampling = &benchSampling{Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP, Seed: b.seed}
 	}
@@ -193,7 +200,7 @@ func (b *bench) measure(ctx context.Context, batch int) (benchResult, error) {
 		if batch == 1 && draws == nil && b.logprobs == 0 {
 			pre, dec, err = benchOnce(ctx, l, prompts[0], b.gen)
 		} else {
-			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws, b.logprobs)
+			pre, dec, err = benchBatch(ctx, l, prompts, b.gen, draws, b.logprobs, b.rawRows)
 		}
 		if err != nil {
 			return r, err
@@ -261,7 +268,7 @@ func benchOnce(ctx context.Context, l *loaded, ids []int32, gen int) (prefill, d
 // Where the device chains such steps (models.Model.IssueStep) each is
 // queued before the previous one's tokens are read, after two untimed
 // steps (benchChained); otherwise each waits for the one before, after one.
-func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler, logprobs int) (prefill, decode time.Duration, err error) {
+func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draws []*sample.Sampler, logprobs int, raw bool) (prefill, decode time.Duration, err error) {
 	m := l.model
 	const blockSize = 16
 	B, P := len(prompts), len(prompts[0])
@@ -302,8 +309,8 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 	}
 	var lp benchLogprobs
 	if logprobs > 0 {
-		step.Read = step.Logits
-		lp = benchLogprobs{k: logprobs, vocab: m.Config.Vocab}
+		step.Read, step.Summaries, step.Top = step.Logits, !raw, logprobs
+		lp = benchLogprobs{k: logprobs, width: step.ReadWidth(m.Config.Vocab), raw: raw}
 	}
 	rows := func() []gpu.SampleRow {
 		if draws == nil {
@@ -340,16 +347,19 @@ func benchBatch(ctx context.Context, l *loaded, prompts [][]int32, gen int, draw
 		if err := m.ForwardChoose(ctx, cache, step, rows(), next, lp.buf(0, B)); err != nil {
 			return 0, 0, err
 		}
-		lp.take(0, next)
+		if err := lp.take(0, next); err != nil {
+			return 0, 0, err
+		}
 	}
 	return prefill, time.Since(start), nil
 }
 
-// benchLogprobs takes a step's log-probabilities from its logits rows, as
-// a served sequence that asks for the k most likely tokens' does; k = 0
-// takes none.
+// benchLogprobs takes a step's log-probabilities from its logits rows, or
+// their summaries, as a served sequence that asks for the k most likely
+// tokens' does; k = 0 takes none.
 type benchLogprobs struct {
-	k, vocab int
+	k, width int
+	raw      bool         // whole rows, not summaries
 	rows     [2][]float32 // two steps' rows: one read while the other is taken
 }
 
@@ -358,21 +368,30 @@ func (l *benchLogprobs) buf(i, B int) []float32 {
 	if l.k == 0 {
 		return nil
 	}
-	if len(l.rows[i]) < B*l.vocab {
-		l.rows[i] = make([]float32, B*l.vocab)
+	if len(l.rows[i]) < B*l.width {
+		l.rows[i] = make([]float32, B*l.width)
 	}
 	return l.rows[i]
 }
 
 // take computes the log-probabilities of slot i's rows, ids chosen, the
 // rows at once, as the scheduler takes them.
-func (l *benchLogprobs) take(i int, ids []int32) {
+func (l *benchLogprobs) take(i int, ids []int32) error {
 	if l.k == 0 {
-		return
+		return nil
+	}
+	if !l.raw {
+		for s := range ids {
+			if _, _, _, err := gpu.ReadSummary(l.rows[i][s*l.width:(s+1)*l.width], l.k); err != nil {
+				return fmt.Errorf("bench: sequence %d: %w", s, err)
+			}
+		}
+		return nil
 	}
 	gpu.InParallel(len(ids), func(s int) {
-		sample.LogProbs(l.rows[i][s*l.vocab:(s+1)*l.vocab], int(ids[s]), l.k)
+		gpu.LogProbs(l.rows[i][s*l.width:(s+1)*l.width], int(ids[s]), l.k)
 	})
+	return nil
 }
 
 // benchChained decodes gen+2 steps of step (its tokens the first step's,
@@ -409,12 +428,16 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 			if err := wait[(t-1)%2](); err != nil {
 				return 0, err
 			}
-			lp.take((t-1)%2, got[(t-1)%2])
+			if err := lp.take((t-1)%2, got[(t-1)%2]); err != nil {
+				return 0, err
+			}
 		}
 	}
 	if err := wait[(gen+1)%2](); err != nil {
 		return 0, err
 	}
-	lp.take((gen+1)%2, got[(gen+1)%2])
+	if err := lp.take((gen+1)%2, got[(gen+1)%2]); err != nil {
+		return 0, err
+	}
 	return time.Since(start), nil
 }

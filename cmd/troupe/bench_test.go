@@ -126,21 +126,22 @@ func FuzzBatchList(f *testing.F) {
 	})
 }
 
-// TestBenchLogprobs: --logprobs reads each step's logits rows back with
-// its tokens and reports it in the JSON, greedy or drawn, for one sequence
-// or several; it takes a count up to 20.
+// TestBenchLogprobs: --logprobs reads each step's rows back summarized,
+// or whole with --raw-rows, with its tokens and reports it in the JSON,
+// greedy or drawn, for one sequence or several; it takes a count up to 20.
 func TestBenchLogprobs(t *testing.T) {
-	for _, args := range [][]string{{"--logprobs", "5"}, {"--logprobs", "3", "--batch", "2", "--temperature", "0.7"}} {
+	for _, args := range [][]string{{"--logprobs", "5"}, {"--logprobs", "3", "--batch", "2", "--temperature", "0.7"},
+		{"--logprobs", "4", "--raw-rows", "--batch", "2"}} {
 		out, _, err := runCLI(t, "", append([]string{"bench", "--prompt", "8", "--gen", "6", "--runs", "1", "--json"}, args...)...)
 		if err != nil {
 			t.Fatalf("bench %v: %v", args, err)
 		}
 		var r benchResult
-		if err := json.Unmarshal([]byte(out), &r); err != nil || r.Logprobs != int(args[1][0]-'0') || r.Gen != 6*r.Batch || !(r.DecodeTokS > 0) {
+		if err := json.Unmarshal([]byte(out), &r); err != nil || r.Logprobs != int(args[1][0]-'0') || r.RawRows != slices.Contains(args, "--raw-rows") || r.Gen != 6*r.Batch || !(r.DecodeTokS > 0) {
 			t.Errorf("bench %v: %+v, %v", args, r, err)
 		}
 	}
-	for _, bad := range [][]string{{"--logprobs", "21"}, {"--logprobs", "-1"}} {
+	for _, bad := range [][]string{{"--logprobs", "21"}, {"--logprobs", "-1"}, {"--raw-rows"}} {
 		if _, _, err := runCLI(t, "", append([]string{"bench", "--prompt", "4", "--gen", "1", "--runs", "1"}, bad...)...); err == nil || !strings.Contains(err.Error(), "logprobs") {
 			t.Errorf("bench %v: %v, want an error naming --logprobs", bad, err)
 		}

@@ -382,3 +382,36 @@ func (d *Device) rowsArgs(op string, out, logits gpu.Buffer, n, width int) ([]in
 	}
 	return o, l, nil
 }
+
+var _ gpu.Summarizer = (*Device)(nil)
+
+// Summarize implements gpu.Summarizer with gpu.Summarize, one row after
+// another (each spreads its pieces over threads where it is long).
+func (d *Device) Summarize(out, logits, ids gpu.Buffer, rows []int32, width, top int) error {
+	const op = "summarize"
+	n, err := gpu.SummaryRows(op, rows, width, top)
+	if err != nil {
+		return err
+	}
+	b, err := d.args(op, out, logits, ids)
+	if err != nil {
+		return err
+	}
+	w := gpu.SummaryWidth(top)
+	o, err := f32(op, "out", b[0], len(rows)*w)
+	if err != nil {
+		return err
+	}
+	l, err := f32(op, "logits", b[1], n*width)
+	if err != nil {
+		return err
+	}
+	id, err := i32(op, "ids", b[2], n)
+	if err != nil {
+		return err
+	}
+	for j, r := range rows {
+		gpu.Summarize(o[j*w:(j+1)*w], l[int(r)*width:(int(r)+1)*width], id[r], top)
+	}
+	return nil
+}

@@ -23,7 +23,7 @@ func suffix(dt gpu.DType) string {
 // all, so a stale artifact fails at Open, not mid-model.
 func kernelNames() []string {
 	names := []string{"add_f32", "copy_words", "silumul_f32", "rope_f32", "argmax_f32", "reduce_sum_f32", "attn_combine",
-		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_topk", "moe_route", "moe_combine", "sample_rows", "adjust_follow", "adjust_compact", "adjust_append", "adjust_apply", "adjust_restore"}
+		"allgather_u8", "broadcast_u8", "sumsq2_allreduce_f32", "splitk_sum", "moe_topk", "moe_route", "moe_combine", "sample_rows", "summary_rows", "adjust_follow", "adjust_compact", "adjust_append", "adjust_apply", "adjust_restore"}
 	for _, s := range []string{"f32", "bf16", "f16"} {
 		names = append(names, "allreduce_oneshot_"+s, "allreduce_twoshot_"+s, "allreduce_twoshot_ipc_"+s, "allreduce_ll_"+s, "allreduce_add_rmsnorm_"+s, "allreduce_rmsnorm_add_"+s, "embed_"+s, "rmsnorm_"+s, "add_rmsnorm_"+s, "rmsnorm_add_"+s, "storekv_"+s,
 			"gemv_"+s, "gemm_"+s, "moe_logits_"+s, "moe_gateup_"+s, "moe_down_"+s, "moe_gateup1_"+s, "moe_down1_"+s)

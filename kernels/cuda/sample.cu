@@ -57,6 +57,15 @@
 // block minimum over the same sums. A whole-row draw whose filters the
 // head does not settle (it would keep more than 1024 tokens) writes -1:
 // the caller draws that row on the host.
+//
+// summary_rows, one block of ST threads a row too, summarises rows for
+// log-probabilities as gpu.Summarize does (gpu.Summarizer): the chosen
+// token's log-probability and the top (at most 20) most likely tokens with
+// theirs. Its log-sum-exp follows the host's pieces (the largest logit of
+// each of 8 pieces, its exponentials summed under it, exp_fast, then
+// brought to the row's largest), and its top tokens are the filtered
+// draws' candidates (okey radix select, top_keys) sorted in one warp, NaNs
+// left out.
 #include "common.cuh"
 
 #define ST 1024             // threads a row
@@ -431,17 +440,20 @@ DEV unsigned long long compose(unsigned key, unsigned idx) { return ((unsigned l
 // key K (ngt of them, in no particular order) and the first need of those
 // equal to K in index order (ties to the lower index), for rows with more
 // ties at K than the candidates hold: one pass counts each segment's ties,
-// a second ranks them.
+// a second ranks them. With NAN_OUT, NaNs (whose key is -Inf's) are no
+// ties: summary_rows gathers the -Inf logits that way.
+template <bool NAN_OUT = false>
 DEV void gather_ordered(const float* __restrict__ l, int a, int b, unsigned K, unsigned ngt, unsigned need,
                         unsigned long long* out, SampleShared& ss) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const unsigned below = (1u << lane) - 1u;
+  auto tie = [&](float f) { return okey(f) == K && (!NAN_OUT || f == f); };
   unsigned ties = 0u;
   for (int g = a; g < b; g += 32 * LOADS) {
     float v[LOADS];
     load_group(l, g, b, v, 0.f);
 #pragma unroll
-    for (int u = 0; u < LOADS; u++) ties += __popc(__ballot_sync(ALL_LANES, g + lane + 32 * u < b && okey(v[u]) == K));
+    for (int u = 0; u < LOADS; u++) ties += __popc(__ballot_sync(ALL_LANES, g + lane + 32 * u < b && tie(v[u])));
   }
   __syncthreads();  // ss.u2 and ss.count are free
   if (lane == 0) ss.u2[w] = ties;
@@ -457,7 +469,7 @@ DEV void gather_ordered(const float* __restrict__ l, int a, int b, unsigned K, u
     for (int u = 0; u < LOADS; u++) {
       int i = g + lane + 32 * u;
       unsigned key = okey(v[u]);
-      bool gt = i < b && key > K, eq = i < b && key == K;
+      bool gt = i < b && key > K, eq = i < b && tie(v[u]);
       unsigned bal = __ballot_sync(ALL_LANES, gt);
       if (bal) {
         int lead = __ffs(bal) - 1;
@@ -556,6 +568,64 @@ DEV unsigned long long bitonic_desc(unsigned long long x, int P, unsigned long l
       if (in) x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
     }
   return x;
+}
+
+// top_keys writes into buf[0, k) the row's k largest keys as candidates
+// (compose), k = s.r when its first select_step took the top 12 bits of
+// every key of the warps' segments [a, b) (hist): every key above the k-th
+// largest, K, and as many of those equal to it as fit, the lowest indexes
+// first, in no particular order. buf shares hist's room. Every thread
+// calls it.
+DEV void top_keys(const float* __restrict__ l, int a, int b, Select& sel, unsigned* hist, unsigned* ckey,
+                  unsigned* cidx, unsigned long long* buf, SampleShared& ss) {
+  const int tid = threadIdx.x;
+  while (sel.above + sel.at > SAMPLE_CAP && sel.shift > 0) {
+    // Too many candidates: the next 10 bits, over the row.
+    const int bits = min(10, sel.shift);
+    for (int i = tid; i < (1 << bits); i += ST) hist[i] = 0u;
+    __syncthreads();
+    float m = neg_inf();
+    ExpSum es = {};
+    row_pass<false, true>(l, a, b, 1.0, 1.f, nullptr, m, es, hist, sel.mask, sel.prefix, sel.shift - bits,
+                          (1u << bits) - 1u);
+    __syncthreads();
+    select_step(sel, bits, hist, ss);
+  }
+  if (sel.above + sel.at <= SAMPLE_CAP) {
+    const int n = (int)(sel.above + sel.at);
+    if (tid == 0) ss.count = 0u;
+    __syncthreads();
+    compact_pass(l, a, b, sel.prefix, ckey, cidx, &ss.count);
+    __syncthreads();
+    while (sel.shift > 0) {
+      const int bits = min(10, sel.shift);
+      cand_hist(sel, bits, n, hist, [&](int i) { return ckey[i]; }, [](int) { return true; });
+      select_step(sel, bits, hist, ss);
+    }
+    const unsigned K = sel.prefix;
+    unsigned cut = 0xffffffffu;  // the last index kept among the ties
+    if (sel.at > sel.r) {
+      // The r lowest indexes among the ties: the r-th largest of ~index.
+      Select ts = {0u, 0u, 0u, sel.r, 0u, 32};
+      while (ts.shift > 0) {
+        const int bits = ts.shift == 32 ? 12 : 10;
+        cand_hist(ts, bits, n, hist, [&](int i) { return ~cidx[i]; }, [&](int i) { return ckey[i] == K; });
+        select_step(ts, bits, hist, ss);
+      }
+      cut = ~ts.prefix;
+    }
+    if (tid == 0) ss.count = 0u;
+    __syncthreads();  // hist is free for buf
+    for (int i = tid; i < n; i += ST) {
+      unsigned key = ckey[i], idx = cidx[i];
+      if (key > K || (key == K && idx <= cut)) {
+        unsigned at = atomicAdd(&ss.count, 1u);
+        if (at < SAMPLE_TOPK) buf[at] = compose(key, idx);
+      }
+    }
+  } else {
+    gather_ordered(l, a, b, sel.prefix, sel.above, sel.r, buf, ss);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ out, const float* __restrict__ logits,
@@ -703,51 +773,7 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   if (whole) total = finite(mx) ? warp_sum_d(ss.d[lane] * exp(ss.d2[lane] - top)) : top - top;  // NaN, as the host's
   Select sel = {0u, 0u, 0u, (unsigned)k, 0u, 32};
   select_step(sel, 12, hist, ss);
-  while (sel.above + sel.at > SAMPLE_CAP && sel.shift > 0) {
-    // Too many candidates: the next 10 bits, over the row.
-    const int bits = min(10, sel.shift);
-    for (int i = tid; i < (1 << bits); i += ST) hist[i] = 0u;
-    __syncthreads();
-    row_pass<false, true>(l, a, b, rt, t, tabl, m, es, hist, sel.mask, sel.prefix, sel.shift - bits,
-                          (1u << bits) - 1u);
-    __syncthreads();
-    select_step(sel, bits, hist, ss);
-  }
-  if (sel.above + sel.at <= SAMPLE_CAP) {
-    const int n = (int)(sel.above + sel.at);
-    if (tid == 0) ss.count = 0u;
-    __syncthreads();
-    compact_pass(l, a, b, sel.prefix, ckey, cidx, &ss.count);
-    __syncthreads();
-    while (sel.shift > 0) {
-      const int bits = min(10, sel.shift);
-      cand_hist(sel, bits, n, hist, [&](int i) { return ckey[i]; }, [](int) { return true; });
-      select_step(sel, bits, hist, ss);
-    }
-    const unsigned K = sel.prefix;
-    unsigned cut = 0xffffffffu;  // the last index kept among the ties
-    if (sel.at > sel.r) {
-      // The r lowest indexes among the ties: the r-th largest of ~index.
-      Select ts = {0u, 0u, 0u, sel.r, 0u, 32};
-      while (ts.shift > 0) {
-        const int bits = ts.shift == 32 ? 12 : 10;
-        cand_hist(ts, bits, n, hist, [&](int i) { return ~cidx[i]; }, [&](int i) { return ckey[i] == K; });
-        select_step(ts, bits, hist, ss);
-      }
-      cut = ~ts.prefix;
-    }
-    if (tid == 0) ss.count = 0u;
-    __syncthreads();  // hist is free for buf
-    for (int i = tid; i < n; i += ST) {
-      unsigned key = ckey[i], idx = cidx[i];
-      if (key > K || (key == K && idx <= cut)) {
-        unsigned at = atomicAdd(&ss.count, 1u);
-        if (at < SAMPLE_TOPK) buf[at] = compose(key, idx);
-      }
-    }
-  } else {
-    gather_ordered(l, a, b, sel.prefix, sel.above, sel.r, buf, ss);
-  }
+  top_keys(l, a, b, sel, hist, ckey, cidx, buf, ss);
   int P = 32;
   while (P < k) P <<= 1;
   for (int i = k + tid; i < P; i += ST) buf[i] = 0ull;
@@ -806,6 +832,135 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   int pick = block_min_i(tid < kk && c > r ? tid : NO_INDEX, ss);
   if (pick == NO_INDEX) pick = kk - 1;
   if (tid == pick) out[blockIdx.x] = idx;
+}
+
+// SummaryRows are the rows of logits a launch of summary_rows summarises,
+// a block each.
+struct SummaryRows {
+  int r[SAMPLE_ROWS];
+};
+
+#define SUMMARY_PIECES 8  // gpu.logProbChunks: a row's pieces, 4 warps each
+
+// summary_rows writes gpu.Summarize's summary of row rows.r[j] of logits
+// and its token ids[row] into out[j·W, (j+1)·W), W = 2 + 2·top (top at
+// most gpu.MaxSummaryTop, and at most width): the token's
+// log-probability (NaN for an id outside [0, width)), how many likely
+// tokens follow, then each one's id (its bits) and log-probability, most
+// likely first, ties to the lower id, NaN logits left out; unused places
+// 0. One block of ST threads a row, up to SAMPLE_ROWS rows a launch.
+//
+// The log-sum-exp is the host's (gpu.LogProbs): the row in its
+// SUMMARY_PIECES pieces, four warps a piece, each piece's largest logit pm
+// (NaNs left out) and its sum of exp(l - pm), the subtraction in float32,
+// the sums brought to the row's largest mx and added in piece order: lse =
+// mx + log(sum). Only the order of the float64 additions within a piece
+// and exp_fast (for the host's ExpNonPos) differ, so the log-probabilities
+// are the host's or an ulp away. The top tokens are sample_rows' top-k
+// candidates over the same okey keys (its radix select, SAMPLE_CAP and
+// gather paths, top_keys), sorted in one warp; where the top-th largest key
+// is -Inf's, which NaN shares, the row has fewer than top logits above
+// -Inf, and the -Inf logits that follow them are gathered in index order
+// with the NaNs left out (fewer tokens where the row has fewer than top
+// logits that are not NaN).
+extern "C" __global__ void __launch_bounds__(ST) summary_rows(float* __restrict__ out, const float* __restrict__ logits,
+                                                              const int* __restrict__ ids, int width, int top,
+                                                              SummaryRows rows) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ SampleShared ss;
+  double* tab = (double*)(smem + SAMPLE_TAB_OFF);
+  unsigned* hist = (unsigned*)(smem + SAMPLE_HIST_OFF);
+  unsigned long long* buf = (unsigned long long*)(smem + SAMPLE_HIST_OFF);
+  unsigned* ckey = (unsigned*)(smem + SAMPLE_CKEY_OFF);
+  unsigned* cidx = (unsigned*)(smem + SAMPLE_CIDX_OFF);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int row = rows.r[blockIdx.x];
+  const float* l = logits + (long)row * width;
+  float* o = out + (long)blockIdx.x * (2 + 2 * top);
+  // Piece c = w / 4 is the host's [c·size, (c+1)·size); warp w takes the
+  // (w % 4)-th quarter of it, in whole groups of 32 logits, so the warps'
+  // segments follow the row's order.
+  const int size = (width + SUMMARY_PIECES - 1) / SUMMARY_PIECES, c = w >> 2;
+  const int pa = min(width, c * size), pb = min(width, (c + 1) * size);
+  const int sub = (pb - pa + 127) / 128 * 32;
+  const int a = min(pb, pa + (w & 3) * sub), b = min(pb, a + sub);
+  tab[tid] = exp2_64[tid >> 4];  // 16 copies of the table, interleaved
+  const double* tabl = tab + (lane & 15);
+  pdl_begin();
+  if (top > 0)
+    for (int i = tid; i < SAMPLE_BINS; i += ST) hist[i] = 0u;
+  __syncthreads();
+
+  // The pieces' largest logits and, for the top, the keys' top 12 bits.
+  float m = neg_inf();
+  ExpSum es = {};  // no sums in these passes
+  if (top > 0)
+    row_pass<false, true>(l, a, b, 1.0, 1.f, nullptr, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
+  else
+    row_pass<false, false>(l, a, b, 1.0, 1.f, nullptr, m, es, nullptr, 0u, 0u, 0, 0u);
+  m = warp_max(m);
+  if (lane == 0) ss.f[w] = m;
+  __syncthreads();
+  const float pm = fmaxf(fmaxf(ss.f[4 * c], ss.f[4 * c + 1]), fmaxf(ss.f[4 * c + 2], ss.f[4 * c + 3]));
+  // Each piece's exponentials under its largest (none where that is -Inf).
+  double s = 0.0;
+  if (pm > neg_inf()) {
+    for (int g = a; g < b; g += 32 * SUM_LOADS) {
+      float v[SUM_LOADS];
+      load_group(l, g, b, v, neg_inf());
+#pragma unroll
+      for (int u = 0; u < SUM_LOADS; u++) s += exp_fast((double)__fsub_rn(clean(v[u]), pm), tabl);
+    }
+  }
+  s = warp_sum_d(s);
+  if (lane == 0) ss.d[w] = s;
+  __syncthreads();
+  // The row's largest and the pieces' sums brought to it, in piece order.
+  const float mx = warp_max(ss.f[lane]);
+  double sum = 0.0;
+  if (mx > neg_inf()) {
+#pragma unroll
+    for (int q = 0; q < SUMMARY_PIECES; q++) {
+      const float qm = fmaxf(fmaxf(ss.f[4 * q], ss.f[4 * q + 1]), fmaxf(ss.f[4 * q + 2], ss.f[4 * q + 3]));
+      if (qm > neg_inf())
+        sum += (((ss.d[4 * q] + ss.d[4 * q + 1]) + ss.d[4 * q + 2]) + ss.d[4 * q + 3]) * exp((double)qm - (double)mx);
+    }
+  }
+  const double lse = (double)mx + log(sum);
+  if (tid == 0) {
+    const int id = ids[row];
+    o[0] = id >= 0 && id < width ? (float)((double)l[id] - lse) : __int_as_float(0x7fc00000);
+    if (top == 0) o[1] = 0.f;
+  }
+  if (top == 0) return;
+
+  // The top candidates: the top-th largest key by the radix select.
+  const int k = top;
+  Select sel = {0u, 0u, 0u, (unsigned)k, 0u, 32};
+  select_step(sel, 12, hist, ss);
+  const unsigned ninf = okey(neg_inf());  // NaN's key too, the least
+  if ((sel.prefix >> 20) == (ninf >> 20)) {
+    // Fewer than top logits above -Inf (the bin of -Inf's key holds no
+    // other): all of those, then the first -Inf logits by index, NaNs
+    // left out; places not filled stay 0, below every candidate.
+    if (tid < 32) buf[tid] = 0ull;
+    __syncthreads();
+    gather_ordered<true>(l, a, b, ninf, sel.above, sel.r, buf, ss);
+  } else {
+    top_keys(l, a, b, sel, hist, ckey, cidx, buf, ss);
+  }
+  for (int i = k + tid; i < 32; i += ST) buf[i] = 0ull;
+  __syncthreads();
+  if (w != 0) return;
+  const unsigned long long x = bitonic_desc(buf[lane], 32, buf);  // 32 keys: shuffles alone
+  const bool valid = lane < k && x != 0ull;
+  const int n = __popc(__ballot_sync(ALL_LANES, valid));
+  if (lane < k) {
+    const int idx = (int)~(unsigned)x;
+    o[2 + 2 * lane] = valid ? __int_as_float(idx) : 0.f;
+    o[3 + 2 * lane] = valid ? (float)((double)l[idx] - lse) : 0.f;
+  }
+  if (lane == 0) o[1] = (float)n;
 }
 
 // Logit adjustments before a draw (gpu.SampleRow's Penalties and

@@ -250,14 +250,14 @@ func (s *State) Next(logits []float32) Step {
 		// The greedy choice is the most likely token, which the
 		// log-probabilities find in the same read of the row.
 		var st Step
-		st.ID, st.Logprob, st.TopIDs, st.TopLPs = sample.ArgmaxLogProbs(logits, s.p.TopLogprobs)
+		st.ID, st.Logprob, st.TopIDs, st.TopLPs = gpu.ArgmaxLogProbs(logits, s.p.TopLogprobs)
 		return s.accept(st)
 	} else {
 		id = s.sampler.Sample(logits, s.adj)
 	}
 	st := Step{ID: id}
 	if logprobs {
-		st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
+		st.Logprob, st.TopIDs, st.TopLPs = gpu.LogProbs(logits, int(id), s.p.TopLogprobs)
 	}
 	return s.accept(st)
 }
@@ -290,8 +290,30 @@ func (s *State) RowStep(id int32, logits []float32) Step {
 	}
 	gpu.AdjustLogits(logits, s.p.Penalties(), s.adj)
 	st := Step{ID: id}
-	st.Logprob, st.TopIDs, st.TopLPs = sample.LogProbs(logits, int(id), s.p.TopLogprobs)
+	st.Logprob, st.TopIDs, st.TopLPs = gpu.LogProbs(logits, int(id), s.p.TopLogprobs)
 	return st
+}
+
+// Summarizable reports whether RowStep would take the log-probabilities
+// from the raw row as it is (no grammar's mask, no penalty or bias
+// changes it) and report at most gpu.MaxSummaryTop likely tokens: then an
+// engine may summarize the row itself (gpu.Summarize) and SummaryStep
+// takes the step from that.
+func (s *State) Summarizable() bool {
+	return s.doc == nil && len(s.adj) == 0 && s.p.TopLogprobs <= gpu.MaxSummaryTop
+}
+
+// SummaryStep is RowStep from a summary of the raw row (gpu.Summarize,
+// of at least the sequence's TopLogprobs likely tokens), for a sequence
+// that is Summarizable.
+func (s *State) SummaryStep(id int32, summary []float32) (Step, error) {
+	st := Step{ID: id}
+	var err error
+	st.Logprob, st.TopIDs, st.TopLPs, err = gpu.ReadSummary(summary, s.p.TopLogprobs)
+	if err == nil && len(st.TopIDs) < s.p.TopLogprobs && len(summary) < gpu.SummaryWidth(s.p.TopLogprobs) {
+		err = fmt.Errorf("a summary of %d values for %d likely tokens", len(summary), s.p.TopLogprobs)
+	}
+	return st, err
 }
 
 // AcceptStep records a token chosen elsewhere with its log-probabilities
