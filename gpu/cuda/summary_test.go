@@ -14,15 +14,20 @@ import (
 
 // summaryRows builds n rows of width logits of many kinds (random normal,
 // ties, few distinct values, -Inf and NaN sprinkled, all -Inf, nearly all
-// NaN, all NaN, +Inf) and a token for each: the argmax, a random id, -1,
-// or width (outside the row).
+// NaN, all NaN, +Inf, and two laid out for summary_rows' candidates) and
+// a token for each: the argmax, a random id, -1, or width (outside the
+// row).
 func summaryRows(r *rand.Rand, n, width int) ([]float32, []int32) {
 	v := make([]float32, n*width)
 	ids := make([]int32, n)
 	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	// warp is the warp of summary_rows' block that holds logit j of a row
+	// (its piece's float4s go to the 1,024 threads in turn).
+	size := (width + 7) / 8
+	warp := func(j int) int { return (j % size / 4 % 1024) / 32 }
 	for i := range n {
 		row := v[i*width : (i+1)*width]
-		switch i % 9 {
+		switch i % 11 {
 		case 0: // random normal
 			for j := range row {
 				row[j] = float32(r.NormFloat64() * 3)
@@ -79,8 +84,22 @@ func summaryRows(r *rand.Rand, n, width int) ([]float32, []int32) {
 				}
 			}
 			row[r.IntN(width)] = 30
+		case 9: // the first 4 warps' logits above the others': more than a block compacts pass the top-th warp's largest
+			for j := range row {
+				row[j] = float32(r.NormFloat64())
+				if warp(j) < 4 {
+					row[j] += 100
+				}
+			}
+		case 10: // the first 2 warps' above a mass of ties: fewer than a block compacts pass them
+			for j := range row {
+				row[j] = 1.5
+				if warp(j) < 2 {
+					row[j] = float32(2 + r.NormFloat64())
+				}
+			}
 		}
-		switch (i / 9) % 4 {
+		switch (i / 11) % 4 {
 		case 0:
 			id, _, _, _ := gpu.ArgmaxLogProbs(row, 0)
 			ids[i] = id
@@ -243,8 +262,10 @@ func TestCUDASummarize(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := g.Launch(); err != nil {
-				t.Fatal(err)
+			for range 2 { // replayed: the blocks' counters are left zero for the next
+				if err := g.Launch(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			got := readF32(t, d, out)
 			if err := g.Close(); err != nil {
@@ -270,8 +291,8 @@ func TestCUDASummarize(t *testing.T) {
 	}
 }
 
-// BenchmarkSummarize: summaries of 16 rows of 100,352 logits with their 5
-// most likely tokens, one launch.
+// BenchmarkSummarize: summaries of 1 and 16 rows of 100,352 logits with
+// their 5 most likely tokens, one launch.
 func BenchmarkSummarize(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(8, 8))
@@ -284,7 +305,11 @@ func BenchmarkSummarize(b *testing.B) {
 	}
 	idb := i32buf(b, d, ids)
 	out := alloc(b, d, gpu.F32, n*gpu.SummaryWidth(top))
-	graphRate(b, d, 8, 0, func() error {
-		return repeat(8, func() error { return d.Summarize(out, logits, idb, rows, width, top) })
-	})
+	for _, rn := range []int{1, n} {
+		b.Run(fmt.Sprintf("rows=%d", rn), func(b *testing.B) {
+			graphRate(b, d, 8, 0, func() error {
+				return repeat(8, func() error { return d.Summarize(out, logits, idb, rows[:rn], width, top) })
+			})
+		})
+	}
 }

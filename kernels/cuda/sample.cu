@@ -58,14 +58,14 @@
 // head does not settle (it would keep more than 1024 tokens) writes -1:
 // the caller draws that row on the host.
 //
-// summary_rows, one block of ST threads a row too, summarises rows for
-// log-probabilities as gpu.Summarize does (gpu.Summarizer): the chosen
-// token's log-probability and the top (at most 20) most likely tokens with
-// theirs. Its log-sum-exp follows the host's pieces (the largest logit of
-// each of 8 pieces, its exponentials summed under it, exp_fast, then
-// brought to the row's largest), and its top tokens are the filtered
-// draws' candidates (okey radix select, top_keys) sorted in one warp, NaNs
-// left out.
+// summary_rows summarises rows for log-probabilities as gpu.Summarize does
+// (gpu.Summarizer): the chosen token's log-probability and the top (at most
+// 20) most likely tokens with theirs, a block of ST threads for each of the
+// host's 8 pieces of a row, which it reads once into registers: the
+// piece's largest logit, its exponentials under it (exp_fast) and its top
+// candidates, merged by the block that finishes last; the log-probabilities
+// are the host's except near 0, where float32 resolves finer than the
+// float64 log-sum-exp holds (summary_rows below says how).
 #include "common.cuh"
 
 #define ST 1024             // threads a row
@@ -440,14 +440,12 @@ DEV unsigned long long compose(unsigned key, unsigned idx) { return ((unsigned l
 // key K (ngt of them, in no particular order) and the first need of those
 // equal to K in index order (ties to the lower index), for rows with more
 // ties at K than the candidates hold: one pass counts each segment's ties,
-// a second ranks them. With NAN_OUT, NaNs (whose key is -Inf's) are no
-// ties: summary_rows gathers the -Inf logits that way.
-template <bool NAN_OUT = false>
+// a second ranks them.
 DEV void gather_ordered(const float* __restrict__ l, int a, int b, unsigned K, unsigned ngt, unsigned need,
                         unsigned long long* out, SampleShared& ss) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const unsigned below = (1u << lane) - 1u;
-  auto tie = [&](float f) { return okey(f) == K && (!NAN_OUT || f == f); };
+  auto tie = [&](float f) { return okey(f) == K; };
   unsigned ties = 0u;
   for (int g = a; g < b; g += 32 * LOADS) {
     float v[LOADS];
@@ -834,133 +832,400 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   if (tid == pick) out[blockIdx.x] = idx;
 }
 
-// SummaryRows are the rows of logits a launch of summary_rows summarises,
-// a block each.
+// SummaryRows are the rows of logits a launch of summary_rows summarises.
 struct SummaryRows {
   int r[SAMPLE_ROWS];
 };
 
-#define SUMMARY_PIECES 8  // gpu.logProbChunks: a row's pieces, 4 warps each
+#define SUMMARY_PIECES 8  // gpu.logProbChunks: a row's pieces, a block each
+#define SUMMARY_TOP 20    // gpu.MaxSummaryTop
+#define SUMMARY_J 5       // float4s of its piece a thread holds in registers
+#define SUMMARY_CAP 1024  // candidates compacted into shared memory (32 warps' lists of 32)
 
-// summary_rows writes gpu.Summarize's summary of row rows.r[j] of logits
-// and its token ids[row] into out[j·W, (j+1)·W), W = 2 + 2·top (top at
+// SummaryPart is what a piece's block leaves for the block that merges the
+// row (gpu/cuda/summary.go allocates summaryPartWords words a part): the
+// piece's sum of exponentials under its largest logit, that logit, and its
+// top candidates (compose), most likely first, 0 past them.
+struct SummaryPart {
+  double sum;
+  float max;
+  int pad;
+  unsigned long long cand[SUMMARY_TOP];
+};
+
+// SummaryShared is summary_rows' small shared state.
+struct SummaryShared {
+  unsigned wk[32];                // the warps' largest keys
+  double ws[32];                  // the warps' sums
+  unsigned long long best[2][32]; // the warps' best candidates, by round (summary_rounds)
+  unsigned t0, n0, gt0, n1;       // the candidates' least key; the compactions' counts
+};
+
+// pkey is okey with NaN (and a place outside the piece, which holds a NaN)
+// at 0, below every other key: NaN logits are no candidates.
+DEV unsigned pkey(float f) { return f != f ? 0u : okey(f); }
+
+// f4at is element e (0 to 3) of x.
+DEV float f4at(const float4& x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
+
+// piece_vec loads the v-th float4 of a piece read from the 16-byte aligned
+// av, which starts mis floats before the piece of len logits (nv float4s
+// in all): places before or after the piece, and float4s past nv, hold
+// NaNs. The float4 never leaves the 16 bytes that hold a logit of the
+// piece.
+DEV float4 piece_vec(const float4* __restrict__ av, int v, int nv, int mis, int len) {
+  const float nan = __int_as_float(0x7fc00000);
+  float4 x = make_float4(nan, nan, nan, nan);
+  if (v < nv) {
+    x = __ldcg(av + v);
+    const int q = 4 * v - mis;  // the piece's place of x.x
+    if (q < 0 || q + 4 > len) {
+      if ((unsigned)q >= (unsigned)len) x.x = nan;
+      if ((unsigned)(q + 1) >= (unsigned)len) x.y = nan;
+      if ((unsigned)(q + 2) >= (unsigned)len) x.z = nan;
+      if ((unsigned)(q + 3) >= (unsigned)len) x.w = nan;
+    }
+  }
+  return x;
+}
+
+// piece_for calls f(x, v) for each float4 x of this thread's share of the
+// piece, v its place: the SUMMARY_J in registers (v = tid + ST·j), then, for
+// pieces longer than the registers hold, the rest from memory. The calls
+// are uniform over the block (a float4 past nv holds NaNs), so f may vote
+// and wait at barriers; float4 rounds wholly past nv are skipped.
+template <typename F>
+DEV void piece_for(const float4 (&reg)[SUMMARY_J], const float4* __restrict__ av, int nv, int mis, int len, F f) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < SUMMARY_J; j++)
+    if (ST * j < nv) f(reg[j], tid + ST * j);
+  for (int j = SUMMARY_J; ST * j < nv; j++) f(piece_vec(av, tid + ST * j, nv, mis, len), tid + ST * j);
+}
+
+// Sorting 32 candidates of a warp, one a lane, into descending order
+// (warp_sort_desc), and a bitonic sequence of them (warp_merge_desc):
+// the lower lane of a pair keeps the larger in a descending block.
+DEV unsigned long long warp_sort_desc(unsigned long long x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const unsigned long long y = shfl_xor_u64(x, stride);
+      const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
+      x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
+    }
+  return x;
+}
+DEV unsigned long long warp_merge_desc(unsigned long long x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int stride = 16; stride > 0; stride >>= 1) {
+    const unsigned long long y = shfl_xor_u64(x, stride);
+    x = (lane & stride) == 0 ? (x > y ? x : y) : (x < y ? x : y);
+  }
+  return x;
+}
+
+// top_merge returns the 32 largest of two descending lists of 32, a (this
+// lane's entry) and b (whose entry 31 - lane this lane passes as br), in
+// descending order: the larger of a[i] and b[31-i] are those 32, a bitonic
+// sequence.
+DEV unsigned long long top_merge(unsigned long long a, unsigned long long br) {
+  return warp_merge_desc(a > br ? a : br);
+}
+
+DEV unsigned long long warp_max_u64(unsigned long long x) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long y = shfl_xor_u64(x, o);
+    x = x > y ? x : y;
+  }
+  return x;
+}
+
+DEV unsigned long long shfl_u64(unsigned long long v, int src) {
+  unsigned lo = (unsigned)__shfl_sync(ALL_LANES, (int)(unsigned)v, src);
+  unsigned hi = (unsigned)__shfl_sync(ALL_LANES, (int)(unsigned)(v >> 32), src);
+  return ((unsigned long long)hi << 32) | lo;
+}
+
+// summary_rows writes gpu.Summarize's summary of row rows.r[s] of logits
+// and its token ids[row] into out[s·W, (s+1)·W), W = 2 + 2·top (top at
 // most gpu.MaxSummaryTop, and at most width): the token's
 // log-probability (NaN for an id outside [0, width)), how many likely
 // tokens follow, then each one's id (its bits) and log-probability, most
 // likely first, ties to the lower id, NaN logits left out; unused places
-// 0. One block of ST threads a row, up to SAMPLE_ROWS rows a launch.
+// 0. Block (c, s) of ST threads takes piece c of the host's SUMMARY_PIECES
+// (gpu.LogProbs: [c·size, (c+1)·size), size = ceil(width/8)) of summary
+// s's row, up to SAMPLE_ROWS summaries a launch, and reads it once, into
+// registers (SUMMARY_J float4s a thread, coalesced 16-byte loads from the
+// 16-byte boundary at or before the piece; what does not fit is read again
+// from memory by each step). From the registers it finds the piece's
+// largest logit pm (NaNs left out), its sum of exp(l - pm) (the subtraction
+// in float32, exp_fast, float64 sums; none where pm is -Inf, as for an
+// empty piece) and its top candidates (below), and leaves them in parts;
+// the block that takes the last of the row's tickets (cnt[s], which it
+// sets back to 0 for the next launch and the graphs' replays) merges the
+// eight: the pieces' sums brought to the row's largest mx and added in
+// piece order, lse = mx + log(sum), as the host does. Only the order of
+// the float64 additions within a piece and exp_fast (for the host's
+// ExpNonPos) differ, so the log-probabilities are the host's
+// (TestCUDASummarize: bit for bit on its rows, within 2 ulps allowed)
+// except near 0, where float32 resolves finer than the float64
+// log-sum-exp holds.
 //
-// The log-sum-exp is the host's (gpu.LogProbs): the row in its
-// SUMMARY_PIECES pieces, four warps a piece, each piece's largest logit pm
-// (NaNs left out) and its sum of exp(l - pm), the subtraction in float32,
-// the sums brought to the row's largest mx and added in piece order: lse =
-// mx + log(sum). Only the order of the float64 additions within a piece
-// and exp_fast (for the host's ExpNonPos) differ, so the log-probabilities
-// are the host's or an ulp away. The top tokens are sample_rows' top-k
-// candidates over the same okey keys (its radix select, SAMPLE_CAP and
-// gather paths, top_keys), sorted in one warp; where the top-th largest key
-// is -Inf's, which NaN shares, the row has fewer than top logits above
-// -Inf, and the -Inf logits that follow them are gathered in index order
-// with the NaNs left out (fewer tokens where the row has fewer than top
-// logits that are not NaN).
+// A piece's candidates (compose: key, then the lower index first) are its
+// top most likely logits, NaNs left out (pkey). The top-th largest of the
+// 32 warps' largest keys, L, is at most the piece's top-th largest key (or
+// 0 where fewer than top warps hold a logit that is not NaN), so the
+// logits whose key reaches t0 = max(L, 1) hold the top: they are compacted
+// into shared memory, few where the logits are not tied (about top + top/2
+// for random ones). At most SUMMARY_CAP of them, each warp sorts 32 and a
+// tree of merges (each the 32 largest of two sorted lists: one comparison,
+// five shuffles) leaves the top in warp 0. More (a mass of logits tied at
+// t0, -Inf ones say): where fewer than top lie above t0, the top-th is t0,
+// and those above it are kept with the first ties in index order (block
+// scans over the float4s in index order); where up to SUMMARY_CAP lie
+// above t0, those are compacted and sorted; otherwise top rounds of a
+// block maximum below the last one found. The merging block takes the top
+// of the eight pieces' sorted lists by a tree of the same merges.
 extern "C" __global__ void __launch_bounds__(ST) summary_rows(float* __restrict__ out, const float* __restrict__ logits,
                                                               const int* __restrict__ ids, int width, int top,
-                                                              SummaryRows rows) {
-  extern __shared__ __align__(16) unsigned char smem[];
+                                                              SummaryRows rows, SummaryPart* __restrict__ parts,
+                                                              unsigned* __restrict__ cnt) {
+  __shared__ double tab[ST];
+  __shared__ unsigned long long cbuf[SUMMARY_CAP];
+  __shared__ SummaryShared sh;
   __shared__ SampleShared ss;
-  double* tab = (double*)(smem + SAMPLE_TAB_OFF);
-  unsigned* hist = (unsigned*)(smem + SAMPLE_HIST_OFF);
-  unsigned long long* buf = (unsigned long long*)(smem + SAMPLE_HIST_OFF);
-  unsigned* ckey = (unsigned*)(smem + SAMPLE_CKEY_OFF);
-  unsigned* cidx = (unsigned*)(smem + SAMPLE_CIDX_OFF);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  const int row = rows.r[blockIdx.x];
+  const int c = blockIdx.x, s = blockIdx.y, k = top;
+  const int row = rows.r[s];
   const float* l = logits + (long)row * width;
-  float* o = out + (long)blockIdx.x * (2 + 2 * top);
-  // Piece c = w / 4 is the host's [c·size, (c+1)·size); warp w takes the
-  // (w % 4)-th quarter of it, in whole groups of 32 logits, so the warps'
-  // segments follow the row's order.
-  const int size = (width + SUMMARY_PIECES - 1) / SUMMARY_PIECES, c = w >> 2;
-  const int pa = min(width, c * size), pb = min(width, (c + 1) * size);
-  const int sub = (pb - pa + 127) / 128 * 32;
-  const int a = min(pb, pa + (w & 3) * sub), b = min(pb, a + sub);
+  const int size = (width + SUMMARY_PIECES - 1) / SUMMARY_PIECES;
+  const int pa = min(width, c * size), pb = min(width, pa + size), len = pb - pa;
+  const float* base = l + pa;
+  const int mis = (int)(((unsigned long long)base >> 2) & 3u);
+  const float4* av = (const float4*)(base - mis);
+  const int nv = len > 0 ? (mis + len + 3) >> 2 : 0;
   tab[tid] = exp2_64[tid >> 4];  // 16 copies of the table, interleaved
   const double* tabl = tab + (lane & 15);
   pdl_begin();
-  if (top > 0)
-    for (int i = tid; i < SAMPLE_BINS; i += ST) hist[i] = 0u;
+  float4 reg[SUMMARY_J];
+#pragma unroll
+  for (int j = 0; j < SUMMARY_J; j++) reg[j] = piece_vec(av, tid + ST * j, nv, mis, len);
+  // The chosen token's logit, for the block that merges.
+  int id = -1;
+  float lid = 0.f;
+  if (tid == 0) {
+    id = ids[row];
+    if (id >= 0 && id < width) lid = l[id];
+    sh.n0 = 0u, sh.gt0 = 0u, sh.n1 = 0u;
+  }
+
+  // This thread's largest key, the warps', the piece's largest logit.
+  unsigned mk = 0u;
+  piece_for(reg, av, nv, mis, len, [&](const float4& x4, int) {
+    mk = max(mk, max(max(pkey(x4.x), pkey(x4.y)), max(pkey(x4.z), pkey(x4.w))));
+  });
+  {
+    const unsigned wk = __reduce_max_sync(ALL_LANES, mk);
+    if (lane == 0) sh.wk[w] = wk;
+  }
+  __syncthreads();
+  const unsigned kmax = __reduce_max_sync(ALL_LANES, sh.wk[lane]);
+  const float pm = kmax ? kval(kmax) : neg_inf();
+  if (w == 0 && k > 0) {
+    // L: the top-th largest of the warps' largest keys.
+    const unsigned long long sorted = warp_sort_desc((unsigned long long)sh.wk[lane]);
+    const unsigned L = (unsigned)__shfl_sync(ALL_LANES, (int)(unsigned)sorted, k - 1);
+    if (lane == 0) sh.t0 = max(L, 1u);
+  }
+  // The piece's exponentials under its largest (none where that is -Inf).
+  double sum = 0.0;
+  if (pm > neg_inf()) {
+    piece_for(reg, av, nv, mis, len, [&](const float4& x4, int v) {
+      if (v < nv) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float a = f4at(x4, e);
+          if (a == a) sum += exp_fast((double)__fsub_rn(a, pm), tabl);
+        }
+      }
+    });
+  }
+  sum = warp_sum_d(sum);
+  if (lane == 0) sh.ws[w] = sum;
   __syncthreads();
 
-  // The pieces' largest logits and, for the top, the keys' top 12 bits.
-  float m = neg_inf();
-  ExpSum es = {};  // no sums in these passes
-  if (top > 0)
-    row_pass<false, true>(l, a, b, 1.0, 1.f, nullptr, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
-  else
-    row_pass<false, false>(l, a, b, 1.0, 1.f, nullptr, m, es, nullptr, 0u, 0u, 0, 0u);
-  m = warp_max(m);
-  if (lane == 0) ss.f[w] = m;
-  __syncthreads();
-  const float pm = fmaxf(fmaxf(ss.f[4 * c], ss.f[4 * c + 1]), fmaxf(ss.f[4 * c + 2], ss.f[4 * c + 3]));
-  // Each piece's exponentials under its largest (none where that is -Inf).
-  double s = 0.0;
-  if (pm > neg_inf()) {
-    for (int g = a; g < b; g += 32 * SUM_LOADS) {
-      float v[SUM_LOADS];
-      load_group(l, g, b, v, neg_inf());
+  unsigned long long x = 0ull;  // warp 0: the piece's top candidates, most likely first
+  if (k > 0) {
+    const unsigned below = (1u << lane) - 1u;
+    unsigned t0 = sh.t0;
+    // compact appends every logit whose key reaches lo to cbuf (count in
+    // *n, SUMMARY_CAP kept) and counts those above lo in *gt (if any).
+    auto compact = [&](unsigned lo, unsigned* n, unsigned* gt) {
+      if (!__any_sync(ALL_LANES, mk >= lo)) return;
+      unsigned above = 0u;
+      piece_for(reg, av, nv, mis, len, [&](const float4& x4, int v) {
 #pragma unroll
-      for (int u = 0; u < SUM_LOADS; u++) s += exp_fast((double)__fsub_rn(clean(v[u]), pm), tabl);
+        for (int e = 0; e < 4; e++) {
+          const unsigned key = pkey(f4at(x4, e));
+          const bool take = key >= lo;
+          const unsigned bal = __ballot_sync(ALL_LANES, take);
+          if (bal) {
+            const int lead = __ffs(bal) - 1;
+            unsigned at = 0u;
+            if (lane == lead) at = atomicAdd(n, (unsigned)__popc(bal));
+            at = (unsigned)__shfl_sync(ALL_LANES, (int)at, lead) + __popc(bal & below);
+            if (take && at < SUMMARY_CAP) cbuf[at] = compose(key, (unsigned)(pa + 4 * v + e - mis));
+            above += key > lo;
+          }
+        }
+      });
+      if (gt != nullptr) {
+        above = (unsigned)__reduce_add_sync(ALL_LANES, above);
+        if (lane == 0 && above) atomicAdd(gt, above);
+      }
+    };
+    compact(t0, &sh.n0, &sh.gt0);
+    __syncthreads();
+    unsigned n = sh.n0;
+    const unsigned ngt = sh.gt0;
+    // Too many candidates, at most SUMMARY_CAP of them above t0: those
+    // alone, which hold the top where they are top or more; else the
+    // top-th is t0, and the ties that follow them are gathered.
+    const bool again = n > SUMMARY_CAP && ngt <= SUMMARY_CAP;
+    if (again) {
+      compact(t0 + 1u, &sh.n1, nullptr);
+      __syncthreads();
+      n = sh.n1;
+    }
+    if (n <= SUMMARY_CAP && !(again && n < (unsigned)k)) {
+      // Each warp sorts 32, and the lists are merged in a tree, the result
+      // in warp 0.
+      const int nw = (int)(n + 31) / 32;
+      if (w < nw) x = warp_sort_desc(32 * w + lane < (int)n ? cbuf[32 * w + lane] : 0ull);
+      for (int step = 1; step < nw; step <<= 1) {
+        if (w < nw && (w & (2 * step - 1)) == step) cbuf[32 * w + lane] = x;
+        __syncthreads();
+        if ((w & (2 * step - 1)) == 0 && w + step < nw) x = top_merge(x, cbuf[32 * (w + step) + 31 - lane]);
+      }
+    } else {
+      if (again) {
+        // The n above t0 are in cbuf: then the first ties at t0 in index
+        // order (a block scan for each round of float4s).
+        const unsigned need = (unsigned)k - n;
+        unsigned got = 0u;
+        piece_for(reg, av, nv, mis, len, [&](const float4& x4, int v) {
+          if (got >= need) return;  // uniform
+          unsigned ties = 0u;
+#pragma unroll
+          for (int e = 0; e < 4; e++) ties += pkey(f4at(x4, e)) == t0;
+          unsigned total;
+          unsigned r = got + block_excl_u(ties, ss, total);
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            if (pkey(f4at(x4, e)) == t0) {
+              if (r < need) cbuf[n + r] = compose(t0, (unsigned)(pa + 4 * v + e - mis));
+              r++;
+            }
+          }
+          got += total;
+        });
+      } else {
+        // More than SUMMARY_CAP above t0: top rounds of the block's
+        // largest candidate below the last.
+        unsigned long long prev = ~0ull;
+        for (int r = 0; r < k; r++) {
+          unsigned long long best = 0ull;
+          piece_for(reg, av, nv, mis, len, [&](const float4& x4, int v) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const unsigned key = pkey(f4at(x4, e));
+              const unsigned long long cd = compose(key, (unsigned)(pa + 4 * v + e - mis));
+              if (key && cd < prev && cd > best) best = cd;
+            }
+          });
+          best = warp_max_u64(best);
+          if (lane == 0) sh.best[r & 1][w] = best;
+          __syncthreads();
+          best = warp_max_u64(sh.best[r & 1][lane]);
+          if (tid == 0) cbuf[r] = best;
+          prev = best;
+        }
+      }
+      __syncthreads();
+      if (w == 0) x = warp_sort_desc(lane < k ? cbuf[lane] : 0ull);
     }
   }
-  s = warp_sum_d(s);
-  if (lane == 0) ss.d[w] = s;
-  __syncthreads();
-  // The row's largest and the pieces' sums brought to it, in piece order.
-  const float mx = warp_max(ss.f[lane]);
-  double sum = 0.0;
+  if (w != 0) return;
+
+  // Warp 0 leaves the piece's part and takes a ticket.
+  SummaryPart* part = parts + (long)s * SUMMARY_PIECES;
+  {
+    const double psum = warp_sum_d(sh.ws[lane]);
+    if (lane < SUMMARY_TOP) part[c].cand[lane] = lane < k ? x : 0ull;
+    if (lane == 0) part[c].sum = psum, part[c].max = pm;
+    __threadfence();
+    __syncwarp();
+    unsigned ticket = 0u;
+    if (lane == 0) {
+      __threadfence();
+      ticket = atomicAdd(cnt + s, 1u);
+    }
+    ticket = (unsigned)__shfl_sync(ALL_LANES, (int)ticket, 0);
+    if (ticket != SUMMARY_PIECES - 1) return;
+  }
+  __threadfence();
+
+  // The last block merges: the row's log-sum-exp, the host's way.
+  const float qm = lane < SUMMARY_PIECES ? __ldcg(&part[lane].max) : neg_inf();
+  const double qs = lane < SUMMARY_PIECES ? __ldcg(&part[lane].sum) : 0.0;
+  // The even pieces' lists, and the odd ones' reversed.
+  unsigned long long a[SUMMARY_PIECES / 2], br[SUMMARY_PIECES / 2];
+#pragma unroll
+  for (int q = 0; q < SUMMARY_PIECES / 2; q++) {
+    a[q] = lane < k ? __ldcg(&part[2 * q].cand[lane]) : 0ull;
+    br[q] = 31 - lane < k ? __ldcg(&part[2 * q + 1].cand[31 - lane]) : 0ull;
+  }
+  const float mx = warp_max(qm);
+  double total = 0.0;
   if (mx > neg_inf()) {
 #pragma unroll
     for (int q = 0; q < SUMMARY_PIECES; q++) {
-      const float qm = fmaxf(fmaxf(ss.f[4 * q], ss.f[4 * q + 1]), fmaxf(ss.f[4 * q + 2], ss.f[4 * q + 3]));
-      if (qm > neg_inf())
-        sum += (((ss.d[4 * q] + ss.d[4 * q + 1]) + ss.d[4 * q + 2]) + ss.d[4 * q + 3]) * exp((double)qm - (double)mx);
+      const float m = __shfl_sync(ALL_LANES, qm, q);
+      const double ps = shfl_d(qs, q);
+      if (m > neg_inf()) total += ps * exp((double)m - (double)mx);
     }
   }
-  const double lse = (double)mx + log(sum);
-  if (tid == 0) {
-    const int id = ids[row];
-    o[0] = id >= 0 && id < width ? (float)((double)l[id] - lse) : __int_as_float(0x7fc00000);
-    if (top == 0) o[1] = 0.f;
+  const double lse = (double)mx + log(total);
+  // The top of the pieces' lists: a tree of merges.
+  unsigned long long t = 0ull;
+  if (k > 0) {
+    unsigned long long m2[SUMMARY_PIECES / 2];
+#pragma unroll
+    for (int q = 0; q < SUMMARY_PIECES / 2; q++) m2[q] = top_merge(a[q], br[q]);
+    const unsigned long long m01 = top_merge(m2[0], shfl_u64(m2[1], 31 - lane));
+    const unsigned long long m23 = top_merge(m2[2], shfl_u64(m2[3], 31 - lane));
+    t = top_merge(m01, shfl_u64(m23, 31 - lane));
   }
-  if (top == 0) return;
-
-  // The top candidates: the top-th largest key by the radix select.
-  const int k = top;
-  Select sel = {0u, 0u, 0u, (unsigned)k, 0u, 32};
-  select_step(sel, 12, hist, ss);
-  const unsigned ninf = okey(neg_inf());  // NaN's key too, the least
-  if ((sel.prefix >> 20) == (ninf >> 20)) {
-    // Fewer than top logits above -Inf (the bin of -Inf's key holds no
-    // other): all of those, then the first -Inf logits by index, NaNs
-    // left out; places not filled stay 0, below every candidate.
-    if (tid < 32) buf[tid] = 0ull;
-    __syncthreads();
-    gather_ordered<true>(l, a, b, ninf, sel.above, sel.r, buf, ss);
-  } else {
-    top_keys(l, a, b, sel, hist, ckey, cidx, buf, ss);
-  }
-  for (int i = k + tid; i < 32; i += ST) buf[i] = 0ull;
-  __syncthreads();
-  if (w != 0) return;
-  const unsigned long long x = bitonic_desc(buf[lane], 32, buf);  // 32 keys: shuffles alone
-  const bool valid = lane < k && x != 0ull;
-  const int n = __popc(__ballot_sync(ALL_LANES, valid));
+  float* o = out + (long)s * (2 + 2 * top);
+  const bool valid = lane < k && t != 0ull;
+  const int found = __popc(__ballot_sync(ALL_LANES, valid));
   if (lane < k) {
-    const int idx = (int)~(unsigned)x;
-    o[2 + 2 * lane] = valid ? __int_as_float(idx) : 0.f;
-    o[3 + 2 * lane] = valid ? (float)((double)l[idx] - lse) : 0.f;
+    o[2 + 2 * lane] = valid ? __int_as_float((int)~(unsigned)t) : 0.f;
+    o[3 + 2 * lane] = valid ? (float)((double)kval((unsigned)(t >> 32)) - lse) : 0.f;
   }
-  if (lane == 0) o[1] = (float)n;
+  // The chosen token's log-probability: thread 0 of each block read it.
+  const int cid = __shfl_sync(ALL_LANES, id, 0);
+  const float cl = __shfl_sync(ALL_LANES, lid, 0);
+  if (lane == 0) {
+    o[0] = cid >= 0 && cid < width ? (float)((double)cl - lse) : __int_as_float(0x7fc00000);
+    o[1] = (float)found;
+    cnt[s] = 0u;
+  }
 }
 
 // Logit adjustments before a draw (gpu.SampleRow's Penalties and
