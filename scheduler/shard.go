@@ -440,24 +440,33 @@ func (p *Pipeline) stagesForward(ctx context.Context, b *models.Batch, argmax bo
 
 // readRows copies the last stage's rows read, out, n values, into logits.
 func (p *Pipeline) readRows(ctx context.Context, out bus.TensorRef, n int, logits []float32) error {
-	rctx := ctx
-	if out.Node != p.plane.Node() {
+	if err := readOutput(ctx, p.plane, p.Remote, p.StepTimeout, out, n, logits); err != nil {
+		return fmt.Errorf("pipeline logits: %w", err)
+	}
+	return nil
+}
+
+// readOutput copies a shard's output, ref, n values, into dst: through
+// remote, within timeout, where it lives on another node (unreachable, a
+// bus.CodeUnavailable error).
+func readOutput(ctx context.Context, plane *xgmi.Host, remote RemoteReader, timeout time.Duration, ref bus.TensorRef, n int, dst []float32) error {
+	if ref.Node != plane.Node() {
 		// Only a fetch from another node can take time.
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, p.StepTimeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	rows, err := readRef(rctx, p.plane, p.Remote, out)
+	out, err := readRef(ctx, plane, remote, ref)
 	if err != nil {
 		if errors.Is(err, xgmi.ErrUnreachable) {
 			err = bus.Errorf(bus.CodeUnavailable, "%w", err)
 		}
-		return fmt.Errorf("pipeline logits: %w", err)
+		return err
 	}
-	if len(rows) != n {
-		return fmt.Errorf("pipeline logits: %d floats, want %d", len(rows), n)
+	if len(out) != n {
+		return fmt.Errorf("%d floats, want %d", len(out), n)
 	}
-	gpu.CopyRows(logits, rows)
+	gpu.CopyRows(dst, out)
 	return nil
 }
 

@@ -75,14 +75,9 @@ func (l *Lockstep) Forward(ctx context.Context, b *models.Batch, logits []float3
 
 // rows copies rank 0's output, n values, into logits.
 func (l *Lockstep) rows(ctx context.Context, n int, logits []float32) error {
-	rows, err := readRef(ctx, l.plane, nil, l.outs[0].Output)
-	if err != nil {
+	if err := readOutput(ctx, l.plane, nil, l.StepTimeout, l.outs[0].Output, n, logits); err != nil {
 		return fmt.Errorf("lockstep logits: %w", err)
 	}
-	if len(rows) != n {
-		return fmt.Errorf("lockstep logits: %d floats, want %d", len(rows), n)
-	}
-	gpu.CopyRows(logits, rows)
 	return nil
 }
 
