@@ -47,10 +47,7 @@ const MaxLateReads = 4
 // is the token drawn from row r of logits (n rows of width) as rows[r]
 // says (SampleRow, SampleHost: its penalties and list applied first, the
 // logits left as they were), for rows a device takes
-// (SampleRow.OnDevice). A whole-row draw (SampleRow.Whole) whose filters
-// the row's MaxSampleTopK most likely tokens do not settle may be left to
-// the caller: out[r] is then -1, and the caller draws that row on the
-// host from its logits.
+// (SampleRow.OnDevice): every such row, whole-row filters included.
 type Sampler interface {
 	Sample(out, logits Buffer, n, width int, rows []SampleRow) error
 }

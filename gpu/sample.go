@@ -137,7 +137,7 @@ func FollowRows(prev []SampleRow, ids []int32, rows []SampleRow) ([]SampleRow, e
 			return nil, fmt.Errorf("sample: row %d follows a draw of %d rows that is not known", i, len(prev))
 		}
 		if ids[i] < 0 {
-			return nil, fmt.Errorf("sample: row %d follows a draw left to the host", i)
+			return nil, fmt.Errorf("sample: row %d follows a draw of token %d", i, ids[i])
 		}
 		r.Follows, r.Adjust = false, slices.Clone(prev[i].Adjust)
 		r.Saw(ids[i])
@@ -146,11 +146,10 @@ func FollowRows(prev []SampleRow, ids []int32, rows []SampleRow) ([]SampleRow, e
 	return out, nil
 }
 
-// MaxSampleTopK is the most tokens a device-side draw keeps as
-// candidates: top-k filters up to it, and top-p or min-p over the whole
-// row settle within the row's MaxSampleTopK most likely tokens or are
-// left to the host (Sampler). The candidates are sorted in a block's
-// shared memory.
+// MaxSampleTopK is the largest top-k a device-side draw takes below the
+// row's width: its candidates are sorted in a block's shared memory.
+// Top-p and min-p over the whole row (Whole) are drawn on the device
+// whatever they keep (Sampler).
 const MaxSampleTopK = 1024
 
 // Plain reports whether r draws from every token, unfiltered.
@@ -166,7 +165,8 @@ func (r SampleRow) OnDevice(width int) bool {
 }
 
 // Whole reports whether r filters over the whole row (top-p or min-p
-// without a top-k below width), which a device may leave to the host.
+// without a top-k below width, or a top-k of the whole row), which
+// SampleHost and the devices draw a bucket of logits at a time.
 func (r SampleRow) Whole(width int) bool {
 	return r.Temperature != 0 && !r.Plain() && (r.TopK == 0 || int(r.TopK) >= width)
 }

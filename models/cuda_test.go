@@ -355,7 +355,7 @@ func TestCUDALongPrompt(t *testing.T) {
 // logits never read back) equal those drawn on the host from the same
 // step's logits (gpu.SampleHost), for a batch of five sequences with
 // greedy, unfiltered, top-k/top-p/min-p and whole-row top-p and min-p
-// draws (which the GPU may leave to the host), over several steps of the
+// draws, over several steps of the
 // olmo2 fixture; where moving u by 1e-9 changes the host's choice either
 // neighbour is accepted. The rows read with the draws (ForwardChoose), the
 // whole-row draws' among them, are the rows Forward writes.

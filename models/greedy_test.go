@@ -152,15 +152,15 @@ func TestGreedyStops(t *testing.T) {
 // and read one step late, choose what a loop of ForwardArgmax chooses
 // (greedy) or draw what a loop of ForwardSample draws with the same rows,
 // on every lane that chains; a step fed by the one before must have one
-// token per logits row, in order, and as many rows; a draw the device may
-// leave to the host (a whole-row filter) is not queued.
+// token per logits row, in order, and as many rows; whole-row filters
+// (top-p, min-p) are queued too.
 func TestIssueStepChains(t *testing.T) {
 	check := func(t *testing.T, ln lane, m *models.Model) {
 		if !m.Chains() || !m.ChainsDraws(chainDraws(0)) {
 			t.Fatalf("lane %s: the whole model does not chain", ln.name)
 		}
-		if m.ChainsDraws([]gpu.SampleRow{{Temperature: 1, TopP: 0.9}}) {
-			t.Errorf("lane %s: a whole-row top-p draw would be queued", ln.name)
+		if !m.ChainsDraws([]gpu.SampleRow{{Temperature: 1, TopP: 0.9}}) {
+			t.Errorf("lane %s: a whole-row top-p draw would not be queued", ln.name)
 		}
 		checkChains(t, m)
 	}
@@ -188,10 +188,12 @@ func TestIssueStepChains(t *testing.T) {
 	}
 }
 
-// chainDraws gives step s's draws in checkChains's drawn chains.
+// chainDraws gives step s's draws in checkChains's drawn chains: top-k
+// with top-p, and unfiltered, whole-row top-p or min-p in turn.
 func chainDraws(s int) []gpu.SampleRow {
-	return []gpu.SampleRow{{Temperature: 0.9, TopK: 40, TopP: 0.95, U: math.Mod(0.37*float64(s)+0.11, 1)},
-		{Temperature: 1.2, U: math.Mod(0.61*float64(s)+0.29, 1)}}
+	u := math.Mod(0.61*float64(s)+0.29, 1)
+	second := []gpu.SampleRow{{Temperature: 1.2, U: u}, {Temperature: 1.1, TopP: 0.9, U: u}, {Temperature: 0.8, MinP: 0.05, U: u}}[s%3]
+	return []gpu.SampleRow{{Temperature: 0.9, TopK: 40, TopP: 0.95, U: math.Mod(0.37*float64(s)+0.11, 1)}, second}
 }
 
 // chainReads gives step s's rows to read in checkChains: both, the
@@ -340,7 +342,7 @@ func checkChains(t *testing.T, m *models.Model) {
 			}
 			take((gen - 1) % 2)
 			// Refused: rows out of order, more rows than the step before
-			// chose, a whole-row draw and rows to read out of order.
+			// chose, a top-k no device takes and rows to read out of order.
 			db.Read, db.Summaries = nil, false
 			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0}, Pos: db.Pos, Seq: db.Seq, Tables: tables, Logits: []int32{1, 0}}, nil, true, ids, nil); err == nil {
 				t.Error("a step fed by the one before with its logits rows swapped was queued")
@@ -349,9 +351,9 @@ func checkChains(t *testing.T, m *models.Model) {
 			if _, err := m.IssueStep(ctx, cache, &models.Batch{Tokens: []int32{0, 0, 0}, Pos: []int32{20, 20, 21}, Seq: []int32{0, 1, 1}, Tables: tables, Logits: []int32{0, 1, 2}}, nil, true, three, nil); err == nil {
 				t.Error("a step fed by one of two rows with three rows was queued")
 			}
-			whole := []gpu.SampleRow{{Temperature: 1, MinP: 0.1}, {}}
-			if _, err := m.IssueStep(ctx, cache, db, whole, true, ids, nil); err == nil {
-				t.Error("a whole-row min-p draw was queued")
+			wide := []gpu.SampleRow{{Temperature: 1, TopK: gpu.MaxSampleTopK + 1}, {}}
+			if _, err := m.IssueStep(ctx, cache, db, wide, true, ids, nil); err == nil {
+				t.Error("a top-k draw no device takes was queued")
 			}
 			db.Read = []int32{1, 1}
 			if _, err := m.IssueStep(ctx, cache, db, nil, true, ids, make([]float32, 2*V)); err == nil {

@@ -722,9 +722,8 @@ func (m *Model) forwardArgmax(ctx context.Context, cache *Cache, b *Batch, ids [
 // (gpu.SampleRow, one per row). On a device that draws tokens itself
 // (gpu.Sampler) the draws run there and only the ids are read back, when
 // the device takes every row (gpu.SampleRow.OnDevice); otherwise the
-// logits are read and drawn from on the host (gpu.SampleHost), as is each
-// row the device leaves to the host: the same tokens either way, up to
-// the order of float64 sums.
+// logits are read and drawn from on the host (gpu.SampleHost): the same
+// tokens either way, up to the order of float64 sums.
 func (m *Model) ForwardSample(ctx context.Context, cache *Cache, b *Batch, rows []gpu.SampleRow, ids []int32) error {
 	return m.forwardSample(ctx, cache, b, rows, ids, nil)
 }
@@ -770,41 +769,18 @@ func (m *Model) forwardSample(ctx context.Context, cache *Cache, b *Batch, rows 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if m.group != nil {
-		// Every rank draws alike (the same logits, the same numbers).
-		wait, err := m.issueChoices(cache, b, rows, fromIndex, false, ids)
-		if err != nil {
-			return err
-		}
-		if err := wait(); err != nil {
-			return err
-		}
-	} else {
+	if m.group == nil {
 		if err := m.issueChoice(cache, b, rows, fromIndex); err != nil {
 			return err
 		}
-		if err := m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0); err != nil {
-			return err
-		}
+		return m.dev.Read(gpu.I32Bytes(ids[:r]), m.s.next, 0)
 	}
-	for i, id := range ids[:r] {
-		if id >= 0 {
-			continue
-		}
-		// Left to the host: a whole-row filter that keeps many tokens.
-		if cap(m.s.hostLogits) < V {
-			m.s.hostLogits = make([]float32, V)
-		}
-		row := m.s.hostLogits[:V]
-		if err := m.dev.Read(gpu.F32Bytes(row), m.s.logits, i*V); err != nil {
-			return err
-		}
-		if seen != nil {
-			seen(i, row)
-		}
-		SampleRows(ids[i:i+1], row, V, rows[i:i+1], &m.s.draw)
+	// Every rank draws alike (the same logits, the same numbers).
+	wait, err := m.issueChoices(cache, b, rows, fromIndex, false, ids)
+	if err != nil {
+		return err
 	}
-	return nil
+	return wait()
 }
 
 // ForwardChoose runs a step whose tokens the device chooses, greedy as
@@ -947,16 +923,15 @@ func (m *Model) Chains() bool {
 }
 
 // ChainsDraws reports whether IssueStep can queue steps drawn as rows say:
-// Chains, on a device that draws tokens itself (gpu.Sampler) and settles
-// every row (none filters over the whole row, which it may leave to the
-// host: gpu.SampleRow.Whole).
+// Chains, on a device that draws tokens itself (gpu.Sampler) and takes
+// every row (gpu.SampleRow.OnDevice).
 func (m *Model) ChainsDraws(rows []gpu.SampleRow) bool {
 	if !m.Chains() || !m.samples() {
 		return false
 	}
 	V := m.Config.Vocab
 	for _, r := range rows {
-		if r.Validate() != nil || !r.OnDevice(V) || r.Whole(V) {
+		if r.Validate() != nil || !r.OnDevice(V) {
 			return false
 		}
 	}

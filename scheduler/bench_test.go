@@ -320,8 +320,7 @@ func benchTrip(b *testing.B, frame FrameMsg, put func(FrameMsg), next func(conte
 }
 
 // The scheduler's host work a token on the logits path (a step the
-// engine cannot choose for: a whole-row draw the device leaves, a
-// grammar's host draws), at OLMo 2's vocabulary of 100,352: an engine
+// engine cannot choose for: a grammar's host draws), at OLMo 2's vocabulary of 100,352: an engine
 // that computes nothing copies a fixed row of logits into each step's
 // output, and the scheduler samples, takes the log-probabilities and
 // emits. What a served token on that path costs beyond the device's step

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -570,30 +571,47 @@ func BenchmarkDecodeStepOLMo2(b *testing.B) {
 }
 
 // BenchmarkSample: device-side draws from rows of 100,352 logits (one row
-// and a decode batch of 64): greedy, unfiltered, top-k 50 and top-p 0.9
-// over the whole row.
+// and a decode batch of 64): greedy, unfiltered and top-k 50 at
+// temperature 0.8 over normal logits of deviation 3, and whole-row draws:
+// top-p 0.9 over the same rows (it keeps hundreds of tokens), over flat
+// rows (deviation 1: it keeps about 51,000, min-p 0.05 about 3,000) and
+// over peaked ones (40 tokens 12 above the rest).
 func BenchmarkSample(b *testing.B) {
 	d := open(b)
 	r := rand.New(rand.NewPCG(6, 6))
 	const width = 100352
 	for _, n := range []int{1, 64} {
-		logits := f32buf(b, d, randF32(r, n*width, 3))
+		normal := randF32(r, n*width, 3)
+		peaked := slices.Clone(normal)
+		for i := range n {
+			for j := range 40 {
+				peaked[i*width+(j*7919+17)%width] += 12
+			}
+		}
+		logits, flat, peak := f32buf(b, d, normal), f32buf(b, d, randF32(r, n*width, 1)), f32buf(b, d, peaked)
 		out := alloc(b, d, gpu.I32, n)
 		for _, k := range []struct {
-			name string
-			row  gpu.SampleRow
-		}{{"greedy", gpu.SampleRow{}}, {"plain", gpu.SampleRow{Temperature: 0.8}}, {"topk50", gpu.SampleRow{Temperature: 0.8, TopK: 50}},
-			{"topp0.9", gpu.SampleRow{Temperature: 0.8, TopP: 0.9}}} {
+			name   string
+			row    gpu.SampleRow
+			logits gpu.Buffer
+		}{{"greedy", gpu.SampleRow{}, logits}, {"plain", gpu.SampleRow{Temperature: 0.8}, logits},
+			{"topk50", gpu.SampleRow{Temperature: 0.8, TopK: 50}, logits},
+			{"topp0.9", gpu.SampleRow{Temperature: 0.8, TopP: 0.9}, logits},
+			{"topp0.9-flat", gpu.SampleRow{Temperature: 0.8, TopP: 0.9}, flat},
+			{"minp0.05-flat", gpu.SampleRow{Temperature: 0.8, MinP: 0.05}, flat},
+			{"topp0.9-peaked", gpu.SampleRow{Temperature: 0.8, TopP: 0.9}, peak}} {
 			rows := make([]gpu.SampleRow, n)
 			for i := range rows {
 				rows[i] = k.row
 				rows[i].U = r.Float64()
 			}
 			b.Run(fmt.Sprintf("n%d/%s", n, k.name), func(b *testing.B) {
-				graphRate(b, d, 8, 0, func() error { return repeat(8, func() error { return d.Sample(out, logits, n, width, rows) }) })
+				graphRate(b, d, 8, 0, func() error { return repeat(8, func() error { return d.Sample(out, k.logits, n, width, rows) }) })
 			})
 		}
 		d.Free(logits)
+		d.Free(flat)
+		d.Free(peak)
 		d.Free(out)
 	}
 }

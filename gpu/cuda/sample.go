@@ -14,7 +14,8 @@ var _ gpu.Sampler = (*Device)(nil)
 // kernels/cuda/sample.cu: the draws of a launch travel by value.
 // sampleShmem is its SAMPLE_SMEM, the dynamic shared memory of a block: an
 // exponential table, a histogram and 8,192 candidates (88 KiB, within what
-// every GPU from sm_80 on lends a block).
+// every GPU from sm_80 on lends a block), which a whole-row draw takes for
+// its 4,096 buckets' running sums and 4,096 tokens of a bucket.
 const (
 	sampleRows     = 64
 	sampleRowBytes = 24
@@ -23,8 +24,8 @@ const (
 
 // Sample implements gpu.Sampler: sample_rows, one block of 1024 threads
 // (and sampleShmem bytes of shared memory) a row, up to 64 rows a launch.
-// A whole-row filter that keeps more than gpu.MaxSampleTopK tokens is left
-// to the caller (-1).
+// Every row is settled on the device, whole-row filters (top-p and min-p
+// over the whole row, gpu.SampleRow.Whole) too: out never holds -1.
 func (d *Device) Sample(out, logits gpu.Buffer, n, width int, rows []gpu.SampleRow) error {
 	const op = "sample"
 	if err := d.enter(op); err != nil {

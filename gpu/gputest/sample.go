@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
@@ -13,11 +12,12 @@ import (
 // sample checks gpu.Sampler against gpu.SampleHost (float64): greedy,
 // unfiltered and filtered draws (top-k up to gpu.MaxSampleTopK, with top-p
 // and min-p among the kept tokens; top-p and min-p over whole rows, some
-// peaked so that a few tokens settle them) over rows with ties, a NaN and
-// -Inf among the logits. A device may leave a whole-row draw to the host
-// (-1) only where its filters keep more than gpu.MaxSampleTopK tokens.
-// The device sums in another order than the host, so where moving u by
-// 1e-9 changes the host's choice either neighbour is accepted.
+// peaked so that a few tokens settle them, some keeping most of the row)
+// over rows with ties, a NaN and -Inf among the logits. Every row is
+// settled on the device (no -1). The device sums in another order than
+// the host, so where moving u by 1e-9 changes the host's choice either
+// neighbour is accepted (sameDraw). Whole (sampleWhole) then checks
+// whole-row draws over rows of many shapes.
 func (h *harness) sample(t *testing.T) {
 	s, ok := h.dev.(gpu.Sampler)
 	if !ok {
@@ -113,7 +113,6 @@ func (h *harness) sample(t *testing.T) {
 		}
 		// draw samples rows, whose lists are resolved's, and checks the
 		// tokens against the host's and that the logits read as they were.
-		left := 0
 		draw := func(what string, rows, resolved []gpu.SampleRow) []int32 {
 			t.Helper()
 			if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
@@ -135,19 +134,14 @@ func (h *harness) sample(t *testing.T) {
 			}
 			for r, row := range resolved {
 				if got[r] == -1 {
-					if !row.Whole(width) || settles(v[r*width:(r+1)*width], row) {
-						t.Errorf("width %d, %s, row %d %+v: left to the host, though %d tokens settle it", width, what, r, row, gpu.MaxSampleTopK)
-					}
-					left++
+					t.Errorf("width %d, %s, row %d %+v: left to the host", width, what, r, row)
 					continue
 				}
-				want := host(r, row)
-				if got[r] == want {
-					continue
-				}
-				lo, hi := row, row
-				lo.U, hi.U = max(0, row.U-1e-9), min(math.Nextafter(1, 0), row.U+1e-9)
-				if got[r] != host(r, lo) && got[r] != host(r, hi) {
+				if ok, want := sameDraw(got[r], func(u float64) int32 {
+					x := row
+					x.U = u
+					return host(r, x)
+				}, row.U); !ok {
 					t.Errorf("width %d, %s, row %d %+v: drew %d, the host %d", width, what, r, row, got[r], want)
 				}
 			}
@@ -171,7 +165,7 @@ func (h *harness) sample(t *testing.T) {
 				if follow[r].Temperature == 0 {
 					follow[r].U = 0
 				}
-				if (len(rows[r].Adjust) > 0 || rows[r].Penalties.Active()) && got[r] >= 0 && !rows[r].Whole(width) {
+				if (len(rows[r].Adjust) > 0 || rows[r].Penalties.Active()) && got[r] >= 0 {
 					follow[r].Adjust, follow[r].Follows = nil, true
 				}
 			}
@@ -181,7 +175,7 @@ func (h *harness) sample(t *testing.T) {
 			}
 			got, resolved = draw(fmt.Sprintf("following %d", k+1), follow, next), next
 		}
-		t.Logf("width %d: %d rows, %d left to the host", width, n, left)
+		t.Logf("width %d: %d rows", width, n)
 		// Refused: a draw outside [0, 1), and rows that do not match n.
 		bad := append([]gpu.SampleRow(nil), rows...)
 		bad[0].U = 1
@@ -198,46 +192,140 @@ func (h *harness) sample(t *testing.T) {
 		}
 		h.free(logits, out)
 	}
+	t.Run("Whole", h.sampleWhole)
 }
 
-// settles reports whether the filters of a whole-row draw r keep at most
-// the row's gpu.MaxSampleTopK most likely tokens: the first of those whose
-// probability (normalised over the row) falls below min-p, or whose
-// cumulative probability reaches top-p, lies among them.
-func settles(logits []float32, r gpu.SampleRow) bool {
-	n := len(logits)
-	l := make([]float64, n)
-	idx := make([]int, n)
-	for i, x := range logits {
-		l[i], idx[i] = float64(x), i
-		if x != x {
-			l[i] = math.Inf(-1)
+// sameDraw reports whether got, a device's draw at u, is the host's
+// (host(u), returned as want) or, since the device sums in another order,
+// the host's at u moved by 1e-9 either way.
+func sameDraw(got int32, host func(u float64) int32, u float64) (ok bool, want int32) {
+	if want = host(u); got == want {
+		return true, want
+	}
+	return got == host(max(0, u-1e-9)) || got == host(min(math.Nextafter(1, 0), u+1e-9)), want
+}
+
+// sampleWhole checks whole-row draws (top-p and min-p over the whole row,
+// or a top-k of the whole row: gpu.SampleRow.Whole), which a device
+// settles itself, against gpu.SampleHost: rows of several shapes, each
+// under top-p and min-p at temperatures 0.6 to 1.5 (top-p 0.9 and 0.95,
+// min-p 0.01 and 0.05, both, top-p 1 or 0 with min-p, neither), draws at
+// random, 0 and 0.999999999:
+//   - flat: normal, deviation 3, the filters keeping most of the row;
+//   - uniform: in [-2, 2], flatter still;
+//   - peaked: 40 tokens 12 above the rest;
+//   - ties: 48 values, runs of ties;
+//   - wide: normal, deviation 12, most tokens past the buckets' depth
+//     (gpu's sampleDepth), some kept by a min-p of 1e-20;
+//   - full: a fifth of the row (20,070 tokens of 100,352) tied at the
+//     largest logit, a bucket of more tokens than a device sorts at once;
+//   - near: as many distinct ones within 0.003 of the largest;
+//   - dead: every logit -Inf or NaN; hot: +Inf among them.
+//
+// Each row also has a tie, a NaN and -Inf among its logits.
+func (h *harness) sampleWhole(t *testing.T) {
+	s, ok := h.dev.(gpu.Sampler)
+	if !ok {
+		t.Skip("the device does not draw tokens itself")
+	}
+	widths := []int{37, 1000}
+	if h.o.Large {
+		widths = append(widths, 100352)
+	}
+	shapes := []string{"flat", "uniform", "peaked", "ties", "wide", "full", "near", "dead", "hot"}
+	inf := float32(math.Inf(1))
+	for _, width := range widths {
+		filters := []gpu.SampleRow{
+			{Temperature: 0.8, TopP: 0.9}, {Temperature: 1.5, TopP: 0.95}, {Temperature: 1, MinP: 0.01}, {Temperature: 1.2, MinP: 0.05},
+			{Temperature: 0.9, TopP: 0.9, MinP: 0.05}, {Temperature: 1.1, TopP: 0.95, MinP: 0.01},
+			{Temperature: 1, TopP: 1, MinP: 0.05},             // top-p 1: min-p alone
+			{Temperature: 1.3, TopK: int32(width), TopP: 0.5}, // a top-k of the whole row
+			{Temperature: 1, TopK: int32(2 * width), TopP: 1}, // no filter, drawn in sorted order
+			{Temperature: 0.6, MinP: 1e-20},                   // into the last bucket
+			{Temperature: 1, TopP: 0.05},                      // a small head
 		}
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return l[idx[a]] > l[idx[b]] })
-	t := float64(r.Temperature)
-	top := l[idx[0]] / t
-	var sum float64
-	for _, x := range l {
-		sum += math.Exp(x/t - top)
-	}
-	m := min(n, gpu.MaxSampleTopK)
-	if m == n {
-		return true
-	}
-	p0 := 1 / sum
-	var acc float64
-	for _, j := range idx[:m] {
-		p := math.Exp(l[j]/t-top) / sum
-		if r.MinP > 0 && p < float64(r.MinP)*p0 {
-			return true
+		var rows []gpu.SampleRow
+		var names []string
+		var v []float32
+		for _, shape := range shapes {
+			for j, f := range filters {
+				row := make([]float32, width)
+				for i := range row {
+					switch shape {
+					case "uniform":
+						row[i] = float32(h.rng.Float64()*4 - 2)
+					case "ties":
+						row[i] = float32(h.rng.IntN(48))/8 - 3
+					case "wide":
+						row[i] = float32(h.rng.NormFloat64() * 12)
+					case "dead":
+						row[i] = -inf
+					default:
+						row[i] = float32(h.rng.NormFloat64() * 3)
+					}
+				}
+				switch shape {
+				case "peaked":
+					for k := range 40 {
+						row[(k*7919+17)%width] += 12
+					}
+				case "full", "near":
+					top := slices.Max(row) + 1
+					for _, i := range h.rng.Perm(width)[:width/5] {
+						row[i] = top
+						if shape == "near" {
+							row[i] += float32(h.rng.Float64() * 0.003)
+						}
+					}
+				}
+				row[7%width], row[width/2] = row[3], row[3] // a tie
+				row[11%width] = float32(math.NaN())
+				row[13%width] = -inf
+				if shape == "hot" {
+					row[width/3] = inf
+				}
+				r := f
+				r.U = h.rng.Float64()
+				switch j % 4 {
+				case 1:
+					r.U = 0.999999999
+				case 3:
+					if shape == "flat" || shape == "full" {
+						r.U = 0
+					}
+				}
+				if !r.Whole(width) {
+					t.Fatalf("%+v: not a whole-row draw", r)
+				}
+				rows, names, v = append(rows, r), append(names, shape), append(v, row...)
+			}
 		}
-		acc += p
-		if r.TopP > 0 && r.TopP < 1 && acc >= float64(r.TopP) {
-			return true
+		n := len(rows)
+		logits, out := h.f32(v), h.alloc(gpu.I32, n)
+		if err := s.Sample(out.d, logits.d, n, width, rows); err != nil {
+			t.Fatalf("width %d: %v", width, err)
 		}
+		got := make([]int32, n)
+		if err := h.dev.Read(gpu.I32Bytes(got), out.d, 0); err != nil {
+			t.Fatal(err)
+		}
+		var sc gpu.SampleScratch
+		for r, row := range rows {
+			if got[r] == -1 {
+				t.Errorf("width %d, %s row %d %+v: left to the host", width, names[r], r, row)
+				continue
+			}
+			if ok, want := sameDraw(got[r], func(u float64) int32 {
+				x := row
+				x.U = u
+				return gpu.SampleHost(slices.Clone(v[r*width:(r+1)*width]), x, &sc)
+			}, row.U); !ok {
+				t.Errorf("width %d, %s row %d %+v: drew %d, the host %d", width, names[r], r, row, got[r], want)
+			}
+		}
+		t.Logf("width %d: %d whole-row draws", width, n)
+		h.free(logits, out)
 	}
-	return false
 }
 
 // sampleFollow checks a long run of draws into one buffer of tokens, as a
@@ -302,10 +390,12 @@ func (h *harness) sampleFollow(t *testing.T) {
 			if got[r] == host(r, row) {
 				continue
 			}
-			lo, hi := row, row
-			lo.U, hi.U = max(0, row.U-1e-9), min(math.Nextafter(1, 0), row.U+1e-9)
-			if got[r] != host(r, lo) && got[r] != host(r, hi) {
-				t.Fatalf("step %d, row %d %+v: drew %d, the host %d", k, r, row, got[r], host(r, row))
+			if ok, want := sameDraw(got[r], func(u float64) int32 {
+				x := row
+				x.U = u
+				return host(r, x)
+			}, row.U); !ok {
+				t.Fatalf("step %d, row %d %+v: drew %d, the host %d", k, r, row, got[r], want)
 			}
 		}
 		resolved = next

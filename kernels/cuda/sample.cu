@@ -28,35 +28,59 @@
 // and device may part only where u lies within about 1e-12 of a token's
 // edge, which gputest's tolerance (1e-9) covers.
 //
-// Filtered draws keep k candidates: top-k's k (at most 1024), or, for
-// top-p and min-p over the whole row, its 1024 most likely tokens, the
-// head of the sorted order. They find the k-th largest logit by a radix
-// select over order-preserving keys (okey): the first pass over the row
-// counts the keys' top 12 bits in shared memory (a thread adds runs of
-// equal bins at once, so rows of equal or masked logits cost few atomics),
-// and, for a whole-row filter, sums the row's exponentials as unfiltered
-// draws do. A second pass compacts every logit whose key reaches the lower
-// edge of the bin holding the k-th largest into shared memory (key and
-// index, SAMPLE_CAP of them at most); the remaining 20 bits are selected
-// there. Ties at the k-th largest key keep the lowest indexes: among more
-// tied candidates than needed, a radix select over the indexes finds the
-// last index kept. Should the bin hold more candidates than SAMPLE_CAP, the
-// row is counted again on the next 10 bits (twice at most); should 32 bits
-// still leave too many (a mass of equal logits), the k are gathered from
-// the row itself, the ties ranked in index order. The k candidates are
-// sorted (value descending, index ascending) by a bitonic network over the
-// next power of two from max(k, 32): one per thread, partners within a warp
-// exchanged by shuffles and the others through shared memory. The host's
-// float64 loop then runs across the block, thread i holding the i-th
-// candidate: its probability as the host forms it (exp of l/T - max/T over
-// the candidates' sum, or the row's), min-p's cut a block maximum, top-p's
-// cumulative sums a block scan whose first crossing a block minimum finds
-// (should a sum lie within 1e-12 of top_p before the first clear crossing,
-// one thread adds them one by one in sorted order instead, as the host
-// does for top-k), and the draw's walk a
-// block minimum over the same sums. A whole-row draw whose filters the
-// head does not settle (it would keep more than 1024 tokens) writes -1:
-// the caller draws that row on the host.
+// Top-k draws keep k candidates (k at most 1024). They find the k-th
+// largest logit by a radix select over order-preserving keys (okey): the
+// first pass over the row counts the keys' top 12 bits in shared memory (a
+// thread adds runs of equal bins at once, so rows of equal or masked
+// logits cost few atomics). A second pass compacts every logit whose key
+// reaches the lower edge of the bin holding the k-th largest into shared
+// memory (key and index, SAMPLE_CAP of them at most); the remaining 20
+// bits are selected there. Ties at the k-th largest key keep the lowest
+// indexes: among more tied candidates than needed, a radix select over the
+// indexes finds the last index kept. Should the bin hold more candidates
+// than SAMPLE_CAP, the row is counted again on the next 10 bits (twice at
+// most); should 32 bits still leave too many (a mass of equal logits), the
+// k are gathered from the row itself, the ties ranked in index order. The
+// k candidates are sorted (value descending, index ascending) by a bitonic
+// network over the next power of two from max(k, 32): one per thread,
+// partners within a warp exchanged by shuffles and the others through
+// shared memory. The host's float64 loop then runs across the block,
+// thread i holding the i-th candidate: its probability as the host forms
+// it (exp of l/T - max/T over the candidates' sum), min-p's cut a block
+// maximum, top-p's cumulative sums a block scan whose first crossing a
+// block minimum finds (should a sum lie within 1e-12 of top_p before the
+// first clear crossing, one thread adds them one by one in sorted order
+// instead, as the host does), and the draw's walk a block minimum over the
+// same sums.
+//
+// Whole-row draws (top-p or min-p without a top-k below the width:
+// gpu.SampleRow.Whole) are settled on the device for every row, as the
+// host's whole settles them. A first pass finds the largest logit (a row
+// without a finite one takes the host's answer: the least logit's last
+// index). A second sums exp(l/T - max/T) (exp_fast) over the row and, for
+// each candidate (min-p leaves out e < min_p), into the host's 4,096
+// buckets (b = int((max - l)·scale), scale = 4096/(32·T), the last taking
+// everything below) in shared float64 atomics, a lane adding runs of one
+// bucket at once and keeping the first and last buckets, where ties and a
+// row's tail crowd, in registers; the sums, brought to probabilities, are
+// scanned into running sums P. Top-p's running sum, and then the draw's
+// u·total, are walked over whole buckets by P (a block minimum finds the
+// bucket where it ends) and token by token in that bucket: a pass gathers
+// its tokens (float tests against the bucket's bounds rounded outward, a
+// group of logits without one costing a vote, then the exact bucket) into
+// shared memory, a bitonic network sorts them (value descending, index
+// ascending) and a block scan of their probabilities finds the token, with
+// the 1e-12 rule above for top-p. A bucket of more than WHOLE_CAP tokens
+// (a row flatter than 1/128 of the temperature over thousands of tokens)
+// is walked in sorted chunks of WHOLE_CAP: each the largest keys below the
+// last chunk's least, found by a radix select over the row (12, 10 and 10
+// bits of the logit's key, restricted to the bucket and the range left)
+// and gathered with their ties in index order. As the host's walks, one
+// that ends without a token (rounding) goes on from the next bucket, and
+// the draw falls back on the last token kept (top-p's cut, or the last
+// token of the last candidate bucket). The walks run out of line
+// (whole_draw, w_masses, w_walk, w_gather_group), so that the other draws
+// keep their registers.
 //
 // summary_rows summarises rows for log-probabilities as gpu.Summarize does
 // (gpu.Summarizer): the chosen token's log-probability and the top (at most
@@ -104,6 +128,8 @@ struct SampleShared {
   float f[32];
   int i[32];
   unsigned u[32], u2[32], sel[3], count;
+  unsigned long long q[32], cu;  // whole-row draws: a block minimum's, a token's broadcast
+  int wi;
 };
 
 // exp2_64[j] is 2^(j/64), correctly rounded.
@@ -626,10 +652,577 @@ DEV void top_keys(const float* __restrict__ l, int a, int b, Select& sel, unsign
   }
 }
 
+// Whole-row draws (top-p or min-p over the whole row, gpu.SampleRow.Whole),
+// as gpu's whole draws them: the candidates' probabilities summed by
+// bucket of logits, walked bucket by bucket, and token by token, sorted,
+// in the bucket where top-p's running sum or the draw ends.
+#define SAMPLE_BUCKETS 4096  // gpu's sampleBuckets
+#define SAMPLE_DEPTH 32.0    // gpu's sampleDepth
+#define WHOLE_CAP 4096       // a bucket's tokens sorted at a time
+// Their shared memory, after the exponential table: the buckets' running
+// sums P (SAMPLE_BUCKETS + 1 doubles) and a bucket's tokens (WHOLE_CAP
+// candidates, compose), whose room also holds a radix select's histogram
+// and the sort's exchanges.
+#define WHOLE_P_OFF SAMPLE_HIST_OFF
+#define WHOLE_CB_OFF (WHOLE_P_OFF + (SAMPLE_BUCKETS + 2) * 8)
+static_assert(WHOLE_CB_OFF + WHOLE_CAP * 8 <= SAMPLE_SMEM, "whole-row draws overrun the shared memory");
+static_assert(SAMPLE_BUCKETS == 4 * ST && WHOLE_CAP == 4 * ST, "a thread holds four buckets and four tokens");
+
+// The dynamic shared memory (every extern __shared__ array starts at its
+// base) and the small shared state of sample_rows, at module scope so that
+// whole_draw, a function of its own, addresses them as shared memory.
+extern __shared__ __align__(16) unsigned char sample_smem[];
+__shared__ SampleShared sample_ss;
+
+// Whole is a whole-row draw's row and constants, and the bucket it walks.
+struct Whole {
+  const float* l;
+  int a, b;                 // the warp's segment
+  float t;                  // the temperature
+  double rt, top, topf;     // 1/T, max/T (quot), max·(1/T)
+  bool exact;               // terms formed as EXACT_ABOVE says
+  double total;             // the row's sum of exp(l/T - top)
+  double hi, scale, minp;   // the largest logit, buckets a unit of l, min_p
+  const double* tab;
+  double* P;                // P[b]: the candidates' probability in buckets before b
+  unsigned long long* cb;   // a bucket's tokens
+  int B;                    // the bucket walked
+  float lo, hi_f;           // its tokens lie in [lo, hi_f]
+};
+
+// w_shared points w at sample_rows' shared memory (this lane's copy of
+// the exponential table, P, the bucket's tokens), in the shared space.
+DEV void w_shared(Whole& w) {
+  w.tab = (const double*)(sample_smem + SAMPLE_TAB_OFF) + (threadIdx.x & 15);
+  w.P = (double*)(sample_smem + WHOLE_P_OFF);
+  w.cb = (unsigned long long*)(sample_smem + WHOLE_CB_OFF);
+}
+
+// exp_out is exp_fast out of line, for the few terms the walks form (the
+// same arithmetic, so the same value).
+__device__ __noinline__ double exp_out(double x, const double* tab) { return exp_fast(x, tab); }
+
+// w_arg is l/T - top as the row's passes form it (EXACT_ABOVE).
+DEV double w_arg(const Whole& w, float v) {
+  return w.exact ? quot((double)v, (double)w.t, w.rt) - w.top : __dmul_rn((double)v, w.rt) - w.topf;
+}
+
+// w_index is v's bucket as gpu's bucket finds it: int((hi - v)·scale), the
+// last one for everything past it.
+DEV int w_index(const Whole& w, float v) {
+  const double f = (w.hi - (double)v) * w.scale;
+  return f < SAMPLE_BUCKETS - 1 ? (int)f : SAMPLE_BUCKETS - 1;
+}
+
+// w_bucket is v's bucket, or SAMPLE_BUCKETS where min-p leaves it out
+// (less likely than min_p times the largest: e < min_p).
+DEV int w_bucket(const Whole& w, float v) {
+  if (w.minp > 0.0 && exp_out(w_arg(w, v), w.tab) < w.minp) return SAMPLE_BUCKETS;
+  return w_index(w, v);
+}
+
+// w_focus makes B the bucket walked: its tokens lie within half a bucket
+// of its range of logits (hi - l in [B, B+1)/scale up to rounding), whose
+// bounds, rounded outward to floats, make a cheap test before w_bucket's.
+DEV void w_focus(Whole& w, int B) {
+  w.B = B;
+  w.lo = B >= SAMPLE_BUCKETS - 1 ? neg_inf() : __double2float_rd(w.hi - ((double)B + 1.5) / w.scale);
+  w.hi_f = __double2float_ru(w.hi - ((double)B - 0.5) / w.scale);
+}
+
+// w_near reports whether logit v may lie in the bucket walked (a NaN may).
+DEV bool w_near(const Whole& w, float v) { return !(v < w.lo || v > w.hi_f); }
+
+// w_in reports whether v (a clean logit) lies in the bucket walked.
+DEV bool w_in(const Whole& w, float v) { return w_near(w, v) && w_bucket(w, v) == w.B; }
+
+// w_take reports whether logit i (v) is one of the walked bucket's tokens
+// whose candidate key lies in [stop, cursor).
+DEV bool w_take(const Whole& w, float v, int i, unsigned long long cursor, unsigned long long stop) {
+  if (!w_in(w, v)) return false;
+  const unsigned long long c = compose(okey(v), (unsigned)i);
+  return c < cursor && c >= stop;
+}
+
+// each_logit calls f(v, i, valid) for each logit of the warp's segment
+// [a, b), v clean, N loads in flight a lane (LOADS, or fewer for the rare
+// passes, whose code N copies); every lane of the warp calls f together,
+// so f may vote (valid is false past b).
+#define RARE_LOADS 4
+template <int N = LOADS, typename F>
+DEV void each_logit(const float* __restrict__ l, int a, int b, F f) {
+  const int lane = threadIdx.x & 31;
+  for (int g = a; g < b; g += 32 * N) {
+    float v[N];
+    load_group(l, g, b, v, neg_inf());
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+      const int i = g + lane + 32 * u;
+      f(clean(v[u]), i, i < b);
+    }
+  }
+}
+
+DEV unsigned long long warp_min_u64(unsigned long long x) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    const unsigned long long y = shfl_xor_u64(x, o);
+    x = x < y ? x : y;
+  }
+  return x;
+}
+
+// block_min_u64 is the least of v over the block.
+DEV unsigned long long block_min_u64(unsigned long long v, SampleShared& ss) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  v = warp_min_u64(v);
+  __syncthreads();
+  if (lane == 0) ss.q[w] = v;
+  __syncthreads();
+  return warp_min_u64(ss.q[lane]);
+}
+
+// block_excl_d returns the sum of v over the threads before this one, in
+// thread order, and sets total to the sum over all.
+DEV double block_excl_d(double v, SampleShared& ss, double& total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const double x = warp_incl_d(v);
+  const double xb = shfl_up_d(x, 1);
+  __syncthreads();
+  if (lane == 31) ss.d2[w] = x;
+  __syncthreads();
+  const double t = warp_incl_d(ss.d2[lane]);
+  total = shfl_d(t, 31);
+  const double before = shfl_d(t, max(w - 1, 0));
+  return (w ? before : 0.0) + (lane ? xb : 0.0);
+}
+
+// MassOut is what w_masses returns: this thread's share of the row's sum
+// of exp(l/T - top), of the first and last buckets' sums, and its last
+// candidate bucket (-1 for none).
+struct MassOut {
+  double sum, head, tail;
+  int last;
+};
+
+// w_masses sums exp(l/T - top) over the logits of [a, end) of l (hi the
+// largest, the terms formed as w_arg does: EXACT, quot(l) - ref with ref =
+// top; else l·rt - ref with ref = topf) and each candidate's (min-p leaves
+// out those with e < minp: none for a min_p of 0) into P[its bucket] (P
+// cleared before), runs of one bucket at once; the first and last
+// buckets, where ties and a row's tail crowd, in registers. Out of line,
+// its constants in registers.
+template <bool EXACT>
+__device__ __noinline__ MassOut w_masses(const float* __restrict__ l, int a, int end, double hi, double scale,
+                                         double minp, float t, double rt, double ref) {
+  const int lane = threadIdx.x & 31;
+  const double* tab = (const double*)(sample_smem + SAMPLE_TAB_OFF) + (lane & 15);
+  double* P = (double*)(sample_smem + WHOLE_P_OFF);
+  MassOut o = {0.0, 0.0, 0.0, -1};
+  int run_b = -1;
+  double run = 0.0;
+  for (int g = a; g < end; g += 32 * SUM_LOADS) {
+    float v[SUM_LOADS];
+    load_group(l, g, end, v, neg_inf());
+#pragma unroll
+    for (int u = 0; u < SUM_LOADS; u++) {
+      if (g + lane + 32 * u >= end) continue;
+      const float x = clean(v[u]);
+      const double e = exp_fast((EXACT ? quot((double)x, (double)t, rt) : __dmul_rn((double)x, rt)) - ref, tab);
+      o.sum += e;
+      if (e < minp) continue;
+      const double f = (hi - (double)x) * scale;  // w_index
+      const int bk = f < SAMPLE_BUCKETS - 1 ? (int)f : SAMPLE_BUCKETS - 1;
+      o.last = max(o.last, bk);
+      if (bk == SAMPLE_BUCKETS - 1) {
+        o.tail += e;
+      } else if (bk == 0) {
+        o.head += e;
+      } else if (e > 0.0) {
+        if (bk != run_b) {
+          if (run_b >= 0) atomicAdd(&P[run_b], run);
+          run_b = bk, run = 0.0;
+        }
+        run += e;
+      }
+    }
+  }
+  if (run_b >= 0) atomicAdd(&P[run_b], run);
+  return o;
+}
+
+// chunk_sort sorts the n (at most WHOLE_CAP) candidates of cb into
+// descending order, padded with 0 to the next power of two from
+// max(n, 32): by bitonic_desc (cb its exchange room) up to ST, else by a
+// bitonic network in shared memory. Ends after a barrier.
+DEV void chunk_sort(unsigned long long* cb, int n) {
+  const int tid = threadIdx.x;
+  int P = 32;
+  while (P < n) P <<= 1;
+  for (int i = n + tid; i < P; i += ST) cb[i] = 0ull;
+  __syncthreads();
+  if (P <= ST) {
+    unsigned long long x = tid < P ? cb[tid] : 0ull;
+    x = bitonic_desc(x, P, cb);
+    __syncthreads();  // the last exchanges are read
+    if (tid < P) cb[tid] = x;
+    __syncthreads();
+    return;
+  }
+  for (int size = 2; size <= P; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int j = tid; j < P / 2; j += ST) {
+        const int lo = 2 * j - (j & (stride - 1)), hi = lo + stride;
+        const unsigned long long x = cb[lo], y = cb[hi];
+        const bool desc = (lo & size) == 0;
+        if (desc ? x < y : x > y) cb[lo] = y, cb[hi] = x;
+      }
+      __syncthreads();
+    }
+}
+
+// w_gather_group appends the tokens of the walked bucket with keys in
+// [stop, cursor) among this warp's group of 32·LOADS logits from g (those
+// near, bit u for the lane's u-th) to cb, counting them in
+// sample_ss.count. Out of line: few groups hold one.
+__device__ __noinline__ void w_gather_group(const Whole& w, int g, unsigned near, unsigned long long cursor,
+                                            unsigned long long stop) {
+  const int lane = threadIdx.x & 31;
+  const unsigned below = (1u << lane) - 1u;
+  unsigned long long* cb = (unsigned long long*)(sample_smem + WHOLE_CB_OFF);
+  float v[LOADS];
+  load_group(w.l, g, w.b, v, neg_inf());
+#pragma unroll
+  for (int u = 0; u < LOADS; u++) {
+    const int i = g + lane + 32 * u;
+    const bool take = (near >> u & 1u) && i < w.b && w_take(w, clean(v[u]), i, cursor, stop);
+    const unsigned bal = __ballot_sync(ALL_LANES, take);
+    if (bal) {
+      const int lead = __ffs(bal) - 1;
+      unsigned at = 0u;
+      if (lane == lead) at = atomicAdd(&sample_ss.count, (unsigned)__popc(bal));
+      at = (unsigned)__shfl_sync(ALL_LANES, (int)at, lead) + __popc(bal & below);
+      if (take && at < WHOLE_CAP) cb[at] = compose(okey(v[u]), (unsigned)i);
+    }
+  }
+}
+
+// w_gather appends to cb (WHOLE_CAP at most) the walked bucket's tokens
+// whose keys (compose) lie in [stop, cursor), in no particular order,
+// counting them in sample_ss.count (0 before): float tests of the logits
+// against the bucket's bounds first, a group of 32·LOADS without one near
+// costing a vote, then the exact test (w_gather_group).
+DEV void w_gather(const Whole& w, unsigned long long cursor, unsigned long long stop) {
+  const float* __restrict__ l = w.l;
+  const int a = w.a, b = w.b;
+  const float lo = w.lo, hi = w.hi_f;
+  for (int g = a; g < b; g += 32 * LOADS) {
+    float v[LOADS];
+    load_group(l, g, b, v, neg_inf());
+    unsigned near = 0u;  // bit u: this lane's u-th logit may be one
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) near |= (unsigned)!(v[u] < lo || v[u] > hi) << u;
+    if (__any_sync(ALL_LANES, near != 0u)) w_gather_group(w, g, near, cursor, stop);
+  }
+}
+
+// w_fetch gathers into cb, sorted, the next tokens of the walked bucket
+// in the candidates' order: the WHOLE_CAP largest keys (compose) in
+// [stop, cursor), or all of them if fewer, and returns how many; more says
+// whether any remain. One pass gathers them; where there are more, a
+// radix select over the row finds the WHOLE_CAP-th largest logit key K of
+// them (12, 10 and 10 bits), and two passes gather those above K and the
+// first ties at K in index order. Every thread calls it.
+DEV int w_fetch(const Whole& w, unsigned long long cursor, unsigned long long stop, bool& more, SampleShared& ss) {
+  const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+  const unsigned below = (1u << lane) - 1u;
+  unsigned long long* cb = w.cb;
+  __syncthreads();  // cb and ss.count are free
+  if (tid == 0) ss.count = 0u;
+  __syncthreads();
+  w_gather(w, cursor, stop);
+  __syncthreads();
+  const unsigned cnt = ss.count;
+  more = cnt > WHOLE_CAP;
+  if (more) {
+    // The WHOLE_CAP-th largest key of them, K.
+    unsigned* hist = (unsigned*)cb;
+    Select sel = {0u, 0u, 0u, WHOLE_CAP, 0u, 32};
+    while (sel.shift > 0) {
+      const int bits = sel.shift == 32 ? 12 : 10, nb = 1 << bits;
+      __syncthreads();  // select_step has read hist
+      for (int i = tid; i < nb; i += ST) hist[i] = 0u;
+      __syncthreads();
+      unsigned run_d = 0u, run_n = 0u;
+      each_logit<RARE_LOADS>(w.l, w.a, w.b, [&](float v, int i, bool valid) {
+        if (valid && w_take(w, v, i, cursor, stop)) {
+          const unsigned key = okey(v);
+          if ((key & sel.mask) == sel.prefix) {
+            const unsigned d = (key >> (sel.shift - bits)) & (unsigned)(nb - 1);
+            if (run_n && d != run_d) atomicAdd(&hist[run_d], run_n), run_n = 0u;
+            run_d = d, run_n++;
+          }
+        }
+      });
+      if (run_n) atomicAdd(&hist[run_d], run_n);
+      __syncthreads();
+      select_step(sel, bits, hist, ss);
+    }
+    const unsigned K = sel.prefix, above = sel.above, need = sel.r;
+    // The ties at K in the segments before this warp's.
+    unsigned ties = 0u;
+    each_logit<RARE_LOADS>(w.l, w.a, w.b, [&](float v, int i, bool valid) {
+      ties += __popc(__ballot_sync(ALL_LANES, valid && okey(v) == K && w_take(w, v, i, cursor, stop)));
+    });
+    __syncthreads();  // ss.u2 and ss.count are free
+    if (lane == 0) ss.u2[wp] = ties;
+    if (tid == 0) ss.count = 0u;
+    __syncthreads();
+    unsigned rank = (unsigned)__shfl_sync(ALL_LANES, (int)warp_incl_u(ss.u2[lane]), max(wp - 1, 0));
+    if (wp == 0) rank = 0u;
+    each_logit<RARE_LOADS>(w.l, w.a, w.b, [&](float v, int i, bool valid) {
+      const unsigned key = okey(v);
+      const bool in = valid && key >= K && w_take(w, v, i, cursor, stop);
+      const bool gt = in && key > K, eq = in && key == K;
+      const unsigned bal = __ballot_sync(ALL_LANES, gt);
+      if (bal) {
+        const int lead = __ffs(bal) - 1;
+        unsigned at = 0u;
+        if (lane == lead) at = atomicAdd(&ss.count, (unsigned)__popc(bal));
+        at = (unsigned)__shfl_sync(ALL_LANES, (int)at, lead) + __popc(bal & below);
+        if (gt && at < above) cb[at] = compose(key, (unsigned)i);
+      }
+      const unsigned tb = __ballot_sync(ALL_LANES, eq);
+      const unsigned r = rank + __popc(tb & below);
+      if (eq && r < need) cb[above + r] = compose(key, (unsigned)i);
+      rank += __popc(tb);
+    });
+    __syncthreads();
+  }
+  const int n = more ? WHOLE_CAP : (int)cnt;
+  if (n > 0) chunk_sort(cb, n);
+  return n;
+}
+
+// w_walk walks the tokens of bucket B whose keys reach stop (0: all) in
+// the candidates' order, adding each one's probability to acc, to the
+// first at which acc reaches x (ge: top-p) or passes it (the draw, whose
+// point is x): it returns true with that token in tok and acc the sum up
+// to it, else false with acc the sum over them all. The sums in a chunk
+// are a block scan, thread t holding places 4t to 4t+3; where top-p's
+// might cross within 1e-12 of x before a clear crossing, thread 0 adds
+// them one by one, as the host does. Every thread calls it.
+// Out of line: one copy for the three walks a draw may make.
+__device__ __noinline__ bool w_walk(const Whole& row, int B, unsigned long long stop, double& acc, double x, bool ge,
+                                    unsigned long long& tok) {
+  const int tid = threadIdx.x;
+  SampleShared& ss = sample_ss;
+  Whole w = row;
+  w_shared(w);
+  w_focus(w, B);
+  unsigned long long cursor = ~0ull;
+  for (;;) {
+    bool more;
+    const int n = w_fetch(w, cursor, stop, more, ss);
+    if (n == 0) return false;
+    unsigned long long c[4];
+    double pr[4], inc[4], q = 0.0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int pos = 4 * tid + j;
+      c[j] = pos < n ? w.cb[pos] : 0ull;
+      pr[j] = pos < n ? exp_out(w_arg(w, kval((unsigned)(c[j] >> 32))), w.tab) / w.total : 0.0;
+      q += pr[j];
+    }
+    const unsigned long long lastc = w.cb[n - 1];
+    double sum;
+    double r = acc + block_excl_d(q, ss, sum);
+    int f = NO_INDEX, clear = NO_INDEX;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int pos = 4 * tid + j;
+      r += pr[j];
+      inc[j] = r;
+      if (pos < n) {
+        if (ge ? r >= x - 1e-12 : r > x) f = min(f, pos);
+        if (r >= x + 1e-12) clear = min(clear, pos);
+      }
+    }
+    f = block_min_i(f, ss);
+    bool seq = false;
+    if (ge) {
+      clear = block_min_i(clear, ss);
+      if (f != clear) {
+        // One by one in sorted order from acc (the candidates are in
+        // registers; cb takes their probabilities).
+        double* pv = (double*)w.cb;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (4 * tid + j < n) pv[4 * tid + j] = pr[j];
+        __syncthreads();
+        if (tid == 0) {
+          double a = acc;
+          int i = 0;
+          for (; i < n; i++)
+            if ((a += pv[i]) >= x) break;
+          ss.wi = i < n ? i : NO_INDEX;
+          ss.bd = a;
+        }
+        __syncthreads();
+        f = ss.wi;
+        seq = true;
+      }
+    }
+    if (f != NO_INDEX) {
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (4 * tid + j == f) {
+          ss.cu = c[j];
+          if (!seq) ss.bd = inc[j];
+        }
+      __syncthreads();
+      tok = ss.cu;
+      acc = ss.bd;
+      __syncthreads();  // read before a later walk writes them
+      return true;
+    }
+    acc += sum;
+    if (!more) return false;
+    cursor = lastc;
+  }
+}
+
+// w_cross walks the candidates from bucket from to bucket to (at most
+// last), whole buckets by their sums P and token by token in the one
+// where the running sum, from acc, reaches (ge) or passes x (w_walk); a
+// walk that ends without a token (rounding) goes on from the next bucket,
+// as the host's does. It returns true with the token in tok, its bucket
+// in at and acc the sum up to it, else false with acc the sum over the
+// buckets. Every thread calls it.
+DEV bool w_cross(Whole& w, int from, int to, double& acc, double x, bool ge, unsigned long long& tok, int& at,
+                 SampleShared& ss) {
+  const int tid = threadIdx.x;
+  while (from <= to) {
+    const double p0 = w.P[from];
+    int bk = NO_INDEX;
+#pragma unroll
+    for (int j = 3; j >= 0; j--) {
+      const int b = 4 * tid + j;
+      if (b >= from && b <= to) {
+        const double v = acc + (w.P[b + 1] - p0);
+        if (ge ? v >= x : v > x) bk = b;
+      }
+    }
+    bk = block_min_i(bk, ss);
+    if (bk == NO_INDEX) break;
+    double a = acc + (w.P[bk] - p0);
+    if (w_walk(w, bk, 0ull, a, x, ge, tok)) {
+      acc = a, at = bk;
+      return true;
+    }
+    acc = a, from = bk + 1;
+  }
+  if (from <= to) acc += w.P[to + 1] - w.P[from];
+  return false;
+}
+
+// w_least is the last candidate of bucket B in sorted order: its least key
+// (compose). Every thread calls it.
+DEV unsigned long long w_least(Whole& w, int B, SampleShared& ss) {
+  w_focus(w, B);
+  unsigned long long best = ~0ull;
+  each_logit<RARE_LOADS>(w.l, w.a, w.b, [&](float v, int i, bool valid) {
+    if (valid && w_in(w, v)) {
+      const unsigned long long c = compose(okey(v), (unsigned)i);
+      best = c < best ? c : best;
+    }
+  });
+  return block_min_u64(best, ss);
+}
+
+// sample_whole draws from the row as gpu's whole does (the row's largest
+// logit finite, total its sum of exp(l/T - top)) and returns the token.
+// The candidates (every token, less those min-p leaves out) are summed by
+// bucket (w_masses: shared float64 atomics) and the sums, brought to
+// probabilities, scanned into P; top-p walks them to its cut (a token of
+// bucket end, cut: the tokens kept are the buckets before end and those of
+// end down to cut), and the draw walks the kept ones to u·total (total,
+// the kept probability as top-p's walk added it, else every candidate
+// bucket's). Where the host's walk would end without a token, the last
+// kept token is taken: the cut, or the last of the last candidate bucket.
+// Every thread calls it.
+DEV int sample_whole(Whole& w, const SampleRow& p, SampleShared& ss) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < SAMPLE_BUCKETS; i += ST) w.P[i] = 0.0;
+  __syncthreads();
+  const MassOut mo = w.exact ? w_masses<true>(w.l, w.a, w.b, w.hi, w.scale, w.minp, w.t, w.rt, w.top)
+                             : w_masses<false>(w.l, w.a, w.b, w.hi, w.scale, w.minp, w.t, w.rt, w.topf);
+  const int last = block_max_i(mo.last, ss);  // at least 0: the largest logit's bucket
+  w.total = block_sum_d(mo.sum, ss);
+  const double head = block_sum_d(mo.head, ss), tail = block_sum_d(mo.tail, ss);
+  if (tid == 0) w.P[0] += head, w.P[SAMPLE_BUCKETS - 1] += tail;
+  __syncthreads();
+  {
+    double m[4], s = 0.0, all;
+#pragma unroll
+    for (int j = 0; j < 4; j++) m[j] = w.P[4 * tid + j] / w.total, s += m[j];
+    double run = block_excl_d(s, ss, all);
+#pragma unroll
+    for (int j = 0; j < 4; j++) run += m[j], w.P[4 * tid + j + 1] = run;
+    if (tid == 0) w.P[0] = 0.0;
+    __syncthreads();
+  }
+  unsigned long long tok = 0ull, cut = 0ull;
+  int end = last + 1, at = 0;
+  double kept = w.P[last + 1];
+  if (p.top_p > 0.f && p.top_p < 1.f) {
+    double acc = 0.0;
+    if (w_cross(w, 0, last, acc, (double)p.top_p, true, tok, at, ss)) cut = tok, end = at, kept = acc;
+  }
+  const double x = p.u * kept;
+  double acc = 0.0;
+  if (!w_cross(w, 0, end - 1, acc, x, false, tok, at, ss)) {
+    if (cut) {
+      if (!w_walk(w, end, cut, acc, x, false, tok)) tok = cut;
+    } else {
+      tok = w_least(w, last, ss);
+    }
+  }
+  return (int)~(unsigned)tok;
+}
+
+// whole_draw settles a whole-row draw of the row l (warp segment [a, b))
+// whose largest logit is mx and returns the token. Out of line, so that
+// the other draws' registers stay as they were.
+__device__ __noinline__ int whole_draw(const float* __restrict__ l, int a, int b, SampleRow p, float mx) {
+  SampleShared& ss = sample_ss;
+  if (!finite(mx)) {
+    // No finite largest logit (every one -Inf or NaN, or +Inf among
+    // them): every probability is NaN to the host, whose walk ends on the
+    // last token of the sorted row, the least logit's last index.
+    unsigned long long least = ~0ull;
+    each_logit<RARE_LOADS>(l, a, b, [&](float v, int i, bool valid) {
+      const unsigned long long c = compose(okey(v), (unsigned)i);
+      if (valid && c < least) least = c;
+    });
+    return (int)~(unsigned)block_min_u64(least, ss);
+  }
+  const float t = p.temperature;
+  Whole W;
+  W.l = l, W.a = a, W.b = b, W.t = t;
+  W.rt = 1.0 / (double)t, W.top = (double)mx / (double)t, W.topf = __dmul_rn((double)mx, W.rt);
+  W.exact = !(fabs(W.top) <= EXACT_ABOVE);
+  W.total = 0.0;
+  W.hi = (double)mx, W.scale = (double)SAMPLE_BUCKETS / (SAMPLE_DEPTH * (double)t), W.minp = (double)p.min_p;
+  w_shared(W);
+  W.B = 0, W.lo = 0.f, W.hi_f = 0.f;
+  return sample_whole(W, p, ss);
+}
+
 extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ out, const float* __restrict__ logits,
                                                              int width, SampleRows rows) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ SampleShared ss;
+  unsigned char* smem = sample_smem;
+  SampleShared& ss = sample_ss;
   double* tab = (double*)(smem + SAMPLE_TAB_OFF);
   unsigned* hist = (unsigned*)(smem + SAMPLE_HIST_OFF);
   unsigned long long* buf = (unsigned long long*)(smem + SAMPLE_HIST_OFF);
@@ -750,25 +1343,36 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
     return;
   }
 
-  // The k candidates: every key above the k-th largest, K, and as many of
-  // those equal to it as fit, the lowest indexes first.
-  const int k = whole ? min(SAMPLE_TOPK, width) : min(p.top_k, SAMPLE_TOPK);
+  if (whole) {
+    // The largest logit; the rest out of line.
+#pragma unroll 1
+    for (int g = a; g < b; g += 32 * LOADS) {
+      float v[LOADS];
+      load_group(l, g, b, v, neg_inf());
+#pragma unroll
+      for (int u = 0; u < LOADS; u++) m = fmaxf(m, clean(v[u]));
+    }
+    m = warp_max(m);
+    if (lane == 0) ss.f[w] = m;
+    __syncthreads();
+    const int pick = whole_draw(l, a, b, p, warp_max(ss.f[lane]));
+    if (tid == 0) out[blockIdx.x] = pick;
+    return;
+  }
+
+  // Top-k: the k candidates, every key above the k-th largest, K, and as
+  // many of those equal to it as fit, the lowest indexes first.
+  const int k = min(p.top_k, SAMPLE_TOPK);
   for (int i = tid; i < SAMPLE_BINS; i += ST) hist[i] = 0u;
   __syncthreads();
-  if (whole)
-    row_pass<true, true>(l, a, b, rt, t, tabl, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
-  else
-    row_pass<false, true>(l, a, b, rt, t, tabl, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
+  row_pass<false, true>(l, a, b, rt, t, tabl, m, es, hist, 0u, 0u, 20, SAMPLE_BINS - 1);
   {
     float wm = warp_max(m);
-    double ws = warp_sum_d(es.s);
-    if (lane == 0) ss.f[w] = wm, ss.d[w] = ws, ss.d2[w] = es.refq;
+    if (lane == 0) ss.f[w] = wm;
   }
   __syncthreads();
   const float mx = warp_max(ss.f[lane]);
   const double top = (double)mx / (double)t;
-  double total = 0.0;  // the row's sum (whole), or the candidates' (top-k)
-  if (whole) total = finite(mx) ? warp_sum_d(ss.d[lane] * exp(ss.d2[lane] - top)) : top - top;  // NaN, as the host's
   Select sel = {0u, 0u, 0u, (unsigned)k, 0u, 32};
   select_step(sel, 12, hist, ss);
   top_keys(l, a, b, sel, hist, ckey, cidx, buf, ss);
@@ -782,25 +1386,22 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
   const bool in = tid < k;
   const int idx = (int)~(unsigned)x;
   const double e = in ? exp((double)kval((unsigned)(x >> 32)) / (double)t - top) : 0.0;
-  if (!whole) total = block_sum_d(e, ss);  // normalised among the candidates
+  const double total = block_sum_d(e, ss);  // normalised among the candidates
   const double pr = e / total;
   int kk = k;
-  bool known = !whole || k == width;
   if (p.min_p > 0.f) {
     // Drop the tail less likely than min_p times the first (which every
     // thread computes as thread 0 does).
     const double cut = (double)p.min_p * (exp((double)mx / (double)t - top) / total);
     kk = 1 + block_max_i(in && !(pr < cut) ? tid : 0, ss);
-    known = known || kk < k;
   }
   // Cumulative sums of the kept, for top-p's cut and the draw.
   const double c = block_incl_d(tid < kk ? pr : 0.0, ss);
   if (p.top_p > 0.f && p.top_p < 1.f) {
-    // The first cumulative sum to reach top_p. The host adds one by one
-    // (top-k) or by buckets of logits (whole rows), these sums in a tree:
-    // where one lies within 1e-12 of top_p before the first clear crossing,
-    // thread 0 adds one by one, so that ties summing to top_p cut where the
-    // host's do.
+    // The first cumulative sum to reach top_p. The host adds one by one,
+    // these sums in a tree: where one lies within 1e-12 of top_p before
+    // the first clear crossing, thread 0 adds one by one, so that ties
+    // summing to top_p cut where the host's do.
     const double tp = (double)p.top_p;
     int f = block_min_i(tid < kk && c >= tp - 1e-12 ? tid : NO_INDEX, ss);
     const int clear = block_min_i(tid < kk && c >= tp + 1e-12 ? tid : NO_INDEX, ss);
@@ -818,11 +1419,7 @@ extern "C" __global__ void __launch_bounds__(ST) sample_rows(int* __restrict__ o
       __syncthreads();
       f = ss.i[0];
     }
-    if (f != NO_INDEX) kk = f + 1, known = true;
-  }
-  if (!known) {
-    if (tid == 0) out[blockIdx.x] = -1;
-    return;
+    if (f != NO_INDEX) kk = f + 1;
   }
   if (tid == kk - 1) ss.bd = c;
   __syncthreads();
