@@ -429,4 +429,14 @@ func TestForwardSampleOnHost(t *testing.T) {
 	if !slices.Equal(read, logits[V:]) {
 		t.Error("ForwardChoose's row 1 differs from Forward's")
 	}
+	// Summarized, the rows the host drew from are not what comes back.
+	batch.Summaries, batch.Top = true, 3
+	got, want := make([]float32, gpu.SummaryWidth(3)), make([]float32, gpu.SummaryWidth(3))
+	if err := m.ForwardChoose(ctx, cache, batch, rows, ids, got); err != nil {
+		t.Fatal(err)
+	}
+	gpu.Summarize(want, logits[V:], ids[1], 3)
+	if !sameSummary(got, want) {
+		t.Errorf("ForwardChoose's summary of row 1 %v, want %v", got, want)
+	}
 }

@@ -792,12 +792,16 @@ func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows 
 		return err
 	}
 	V := m.Config.Vocab
-	// The rows the host reads to draw from are taken as they come.
+	// The rows the host reads to draw from are taken as they come, unless
+	// they are to be summarized.
 	read := make([]bool, len(b.Read))
-	seen := func(i int, row []float32) {
-		if k, ok := slices.BinarySearch(b.Read, int32(i)); ok {
-			copy(logits[k*V:(k+1)*V], row)
-			read[k] = true
+	var seen func(i int, row []float32)
+	if !b.Summaries {
+		seen = func(i int, row []float32) {
+			if k, ok := slices.BinarySearch(b.Read, int32(i)); ok {
+				copy(logits[k*V:(k+1)*V], row)
+				read[k] = true
+			}
 		}
 	}
 	var err error
@@ -869,8 +873,12 @@ func (m *Model) summarizeLater(b *Batch, out []float32) (func() error, error) {
 	return m.dev.(gpu.LateReader).ReadLater(gpu.F32Bytes(out[:n]), m.s.summary, 0)
 }
 
-// CheckRead checks that Read names increasing logits rows of b.
+// CheckRead checks that Read names increasing logits rows of b, and the
+// summaries' Top.
 func (b *Batch) CheckRead() error {
+	if b.Summaries && (b.Top < 0 || b.Top > gpu.MaxSummaryTop) {
+		return fmt.Errorf("summaries of the %d most likely tokens (at most %d)", b.Top, gpu.MaxSummaryTop)
+	}
 	for i, r := range b.Read {
 		if r < 0 || int(r) >= len(b.Logits) || i > 0 && r <= b.Read[i-1] {
 			return fmt.Errorf("rows to read %v are not increasing rows of %d", b.Read, len(b.Logits))
@@ -885,8 +893,8 @@ func (b *Batch) CheckReadInto(logits []float32, vocab int) error {
 	if err := b.CheckRead(); err != nil {
 		return err
 	}
-	if b.Summaries && (b.Top < 0 || b.Top > gpu.MaxSummaryTop || b.Top > vocab) {
-		return fmt.Errorf("summaries of the %d most likely tokens (at most %d)", b.Top, gpu.MaxSummaryTop)
+	if b.Summaries && b.Top > vocab {
+		return fmt.Errorf("summaries of the %d most likely of %d tokens", b.Top, vocab)
 	}
 	if w := b.ReadWidth(vocab); len(logits) < len(b.Read)*w {
 		return fmt.Errorf("%d floats for %d rows to read of %d", len(logits), len(b.Read), w)

@@ -77,6 +77,10 @@ func FuzzShardForward(f *testing.F) {
 		for range next() % 4 {
 			msg.Read = append(msg.Read, int32(next()%4))
 		}
+		if t := next(); t%2 == 1 {
+			// Summaries of up to 24 tokens: the last few too many.
+			msg.Summaries, msg.Top = true, t/2%25
+		}
 		switch next() % 3 {
 		case 0:
 			msg.Argmax = true
@@ -94,7 +98,11 @@ func FuzzShardForward(f *testing.F) {
 			if len(reply.IDs) != len(msg.Logits) {
 				t.Fatalf("plan %+v: %d tokens for %d rows", msg, len(reply.IDs), len(msg.Logits))
 			}
-			if len(msg.Read) > 0 && reply.Output.Bytes != uint64(4*len(msg.Read)*V) {
+			w := V
+			if msg.Summaries {
+				w = gpu.SummaryWidth(msg.Top)
+			}
+			if len(msg.Read) > 0 && reply.Output.Bytes != uint64(4*len(msg.Read)*w) {
 				t.Fatalf("plan %+v: %d bytes of rows for %d rows read", msg, reply.Output.Bytes, len(msg.Read))
 			}
 		}
