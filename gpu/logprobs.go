@@ -157,12 +157,9 @@ func SummaryWidth(top int) int { return 2 + 2*top }
 // id (a token not chosen yet) gets a NaN log-probability. It is the
 // reference for Summarizer devices.
 func Summarize(dst, logits []float32, id int32, top int) {
-	i := int(id)
-	if id < 0 || i >= len(logits) {
-		i = 0
-	}
-	lp, ids, lps := LogProbs(logits, i, top)
-	if id < 0 || int(id) >= len(logits) {
+	chosen := id >= 0 && int(id) < len(logits)
+	lp, ids, lps := LogProbs(logits, max(0, min(int(id), len(logits)-1)), top)
+	if !chosen {
 		lp = float32(math.NaN())
 	}
 	clear(dst[:SummaryWidth(top)])

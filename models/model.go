@@ -794,9 +794,12 @@ func (m *Model) ForwardChoose(ctx context.Context, cache *Cache, b *Batch, rows 
 	V := m.Config.Vocab
 	// The rows the host reads to draw from are taken as they come, unless
 	// they are to be summarized.
-	read := make([]bool, len(b.Read))
-	var seen func(i int, row []float32)
+	var (
+		read []bool
+		seen func(i int, row []float32)
+	)
 	if !b.Summaries {
+		read = make([]bool, len(b.Read))
 		seen = func(i int, row []float32) {
 			if k, ok := slices.BinarySearch(b.Read, int32(i)); ok {
 				copy(logits[k*V:(k+1)*V], row)

@@ -44,9 +44,9 @@ type aheadStep struct {
 	fed      []int32         // the tokens it embeds: the choices of the step before
 	ids      []int32         // its choices, once wait returns
 	read     []int32         // the logits rows it reads (models.Batch.Read)
-	summary  bool            // as summaries of the top most likely tokens (models.Batch.Summaries)
-	top      int
-	logits   []float32 // those rows, once wait returns
+	summary  bool            // as summaries (models.Batch.Summaries)
+	top      int             // of this many most likely tokens
+	logits   []float32       // those rows, once wait returns
 	wait     func() error
 }
 
@@ -57,8 +57,8 @@ type aheadStep struct {
 func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleRow, ids []int32) (string, error) {
 	var wait func() error
 	how := "issued"
-	V := b.ReadWidth(s.model.Config.Vocab)
-	logits := s.out(0, len(b.Read)*V)
+	W := b.ReadWidth(s.model.Config.Vocab)
+	logits := s.out(0, len(b.Read)*W)
 	idx, ok := s.ahead.rowsOf(b, rows)
 	var at []int
 	if ok {
@@ -85,7 +85,7 @@ func (s *Shard) chained(ctx context.Context, b *models.Batch, rows []gpu.SampleR
 				return err
 			}
 			for k, j := range at {
-				copy(logits[k*V:(k+1)*V], a.logits[j*V:(j+1)*V])
+				copy(logits[k*W:(k+1)*W], a.logits[j*W:(j+1)*W])
 			}
 			s.spare = a.logits
 			return err
