@@ -13,17 +13,35 @@ type Tokenizer interface {
 	Decode(ids []int32, skipSpecial bool) string
 }
 
-// Message is one chat message after decoding; Content is its text.
+// Message is one chat message after decoding; Content is its text. An
+// assistant's may hold the tool calls it made, and a tool's answers the
+// call ToolCallID names.
 type Message struct {
-	Role    string
-	Content string
-	Name    string
+	Role       string
+	Content    string
+	Name       string
+	ToolCalls  []ToolCall
+	ToolCallID string
 }
 
-// ChatTemplate renders chat messages into a prompt string. It must be safe for
-// concurrent use. A nil ChatTemplate makes chat requests fail with a 400.
+// Tool is a function the model may call: its name, description and
+// parameters (a JSON schema object, compact JSON; empty when the function
+// takes none).
+type Tool struct {
+	Name, Description, Parameters string
+}
+
+// ToolCall is a call of a Tool: its id, the function's name and its
+// arguments (a JSON object's text).
+type ToolCall struct {
+	ID, Name, Arguments string
+}
+
+// ChatTemplate renders chat messages, with the tools the model may call
+// (nil without), into a prompt string. It must be safe for concurrent use.
+// A nil ChatTemplate makes chat requests fail with a 400.
 type ChatTemplate interface {
-	Render(msgs []Message, addGenerationPrompt bool) (string, error)
+	Render(msgs []Message, tools []Tool, addGenerationPrompt bool) (string, error)
 }
 
 // Backend runs generations. It must be safe for concurrent use.

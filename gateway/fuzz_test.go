@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -58,6 +59,9 @@ func FuzzChatRequest(f *testing.F) {
 		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"stop":"\u0000","max_tokens":-1}`,
 		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"n":1e400}`,
 		`[`, `null`, `{"messages":{}}`,
+		`{"model":"echo-1","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"1"}],` +
+			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}},{"type":"function","function":{"name":"g"}}],"tool_choice":"required","parallel_tool_calls":false}`,
+		`{"model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -80,6 +84,58 @@ func FuzzChatRequest(f *testing.F) {
 		checkJob(t, v, j)
 		if len(j.prompts) != 1 {
 			t.Fatalf("chat job with %d prompts", len(j.prompts))
+		}
+		if sc := j.tools.schema(); (sc != "") != (j.tools.mode == toolsRequired || j.tools.mode == toolsNamed) || sc != "" && (!json.Valid([]byte(sc)) || j.base.Schema != sc) {
+			t.Fatalf("tool mode %d with schema %q, the request's %q", j.tools.mode, sc, j.base.Schema)
+		}
+	})
+}
+
+// FuzzToolCalls reads "auto"'s calls from a text whole and streamed in
+// pieces: both ways agree, and every call has a name and an arguments
+// object.
+func FuzzToolCalls(f *testing.F) {
+	for _, s := range []string{
+		"Hi <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>",
+		"<tool_call>{\"name\":\"g\",\"parameters\":{}}</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":\"{}\"}</tool_call> bye",
+		"<tool_call><tool_call>{}</tool_call></tool_call>",
+		"a <tool_ b <tool_call>{\"name\": \"f\"",
+	} {
+		f.Add(s, uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, text string, piece uint8) {
+		plan := toolPlan{mode: toolsAuto}
+		content, calls := plan.calls(text)
+		if len(calls) == 0 && content != text {
+			t.Fatalf("no calls, content %q of %q", content, text)
+		}
+		for _, c := range calls {
+			if !toolNameRE.MatchString(c.Name) || !json.Valid([]byte(c.Arguments)) || !strings.HasPrefix(c.Arguments, "{") {
+				t.Fatalf("call %+v of %q", c, text)
+			}
+		}
+		cs := callStream{plan: &plan}
+		var got strings.Builder
+		var streamed []toolCallOut
+		n := int(piece%16) + 1
+		for i := 0; i < len(text); i += n {
+			c, tc := cs.push(text[i:min(i+n, len(text))])
+			got.WriteString(c)
+			streamed = append(streamed, tc...)
+		}
+		c, tc, called := cs.end("")
+		got.WriteString(c)
+		streamed = append(streamed, tc...)
+		if called != (len(calls) > 0) || len(streamed) != len(calls) {
+			t.Fatalf("%q in pieces of %d: %d calls streamed, %d whole", text, n, len(streamed), len(calls))
+		}
+		for i, c := range streamed {
+			if *c.Index != i || c.Function.Name != calls[i].Name || c.Function.Arguments != calls[i].Arguments {
+				t.Fatalf("%q: streamed call %d %+v, whole %+v", text, i, c, calls[i])
+			}
+		}
+		if len(calls) == 0 && got.String() != text {
+			t.Fatalf("%q in pieces of %d: content %q", text, n, got.String())
 		}
 	})
 }

@@ -40,16 +40,33 @@ func (byteTokenizer) Decode(ids []int32, _ bool) string {
 	return string(b)
 }
 
-// lineTemplate renders "role: content\n" per message and "assistant: " to prompt a reply.
+// lineTemplate renders "role: content\n" per message and "assistant: " to
+// prompt a reply; tools as "tools: a,b\n" first, a message's tool calls
+// as " -> name(arguments)" and a tool's answer as "tool[id]: content".
 type lineTemplate struct{}
 
-func (lineTemplate) Render(msgs []Message, addGen bool) (string, error) {
+func (lineTemplate) Render(msgs []Message, tools []Tool, addGen bool) (string, error) {
 	var sb strings.Builder
+	if len(tools) > 0 {
+		names := make([]string, len(tools))
+		for i, t := range tools {
+			names[i] = t.Name
+		}
+		fmt.Fprintf(&sb, "tools: %s\n", strings.Join(names, ","))
+	}
 	for _, m := range msgs {
 		if m.Content == "fail-template" {
 			return "", errors.New("template refused the message")
 		}
-		fmt.Fprintf(&sb, "%s: %s\n", m.Role, m.Content)
+		role := m.Role
+		if m.ToolCallID != "" {
+			role += "[" + m.ToolCallID + "]"
+		}
+		fmt.Fprintf(&sb, "%s: %s", role, m.Content)
+		for _, c := range m.ToolCalls {
+			fmt.Fprintf(&sb, " -> %s(%s)", c.Name, c.Arguments)
+		}
+		sb.WriteString("\n")
 	}
 	if addGen {
 		sb.WriteString("assistant: ")
@@ -63,6 +80,8 @@ type echoBackend struct {
 	delay   time.Duration // before each token
 	gate    chan struct{} // when set, each generation waits for a value before its first token
 	started chan string   // when set, receives each RequestID as its generation starts
+
+	reply string // when set, generated in place of the prompt
 
 	overloaded atomic.Bool
 	notReady   atomic.Bool
@@ -139,8 +158,12 @@ func (b *echoBackend) Generate(ctx context.Context, req GenerateRequest, emit fu
 		}
 	}
 	begun := time.Now()
+	src := req.Prompt
+	if b.reply != "" {
+		src = byteTokenizer{}.Encode(b.reply)
+	}
 	for i := 0; i < req.MaxTokens; i++ {
-		if !req.IgnoreEOS && i == len(req.Prompt) {
+		if !req.IgnoreEOS && i == len(src) {
 			fin.Reason = FinishStop
 			return fin, nil
 		}
@@ -157,7 +180,7 @@ func (b *echoBackend) Generate(ctx context.Context, req GenerateRequest, emit fu
 		} else if ctx.Err() != nil {
 			return cancelled()
 		}
-		id := req.Prompt[i%len(req.Prompt)]
+		id := src[i%len(src)]
 		tok := Token{ID: id, Text: string(rune(byte(id))), Logprob: -0.5, TraceID: "trace-" + req.RequestID,
 			TopLogprobs: []TokenLogprob{{ID: id, Logprob: -0.5}, {ID: 'z', Text: "z", Logprob: -1.5}},
 			QueuedAt:    queued, StartedAt: begun}

@@ -36,8 +36,9 @@ type chatLogprobs struct {
 }
 
 type chatMessageOut struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string        `json:"role"`
+	Content   *string       `json:"content"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChoice struct {
@@ -57,8 +58,9 @@ type chatResponse struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string        `json:"role,omitempty"`
+	Content   *string       `json:"content,omitempty"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -204,7 +206,15 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	if chat {
 		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: j.model.ID, Usage: u}
 		for i := range results {
-			c := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: results[i].text.String()}, FinishReason: openAIReason(results[i].res.finish.Reason)}
+			content, calls := j.tools.calls(results[i].text.String())
+			msg := chatMessageOut{Role: "assistant", Content: &content}
+			for _, c := range calls {
+				msg.ToolCalls = append(msg.ToolCalls, callOut(c))
+			}
+			if len(calls) > 0 && content == "" {
+				msg.Content = nil
+			}
+			c := chatChoice{Index: i, Message: msg, FinishReason: j.reason(results[i].res.finish.Reason, len(calls) > 0)}
 			if j.base.Logprobs {
 				c.Logprobs = &chatLogprobs{Content: nonNil(results[i].chatLP)}
 			}
@@ -251,6 +261,15 @@ func openAIReason(r string) string {
 		return "length"
 	}
 	return "stop"
+}
+
+// reason is a chat choice's finish_reason: "tool_calls" where it ended
+// calling functions it chose to call (not one tool_choice named).
+func (j *job) reason(r string, called bool) string {
+	if called && r != FinishLength && j.tools.mode != toolsNamed {
+		return "tool_calls"
+	}
+	return openAIReason(r)
 }
 
 func (cr *choiceResult) addLogprobs(s *Server, j *job, chat bool, ev *tokenEvent) {
@@ -377,6 +396,23 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
 		first := true
+		calls := &callStream{plan: &j.tools}
+		// delta sends a chat chunk of content and calls.
+		delta := func(text string, tc []toolCallOut, lp *chatLogprobs, reason *string) error {
+			if text == "" && tc == nil && lp == nil && reason == nil && !first {
+				return nil
+			}
+			d := chatDelta{ToolCalls: tc}
+			if text != "" || tc == nil && (first || reason == nil) {
+				d.Content = &text
+			}
+			if first {
+				d.Role = "assistant"
+				first = false
+			}
+			return out.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+				Choices: []chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: reason}}})
+		}
 		var err error
 		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
 			if chat {
@@ -384,17 +420,8 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				if j.base.Logprobs {
 					lp = &chatLogprobs{Content: []chatLogprob{s.chatLogprob(ev.tok, j.base.TopLogprobs)}}
 				}
-				if ev.text == "" && lp == nil && !first {
-					return nil
-				}
-				text := ev.text
-				d := chatDelta{Content: &text}
-				if first {
-					d.Role = "assistant"
-					first = false
-				}
-				return out.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-					Choices: []chatChunkChoice{{Index: i, Delta: d, Logprobs: lp}}})
+				text, tc := calls.push(ev.text)
+				return delta(text, tc, lp, nil)
 			}
 			var lp *completionLogprobs
 			if j.base.Logprobs {
@@ -416,16 +443,9 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 		}
 		reason := openAIReason(cr.res.finish.Reason)
 		if chat {
-			d := chatDelta{}
-			if first {
-				d.Role = "assistant"
-			}
-			if cr.res.tail != "" || first {
-				tail := cr.res.tail
-				d.Content = &tail
-			}
-			return out.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-				Choices: []chatChunkChoice{{Index: i, Delta: d, FinishReason: &reason}}})
+			text, tc, called := calls.end(cr.res.tail)
+			reason = j.reason(cr.res.finish.Reason, called)
+			return delta(text, tc, nil, &reason)
 		}
 		return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
 			Choices: []completionChoice{{Text: cr.res.tail, Index: i, FinishReason: &reason}}})

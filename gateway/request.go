@@ -220,6 +220,7 @@ type chatRequest struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	Functions           json.RawMessage `json:"functions"`
 	FunctionCall        json.RawMessage `json:"function_call"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
@@ -243,6 +244,7 @@ type job struct {
 	base         GenerateRequest // sampling fields; RequestID, Prompt and MaxTokens unset
 	stream       bool
 	includeUsage bool
+	tools        toolPlan // chat: the tools and how the choices' calls are read
 }
 
 // choices is the number of generations the job runs.
@@ -483,17 +485,27 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 	if v.tmpl == nil {
 		return nil, badRequest("messages", "chat_unsupported", "model %q has no chat template; use /v1/completions with a prompt", j.model.ID)
 	}
-	if err := rejectPresent("tools", r.Tools, "tools are not supported"); err != nil {
+	if err := rejectPresent("functions", r.Functions, "functions are not supported; use tools"); err != nil {
 		return nil, err
 	}
-	if err := rejectPresent("functions", r.Functions, "functions are not supported"); err != nil {
+	if err := rejectPresent("function_call", r.FunctionCall, "function_call is not supported; use tool_choice"); err != nil {
 		return nil, err
 	}
-	if err := rejectPresent("function_call", r.FunctionCall, "function_call is not supported"); err != nil {
-		return nil, err
+	tools, aerr := parseTools(r.Tools)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if tc := bytes.TrimSpace(r.ToolChoice); len(tc) > 0 && !bytes.Equal(tc, []byte("null")) && !bytes.Equal(tc, []byte(`"none"`)) {
-		return nil, badRequest("tool_choice", "unsupported_parameter", "tool_choice other than \"none\" is not supported")
+	if j.tools, aerr = parseToolChoice(r.ToolChoice, tools, r.ParallelToolCalls); aerr != nil {
+		return nil, aerr
+	}
+	if sc := j.tools.schema(); sc != "" {
+		if j.base.JSON {
+			return nil, invalidParam("response_format", "response_format cannot be combined with tool_choice %q: the calls are the completion", truncate(string(bytes.TrimSpace(r.ToolChoice)), 80))
+		}
+		if len(sc) > maxSchemaBytes {
+			return nil, invalidParam("tools", "the called functions' parameters take %d bytes of schema, want at most %d", len(sc), maxSchemaBytes)
+		}
+		j.base.JSON, j.base.Schema = true, sc
 	}
 	if r.Logprobs != nil && *r.Logprobs {
 		j.base.Logprobs = true
@@ -512,7 +524,7 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		return nil, err
 	}
 	addGen := r.AddGenerationPrompt == nil || *r.AddGenerationPrompt
-	text, rerr := v.tmpl.Render(msgs, addGen)
+	text, rerr := v.tmpl.Render(msgs, tools, addGen)
 	if rerr != nil {
 		return nil, invalidParam("messages", "cannot apply the chat template: %v", rerr)
 	}
@@ -544,23 +556,63 @@ func messages(in []chatMessage) ([]Message, *apiError) {
 	out := make([]Message, len(in))
 	for i, m := range in {
 		switch m.Role {
-		case "system", "developer", "user", "assistant":
-		case "tool", "function":
-			return nil, badRequest("messages", "unsupported_parameter", "message %d: role %q is not supported (no tool use)", i, m.Role)
+		case "system", "developer", "user", "assistant", "tool":
+		case "function":
+			return nil, badRequest("messages", "unsupported_parameter", "message %d: role \"function\" is not supported; use tools and role \"tool\"", i)
 		case "":
 			return nil, invalidParam("messages", "message %d has no role", i)
 		default:
-			return nil, invalidParam("messages", "message %d: unknown role %q, want system, developer, user or assistant", i, truncate(m.Role, 40))
+			return nil, invalidParam("messages", "message %d: unknown role %q, want system, developer, user, assistant or tool", i, truncate(m.Role, 40))
 		}
-		if tc := bytes.TrimSpace(m.ToolCalls); len(tc) > 0 && !bytes.Equal(tc, []byte("null")) && !bytes.Equal(tc, []byte("[]")) {
-			return nil, badRequest("messages", "unsupported_parameter", "message %d: tool_calls are not supported", i)
+		calls, err := messageCalls(i, m)
+		if err != nil {
+			return nil, err
 		}
-		if !m.Content.set && m.Role != "assistant" {
+		switch {
+		case m.Role == "tool" && m.ToolCallID == "":
+			return nil, invalidParam("messages", "message %d (tool) has no tool_call_id", i)
+		case !m.Content.set && m.Role != "assistant":
 			return nil, invalidParam("messages", "message %d (%s) has no content", i, m.Role)
 		}
-		out[i] = Message{Role: m.Role, Content: m.Content.text, Name: m.Name}
+		out[i] = Message{Role: m.Role, Content: m.Content.text, Name: m.Name, ToolCalls: calls}
+		if m.Role == "tool" {
+			out[i].ToolCallID = m.ToolCallID
+		}
 	}
 	return out, nil
+}
+
+// messageCalls validates the tool calls of message i (an assistant's).
+func messageCalls(i int, m chatMessage) ([]ToolCall, *apiError) {
+	raw := bytes.TrimSpace(m.ToolCalls)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || bytes.Equal(raw, []byte("[]")) {
+		return nil, nil
+	}
+	if m.Role != "assistant" {
+		return nil, invalidParam("messages", "message %d (%s) has tool_calls; only an assistant's may", i, m.Role)
+	}
+	var in []struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return nil, invalidParam("messages", `message %d: tool_calls must be an array of {"id", "type": "function", "function": {"name", "arguments"}}`, i)
+	}
+	if len(in) > maxToolCalls {
+		return nil, invalidParam("messages", "message %d has %d tool calls, want at most %d", i, len(in), maxToolCalls)
+	}
+	calls := make([]ToolCall, len(in))
+	for k, c := range in {
+		if c.Type != "function" || c.ID == "" || !toolNameRE.MatchString(c.Function.Name) {
+			return nil, invalidParam("messages", "message %d: tool call %d needs an id, type \"function\" and a function name", i, k)
+		}
+		calls[k] = ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments}
+	}
+	return calls, nil
 }
 
 // completion validates a legacy completion request.

@@ -404,10 +404,17 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 // chatTemplate adapts the chat package to the gateway's interface.
 type chatTemplate struct{ c *chat.Config }
 
-func (t chatTemplate) Render(msgs []gateway.Message, addGenerationPrompt bool) (string, error) {
+func (t chatTemplate) Render(msgs []gateway.Message, tools []gateway.Tool, addGenerationPrompt bool) (string, error) {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
-		cm[i] = chat.Message{Role: m.Role, Content: m.Content}
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, c := range m.ToolCalls {
+			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+		}
 	}
-	return t.c.Render(cm, addGenerationPrompt)
+	var ct []chat.Tool
+	for _, tl := range tools {
+		ct = append(ct, chat.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
+	}
+	return t.c.Render(cm, ct, addGenerationPrompt)
 }

@@ -565,3 +565,120 @@ func TestServeKVCacheBF16(t *testing.T) {
 	s := startServe(t, func(c *serveConfig) { c.KVCache = "bf16" })
 	checkDemoCompletions(t, s.client())
 }
+
+// TestServeToolCalls runs function calling through the official client
+// against the demo model: with tool_choice "required" (two functions,
+// one call, sampled and greedy) and a named function (streamed), the
+// calls parse and follow their functions' parameters; a conversation that
+// carries the calls and the tools' answers back is taken.
+func TestServeToolCalls(t *testing.T) {
+	s := startServe(t, nil)
+	c := s.client()
+	weather := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+		Name:        "get_weather",
+		Description: openai.String("The weather in a city now."),
+		Parameters: shared.FunctionParameters{
+			"type": "object",
+			"properties": map[string]any{
+				"city": map[string]any{"type": "string", "minLength": 1, "maxLength": 20},
+				"unit": map[string]any{"enum": []any{"c", "f"}},
+			},
+			"required":             []any{"city", "unit"},
+			"additionalProperties": false,
+		},
+	})
+	clock := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+		Name: "get_time",
+		Parameters: shared.FunctionParameters{
+			"type":                 "object",
+			"properties":           map[string]any{"tz": map[string]any{"type": "string", "maxLength": 8}},
+			"required":             []any{"tz"},
+			"additionalProperties": false,
+		},
+	})
+	tools := []openai.ChatCompletionToolUnionParam{weather, clock}
+	// follows decodes a call's arguments by its function's parameters.
+	follows := func(call openai.ChatCompletionMessageToolCallUnion) error {
+		dec := json.NewDecoder(strings.NewReader(call.Function.Arguments))
+		dec.DisallowUnknownFields()
+		switch call.Function.Name {
+		case "get_weather":
+			var a struct{ City, Unit *string }
+			if err := dec.Decode(&a); err != nil {
+				return err
+			}
+			if a.City == nil || a.Unit == nil || *a.Unit != "c" && *a.Unit != "f" || utf8.RuneCountInString(*a.City) < 1 {
+				return fmt.Errorf("arguments %s", call.Function.Arguments)
+			}
+		case "get_time":
+			var a struct{ Tz *string }
+			if err := dec.Decode(&a); err != nil || a.Tz == nil {
+				return fmt.Errorf("arguments %s: %v", call.Function.Arguments, err)
+			}
+		default:
+			return fmt.Errorf("function %q", call.Function.Name)
+		}
+		if !strings.HasPrefix(call.ID, "call_") {
+			return fmt.Errorf("id %q", call.ID)
+		}
+		return nil
+	}
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is the weather in Oslo, and the time there?")}
+	var last openai.ChatCompletionMessage
+	for i, temp := range []float64{0, 0.9} {
+		resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model: openai.ChatModel(demo.Name), Messages: msgs, Tools: tools, MaxTokens: openai.Int(400),
+			ToolChoice:  openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
+			Temperature: openai.Float(temp), Seed: openai.Int(int64(i)),
+			// One call: the demo model, left to call again, calls again
+			// until its tokens run out.
+			ParallelToolCalls: openai.Bool(false),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := resp.Choices[0]
+		t.Logf("required, temperature %v: %d calls, %q", temp, len(ch.Message.ToolCalls), ch.Message.RawJSON())
+		if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) == 0 || ch.Message.Content != "" {
+			t.Fatalf("temperature %v: finish %q, %d calls, content %q", temp, ch.FinishReason, len(ch.Message.ToolCalls), ch.Message.Content)
+		}
+		for _, call := range ch.Message.ToolCalls {
+			if err := follows(call); err != nil {
+				t.Errorf("temperature %v: %v", temp, err)
+			}
+		}
+		last = ch.Message
+	}
+
+	stream := c.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{
+		Model: openai.ChatModel(demo.Name), Messages: msgs, Tools: tools, MaxTokens: openai.Int(400), Temperature: openai.Float(0.7),
+		ToolChoice: openai.ToolChoiceOptionFunctionToolChoice(openai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_time"}),
+	})
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ch := acc.Choices[0]; ch.FinishReason != "stop" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
+		t.Fatalf("named, streamed: finish %q, calls %+v", ch.FinishReason, ch.Message.ToolCalls)
+	} else if err := follows(ch.Message.ToolCalls[0]); err != nil {
+		t.Errorf("named, streamed: %v", err)
+	}
+
+	// The calls and their answers go back into the conversation.
+	msgs = append(msgs, last.ToParam())
+	for _, call := range last.ToolCalls {
+		msgs = append(msgs, openai.ToolMessage(`{"ok": true}`, call.ID))
+	}
+	resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model: openai.ChatModel(demo.Name), Messages: msgs, Tools: tools, MaxTokens: openai.Int(8), Temperature: openai.Float(0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := resp.Choices[0]; ch.FinishReason != "length" && ch.FinishReason != "stop" {
+		t.Errorf("after the answers: finish %q", ch.FinishReason)
+	}
+}

@@ -70,7 +70,42 @@ func checkGolden(t *testing.T, c *Config, prefix string, cases []chatCase) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.Render(tc.Messages, tc.AddGenerationPrompt)
+			got, err := c.Render(tc.Messages, nil, tc.AddGenerationPrompt)
+			if err != nil {
+				t.Fatalf("Render: %v", err)
+			}
+			if got != string(want) {
+				t.Errorf("Render:\n got %q\nwant %q", got, want)
+			}
+		})
+	}
+}
+
+// TestToolTemplates renders conversations with tools, tool calls and tool
+// answers through a template that writes them (testdata/tools.jinja) as
+// Jinja does with what transformers passes: tool_cases.json's tools and
+// messages, the calls' arguments decoded from JSON where they are JSON,
+// objects in their keys' order.
+func TestToolTemplates(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "tool_cases.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []struct {
+		chatCase
+		Tools []Tool `json:"tools"`
+	}
+	if err := json.Unmarshal(data, &cases); err != nil {
+		t.Fatal(err)
+	}
+	c := configFor(t, "tools.jinja", nil)
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			want, err := os.ReadFile(filepath.Join("testdata", "tools."+tc.Name+".golden"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.Render(tc.Messages, tc.Tools, tc.AddGenerationPrompt)
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
@@ -121,7 +156,7 @@ func TestLoadConfigTemplateFile(t *testing.T) {
 	if c.HasTemplate() || !c.AddBOSToken || c.EOSToken != "</s>" {
 		t.Errorf("HasTemplate %v, AddBOSToken %v, EOSToken %q", c.HasTemplate(), c.AddBOSToken, c.EOSToken)
 	}
-	if _, err := c.Render(nil, true); err == nil || !strings.Contains(err.Error(), "no chat template") {
+	if _, err := c.Render(nil, nil, true); err == nil || !strings.Contains(err.Error(), "no chat template") {
 		t.Errorf("Render without a template: err = %v", err)
 	}
 	write("chat_template.json", `{"chat_template": "{{ eos_token }}json"}`)
@@ -143,7 +178,7 @@ func mustRender(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.Render([]Message{{Role: "user", Content: "x"}}, false)
+	out, err := c.Render([]Message{{Role: "user", Content: "x"}}, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +195,7 @@ func TestTemplateList(t *testing.T) {
 	if c.Templates["tool_use"] != "tools" {
 		t.Errorf("named templates: %v", c.Templates)
 	}
-	got, err := c.Render([]Message{{Role: "user", Content: "hi"}}, false)
+	got, err := c.Render([]Message{{Role: "user", Content: "hi"}}, nil, false)
 	if err != nil || got != "hi!" {
 		t.Errorf("Render = %q, %v; want %q", got, err, "hi!")
 	}
@@ -189,10 +224,10 @@ func TestErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Render([]Message{{Role: "user", Content: "x"}}, false); err == nil || !strings.Contains(err.Error(), "system message first") {
+	if _, err := c.Render([]Message{{Role: "user", Content: "x"}}, nil, false); err == nil || !strings.Contains(err.Error(), "system message first") {
 		t.Errorf("raise_exception: err = %v", err)
 	}
-	if got, err := c.Render([]Message{{Role: "system", Content: "x"}}, false); err != nil || got != "ok" {
+	if got, err := c.Render([]Message{{Role: "system", Content: "x"}}, nil, false); err != nil || got != "ok" {
 		t.Errorf("Render = %q, %v", got, err)
 	}
 }
@@ -200,7 +235,7 @@ func TestErrors(t *testing.T) {
 func TestConcurrentRender(t *testing.T) {
 	c := configFor(t, "qwen3.jinja", nil)
 	msgs := []Message{{Role: "user", Content: "hi"}}
-	want, err := c.Render(msgs, true)
+	want, err := c.Render(msgs, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +245,7 @@ func TestConcurrentRender(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 50 {
-				if got, err := c.Render(msgs, true); err != nil || got != want {
+				if got, err := c.Render(msgs, nil, true); err != nil || got != want {
 					mu.Lock()
 					bad = append(bad, got)
 					mu.Unlock()
@@ -251,7 +286,7 @@ func FuzzRender(f *testing.F) {
 	f.Fuzz(func(t *testing.T, role, content string, gen bool) {
 		msgs := []Message{{Role: "system", Content: "sys"}, {Role: role, Content: content}, {Role: "user", Content: content}}
 		for i, c := range configs {
-			out, err := c.Render(msgs, gen)
+			out, err := c.Render(msgs, nil, gen)
 			if i == 0 && err != nil {
 				t.Fatalf("ChatML template failed: %v", err)
 			}
@@ -274,6 +309,6 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil || !c.HasTemplate() {
 			return
 		}
-		_, _ = c.Render([]Message{{Role: "user", Content: "xa\n"}, {Role: "assistant", Content: ""}}, true)
+		_, _ = c.Render([]Message{{Role: "user", Content: "xa\n"}, {Role: "assistant", Content: ""}}, nil, true)
 	})
 }

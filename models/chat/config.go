@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,10 +13,30 @@ import (
 	"github.com/ardanlabs/jinja"
 )
 
-// Message is one turn of a conversation.
+// Message is one turn of a conversation: an assistant's may hold the
+// tool calls it made, and a tool's answers the call ToolCallID names.
 type Message struct {
-	Role    string
-	Content string
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	Name       string     `json:"name,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is a call of a function: its id, name and arguments (JSON text,
+// an object).
+type ToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Tool is a function the model may call: its name, description and
+// parameters (a JSON schema, as JSON text; empty when it takes none).
+type Tool struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Parameters  string `json:"parameters,omitempty"`
 }
 
 // Config is the part of tokenizer_config.json that shapes prompts.
@@ -177,27 +198,64 @@ func (c *Config) parseTemplates(raw json.RawMessage) error {
 // HasTemplate reports whether the model ships a default chat template.
 func (c *Config) HasTemplate() bool { return c.compiled != nil }
 
-// Render applies the default chat template to msgs. With
-// addGenerationPrompt the result ends with the opening of an assistant
-// turn, ready for generation.
-func (c *Config) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+// Render applies the default chat template to msgs, with the tools the
+// model may call (none: nil). With addGenerationPrompt the result ends
+// with the opening of an assistant turn, ready for generation.
+//
+// The template sees what transformers gives it: messages as {role,
+// content} with, where set, name, tool_calls ({id, type "function",
+// function {name, arguments}}, the arguments decoded from their JSON) and
+// tool_call_id; tools as {type "function", function {name, description,
+// parameters}} (none where there are no tools); objects keep their keys'
+// order, so that tojson writes them as they came.
+func (c *Config) Render(msgs []Message, tools []Tool, addGenerationPrompt bool) (string, error) {
 	if c.compiled == nil {
 		return "", errors.New("render chat template: model has no chat template")
 	}
-	messages := make([]any, len(msgs))
+	messages := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		messages[i] = map[string]any{"role": m.Role, "content": m.Content}
+		d := dict("role", jinja.NewString(m.Role), "content", jinja.NewString(m.Content))
+		if m.Name != "" {
+			d.AsDict().Set("name", jinja.NewString(m.Name))
+		}
+		if len(m.ToolCalls) > 0 {
+			calls := make([]jinja.Value, len(m.ToolCalls))
+			for k, tc := range m.ToolCalls {
+				calls[k] = dict("id", jinja.NewString(tc.ID), "type", jinja.NewString("function"),
+					"function", dict("name", jinja.NewString(tc.Name), "arguments", jsonOrString(tc.Arguments)))
+			}
+			d.AsDict().Set("tool_calls", jinja.NewList(calls))
+		}
+		if m.ToolCallID != "" {
+			d.AsDict().Set("tool_call_id", jinja.NewString(m.ToolCallID))
+		}
+		messages[i] = d
 	}
-	data := map[string]any{
-		"messages":              messages,
-		"add_generation_prompt": addGenerationPrompt,
+	data := map[string]jinja.Value{
+		"messages":              jinja.NewList(messages),
+		"add_generation_prompt": jinja.NewBool(addGenerationPrompt),
+		"tools":                 jinja.None(),
+	}
+	if len(tools) > 0 {
+		list := make([]jinja.Value, len(tools))
+		for i, t := range tools {
+			f := dict("name", jinja.NewString(t.Name))
+			if t.Description != "" {
+				f.AsDict().Set("description", jinja.NewString(t.Description))
+			}
+			if t.Parameters != "" {
+				f.AsDict().Set("parameters", jsonOrString(t.Parameters))
+			}
+			list[i] = dict("type", jinja.NewString("function"), "function", f)
+		}
+		data["tools"] = jinja.NewList(list)
 	}
 	for name, v := range map[string]string{
 		"bos_token": c.BOSToken, "eos_token": c.EOSToken,
 		"pad_token": c.PadToken, "unk_token": c.UnkToken,
 	} {
 		if v != "" {
-			data[name] = v
+			data[name] = jinja.NewString(v)
 		}
 	}
 	out, err := render(c.compiled, data)
@@ -205,6 +263,78 @@ func (c *Config) Render(msgs []Message, addGenerationPrompt bool) (string, error
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// dict is a template object of the keys and values kv, in their order.
+func dict(kv ...any) jinja.Value {
+	d := jinja.NewDict()
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.AsDict().Set(kv[i].(string), kv[i+1].(jinja.Value))
+	}
+	return d
+}
+
+// jsonOrString is the JSON text s as a template value, objects keeping
+// their keys' order; s itself where it is not JSON.
+func jsonOrString(s string) jinja.Value {
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	v, err := jsonValue(dec, 0)
+	if err != nil {
+		return jinja.NewString(s)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return jinja.NewString(s)
+	}
+	return v
+}
+
+// maxJSONDepth bounds the nesting jsonValue follows.
+const maxJSONDepth = 64
+
+// jsonValue decodes the next JSON value of dec as a template value.
+func jsonValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Value{}, errors.New("json: nested too deep")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			d := jinja.NewDict()
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				v, err := jsonValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				d.AsDict().Set(k.(string), v)
+			}
+			_, err := dec.Token()
+			return d, err
+		case '[':
+			var items []jinja.Value
+			for dec.More() {
+				v, err := jsonValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				items = append(items, v)
+			}
+			_, err := dec.Token()
+			return jinja.NewList(items), err
+		}
+		return jinja.Value{}, fmt.Errorf("json: unexpected %v", t)
+	default:
+		return jinja.FromGoValue(t), nil
+	}
 }
 
 // compile and render guard against panics in the template engine, so that
@@ -218,11 +348,11 @@ func compile(src string) (t *jinja.Template, err error) {
 	return jinja.Compile(src)
 }
 
-func render(t *jinja.Template, data map[string]any) (out string, err error) {
+func render(t *jinja.Template, data map[string]jinja.Value) (out string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = "", fmt.Errorf("template engine failed: %v", r)
 		}
 	}()
-	return t.Render(data)
+	return t.RenderValues(data)
 }

@@ -157,7 +157,7 @@ func (g *Grammar) step(s *state, c byte) bool {
 	case pStart:
 		return g.begin(s, c, 0)
 	case pKeyOrEnd, pKey:
-		if c == '}' && f.phase == pKeyOrEnd && int(f.idx) > nd.lastRequired {
+		if c == '}' && f.phase == pKeyOrEnd && int(f.idx) > nd.lastRequired && nd.minItems == 0 {
 			g.pop(s)
 			return true
 		}
@@ -181,7 +181,7 @@ func (g *Grammar) step(s *state, c byte) bool {
 	case pAfter:
 		if nd.kind == kObject {
 			switch {
-			case c == ',' && int(f.idx) < len(nd.props):
+			case c == ',' && int(f.idx) < len(nd.props) && nd.maxItems != 1:
 				f.phase = pKey
 				return true
 			case c == '}' && int(f.idx) > nd.lastRequired:

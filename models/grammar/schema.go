@@ -46,8 +46,8 @@ type node struct {
 	props        []prop   // kObject
 	lastRequired int      // kObject: the last required property, or -1
 	items        int32    // kArray
-	minItems     int      // kArray; kString: minLength
-	maxItems     int      // kArray; kString: maxLength; -1 for no limit
+	minItems     int      // kArray; kString: minLength; kObject: 1 where a property must come though none is required
+	maxItems     int      // kArray; kString: maxLength; kObject: 1 where one property at most may come; -1 for no limit
 	lits         [][]byte // kLiterals, sorted
 	alts         []int32  // kUnion
 	first        byteSet  // the bytes a value may begin with
@@ -82,8 +82,10 @@ type prop struct {
 // of any vocabulary (Vocab.Schema puts it over one).
 //
 // It takes the subset of JSON Schema that OpenAI's structured outputs
-// take: "type" (one or a list), "properties" with "required" and
-// "additionalProperties", "items" with "minItems" and "maxItems",
+// take: "type" (one or a list), "properties" with "required",
+// "additionalProperties" and, where they say that one property of those
+// listed comes (none required), "minProperties" 1 and "maxProperties" 1
+// (or bounds every document meets), "items" with "minItems" and "maxItems",
 // "minLength" and "maxLength" (in characters: code points, an escaped
 // surrogate pair one), "pattern" (compilePattern) and "format" (date,
 // time, date-time, duration, uuid, ipv4, ipv6, hostname, email) of
@@ -176,6 +178,9 @@ func (s *Schema) unending() int {
 				for _, p := range n.props {
 					ok = ok && (!p.required || ends[p.node])
 				}
+				if n.minItems > 0 {
+					ok = ok && slices.ContainsFunc(n.props, func(p prop) bool { return ends[p.node] })
+				}
 			case kArray:
 				ok = n.minItems == 0 || ends[n.items]
 			case kUnion:
@@ -249,7 +254,7 @@ func (c *compiler) add(n node, path string) int32 {
 var annotations = map[string]bool{"title": true, "description": true, "default": true, "examples": true,
 	"$schema": true, "$id": true, "$comment": true, "$defs": true, "definitions": true}
 
-var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true,
+var keywords = map[string]bool{"type": true, "properties": true, "required": true, "additionalProperties": true, "minProperties": true, "maxProperties": true,
 	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true, "minimum": true,
 	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "enum": true, "const": true, "anyOf": true, "oneOf": true, "$ref": true,
 	"pattern": true, "format": true, "multipleOf": true}
@@ -331,7 +336,7 @@ func (c *compiler) object(o *object, path string) (int32, error) {
 	switch t := o.vals["type"].(type) {
 	case nil:
 		switch {
-		case o.has("properties", "required", "additionalProperties"):
+		case o.has("properties", "required", "additionalProperties", "minProperties", "maxProperties"):
 			types = []string{"object"}
 		case o.has("items", "minItems", "maxItems"):
 			types = []string{"array"}
@@ -432,6 +437,9 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 		if _, ok := o.vals["required"]; ok {
 			return 0, fmt.Errorf("%s: required names properties the schema does not list", path)
 		}
+		if o.has("minProperties", "maxProperties") {
+			return 0, fmt.Errorf("%s: minProperties and maxProperties are supported beside properties only", path)
+		}
 		return c.add(node{kind: kAnyObject}, path), nil
 	}
 	required := map[string]bool{}
@@ -467,6 +475,32 @@ func (c *compiler) objectType(o *object, path string) (int32, error) {
 		}
 	}
 	c.nodes[i].props = list
+	// The counts of properties the machine follows: at least one where
+	// none is required, at most one.
+	nd := &c.nodes[i]
+	nd.maxItems = -1
+	lo, err := count(o, "minProperties", 0, path)
+	if err != nil {
+		return 0, err
+	}
+	hi, err := count(o, "maxProperties", -1, path)
+	if err != nil {
+		return 0, err
+	}
+	switch nreq := len(required); {
+	case lo <= nreq:
+	case lo == 1:
+		nd.minItems = 1
+	default:
+		return 0, fmt.Errorf("%s: minProperties %d: only 1, or at most the required properties, is supported", path, lo)
+	}
+	switch {
+	case hi < 0 || closed && hi >= len(list):
+	case hi == 1 && len(required) == 0:
+		nd.maxItems = 1
+	default:
+		return 0, fmt.Errorf("%s: maxProperties %d: only 1, or at least the properties of a closed object, is supported", path, hi)
+	}
 	return i, nil
 }
 

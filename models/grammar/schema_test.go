@@ -68,7 +68,7 @@ func validates(t *testing.T, root, schema, doc any) bool {
 				types = append(types, e.(string))
 			}
 		case nil:
-			if s.has("properties", "required", "additionalProperties") {
+			if s.has("properties", "required", "additionalProperties", "minProperties", "maxProperties") {
 				types = []string{"object"}
 			} else if s.has("items", "minItems", "maxItems") {
 				types = []string{"array"}
@@ -110,6 +110,12 @@ func validatesType(t *testing.T, root any, s *object, ty string, doc any) bool {
 			if _, ok := o.vals[r.(string)]; !ok {
 				return false
 			}
+		}
+		if n, ok := s.vals["minProperties"].(json.Number); ok && int64(len(o.keys)) < must(n.Int64()) {
+			return false
+		}
+		if n, ok := s.vals["maxProperties"].(json.Number); ok && int64(len(o.keys)) > must(n.Int64()) {
+			return false
 		}
 		return true
 	case "array":
@@ -241,6 +247,8 @@ var schemas = []string{
 		`"tag":{"type":"string","pattern":"x\\.y|\\u00e9|^$|0"},"t":{"type":"string","format":"time"}},"required":["id","day","ip","code","tag"]}`,
 	`{"type":"object","properties":{"qty":{"type":"integer","multipleOf":6},"price":{"type":"number","multipleOf":0.01,"minimum":0},` +
 		`"step":{"type":["number","null"],"multipleOf":2.5,"maximum":100}},"required":["qty","price","step"]}`,
+	`{"type":"object","properties":{"calls":{"type":"array","minItems":1,"items":{"type":"object","properties":{"get_time":{"type":"object","properties":{"tz":{"type":"string"}},"required":["tz"],"additionalProperties":false},` +
+		`"get_temp":{"type":"object","additionalProperties":false},"go":{"type":"object","properties":{"n":{"type":"integer"}},"minProperties":1,"maxProperties":1}},"additionalProperties":false,"minProperties":1,"maxProperties":1}}},"required":["calls"],"additionalProperties":false}`,
 }
 
 func TestSchemaDocuments(t *testing.T) {
@@ -354,6 +362,14 @@ func TestSchemaDocuments(t *testing.T) {
 		{11, `{"qty":12,"price":3,"step":7.4}`, false},
 		{11, `{"qty":12,"price":3,"step":102.5}`, false},
 		{11, `{"qty":12,"price":3,"step":97.50}`, true},
+		{12, `{"calls":[{"get_time":{"tz":"UTC"}}]}`, true},
+		{12, `{"calls":[{"get_temp":{}},{"get_time":{"tz":"x"}},{"go":{"n":3}}]}`, true},
+		{12, `{"calls":[{"get_time":{"tz":"UTC"},"get_temp":{}}]}`, false},
+		{12, `{"calls":[{}]}`, false},
+		{12, `{"calls":[]}`, false},
+		{12, `{"calls":[{"go":{}}]}`, false},
+		{12, `{"calls":[{"go":{"n":1,"m":2}}]}`, false},
+		{12, `{"calls":[{"get_thing":{}}]}`, false},
 	}
 	compiled := make([]*Schema, len(schemas))
 	for i, s := range schemas {
@@ -494,6 +510,12 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"$defs":{"x":{"anyOf":[{"$ref":"#/$defs/y"},{"$ref":"#/$defs/y"}]},"y":{"anyOf":[{"$ref":"#/$defs/x"},{"$ref":"#/$defs/x"}]}},` +
 			`"type":"object","properties":{"a":{"$ref":"#/$defs/x"}}}`, "without end"},
 		{`{"type":"object","properties":{"a":{"type":"string"},"a":{"type":"string"}}}`, "twice"},
+		{`{"type":"object","properties":{"a":{"type":"object","minProperties":1}}}`, "beside properties only"},
+		{`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"minProperties":2}`, "minProperties 2"},
+		{`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"maxProperties":1,"required":["b"]}`, "maxProperties 1"},
+		{`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"maxProperties":2}`, "maxProperties 2"},
+		{`{"type":"object","properties":{"a":{"type":"string"}},"maxProperties":-1}`, "maxProperties is -1"},
+		{`{"type":"object","properties":{"a":{"type":"object","properties":{"b":{"$ref":"#/properties/a"}},"minProperties":1}},"required":["a"]}`, "without end"},
 	} {
 		_, err := CompileSchema([]byte(c.schema))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
