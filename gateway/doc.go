@@ -14,8 +14,17 @@
 // Every request is decoded and validated before anything reaches the Backend; bad input
 // gets a 400 with an OpenAI-shaped error body naming the parameter. Unknown JSON fields
 // are ignored, as the OpenAI API does, so newer clients keep working; fields the gateway
-// knows but cannot honour (tools, echo, suffix, best_of > 1, non-text response formats)
-// are rejected with a 400 that says so.
+// knows but cannot honour (the deprecated functions, echo, suffix, best_of > 1, non-text
+// response formats) are rejected with a 400 that says so.
+//
+// # Function calling
+//
+// Chat requests' tools reach the [ChatTemplate]. A call that tool_choice forces is
+// generated under a JSON schema the gateway builds from the functions' parameters
+// ([GenerateRequest.Schema]: the arguments of a named function, or a document of calls
+// for "required"), so it always parses; under "auto" the model's own
+// <tool_call>{...}</tool_call> blocks become calls, streamed without any part of a block
+// reaching the content.
 //
 // # Stop strings
 //

@@ -23,8 +23,8 @@ func TestNodeOpenAISDK(t *testing.T) {
 		OK     bool `json:"ok"`
 		Checks int  `json:"checks"`
 	}
-	if err := json.Unmarshal(out, &res); err != nil || !res.OK || res.Checks != 8 {
-		t.Errorf("sdk.mjs printed %s, want ok with 8 checks", out)
+	if err := json.Unmarshal(out, &res); err != nil || !res.OK || res.Checks != 11 {
+		t.Errorf("sdk.mjs printed %s, want ok with 11 checks", out)
 	}
 }
 

@@ -234,35 +234,17 @@ func (p *toolPlan) calls(text string) (string, []ToolCall) {
 	return text, nil
 }
 
-// hermesCalls reads the <tool_call> blocks of text: the text around them
-// is content, and so is a block that does not hold a call ({"name": ...,
-// "arguments": {...}}, or "parameters").
+// hermesCalls reads the <tool_call> blocks of text as callStream does
+// streamed: the text around them is content, and so is a block that does
+// not hold a call ({"name": ..., "arguments": {...}}, or "parameters").
 func hermesCalls(text string) (string, []ToolCall) {
-	var content strings.Builder
-	var calls []ToolCall
-	rest := text
-	for {
-		i := strings.Index(rest, callOpen)
-		if i < 0 {
-			break
-		}
-		j := strings.Index(rest[i:], callClose)
-		if j < 0 {
-			break
-		}
-		if c, ok := parseCall(rest[i+len(callOpen) : i+j]); ok {
-			content.WriteString(rest[:i])
-			calls = append(calls, c)
-		} else {
-			content.WriteString(rest[:i+j+len(callClose)])
-		}
-		rest = rest[i+j+len(callClose):]
-	}
+	s := callStream{plan: &toolPlan{mode: toolsAuto}}
+	s.held.WriteString(text)
+	content, calls := s.scan(true)
 	if len(calls) == 0 {
 		return text, nil
 	}
-	content.WriteString(rest)
-	return strings.TrimSpace(content.String()), calls
+	return content, calls
 }
 
 // parseCall reads one call's JSON: {"name": "f", "arguments": {...}}, the
@@ -309,6 +291,7 @@ type callStream struct {
 	held      strings.Builder // auto: text that may open a block, or an open block; required: all
 	calls     int             // calls sent
 	afterCall bool            // auto: no content since the last call
+	wrote     bool            // auto: content sent
 }
 
 // push takes a token's text and returns the content and calls to send.
@@ -332,7 +315,8 @@ func (s *callStream) push(text string) (string, []toolCallOut) {
 		return "", []toolCallOut{{Index: ptr(0), Function: toolFunctionOut{Arguments: text}}}
 	case toolsAuto:
 		s.held.WriteString(text)
-		return s.scan(false)
+		content, calls := s.scan(false)
+		return content, s.deltas(calls)
 	}
 	return text, nil
 }
@@ -356,24 +340,29 @@ func (s *callStream) end(tail string) (string, []toolCallOut, bool) {
 	case toolsAuto:
 		s.held.WriteString(tail)
 		content, calls := s.scan(true)
-		return content, calls, s.calls > 0
+		return content, s.deltas(calls), s.calls > 0
 	}
 	return tail, nil, false
 }
 
 // scan sends what the held text settles: content before a possible
 // opening, and each closed block's call; at the end (last), all of it.
-// The spaces between content and a call are neither's.
-func (s *callStream) scan(last bool) (string, []toolCallOut) {
+// The spaces between content and a call are neither's; content on both
+// sides of calls is parted by a newline.
+func (s *callStream) scan(last bool) (string, []ToolCall) {
 	var content strings.Builder
-	var calls []toolCallOut
+	var calls []ToolCall
 	emit := func(seg string) {
 		if s.afterCall {
 			if seg = strings.TrimLeft(seg, spaces); seg == "" {
 				return
 			}
 			s.afterCall = false
+			if s.wrote {
+				content.WriteByte('\n')
+			}
 		}
+		s.wrote = s.wrote || seg != ""
 		content.WriteString(seg)
 	}
 	h := s.held.String()
@@ -396,8 +385,7 @@ func (s *callStream) scan(last bool) (string, []toolCallOut) {
 		}
 		if c, ok := parseCall(h[i+len(callOpen) : i+j]); ok {
 			emit(strings.TrimRight(h[:i], spaces))
-			calls = append(calls, callDelta(s.calls, c))
-			s.calls++
+			calls = append(calls, c)
 			s.afterCall = true
 		} else {
 			emit(h[:i+j+len(callClose)])
@@ -415,6 +403,16 @@ func (s *callStream) scan(last bool) (string, []toolCallOut) {
 	s.held.Reset()
 	s.held.WriteString(h[len(h)-keep:])
 	return content.String(), calls
+}
+
+// deltas are calls as a stream's deltas, numbered on from those sent.
+func (s *callStream) deltas(calls []ToolCall) []toolCallOut {
+	var out []toolCallOut
+	for _, c := range calls {
+		out = append(out, callDelta(s.calls, c))
+		s.calls++
+	}
+	return out
 }
 
 // openingSuffix is the length of the longest suffix of h that begins

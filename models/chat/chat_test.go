@@ -269,6 +269,8 @@ func FuzzRender(f *testing.F) {
 	}
 	f.Add("assistant", "<think>x</think>y", false)
 	f.Add("tool", "{\"a\": 1}", true)
+	f.Add("assistant", `{"type": "object", "properties": {"b": [1, 2.5, null, true, "x"]}}`, true)
+	f.Add("assistant", `[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[`, true)
 	f.Add("", "", false)
 	chatml := `{% for m in messages %}<|im_start|>{{ m['role'] }}
 {{ m['content'] }}<|im_end|>
@@ -282,16 +284,23 @@ func FuzzRender(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	configs := []*Config{plain, configFor(f, "qwen3.jinja", nil), configFor(f, "llama3.jinja", map[string]any{"bos_token": "<s>"})}
+	configs := []*Config{plain, configFor(f, "qwen3.jinja", nil), configFor(f, "llama3.jinja", map[string]any{"bos_token": "<s>"}), configFor(f, "tools.jinja", nil)}
 	f.Fuzz(func(t *testing.T, role, content string, gen bool) {
-		msgs := []Message{{Role: "system", Content: "sys"}, {Role: role, Content: content}, {Role: "user", Content: content}}
+		// The content also stands as a call's arguments and a tool's
+		// parameters, which the template reads as JSON where they are.
+		msgs := []Message{{Role: "system", Content: "sys"}, {Role: role, Content: content, ToolCalls: []ToolCall{{ID: "c", Name: "f", Arguments: content}}},
+			{Role: "tool", Content: content, ToolCallID: "c"}, {Role: "user", Content: content}}
+		tools := []Tool{{Name: "f", Description: content, Parameters: content}}
 		for i, c := range configs {
-			out, err := c.Render(msgs, nil, gen)
+			out, err := c.Render(msgs, tools, gen)
 			if i == 0 && err != nil {
 				t.Fatalf("ChatML template failed: %v", err)
 			}
 			if i == 0 && !strings.Contains(out, "<|im_start|>"+role+"\n"+content+"<|im_end|>\n") {
 				t.Fatalf("ChatML output %q lacks the message verbatim", out)
+			}
+			if i == 3 && err != nil {
+				t.Fatalf("tools template failed: %v", err)
 			}
 		}
 	})

@@ -69,6 +69,48 @@ await assert.rejects(bad.models.list(), (e) => {
 });
 checks++;
 
+// Function calling: the echo model writes the prompt back, and under
+// tool_choice "auto" a <tool_call> block in it comes back as a call.
+const tools = [{ type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } } }];
+const call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>';
+const called = await client.chat.completions.create({ model, messages: [{ role: "user", content: call }], tools });
+assert.equal(called.choices[0].finish_reason, "tool_calls");
+const tc = called.choices[0].message.tool_calls;
+assert.equal(tc.length, 1);
+assert.equal(tc[0].type, "function");
+assert.equal(tc[0].function.name, "get_weather");
+assert.deepEqual(JSON.parse(tc[0].function.arguments), { city: "Oslo" });
+assert.match(tc[0].id, /^call_/);
+assert.equal(called.choices[0].message.content, "tools: get_weather\nuser:\nassistant: ");
+checks++;
+
+const cs = await client.chat.completions.create({ model, messages: [{ role: "user", content: call }], tools, stream: true });
+let args = "", name = "", ctext2 = "", finish2 = null;
+for await (const chunk of cs) {
+  for (const c of chunk.choices) {
+    ctext2 += c.delta.content ?? "";
+    for (const d of c.delta.tool_calls ?? []) {
+      assert.equal(d.index, 0);
+      name += d.function?.name ?? "";
+      args += d.function?.arguments ?? "";
+    }
+    finish2 = c.finish_reason ?? finish2;
+  }
+}
+assert.equal(name, "get_weather");
+assert.deepEqual(JSON.parse(args), { city: "Oslo" });
+assert.equal(finish2, "tool_calls");
+assert.ok(!ctext2.includes("<tool_call"), ctext2);
+checks++;
+
+// The call and its answer go back in the conversation.
+const back = await client.chat.completions.create({
+  model, tools,
+  messages: [{ role: "user", content: "w?" }, { role: "assistant", content: null, tool_calls: tc }, { role: "tool", tool_call_id: tc[0].id, content: "-3" }],
+});
+assert.equal(back.choices[0].message.content, 'tools: get_weather\nuser: w?\nassistant:  -> get_weather({"city": "Oslo"})\ntool[' + tc[0].id + ']: -3\nassistant: ');
+checks++;
+
 const models = await client.models.list();
 assert.deepEqual(models.data.map((m) => m.id), [model]);
 checks++;
