@@ -191,11 +191,14 @@ func (p *toolPlan) schema() string {
 	return b.String()
 }
 
-// argumentsSchema is a function's parameters, or for one that takes none
-// the empty object's.
+// argumentsSchema is a function's parameters: for one that takes none the
+// empty object's, and for {} (any value) any object's.
 func argumentsSchema(t Tool) string {
-	if t.Parameters == "" {
+	switch t.Parameters {
+	case "":
 		return `{"type":"object","additionalProperties":false}`
+	case "{}":
+		return `{"type":"object"}`
 	}
 	return t.Parameters
 }

@@ -681,4 +681,18 @@ func TestServeToolCalls(t *testing.T) {
 	if ch := resp.Choices[0]; ch.FinishReason != "length" && ch.FinishReason != "stop" {
 		t.Errorf("after the answers: finish %q", ch.FinishReason)
 	}
+
+	// Parameters the grammar cannot follow are refused when a call is
+	// forced, naming what.
+	link := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+		Name: "open", Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"url": map[string]any{"type": "string", "format": "uri"}}},
+	})
+	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link, clock},
+		ToolChoice: openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "uri"`) {
+		t.Errorf("parameters with a format of no grammar: %v, want a 400 that names it", err)
+	}
 }
