@@ -104,7 +104,7 @@ func FuzzToolCalls(f *testing.F) {
 		f.Add(s, uint8(3))
 	}
 	f.Fuzz(func(t *testing.T, text string, piece uint8) {
-		plan := toolPlan{mode: toolsAuto}
+		plan := toolPlan{mode: toolsAuto, tools: []Tool{{Name: "f"}, {Name: "g"}, {Name: "0"}}}
 		content, calls := plan.calls(text)
 		if len(calls) == 0 && content != text {
 			t.Fatalf("no calls, content %q of %q", content, text)

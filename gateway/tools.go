@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -39,7 +40,7 @@ const (
 // toolPlan is a chat job's tools and how its choices' calls are read.
 type toolPlan struct {
 	mode  toolMode
-	tools []Tool
+	tools []Tool // the functions the model may call (tool_choice's allowed_tools)
 	// name is the function whose arguments the text is (toolsNamed, or
 	// toolsRequired of a single function).
 	name string
@@ -98,30 +99,58 @@ func parseTools(raw json.RawMessage) ([]Tool, *apiError) {
 }
 
 // parseToolChoice reads tool_choice (and parallel_tool_calls) against the
-// request's tools into its plan.
+// request's tools into its plan: "none", "auto", "required", a named
+// function, or allowed_tools (auto or required among some of the tools).
 func parseToolChoice(raw json.RawMessage, tools []Tool, parallel *bool) (toolPlan, *apiError) {
 	p := toolPlan{tools: tools}
 	raw = bytes.TrimSpace(raw)
 	choice := "auto"
+	const forms = `"none", "auto", "required", {"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`
 	if len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
-		var named struct {
+		var obj struct {
 			Type     string `json:"type"`
 			Function struct {
 				Name string `json:"name"`
 			} `json:"function"`
+			AllowedTools struct {
+				Mode  string `json:"mode"`
+				Tools []struct {
+					Type     string `json:"type"`
+					Function struct {
+						Name string `json:"name"`
+					} `json:"function"`
+				} `json:"tools"`
+			} `json:"allowed_tools"`
 		}
 		switch {
 		case json.Unmarshal(raw, &choice) == nil:
 			if choice != "none" && choice != "auto" && choice != "required" {
-				return p, invalidParam("tool_choice", `tool_choice %q is not one of "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`, truncate(choice, 40))
+				return p, invalidParam("tool_choice", "tool_choice %q is not one of %s", truncate(choice, 40), forms)
 			}
-		case json.Unmarshal(raw, &named) == nil && named.Type == "function":
-			if !toolNamed(tools, named.Function.Name) {
-				return p, invalidParam("tool_choice", "tool_choice names function %q, which tools does not list", truncate(named.Function.Name, 80))
+		case json.Unmarshal(raw, &obj) != nil:
+			return p, invalidParam("tool_choice", "tool_choice must be %s", forms)
+		case obj.Type == "function":
+			if !toolNamed(tools, obj.Function.Name) {
+				return p, invalidParam("tool_choice", "tool_choice names function %q, which tools does not list", truncate(obj.Function.Name, 80))
 			}
-			choice, p.name = "function", named.Function.Name
+			choice, p.name = "function", obj.Function.Name
+		case obj.Type == "allowed_tools":
+			at := obj.AllowedTools
+			if at.Mode != "auto" && at.Mode != "required" || len(at.Tools) == 0 {
+				return p, invalidParam("tool_choice", `allowed_tools needs a mode, "auto" or "required", and tools`)
+			}
+			p.tools = nil
+			for _, t := range at.Tools {
+				if t.Type != "function" || !toolNamed(tools, t.Function.Name) {
+					return p, invalidParam("tool_choice", "allowed_tools names function %q, which tools does not list", truncate(t.Function.Name, 80))
+				}
+				if !toolNamed(p.tools, t.Function.Name) {
+					p.tools = append(p.tools, tools[slices.IndexFunc(tools, func(x Tool) bool { return x.Name == t.Function.Name })])
+				}
+			}
+			choice = at.Mode
 		default:
-			return p, invalidParam("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`)
+			return p, invalidParam("tool_choice", "tool_choice must be %s", forms)
 		}
 		if choice != "none" && len(tools) == 0 {
 			return p, invalidParam("tool_choice", "tool_choice %s needs tools", truncate(string(raw), 80))
@@ -138,9 +167,9 @@ func parseToolChoice(raw json.RawMessage, tools []Tool, parallel *bool) (toolPla
 		p.mode = toolsAuto
 	case choice == "function":
 		p.mode = toolsNamed
-	case len(tools) == 1:
+	case len(p.tools) == 1:
 		// One function: the text is its arguments, as for a named one.
-		p.mode, p.name = toolsRequired, tools[0].Name
+		p.mode, p.name = toolsRequired, p.tools[0].Name
 	default:
 		p.mode = toolsRequired
 	}
@@ -232,16 +261,17 @@ func (p *toolPlan) calls(text string) (string, []ToolCall) {
 		}
 		return "", calls
 	case toolsAuto:
-		return hermesCalls(text)
+		return p.hermesCalls(text)
 	}
 	return text, nil
 }
 
 // hermesCalls reads the <tool_call> blocks of text as callStream does
 // streamed: the text around them is content, and so is a block that does
-// not hold a call ({"name": ..., "arguments": {...}}, or "parameters").
-func hermesCalls(text string) (string, []ToolCall) {
-	s := callStream{plan: &toolPlan{mode: toolsAuto}}
+// not hold a call ({"name": ..., "arguments": {...}}, or "parameters") of
+// one of the plan's tools.
+func (p *toolPlan) hermesCalls(text string) (string, []ToolCall) {
+	s := callStream{plan: p}
 	s.held.WriteString(text)
 	content, calls := s.scan(true)
 	if len(calls) == 0 {
@@ -386,7 +416,7 @@ func (s *callStream) scan(last bool) (string, []ToolCall) {
 			s.held.WriteString(h[cut:])
 			return content.String(), calls
 		}
-		if c, ok := parseCall(h[i+len(callOpen) : i+j]); ok {
+		if c, ok := parseCall(h[i+len(callOpen) : i+j]); ok && toolNamed(s.plan.tools, c.Name) {
 			emit(strings.TrimRight(h[:i], spaces))
 			calls = append(calls, c)
 			s.afterCall = true

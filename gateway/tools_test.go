@@ -265,3 +265,45 @@ func TestToolChoiceAuto(t *testing.T) {
 		t.Errorf("none: %+v", m)
 	}
 }
+
+// TestToolChoiceAllowed: allowed_tools keeps every tool in the prompt but
+// lets the model call only those it lists: "required" generates among
+// them, "auto" reads only their calls (as it reads only the request's
+// tools' calls).
+func TestToolChoiceAllowed(t *testing.T) {
+	extra := `"tools":[` + weatherTool + `,` + timeTool + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"%s","tools":[{"type":"function","function":{"name":"get_time"}}]}}`
+	req, out, _ := chatTools(t, `{"tz":"UTC"}`, strings.Replace(extra, "%s", "required", 1), false)
+	if req.Schema != timeArgs {
+		t.Errorf("required among one: schema %q, want %q", req.Schema, timeArgs)
+	}
+	if p := (byteTokenizer{}).Decode(req.Prompt, false); !strings.HasPrefix(p, "tools: get_weather,get_time\n") {
+		t.Errorf("prompt %q does not list every tool", p)
+	}
+	sameCalls(t, "required among one", out.Choices[0].Message.ToolCalls, [2]string{"get_time", `{"tz":"UTC"}`})
+
+	reply := `<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call><tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "nope", "arguments": {}}</tool_call>`
+	_, out, _ = chatTools(t, reply, strings.Replace(extra, "%s", "auto", 1), false)
+	sameCalls(t, "auto among one", out.Choices[0].Message.ToolCalls, [2]string{"get_time", `{}`})
+	want := `<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>` + "\n" + `<tool_call>{"name": "nope", "arguments": {}}</tool_call>`
+	if m := out.Choices[0].Message; m.Content == nil || *m.Content != want {
+		t.Errorf("auto among one: content %v, want %q", m.Content, want)
+	}
+	_, _, so := chatTools(t, reply, strings.Replace(extra, "%s", "auto", 1), true)
+	sameCalls(t, "auto among one, streamed", so.calls, [2]string{"get_time", `{}`})
+	if so.content != want {
+		t.Errorf("auto among one, streamed: content %q, want %q", so.content, want)
+	}
+
+	env := newEnv(t, testConfig(), nil)
+	for _, bad := range []string{
+		`{"type":"allowed_tools","allowed_tools":{"mode":"sometimes","tools":[{"type":"function","function":{"name":"get_time"}}]}}`,
+		`{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[]}}`,
+		`{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"function","function":{"name":"other"}}]}}`,
+		`{"type":"custom","custom":{"name":"x"}}`,
+	} {
+		status, _, body := post(t, env, "/v1/chat/completions", `{"model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[`+timeTool+`],"tool_choice":`+bad+`}`, nil)
+		if status != 400 || deref(decodeError(t, body).Param) != "tool_choice" {
+			t.Errorf("tool_choice %s: %d %s", bad, status, body)
+		}
+	}
+}
