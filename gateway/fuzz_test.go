@@ -100,6 +100,8 @@ func FuzzToolCalls(f *testing.F) {
 		"<tool_call>{\"name\":\"g\",\"parameters\":{}}</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":\"{}\"}</tool_call> bye",
 		"<tool_call><tool_call>{}</tool_call></tool_call>",
 		"a <tool_ b <tool_call>{\"name\": \"f\"",
+		" {\"name\": \"f\", \"parameters\": {\"a\": [1]}} ;{\"name\": \"g\", \"arguments\": \"{}\"}",
+		"{\"name\": \"f\"} x",
 	} {
 		f.Add(s, uint8(3))
 	}

@@ -14,7 +14,8 @@ import (
 // schema (the backend's constrained decoding), so they always parse and
 // follow the functions' parameters; with "auto" the model calls a function
 // by writing <tool_call>{"name": ..., "arguments": ...}</tool_call>, as
-// templates of the Hermes convention (Qwen among them) teach it to.
+// templates of the Hermes convention (Qwen among them) teach it to, or by
+// answering with nothing but calls in bare JSON, as Llama 3's do.
 
 const (
 	maxTools     = 128 // tools in a request, as OpenAI allows
@@ -273,7 +274,7 @@ func (p *toolPlan) calls(text string) (string, []ToolCall) {
 func (p *toolPlan) hermesCalls(text string) (string, []ToolCall) {
 	s := callStream{plan: p}
 	s.held.WriteString(text)
-	content, calls := s.scan(true)
+	content, calls := s.finish()
 	if len(calls) == 0 {
 		return text, nil
 	}
@@ -325,6 +326,7 @@ type callStream struct {
 	calls     int             // calls sent
 	afterCall bool            // auto: no content since the last call
 	wrote     bool            // auto: content sent
+	bare      int8            // auto: 1 where the answer begins with '{' (bareAnswer), -1 where not, 0 while blank
 }
 
 // push takes a token's text and returns the content and calls to send.
@@ -348,10 +350,66 @@ func (s *callStream) push(text string) (string, []toolCallOut) {
 		return "", []toolCallOut{{Index: ptr(0), Function: toolFunctionOut{Arguments: text}}}
 	case toolsAuto:
 		s.held.WriteString(text)
+		if s.bareAnswer() {
+			return "", nil
+		}
 		content, calls := s.scan(false)
 		return content, s.deltas(calls)
 	}
 	return text, nil
+}
+
+// bareAnswer reports whether the answer so far may be calls written as
+// bare JSON (Llama 3's convention: {"name": ..., "parameters": {...}},
+// several parted by ';'), which wait whole for the end: while it is
+// blank, and once it begins with '{'.
+func (s *callStream) bareAnswer() bool {
+	if s.bare == 0 {
+		t := strings.TrimLeft(s.held.String(), spaces)
+		switch {
+		case t == "":
+			return true
+		case t[0] == '{':
+			s.bare = 1
+		default:
+			s.bare = -1
+		}
+	}
+	return s.bare > 0
+}
+
+// finish reads what auto's held text makes at the end: bare calls, or
+// content and blocks' calls.
+func (s *callStream) finish() (string, []ToolCall) {
+	if s.bareAnswer() {
+		if calls := bareCalls(s.held.String(), s.plan.tools); calls != nil {
+			s.held.Reset()
+			return "", calls
+		}
+	}
+	return s.scan(true)
+}
+
+// bareCalls reads text as one or more calls of tools in bare JSON, parted
+// by ';' and spaces, or returns nil.
+func bareCalls(text string, tools []Tool) []ToolCall {
+	var calls []ToolCall
+	for {
+		if text = strings.TrimLeft(text, spaces); text == "" {
+			return calls
+		}
+		dec := json.NewDecoder(strings.NewReader(text))
+		var raw json.RawMessage
+		if dec.Decode(&raw) != nil {
+			return nil
+		}
+		c, ok := parseCall(string(raw))
+		if !ok || !toolNamed(tools, c.Name) {
+			return nil
+		}
+		calls = append(calls, c)
+		text, _ = strings.CutPrefix(strings.TrimLeft(text[dec.InputOffset():], spaces), ";")
+	}
 }
 
 // end takes the text held for a stop string and returns what is left to
@@ -365,14 +423,10 @@ func (s *callStream) end(tail string) (string, []toolCallOut, bool) {
 		}
 		s.held.WriteString(tail)
 		content, calls := s.plan.calls(s.held.String())
-		out := make([]toolCallOut, len(calls))
-		for i, c := range calls {
-			out[i] = callDelta(i, c)
-		}
-		return content, out, len(calls) > 0
+		return content, s.deltas(calls), len(calls) > 0
 	case toolsAuto:
 		s.held.WriteString(tail)
-		content, calls := s.scan(true)
+		content, calls := s.finish()
 		return content, s.deltas(calls), s.calls > 0
 	}
 	return tail, nil, false

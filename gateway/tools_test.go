@@ -222,6 +222,7 @@ func TestToolChoiceRequired(t *testing.T) {
 // TestToolChoiceAuto: under "auto" the model's <tool_call> blocks become
 // calls and the text around them content; streamed, no part of a block
 // reaches the content. Text whose blocks do not hold calls stays content.
+// An answer that is only calls in bare JSON (Llama 3's way) is calls.
 func TestToolChoiceAuto(t *testing.T) {
 	extra := `"tools":[` + weatherTool + `,` + timeTool + `]`
 	for _, c := range []struct {
@@ -233,6 +234,10 @@ func TestToolChoiceAuto(t *testing.T) {
 		{`<tool_call>{"name": "get_time", "parameters": {}}</tool_call>`, "", "tool_calls", [][2]string{{"get_time", `{}`}}},
 		{"a < b, <tool_ and <tool_call>not json</tool_call>", "a < b, <tool_ and <tool_call>not json</tool_call>", "stop", nil},
 		{"Plain <tool_call>{\"name\": \"x\"", "Plain <tool_call>{\"name\": \"x\"", "stop", nil},
+		{` {"name": "get_weather", "parameters": {"city": "Rome"}}; {"name": "get_time", "parameters": {}}`, "", "tool_calls",
+			[][2]string{{"get_weather", `{"city": "Rome"}`}, {"get_time", `{}`}}},
+		{`{"name": "get_weather", "parameters": {"city": "Rome"}} and more`, `{"name": "get_weather", "parameters": {"city": "Rome"}} and more`, "stop", nil},
+		{`{"city": "Rome"}`, `{"city": "Rome"}`, "stop", nil},
 	} {
 		_, out, _ := chatTools(t, c.reply, extra, false)
 		m := out.Choices[0].Message
