@@ -287,3 +287,44 @@ func FuzzStopper(f *testing.F) {
 		}
 	})
 }
+
+// FuzzResponsesRequest reads Responses requests as the chat completions
+// they ask for: anything either refuses is a 400, and what passes holds a
+// chat job's invariants.
+func FuzzResponsesRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"echo-1","input":"hi","instructions":"be brief","max_output_tokens":5}`,
+		`{"model":"echo-1","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},` +
+			`{"type":"function_call_output","call_id":"c","output":"1"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"}}`,
+		`{"model":"echo-1","input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}},"top_logprobs":2,"stream":true}`,
+		`{"model":"echo-1","input":[{"type":"reasoning"}],"previous_response_id":"r"}`,
+		`{"model":"echo-1","input":5}`, `{"input":[]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	v := fuzzValidator()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var cr chatRequest
+		var rr responsesRequest
+		if decodeJSON(data, &cr) != nil || decodeJSON(data, &rr) != nil {
+			return
+		}
+		if aerr := rr.chat(&cr); aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("reading error %+v", aerr)
+			}
+			return
+		}
+		j, aerr := v.chat(&cr, "")
+		if aerr != nil {
+			if aerr.Status != 400 || aerr.Message == "" {
+				t.Fatalf("validation error %+v", aerr)
+			}
+			return
+		}
+		checkJob(t, v, j)
+		if j.n != 1 || len(j.prompts) != 1 {
+			t.Fatalf("a response of %d prompts × %d", len(j.prompts), j.n)
+		}
+	})
+}

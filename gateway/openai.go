@@ -152,22 +152,33 @@ type choiceResult struct {
 	res    genResult
 }
 
-// serveJob admits a validated job and answers it, streamed or not.
-func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat bool, received time.Time) {
+// admit takes a validated job's in-flight slots, or answers why not (ok
+// false). release frees them, once, and cancel ends the job's context; the
+// caller defers both.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, j *job) (ctx context.Context, cancel context.CancelFunc, release func(), ok bool) {
 	if s.isClosing() {
 		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
-		return
+		return nil, nil, nil, false
 	}
 	n := j.choices()
 	if !s.lim.tryAcquire(n) {
 		writeAPIError(w, tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
-		return
+		return nil, nil, nil, false
 	}
 	// A streamed answer frees its in-flight slots before its [DONE], so
 	// that a client that has read it may start another request at once.
-	release := sync.OnceFunc(func() { s.lim.release(n) })
+	release = sync.OnceFunc(func() { s.lim.release(n) })
+	ctx, cancel = s.workContext(r.Context())
+	return ctx, cancel, release, true
+}
+
+// serveJob admits a validated job and answers it, streamed or not.
+func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat bool, received time.Time) {
+	ctx, cancel, release, ok := s.admit(w, r, j)
+	if !ok {
+		return
+	}
 	defer release()
-	ctx, cancel := s.workContext(r.Context())
 	defer cancel()
 	prefix := "cmpl-"
 	if chat {
@@ -178,6 +189,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 		s.streamJob(ctx, cancel, w, j, chat, id, received, release)
 		return
 	}
+	n := j.choices()
 	results := make([]choiceResult, n)
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
@@ -343,14 +355,21 @@ type sse struct {
 }
 
 func (e *sse) send(v any) error {
+	return e.named("", v)
+}
+
+// named sends v as an event of the given name ("": unnamed).
+func (e *sse) named(event string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return e.raw(b)
+	return e.write(event, b)
 }
 
-func (e *sse) raw(b []byte) error {
+func (e *sse) raw(b []byte) error { return e.write("", b) }
+
+func (e *sse) write(event string, b []byte) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.err != nil {
@@ -364,7 +383,12 @@ func (e *sse) raw(b []byte) error {
 		e.w.WriteHeader(http.StatusOK)
 		e.started = true
 	}
-	buf := make([]byte, 0, len(b)+8)
+	buf := make([]byte, 0, len(event)+len(b)+16)
+	if event != "" {
+		buf = append(buf, "event: "...)
+		buf = append(buf, event...)
+		buf = append(buf, '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, b...)
 	buf = append(buf, '\n', '\n')

@@ -102,6 +102,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("GET /{$}", "demo", s.handleDemo)
 	s.route("POST /v1/chat/completions", "chat", s.handleChat)
 	s.route("POST /v1/completions", "completions", s.handleCompletions)
+	s.route("POST /v1/responses", "responses", s.handleResponses)
 	s.route("GET /v1/models", "models", s.handleModels)
 	s.route("GET /v1/models/{id...}", "models", s.handleModel)
 	s.mux.Handle("GET /v1/stream", s.authenticate(http.HandlerFunc(s.handleStream)))

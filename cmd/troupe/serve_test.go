@@ -22,6 +22,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/param"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/troupe/troupe/gateway"
 	"github.com/troupe/troupe/models/demo"
@@ -694,5 +696,77 @@ func TestServeToolCalls(t *testing.T) {
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "uri"`) {
 		t.Errorf("parameters with a format of no grammar: %v, want a 400 that names it", err)
+	}
+}
+
+// TestServeResponses runs the Responses API through the official client
+// against the demo model: text whole and streamed (the events' text equal
+// to the completed response's), a JSON schema by text.format, and a
+// function call forced by tool_choice.
+func TestServeResponses(t *testing.T) {
+	s := startServe(t, nil)
+	c := s.client()
+	params := responses.ResponseNewParams{
+		Model: demo.Name, Instructions: openai.String("Answer briefly."), MaxOutputTokens: openai.Int(24), Temperature: openai.Float(0),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("How do I list files?")},
+	}
+	resp, err := c.Responses.New(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OutputText() == "" || resp.Usage.OutputTokens == 0 || resp.Usage.InputTokens == 0 {
+		t.Fatalf("response %q, usage %+v", resp.OutputText(), resp.Usage)
+	}
+	stream := c.Responses.NewStreaming(t.Context(), params)
+	var deltas strings.Builder
+	var last responses.Response
+	for stream.Next() {
+		switch ev := stream.Current(); ev.Type {
+		case "response.output_text.delta":
+			deltas.WriteString(ev.Delta)
+		case "response.completed", "response.incomplete":
+			last = ev.Response
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if deltas.String() != resp.OutputText() || last.OutputText() != resp.OutputText() || last.Status != resp.Status {
+		t.Errorf("streamed %q (%s), whole %q (%s)", deltas.String(), last.Status, resp.OutputText(), resp.Status)
+	}
+
+	schema := map[string]any{"type": "object", "properties": map[string]any{"cmd": map[string]any{"type": "string", "maxLength": 12}}, "required": []any{"cmd"}, "additionalProperties": false}
+	resp, err = c.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model: demo.Name, MaxOutputTokens: openai.Int(200), Temperature: openai.Float(0),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("The command that lists files, as JSON.")},
+		Text:  responses.ResponseTextConfigParam{Format: responses.ResponseFormatTextConfigParamOfJSONSchema("cmd", schema)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Cmd *string }
+	dec := json.NewDecoder(strings.NewReader(resp.OutputText()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil || got.Cmd == nil || utf8.RuneCountInString(*got.Cmd) > 12 || resp.Status != "completed" {
+		t.Errorf("json_schema: %q (%s): %v", resp.OutputText(), resp.Status, err)
+	}
+
+	resp, err = c.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model: demo.Name, MaxOutputTokens: openai.Int(200), Temperature: openai.Float(0),
+		Input:      responses.ResponseNewParamsInputUnion{OfString: openai.String("List the files in /tmp.")},
+		Tools:      []responses.ToolUnionParam{responses.ToolParamOfFunction("ls", schema, true)},
+		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: param.NewOpt(responses.ToolChoiceOptionsRequired)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Output) != 1 || resp.Output[0].Type != "function_call" {
+		t.Fatalf("output %s", resp.RawJSON())
+	}
+	call := resp.Output[0].AsFunctionCall()
+	dec = json.NewDecoder(strings.NewReader(call.Arguments))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil || call.Name != "ls" || got.Cmd == nil {
+		t.Errorf("call %s(%s): %v", call.Name, call.Arguments, err)
 	}
 }

@@ -1,0 +1,575 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The Responses API (POST /v1/responses): a request is read into the
+// chat completion it asks for (its input items as messages, instructions
+// first, its tools, tool_choice and text.format as the chat's) and
+// validated as one; the answer comes back as the response's output items,
+// whole or as its stream of events. Nothing is stored: a conversation is
+// sent whole as input, not continued from previous_response_id.
+
+// responsesRequest is what a Responses request holds beyond the chat
+// completion fields of the same names (model, temperature, top_p, stream,
+// user and the sampling extensions), which are read as chat's.
+type responsesRequest struct {
+	Input              json.RawMessage `json:"input"`
+	Instructions       *string         `json:"instructions"`
+	MaxOutputTokens    *int            `json:"max_output_tokens"`
+	TopLogprobs        *int            `json:"top_logprobs"`
+	Include            []string        `json:"include"`
+	Tools              json.RawMessage `json:"tools"`
+	ToolChoice         json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
+	Text               *responseText   `json:"text"`
+	PreviousResponseID *string         `json:"previous_response_id"`
+	Background         *bool           `json:"background"`
+	Metadata           map[string]string
+}
+
+type responseText struct {
+	Format json.RawMessage `json:"format"`
+}
+
+// inputItem is an item of a Responses input: a message, a function call
+// the model made, or a call's output.
+type inputItem struct {
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	CallID    string          `json:"call_id"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+}
+
+// chat is the chat completion request r asks for, cr holding the fields
+// read from the same body.
+func (r *responsesRequest) chat(cr *chatRequest) *apiError {
+	if r.PreviousResponseID != nil && *r.PreviousResponseID != "" {
+		return badRequest("previous_response_id", "unsupported_parameter", "previous_response_id is not supported: this server stores no responses; send the conversation as input")
+	}
+	if r.Background != nil && *r.Background {
+		return badRequest("background", "unsupported_parameter", "background responses are not supported")
+	}
+	// Chat's fields that the Responses API spells otherwise, or lacks.
+	cr.N, cr.StreamOptions, cr.MaxTokens, cr.ResponseFormat, cr.AddGenerationPrompt = nil, nil, nil, nil, nil
+	cr.Functions, cr.FunctionCall, cr.Logprobs, cr.TopLogprobs = nil, nil, nil, nil
+	msgs, aerr := r.messages()
+	if aerr != nil {
+		return aerr
+	}
+	cr.Messages = msgs
+	cr.MaxCompletionTokens = r.MaxOutputTokens
+	if r.TopLogprobs != nil || slices.Contains(r.Include, "message.output_text.logprobs") {
+		cr.Logprobs, cr.TopLogprobs = ptr(true), r.TopLogprobs
+	}
+	var err error
+	if cr.Tools, err = responseTools(r.Tools); err != nil {
+		return invalidParam("tools", `tools must be an array of {"type": "function", "name": ..., "parameters": ...}`)
+	}
+	if cr.ToolChoice, err = responseToolChoice(r.ToolChoice); err != nil {
+		return invalidParam("tool_choice", `tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", "mode", "tools"}`)
+	}
+	cr.ParallelToolCalls = r.ParallelToolCalls
+	if r.Text != nil {
+		if cr.ResponseFormat, err = responseFormat(r.Text.Format); err != nil {
+			return invalidParam("text.format", `text.format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema"}`)
+		}
+	}
+	return nil
+}
+
+// messages reads the input (a string, or items) and the instructions as
+// chat messages: consecutive function calls make one assistant message.
+func (r *responsesRequest) messages() ([]chatMessage, *apiError) {
+	var msgs []chatMessage
+	if r.Instructions != nil && *r.Instructions != "" {
+		msgs = append(msgs, chatMessage{Role: "system", Content: messageContent{text: *r.Instructions, set: true}})
+	}
+	in := bytes.TrimSpace(r.Input)
+	if len(in) == 0 || bytes.Equal(in, []byte("null")) {
+		return nil, invalidParam("input", "input is required")
+	}
+	var text string
+	if json.Unmarshal(in, &text) == nil {
+		return append(msgs, chatMessage{Role: "user", Content: messageContent{text: text, set: true}}), nil
+	}
+	var items []inputItem
+	if err := json.Unmarshal(in, &items); err != nil {
+		return nil, invalidParam("input", "input must be a string or an array of items")
+	}
+	var calls []toolCallOut // the assistant message being gathered
+	flush := func() {
+		if calls != nil {
+			raw, _ := json.Marshal(calls)
+			msgs = append(msgs, chatMessage{Role: "assistant", ToolCalls: raw})
+			calls = nil
+		}
+	}
+	for i, it := range items {
+		switch it.Type {
+		case "", "message":
+			flush()
+			content, aerr := itemText(i, it.Content)
+			if aerr != nil {
+				return nil, aerr
+			}
+			msgs = append(msgs, chatMessage{Role: it.Role, Content: content})
+		case "function_call":
+			if it.CallID == "" || !toolNameRE.MatchString(it.Name) {
+				return nil, invalidParam("input", "input[%d]: a function_call needs a call_id and a function name", i)
+			}
+			calls = append(calls, callOut(ToolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments}))
+		case "function_call_output":
+			flush()
+			content, aerr := itemText(i, it.Output)
+			if aerr != nil {
+				return nil, aerr
+			}
+			if it.CallID == "" {
+				return nil, invalidParam("input", "input[%d]: a function_call_output needs a call_id", i)
+			}
+			msgs = append(msgs, chatMessage{Role: "tool", Content: content, ToolCallID: it.CallID})
+		default:
+			return nil, badRequest("input", "unsupported_parameter", "input[%d]: item type %q is not supported; message, function_call and function_call_output are", i, truncate(it.Type, 40))
+		}
+	}
+	flush()
+	return msgs, nil
+}
+
+// itemText is an item's content: a string, or text parts (input_text,
+// output_text).
+func itemText(i int, raw json.RawMessage) (messageContent, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	var c messageContent
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return c, nil
+	}
+	c.set = true
+	if json.Unmarshal(raw, &c.text) == nil {
+		return c, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return c, invalidParam("input", "input[%d]: content must be a string or an array of parts", i)
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "input_text" && p.Type != "output_text" && p.Type != "text" || p.Text == nil {
+			return c, badRequest("input", "unsupported_parameter", "input[%d]: content part type %q is not supported; only text is", i, truncate(p.Type, 40))
+		}
+		b.WriteString(*p.Text)
+	}
+	c.text = b.String()
+	return c, nil
+}
+
+// responseTools rewrites Responses tools ({"type": "function", "name",
+// ...}) as chat's ({"type": "function", "function": {"name", ...}});
+// other types pass as they are, for chat to refuse by name.
+func responseTools(raw json.RawMessage) (json.RawMessage, error) {
+	if t := bytes.TrimSpace(raw); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	var in []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return nil, err
+	}
+	out := make([]map[string]any, len(in))
+	for i, t := range in {
+		var typ string
+		_ = json.Unmarshal(t["type"], &typ)
+		if typ != "function" {
+			out[i] = map[string]any{"type": t["type"]}
+			continue
+		}
+		f := map[string]json.RawMessage{}
+		for _, k := range []string{"name", "description", "parameters", "strict"} {
+			if v, ok := t[k]; ok {
+				f[k] = v
+			}
+		}
+		out[i] = map[string]any{"type": "function", "function": f}
+	}
+	return json.Marshal(out)
+}
+
+// responseToolChoice rewrites a Responses tool_choice as chat's.
+func responseToolChoice(raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return raw, nil
+	}
+	var c struct {
+		Type  string `json:"type"`
+		Name  string `json:"name"`
+		Mode  string `json:"mode"`
+		Tools []struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal(t, &c); err != nil {
+		return nil, err
+	}
+	named := func(name string) map[string]any {
+		return map[string]any{"type": "function", "function": map[string]string{"name": name}}
+	}
+	switch c.Type {
+	case "function":
+		return json.Marshal(named(c.Name))
+	case "allowed_tools":
+		tools := make([]map[string]any, len(c.Tools))
+		for i, tl := range c.Tools {
+			tools[i] = named(tl.Name)
+			tools[i]["type"] = tl.Type
+		}
+		return json.Marshal(map[string]any{"type": "allowed_tools", "allowed_tools": map[string]any{"mode": c.Mode, "tools": tools}})
+	}
+	return raw, nil
+}
+
+// responseFormat rewrites text.format as chat's response_format.
+func responseFormat(raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	var f map[string]json.RawMessage
+	if err := json.Unmarshal(t, &f); err != nil {
+		return nil, err
+	}
+	var typ string
+	_ = json.Unmarshal(f["type"], &typ)
+	if typ != "json_schema" {
+		return t, nil
+	}
+	delete(f, "type")
+	return json.Marshal(map[string]any{"type": "json_schema", "json_schema": f})
+}
+
+// responsesParam renames what the chat validator calls a Responses
+// parameter.
+var responsesParam = map[string]string{"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+
+func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	var cr chatRequest
+	var rr responsesRequest
+	if aerr := decodeJSON(body, &cr); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	if aerr := decodeJSON(body, &rr); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	if aerr := rr.chat(&cr); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	j, aerr := s.val.chat(&cr, tenantOf(r.Context()))
+	if aerr != nil {
+		if p, ok := responsesParam[aerr.Param]; ok {
+			aerr.Message = strings.ReplaceAll(aerr.Message, aerr.Param, p)
+			aerr.Param = p
+		}
+		writeAPIError(w, aerr)
+		return
+	}
+	ctx, cancel, release, ok := s.admit(w, r, j)
+	if !ok {
+		return
+	}
+	defer release()
+	defer cancel()
+	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1}
+	rs.calls.plan = &j.tools
+	if j.stream {
+		rs.out = &sse{w: w}
+	}
+	res, err := s.generate(ctx, j.request(rs.id, 0), received, rs.token)
+	if err == nil && rs.out != nil {
+		err = rs.out.err
+	}
+	if err != nil {
+		ae := s.backendError(err)
+		switch {
+		case rs.out == nil || !rs.out.isStarted():
+			writeAPIError(w, ae)
+		case rs.out.err == nil:
+			_ = rs.event("error", map[string]any{"code": ae.Code, "message": ae.Message, "param": ae.Param})
+		}
+		return
+	}
+	switch {
+	case r.Context().Err() != nil:
+		return // the client went away; nobody to answer
+	case s.base.Err() != nil && rs.out == nil:
+		writeAPIError(w, s.backendError(context.Canceled))
+		return
+	case ctx.Err() != nil:
+		return // shutting down: the stream just ends
+	}
+	rs.finish(res)
+}
+
+// responseRun is one Responses request's answer in the making: its items
+// as they come (streamed as events where out is set).
+type responseRun struct {
+	s       *Server
+	j       *job
+	rr      *responsesRequest
+	body    []byte
+	w       http.ResponseWriter
+	id      string
+	created int64
+	out     *sse
+	seq     int
+
+	calls   callStream
+	text    strings.Builder // the message's text
+	lps     []chatLogprob
+	msg     int // the message's output index, -1 until it has text
+	items   []any
+	callIdx map[int]int // a call's index in the stream → its output index
+}
+
+type responseMessage struct {
+	Type    string         `json:"type"`
+	ID      string         `json:"id"`
+	Status  string         `json:"status"`
+	Role    string         `json:"role"`
+	Content []responsePart `json:"content"`
+}
+
+type responsePart struct {
+	Type        string        `json:"type"`
+	Text        string        `json:"text"`
+	Annotations []any         `json:"annotations"`
+	Logprobs    []chatLogprob `json:"logprobs"`
+}
+
+type responseCall struct {
+	Type      string `json:"type"`
+	ID        string `json:"id"`
+	CallID    string `json:"call_id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+	Status    string `json:"status"`
+}
+
+// event sends a stream event of type typ with fields.
+func (rs *responseRun) event(typ string, fields map[string]any) error {
+	fields["type"] = typ
+	fields["sequence_number"] = rs.seq
+	rs.seq++
+	return rs.out.named(typ, fields)
+}
+
+// token takes a token's text: content goes to the message, calls to
+// their items.
+func (rs *responseRun) token(ev *tokenEvent) error {
+	if err := rs.start(); err != nil {
+		return err
+	}
+	var lp *chatLogprob
+	if rs.j.base.Logprobs {
+		l := rs.s.chatLogprob(ev.tok, rs.j.base.TopLogprobs)
+		rs.lps = append(rs.lps, l)
+		lp = &l
+	}
+	if rs.out == nil {
+		rs.text.WriteString(ev.text)
+		return nil
+	}
+	text, tc := rs.calls.push(ev.text)
+	return rs.send(text, tc, lp)
+}
+
+// start opens a stream with the response's first events, once.
+func (rs *responseRun) start() error {
+	if rs.out == nil || rs.seq > 0 {
+		return nil
+	}
+	if err := rs.event("response.created", map[string]any{"response": rs.object("in_progress", nil, nil)}); err != nil {
+		return err
+	}
+	return rs.event("response.in_progress", map[string]any{"response": rs.object("in_progress", nil, nil)})
+}
+
+// send streams content and call deltas.
+func (rs *responseRun) send(text string, tc []toolCallOut, lp *chatLogprob) error {
+	if text != "" {
+		if rs.msg < 0 {
+			rs.msg = len(rs.items)
+			m := responseMessage{Type: "message", ID: newID("msg_"), Status: "in_progress", Role: "assistant", Content: []responsePart{}}
+			rs.items = append(rs.items, m)
+			if err := rs.event("response.output_item.added", map[string]any{"output_index": rs.msg, "item": m}); err != nil {
+				return err
+			}
+			if err := rs.event("response.content_part.added", map[string]any{"item_id": m.ID, "output_index": rs.msg, "content_index": 0,
+				"part": responsePart{Type: "output_text", Annotations: []any{}, Logprobs: []chatLogprob{}}}); err != nil {
+				return err
+			}
+		}
+		rs.text.WriteString(text)
+		lps := []chatLogprob{}
+		if lp != nil {
+			lps = append(lps, *lp)
+		}
+		if err := rs.event("response.output_text.delta", map[string]any{"item_id": rs.items[rs.msg].(responseMessage).ID, "output_index": rs.msg,
+			"content_index": 0, "delta": text, "logprobs": lps}); err != nil {
+			return err
+		}
+	}
+	for _, d := range tc {
+		k := *d.Index
+		if d.ID != "" {
+			if rs.callIdx == nil {
+				rs.callIdx = map[int]int{}
+			}
+			rs.callIdx[k] = len(rs.items)
+			c := responseCall{Type: "function_call", ID: newID("fc_"), CallID: d.ID, Name: d.Function.Name, Status: "in_progress"}
+			rs.items = append(rs.items, c)
+			if err := rs.event("response.output_item.added", map[string]any{"output_index": rs.callIdx[k], "item": c}); err != nil {
+				return err
+			}
+		}
+		at := rs.callIdx[k]
+		c := rs.items[at].(responseCall)
+		c.Arguments += d.Function.Arguments
+		rs.items[at] = c
+		if d.Function.Arguments != "" {
+			if err := rs.event("response.function_call_arguments.delta", map[string]any{"item_id": c.ID, "output_index": at, "delta": d.Function.Arguments}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// finish answers the whole response, or closes the stream's items and
+// sends the response's last event.
+func (rs *responseRun) finish(res genResult) {
+	if rs.out == nil {
+		rs.text.WriteString(res.tail)
+		content, calls := rs.j.tools.calls(rs.text.String())
+		if content != "" || len(calls) == 0 {
+			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: "completed", Role: "assistant",
+				Content: []responsePart{{Type: "output_text", Text: content, Annotations: []any{}, Logprobs: nonNil(rs.lps)}}})
+		}
+		for _, c := range calls {
+			rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
+		}
+		status, details := rs.status(res)
+		writeJSON(rs.w, http.StatusOK, rs.object(status, details, &res))
+		return
+	}
+	if rs.start() != nil {
+		return
+	}
+	text, tc, _ := rs.calls.end(res.tail)
+	if err := rs.send(text, tc, nil); err != nil {
+		return
+	}
+	status, details := rs.status(res)
+	for i, it := range rs.items {
+		switch it := it.(type) {
+		case responseMessage:
+			part := responsePart{Type: "output_text", Text: rs.text.String(), Annotations: []any{}, Logprobs: nonNil(rs.lps)}
+			it.Status, it.Content = "completed", []responsePart{part}
+			rs.items[i] = it
+			if rs.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": part.Text, "logprobs": part.Logprobs}) != nil ||
+				rs.event("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": part}) != nil ||
+				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {
+				return
+			}
+		case responseCall:
+			it.Status = "completed"
+			rs.items[i] = it
+			if rs.event("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i, "name": it.Name, "arguments": it.Arguments}) != nil ||
+				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {
+				return
+			}
+		}
+	}
+	last := "response.completed"
+	if status == "incomplete" {
+		last = "response.incomplete"
+	}
+	_ = rs.event(last, map[string]any{"response": rs.object(status, details, &res)})
+}
+
+// status is the response's status, with why it is incomplete.
+func (rs *responseRun) status(res genResult) (string, any) {
+	if res.finish.Reason == FinishLength {
+		return "incomplete", map[string]string{"reason": "max_output_tokens"}
+	}
+	return "completed", nil
+}
+
+// object is the response as the API shows it: its items so far, and with
+// res its usage.
+func (rs *responseRun) object(status string, details any, res *genResult) map[string]any {
+	var echo struct {
+		Model        string            `json:"model"`
+		Instructions *string           `json:"instructions"`
+		Tools        json.RawMessage   `json:"tools"`
+		ToolChoice   json.RawMessage   `json:"tool_choice"`
+		Text         json.RawMessage   `json:"text"`
+		Metadata     map[string]string `json:"metadata"`
+		User         *string           `json:"user"`
+	}
+	_ = json.Unmarshal(rs.body, &echo)
+	o := map[string]any{
+		"id": rs.id, "object": "response", "created_at": rs.created, "status": status, "error": nil,
+		"incomplete_details": details, "instructions": echo.Instructions, "max_output_tokens": rs.rr.MaxOutputTokens,
+		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel || rs.j.tools.mode == toolsOff,
+		"previous_response_id": nil, "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
+		"tool_choice": orDefault(echo.ToolChoice, `"auto"`), "tools": orDefault(echo.Tools, `[]`),
+		"text": orDefault(echo.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(echo.Metadata),
+		"usage": nil, "user": echo.User,
+	}
+	if res != nil {
+		in := len(rs.j.prompts[0])
+		o["usage"] = map[string]any{
+			"input_tokens": in, "input_tokens_details": map[string]int{"cached_tokens": 0},
+			"output_tokens": res.finish.CompletionTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
+			"total_tokens": in + res.finish.CompletionTokens,
+		}
+	}
+	return o
+}
+
+func orDefault(raw json.RawMessage, def string) json.RawMessage {
+	if t := bytes.TrimSpace(raw); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		return raw
+	}
+	return json.RawMessage(def)
+}
+
+func nonNilMap(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
