@@ -368,6 +368,11 @@ type responsePart struct {
 	Logprobs    []chatLogprob `json:"logprobs"`
 }
 
+// textPart is a message's output_text part.
+func textPart(text string, lps []chatLogprob) responsePart {
+	return responsePart{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: nonNil(lps)}
+}
+
 type responseCall struct {
 	Type      string `json:"type"`
 	ID        string `json:"id"`
@@ -427,7 +432,7 @@ func (rs *responseRun) send(text string, tc []toolCallOut, lp *chatLogprob) erro
 				return err
 			}
 			if err := rs.event("response.content_part.added", map[string]any{"item_id": m.ID, "output_index": rs.msg, "content_index": 0,
-				"part": responsePart{Type: "output_text", Annotations: []any{}, Logprobs: []chatLogprob{}}}); err != nil {
+				"part": textPart("", nil)}); err != nil {
 				return err
 			}
 		}
@@ -475,7 +480,7 @@ func (rs *responseRun) finish(res genResult) {
 		content, calls := rs.j.tools.calls(rs.text.String())
 		if content != "" || len(calls) == 0 {
 			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: "completed", Role: "assistant",
-				Content: []responsePart{{Type: "output_text", Text: content, Annotations: []any{}, Logprobs: nonNil(rs.lps)}}})
+				Content: []responsePart{textPart(content, rs.lps)}})
 		}
 		for _, c := range calls {
 			rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
@@ -495,7 +500,7 @@ func (rs *responseRun) finish(res genResult) {
 	for i, it := range rs.items {
 		switch it := it.(type) {
 		case responseMessage:
-			part := responsePart{Type: "output_text", Text: rs.text.String(), Annotations: []any{}, Logprobs: nonNil(rs.lps)}
+			part := textPart(rs.text.String(), rs.lps)
 			it.Status, it.Content = "completed", []responsePart{part}
 			rs.items[i] = it
 			if rs.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": part.Text, "logprobs": part.Logprobs}) != nil ||
@@ -543,7 +548,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 	o := map[string]any{
 		"id": rs.id, "object": "response", "created_at": rs.created, "status": status, "error": nil,
 		"incomplete_details": details, "instructions": echo.Instructions, "max_output_tokens": rs.rr.MaxOutputTokens,
-		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel || rs.j.tools.mode == toolsOff,
+		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel,
 		"previous_response_id": nil, "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
 		"tool_choice": orDefault(echo.ToolChoice, `"auto"`), "tools": orDefault(echo.Tools, `[]`),
 		"text": orDefault(echo.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(echo.Metadata),
