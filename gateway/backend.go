@@ -37,11 +37,21 @@ type ToolCall struct {
 	ID, Name, Arguments string
 }
 
-// ChatTemplate renders chat messages, with the tools the model may call
-// (nil without), into a prompt string. It must be safe for concurrent use.
-// A nil ChatTemplate makes chat requests fail with a 400.
+// ChatTemplate renders chat messages into a prompt string as o asks. It
+// must be safe for concurrent use. A nil ChatTemplate makes chat requests
+// fail with a 400.
 type ChatTemplate interface {
-	Render(msgs []Message, tools []Tool, addGenerationPrompt bool) (string, error)
+	Render(msgs []Message, o RenderOptions) (string, error)
+}
+
+// RenderOptions shape a chat prompt: the tools the model may call (nil
+// without), whether it ends with the opening of an assistant turn, and a
+// request's chat_template_kwargs (a name's JSON value) for the template
+// to read.
+type RenderOptions struct {
+	Tools               []Tool
+	AddGenerationPrompt bool
+	Vars                map[string]string
 }
 
 // Backend runs generations. It must be safe for concurrent use.

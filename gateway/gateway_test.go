@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,15 +42,24 @@ func (byteTokenizer) Decode(ids []int32, _ bool) string {
 }
 
 // lineTemplate renders "role: content\n" per message and "assistant: " to
-// prompt a reply; tools as "tools: a,b\n" first, a message's tool calls
-// as " -> name(arguments)" and a tool's answer as "tool[id]: content".
+// prompt a reply; template variables as "vars: name=value ...\n" and tools
+// as "tools: a,b\n" first, a message's tool calls as " -> name(arguments)"
+// and a tool's answer as "tool[id]: content".
 type lineTemplate struct{}
 
-func (lineTemplate) Render(msgs []Message, tools []Tool, addGen bool) (string, error) {
+func (lineTemplate) Render(msgs []Message, o RenderOptions) (string, error) {
 	var sb strings.Builder
-	if len(tools) > 0 {
-		names := make([]string, len(tools))
-		for i, t := range tools {
+	if len(o.Vars) > 0 {
+		var kv []string
+		for k, v := range o.Vars {
+			kv = append(kv, k+"="+v)
+		}
+		slices.Sort(kv)
+		fmt.Fprintf(&sb, "vars: %s\n", strings.Join(kv, " "))
+	}
+	if len(o.Tools) > 0 {
+		names := make([]string, len(o.Tools))
+		for i, t := range o.Tools {
 			names[i] = t.Name
 		}
 		fmt.Fprintf(&sb, "tools: %s\n", strings.Join(names, ","))
@@ -68,7 +78,7 @@ func (lineTemplate) Render(msgs []Message, tools []Tool, addGen bool) (string, e
 		}
 		sb.WriteString("\n")
 	}
-	if addGen {
+	if o.AddGenerationPrompt {
 		sb.WriteString("assistant: ")
 	}
 	return sb.String(), nil

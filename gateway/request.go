@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -224,6 +225,9 @@ type chatRequest struct {
 	Functions           json.RawMessage `json:"functions"`
 	FunctionCall        json.RawMessage `json:"function_call"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	// ChatTemplateKwargs are further variables for the chat template
+	// (vLLM's extension; Qwen 3's enable_thinking, say).
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type completionRequest struct {
@@ -523,8 +527,12 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 	if err != nil {
 		return nil, err
 	}
+	vars, aerr := templateVars(r.ChatTemplateKwargs)
+	if aerr != nil {
+		return nil, aerr
+	}
 	addGen := r.AddGenerationPrompt == nil || *r.AddGenerationPrompt
-	text, rerr := v.tmpl.Render(msgs, tools, addGen)
+	text, rerr := v.tmpl.Render(msgs, RenderOptions{Tools: tools, AddGenerationPrompt: addGen, Vars: vars})
 	if rerr != nil {
 		return nil, invalidParam("messages", "cannot apply the chat template: %v", rerr)
 	}
@@ -543,6 +551,39 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		return nil, err
 	}
 	return j, nil
+}
+
+// maxTemplateVars bounds a request's chat_template_kwargs.
+const maxTemplateVars = 32
+
+// templateVarRE is a template variable's name.
+var templateVarRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// templateVars validates chat_template_kwargs into names and compact JSON
+// values; the names the template is given by the gateway are refused.
+func templateVars(in map[string]json.RawMessage) (map[string]string, *apiError) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	if len(in) > maxTemplateVars {
+		return nil, invalidParam("chat_template_kwargs", "chat_template_kwargs has %d names, want at most %d", len(in), maxTemplateVars)
+	}
+	out := make(map[string]string, len(in))
+	for name, raw := range in {
+		switch name {
+		case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token", "unk_token", "raise_exception", "strftime_now":
+			return nil, invalidParam("chat_template_kwargs", "chat_template_kwargs may not set %q: the server sets it", name)
+		}
+		if !templateVarRE.MatchString(name) {
+			return nil, invalidParam("chat_template_kwargs", "chat_template_kwargs name %q is not an identifier", truncate(name, 40))
+		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, raw); err != nil {
+			return nil, invalidParam("chat_template_kwargs", "chat_template_kwargs %q is not JSON", name)
+		}
+		out[name] = b.String()
+	}
+	return out, nil
 }
 
 // messages validates and converts chat messages.

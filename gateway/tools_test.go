@@ -119,13 +119,15 @@ func sameCalls(t *testing.T, what string, got []toolCallOut, want ...[2]string) 
 	}
 }
 
-// TestToolsReachTheTemplate: the tools, an assistant's calls and the
-// tools' answers reach the chat template, and under "auto" a model that
-// writes no call answers in text.
+// TestToolsReachTheTemplate: the tools, an assistant's calls, the tools'
+// answers and chat_template_kwargs reach the chat template, and under
+// "auto" a model that writes no call answers in text.
 func TestToolsReachTheTemplate(t *testing.T) {
 	b := &echoBackend{}
-	env := newEnv(t, testConfig(), b)
-	status, _, raw := post(t, env, "/v1/chat/completions", `{"model":"echo-1","tools":[`+weatherTool+`,`+timeTool+`],"messages":[
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024 // the echo repeats the whole conversation
+	env := newEnv(t, cfg, b)
+	status, _, raw := post(t, env, "/v1/chat/completions", `{"model":"echo-1","chat_template_kwargs":{"enable_thinking":false,"x":{"a": [1]}},"tools":[`+weatherTool+`,`+timeTool+`],"messages":[
 		{"role":"user","content":"weather?"},
 		{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}}]},
 		{"role":"tool","tool_call_id":"call_1","content":"-3"}]}`, nil)
@@ -134,7 +136,7 @@ func TestToolsReachTheTemplate(t *testing.T) {
 	}
 	reqs := b.requests()
 	prompt := byteTokenizer{}.Decode(reqs[0].Prompt, false)
-	want := "tools: get_weather,get_time\nuser: weather?\nassistant:  -> get_weather({\"city\":\"Oslo\"})\ntool[call_1]: -3\nassistant: "
+	want := "vars: enable_thinking=false x={\"a\":[1]}\ntools: get_weather,get_time\nuser: weather?\nassistant:  -> get_weather({\"city\":\"Oslo\"})\ntool[call_1]: -3\nassistant: "
 	if prompt != want {
 		t.Errorf("prompt %q, want %q", prompt, want)
 	}

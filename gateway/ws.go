@@ -127,7 +127,7 @@ func (v *validator) ws(f *wsFrame, tenant string) (*job, *apiError) {
 		if aerr != nil {
 			return nil, aerr
 		}
-		text, err := v.tmpl.Render(msgs, nil, true)
+		text, err := v.tmpl.Render(msgs, RenderOptions{AddGenerationPrompt: true})
 		if err != nil {
 			return nil, invalidParam("messages", "cannot apply the chat template: %v", err)
 		}

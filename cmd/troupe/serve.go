@@ -404,7 +404,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 // chatTemplate adapts the chat package to the gateway's interface.
 type chatTemplate struct{ c *chat.Config }
 
-func (t chatTemplate) Render(msgs []gateway.Message, tools []gateway.Tool, addGenerationPrompt bool) (string, error) {
+func (t chatTemplate) Render(msgs []gateway.Message, o gateway.RenderOptions) (string, error) {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
 		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
@@ -413,8 +413,8 @@ func (t chatTemplate) Render(msgs []gateway.Message, tools []gateway.Tool, addGe
 		}
 	}
 	var ct []chat.Tool
-	for _, tl := range tools {
+	for _, tl := range o.Tools {
 		ct = append(ct, chat.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
 	}
-	return t.c.Render(cm, ct, addGenerationPrompt)
+	return t.c.Render(cm, chat.Options{Tools: ct, AddGenerationPrompt: o.AddGenerationPrompt, Vars: o.Vars})
 }

@@ -70,7 +70,7 @@ func checkGolden(t *testing.T, c *Config, prefix string, cases []chatCase) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.Render(tc.Messages, nil, tc.AddGenerationPrompt)
+			got, err := c.Render(tc.Messages, Options{AddGenerationPrompt: tc.AddGenerationPrompt})
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
@@ -105,7 +105,7 @@ func TestToolTemplates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.Render(tc.Messages, tc.Tools, tc.AddGenerationPrompt)
+			got, err := c.Render(tc.Messages, Options{Tools: tc.Tools, AddGenerationPrompt: tc.AddGenerationPrompt})
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
@@ -156,7 +156,7 @@ func TestLoadConfigTemplateFile(t *testing.T) {
 	if c.HasTemplate() || !c.AddBOSToken || c.EOSToken != "</s>" {
 		t.Errorf("HasTemplate %v, AddBOSToken %v, EOSToken %q", c.HasTemplate(), c.AddBOSToken, c.EOSToken)
 	}
-	if _, err := c.Render(nil, nil, true); err == nil || !strings.Contains(err.Error(), "no chat template") {
+	if _, err := c.Render(nil, Options{AddGenerationPrompt: true}); err == nil || !strings.Contains(err.Error(), "no chat template") {
 		t.Errorf("Render without a template: err = %v", err)
 	}
 	write("chat_template.json", `{"chat_template": "{{ eos_token }}json"}`)
@@ -178,7 +178,7 @@ func mustRender(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.Render([]Message{{Role: "user", Content: "x"}}, nil, false)
+	out, err := c.Render([]Message{{Role: "user", Content: "x"}}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestTemplateList(t *testing.T) {
 	if c.Templates["tool_use"] != "tools" {
 		t.Errorf("named templates: %v", c.Templates)
 	}
-	got, err := c.Render([]Message{{Role: "user", Content: "hi"}}, nil, false)
+	got, err := c.Render([]Message{{Role: "user", Content: "hi"}}, Options{})
 	if err != nil || got != "hi!" {
 		t.Errorf("Render = %q, %v; want %q", got, err, "hi!")
 	}
@@ -224,10 +224,10 @@ func TestErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Render([]Message{{Role: "user", Content: "x"}}, nil, false); err == nil || !strings.Contains(err.Error(), "system message first") {
+	if _, err := c.Render([]Message{{Role: "user", Content: "x"}}, Options{}); err == nil || !strings.Contains(err.Error(), "system message first") {
 		t.Errorf("raise_exception: err = %v", err)
 	}
-	if got, err := c.Render([]Message{{Role: "system", Content: "x"}}, nil, false); err != nil || got != "ok" {
+	if got, err := c.Render([]Message{{Role: "system", Content: "x"}}, Options{}); err != nil || got != "ok" {
 		t.Errorf("Render = %q, %v", got, err)
 	}
 }
@@ -235,7 +235,7 @@ func TestErrors(t *testing.T) {
 func TestConcurrentRender(t *testing.T) {
 	c := configFor(t, "qwen3.jinja", nil)
 	msgs := []Message{{Role: "user", Content: "hi"}}
-	want, err := c.Render(msgs, nil, true)
+	want, err := c.Render(msgs, Options{AddGenerationPrompt: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestConcurrentRender(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 50 {
-				if got, err := c.Render(msgs, nil, true); err != nil || got != want {
+				if got, err := c.Render(msgs, Options{AddGenerationPrompt: true}); err != nil || got != want {
 					mu.Lock()
 					bad = append(bad, got)
 					mu.Unlock()
@@ -292,7 +292,7 @@ func FuzzRender(f *testing.F) {
 			{Role: "tool", Content: content, ToolCallID: "c"}, {Role: "user", Content: content}}
 		tools := []Tool{{Name: "f", Description: content, Parameters: content}}
 		for i, c := range configs {
-			out, err := c.Render(msgs, tools, gen)
+			out, err := c.Render(msgs, Options{Tools: tools, AddGenerationPrompt: gen})
 			if i == 0 && err != nil {
 				t.Fatalf("ChatML template failed: %v", err)
 			}
@@ -318,6 +318,27 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil || !c.HasTemplate() {
 			return
 		}
-		_, _ = c.Render([]Message{{Role: "user", Content: "xa\n"}, {Role: "assistant", Content: ""}}, nil, true)
+		_, _ = c.Render([]Message{{Role: "user", Content: "xa\n"}, {Role: "assistant", Content: ""}}, Options{AddGenerationPrompt: true})
 	})
+}
+
+// TestRenderVars: a request's template variables reach the template as
+// JSON values (Qwen 3's enable_thinking, say); the template's own names
+// are refused.
+func TestRenderVars(t *testing.T) {
+	data, err := json.Marshal(map[string]any{"chat_template": `{% if enable_thinking is defined and not enable_thinking %}no-think {% endif %}{{ extra.a | tojson }} {{ note }}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Render(nil, Options{Vars: map[string]string{"enable_thinking": "false", "extra": `{"a": [1, "x"]}`, "note": "not JSON"}})
+	if want := `no-think [1, "x"] not JSON`; err != nil || got != want {
+		t.Errorf("Render: %q, %v; want %q", got, err, want)
+	}
+	if _, err := c.Render(nil, Options{Vars: map[string]string{"messages": "[]"}}); err == nil || !strings.Contains(err.Error(), `"messages"`) {
+		t.Errorf("a reserved variable: %v", err)
+	}
 }

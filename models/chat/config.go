@@ -198,9 +198,28 @@ func (c *Config) parseTemplates(raw json.RawMessage) error {
 // HasTemplate reports whether the model ships a default chat template.
 func (c *Config) HasTemplate() bool { return c.compiled != nil }
 
-// Render applies the default chat template to msgs, with the tools the
-// model may call (none: nil). With addGenerationPrompt the result ends
-// with the opening of an assistant turn, ready for generation.
+// Options shape a rendering: the tools the model may call (none: nil),
+// whether the result ends with the opening of an assistant turn, ready for
+// generation, and further variables the template reads (a request's
+// chat_template_kwargs, such as Qwen 3's enable_thinking): names to JSON
+// values.
+type Options struct {
+	Tools               []Tool
+	AddGenerationPrompt bool
+	Vars                map[string]string
+}
+
+// reserved reports whether name is a variable Render sets itself, which
+// Options.Vars may not.
+func reserved(name string) bool {
+	switch name {
+	case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token", "unk_token", "raise_exception", "strftime_now":
+		return true
+	}
+	return false
+}
+
+// Render applies the default chat template to msgs as o asks.
 //
 // The template sees what transformers gives it: messages as {role,
 // content} with, where set, name, tool_calls ({id, type "function",
@@ -208,10 +227,11 @@ func (c *Config) HasTemplate() bool { return c.compiled != nil }
 // tool_call_id; tools as {type "function", function {name, description,
 // parameters}} (none where there are no tools); objects keep their keys'
 // order, so that tojson writes them as they came.
-func (c *Config) Render(msgs []Message, tools []Tool, addGenerationPrompt bool) (string, error) {
+func (c *Config) Render(msgs []Message, o Options) (string, error) {
 	if c.compiled == nil {
 		return "", errors.New("render chat template: model has no chat template")
 	}
+	tools := o.Tools
 	messages := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
 		d := dict("role", jinja.NewString(m.Role), "content", jinja.NewString(m.Content))
@@ -233,8 +253,14 @@ func (c *Config) Render(msgs []Message, tools []Tool, addGenerationPrompt bool) 
 	}
 	data := map[string]jinja.Value{
 		"messages":              jinja.NewList(messages),
-		"add_generation_prompt": jinja.NewBool(addGenerationPrompt),
+		"add_generation_prompt": jinja.NewBool(o.AddGenerationPrompt),
 		"tools":                 jinja.None(),
+	}
+	for name, v := range o.Vars {
+		if reserved(name) {
+			return "", fmt.Errorf("render chat template: variable %q is the template's own", name)
+		}
+		data[name] = jsonOrString(v)
 	}
 	if len(tools) > 0 {
 		list := make([]jinja.Value, len(tools))
