@@ -14,6 +14,10 @@ type ModelInfo struct {
 	VocabSize     int   // token ids in prompts must be below it; 0 skips the check
 	Created       int64 // Unix seconds, reported by /v1/models
 	OwnedBy       string
+	// Reasoning says the model writes its reasoning between <think> and
+	// </think> before its answer (its chat template thinks): chat answers
+	// carry it apart, as reasoning_content.
+	Reasoning bool
 }
 
 // Config configures a Server. Start from DefaultConfig.

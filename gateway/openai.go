@@ -36,9 +36,10 @@ type chatLogprobs struct {
 }
 
 type chatMessageOut struct {
-	Role      string        `json:"role"`
-	Content   *string       `json:"content"`
-	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
+	Role             string        `json:"role"`
+	Content          *string       `json:"content"`
+	ReasoningContent *string       `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChoice struct {
@@ -58,9 +59,10 @@ type chatResponse struct {
 }
 
 type chatDelta struct {
-	Role      string        `json:"role,omitempty"`
-	Content   *string       `json:"content,omitempty"`
-	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
+	Role             string        `json:"role,omitempty"`
+	Content          *string       `json:"content,omitempty"`
+	ReasoningContent *string       `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -218,8 +220,12 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	if chat {
 		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: j.model.ID, Usage: u}
 		for i := range results {
-			content, calls := j.tools.calls(results[i].text.String())
+			reasoning, content := j.split(results[i].text.String())
+			content, calls := j.tools.calls(content)
 			msg := chatMessageOut{Role: "assistant", Content: &content}
+			if reasoning != "" {
+				msg.ReasoningContent = &reasoning
+			}
 			for _, c := range calls {
 				msg.ToolCalls = append(msg.ToolCalls, callOut(c))
 			}
@@ -420,14 +426,17 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
 		first := true
-		calls := &callStream{plan: &j.tools}
-		// delta sends a chat chunk of content and calls.
-		delta := func(text string, tc []toolCallOut, lp *chatLogprobs, reason *string) error {
-			if text == "" && tc == nil && lp == nil && reason == nil && !first {
+		calls, think := &callStream{plan: &j.tools}, j.newThinkStream()
+		// delta sends a chat chunk of reasoning, content and calls.
+		delta := func(reasoning, text string, tc []toolCallOut, lp *chatLogprobs, reason *string) error {
+			if reasoning == "" && text == "" && tc == nil && lp == nil && reason == nil && !first {
 				return nil
 			}
 			d := chatDelta{ToolCalls: tc}
-			if text != "" || tc == nil && (first || reason == nil) {
+			if reasoning != "" {
+				d.ReasoningContent = &reasoning
+			}
+			if text != "" || reasoning == "" && tc == nil && (first || reason == nil) {
 				d.Content = &text
 			}
 			if first {
@@ -444,8 +453,9 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				if j.base.Logprobs {
 					lp = &chatLogprobs{Content: []chatLogprob{s.chatLogprob(ev.tok, j.base.TopLogprobs)}}
 				}
-				text, tc := calls.push(ev.text)
-				return delta(text, tc, lp, nil)
+				reasoning, content := think.push(ev.text)
+				text, tc := calls.push(content)
+				return delta(reasoning, text, tc, lp, nil)
 			}
 			var lp *completionLogprobs
 			if j.base.Logprobs {
@@ -467,9 +477,11 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 		}
 		reason := openAIReason(cr.res.finish.Reason)
 		if chat {
-			text, tc, called := calls.end(cr.res.tail)
+			r1, c1 := think.push(cr.res.tail)
+			r2, c2 := think.end()
+			text, tc, called := calls.end(c1 + c2)
 			reason = j.reason(cr.res.finish.Reason, called)
-			return delta(text, tc, nil, &reason)
+			return delta(r1+r2, text, tc, nil, &reason)
 		}
 		return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
 			Choices: []completionChoice{{Text: cr.res.tail, Index: i, FinishReason: &reason}}})

@@ -249,6 +249,7 @@ type job struct {
 	stream       bool
 	includeUsage bool
 	tools        toolPlan // chat: the tools and how the choices' calls are read
+	inThink      bool     // chat: the prompt ends inside <think> (ModelInfo.Reasoning)
 }
 
 // choices is the number of generations the job runs.
@@ -537,6 +538,7 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		return nil, invalidParam("messages", "cannot apply the chat template: %v", rerr)
 	}
 	j.prompts = [][]int32{v.tok.Encode(text)}
+	j.inThink = strings.HasSuffix(strings.TrimRight(text, spaces), thinkOpen)
 	maxTokens, param := r.MaxTokens, "max_tokens"
 	if r.MaxCompletionTokens != nil {
 		if *r.MaxCompletionTokens < 1 {

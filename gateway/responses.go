@@ -301,8 +301,8 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	defer cancel()
-	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1}
-	rs.calls.plan = &j.tools
+	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1}
+	rs.calls.plan, rs.think = &j.tools, j.newThinkStream()
 	if j.stream {
 		rs.out = &sse{w: w}
 	}
@@ -346,6 +346,9 @@ type responseRun struct {
 	seq     int
 
 	calls   callStream
+	think   *thinkStream
+	reason  strings.Builder // the reasoning's text
+	rsn     int             // the reasoning's output index, -1 until it has text
 	text    strings.Builder // the message's text
 	lps     []chatLogprob
 	msg     int // the message's output index, -1 until it has text
@@ -371,6 +374,25 @@ type responsePart struct {
 // textPart is a message's output_text part.
 func textPart(text string, lps []chatLogprob) responsePart {
 	return responsePart{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: nonNil(lps)}
+}
+
+type responseReasoning struct {
+	Type    string          `json:"type"`
+	ID      string          `json:"id"`
+	Status  string          `json:"status"`
+	Summary []any           `json:"summary"`
+	Content []reasoningPart `json:"content"`
+}
+
+type reasoningPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// reasoningItem is the reasoning as an output item.
+func reasoningItem(id, status, text string) responseReasoning {
+	return responseReasoning{Type: "reasoning", ID: id, Status: status, Summary: []any{},
+		Content: []reasoningPart{{Type: "reasoning_text", Text: text}}}
 }
 
 type responseCall struct {
@@ -406,8 +428,9 @@ func (rs *responseRun) token(ev *tokenEvent) error {
 		rs.text.WriteString(ev.text)
 		return nil
 	}
-	text, tc := rs.calls.push(ev.text)
-	return rs.send(text, tc, lp)
+	reasoning, content := rs.think.push(ev.text)
+	text, tc := rs.calls.push(content)
+	return rs.send(reasoning, text, tc, lp)
 }
 
 // start opens a stream with the response's first events, once.
@@ -421,8 +444,23 @@ func (rs *responseRun) start() error {
 	return rs.event("response.in_progress", map[string]any{"response": rs.object("in_progress", nil, nil)})
 }
 
-// send streams content and call deltas.
-func (rs *responseRun) send(text string, tc []toolCallOut, lp *chatLogprob) error {
+// send streams reasoning, content and call deltas.
+func (rs *responseRun) send(reasoning, text string, tc []toolCallOut, lp *chatLogprob) error {
+	if reasoning != "" {
+		if rs.rsn < 0 {
+			rs.rsn = len(rs.items)
+			it := responseReasoning{Type: "reasoning", ID: newID("rs_"), Status: "in_progress", Summary: []any{}, Content: []reasoningPart{}}
+			rs.items = append(rs.items, it)
+			if err := rs.event("response.output_item.added", map[string]any{"output_index": rs.rsn, "item": it}); err != nil {
+				return err
+			}
+		}
+		rs.reason.WriteString(reasoning)
+		if err := rs.event("response.reasoning_text.delta", map[string]any{"item_id": rs.items[rs.rsn].(responseReasoning).ID,
+			"output_index": rs.rsn, "content_index": 0, "delta": reasoning}); err != nil {
+			return err
+		}
+	}
 	if text != "" {
 		if rs.msg < 0 {
 			rs.msg = len(rs.items)
@@ -477,7 +515,11 @@ func (rs *responseRun) send(text string, tc []toolCallOut, lp *chatLogprob) erro
 func (rs *responseRun) finish(res genResult) {
 	if rs.out == nil {
 		rs.text.WriteString(res.tail)
-		content, calls := rs.j.tools.calls(rs.text.String())
+		reasoning, content := rs.j.split(rs.text.String())
+		if reasoning != "" {
+			rs.items = append(rs.items, reasoningItem(newID("rs_"), "completed", reasoning))
+		}
+		content, calls := rs.j.tools.calls(content)
 		if content != "" || len(calls) == 0 {
 			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: "completed", Role: "assistant",
 				Content: []responsePart{textPart(content, rs.lps)}})
@@ -492,8 +534,10 @@ func (rs *responseRun) finish(res genResult) {
 	if rs.start() != nil {
 		return
 	}
-	text, tc, _ := rs.calls.end(res.tail)
-	if err := rs.send(text, tc, nil); err != nil {
+	r1, c1 := rs.think.push(res.tail)
+	r2, c2 := rs.think.end()
+	text, tc, _ := rs.calls.end(c1 + c2)
+	if err := rs.send(r1+r2, text, tc, nil); err != nil {
 		return
 	}
 	status, details := rs.status(res)
@@ -505,6 +549,13 @@ func (rs *responseRun) finish(res genResult) {
 			rs.items[i] = it
 			if rs.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": part.Text, "logprobs": part.Logprobs}) != nil ||
 				rs.event("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": part}) != nil ||
+				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {
+				return
+			}
+		case responseReasoning:
+			it = reasoningItem(it.ID, "completed", rs.reason.String())
+			rs.items[i] = it
+			if rs.event("response.reasoning_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": rs.reason.String()}) != nil ||
 				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {
 				return
 			}

@@ -482,7 +482,7 @@ func (s *callStream) scan(last bool) (string, []ToolCall) {
 	keep := 0
 	if !last {
 		// What may open a block waits, and the spaces before it.
-		keep = openingSuffix(h)
+		keep = suffixOf(h, callOpen)
 		body := h[:len(h)-keep]
 		keep += len(body) - len(strings.TrimRight(body, spaces))
 	}
@@ -500,17 +500,6 @@ func (s *callStream) deltas(calls []ToolCall) []toolCallOut {
 		s.calls++
 	}
 	return out
-}
-
-// openingSuffix is the length of the longest suffix of h that begins
-// callOpen.
-func openingSuffix(h string) int {
-	for k := min(len(callOpen)-1, len(h)); k > 0; k-- {
-		if strings.HasSuffix(h, callOpen[:k]) {
-			return k
-		}
-	}
-	return 0
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -338,17 +338,18 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	}
 	defer n.Close()
 	var tmpl gateway.ChatTemplate
+	thinks := false
 	if n.bundle.TokenizerConfig != nil {
 		cc, err := chat.ParseConfig(n.bundle.TokenizerConfig)
 		if err != nil {
 			return fmt.Errorf("serve: tokenizer_config.json: %w", err)
 		}
 		if cc.HasTemplate() {
-			tmpl = chatTemplate{cc}
+			tmpl, thinks = chatTemplate{cc}, cc.Thinks()
 		}
 	}
 	gcfg := gateway.DefaultConfig()
-	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, Created: start.Unix(), OwnedBy: "troupe"}}
+	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
 	gcfg.APIKeys = cfg.APIKeys
 	gw, err := gateway.New(gcfg, n.backend, n.tok, tmpl)
 	if err != nil {

@@ -118,6 +118,9 @@ func TestToolTemplates(t *testing.T) {
 
 func TestTemplates(t *testing.T) {
 	cases := loadCases(t)
+	if !configFor(t, "qwen3.jinja", nil).Thinks() || configFor(t, "llama3.jinja", nil).Thinks() {
+		t.Error("Qwen 3's template thinks and Llama 3's does not")
+	}
 	llama := configFor(t, "llama3.jinja", map[string]any{
 		"bos_token": map[string]any{"content": "<|begin_of_text|>", "lstrip": false},
 		"eos_token": "<|eot_id|>",

@@ -198,6 +198,11 @@ func (c *Config) parseTemplates(raw json.RawMessage) error {
 // HasTemplate reports whether the model ships a default chat template.
 func (c *Config) HasTemplate() bool { return c.compiled != nil }
 
+// Thinks reports whether the default template writes reasoning between
+// <think> and </think> (Qwen 3's, DeepSeek-R1's): the model answers after
+// its reasoning.
+func (c *Config) Thinks() bool { return strings.Contains(c.Template, "</think>") }
+
 // Options shape a rendering: the tools the model may call (none: nil),
 // whether the result ends with the opening of an assistant turn, ready for
 // generation, and further variables the template reads (a request's

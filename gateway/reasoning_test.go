@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+)
+
+// TestThinkSplit: a thinking model's text parts into reasoning and
+// content, where the answer opens <think> itself or the prompt did.
+func TestThinkSplit(t *testing.T) {
+	for _, c := range []struct {
+		text               string
+		inThink            bool
+		reasoning, content string
+	}{
+		{"<think>\nI add.\n</think>\n\nFour.", false, "I add.", "Four."},
+		{"I add.\n</think>\n\nFour.", true, "I add.", "Four."},
+		{"\n<think>\n\n</think>\n\nFour.", false, "", "Four."},
+		{"Four.", false, "", "Four."},
+		{"Four. </think> x", false, "", "Four. </think> x"},
+		{"<think>cut sh", false, "cut sh", ""},
+		{"  <thi", false, "", "  <thi"},
+		{"", true, "", ""},
+	} {
+		j := &job{model: ModelInfo{Reasoning: true}, inThink: c.inThink}
+		r, ct := j.split(c.text)
+		if r != c.reasoning || ct != c.content {
+			t.Errorf("%q (in think %v): %q, %q; want %q, %q", c.text, c.inThink, r, ct, c.reasoning, c.content)
+		}
+		if r, ct := (&job{}).split(c.text); r != "" || ct != c.text {
+			t.Errorf("%q, a model that does not think: %q, %q", c.text, r, ct)
+		}
+	}
+}
+
+// FuzzThinkSplit: the text whole and in pieces parts alike.
+func FuzzThinkSplit(f *testing.F) {
+	f.Add("<think>\na b\n</think>\n\nc", uint8(3), false)
+	f.Add("x </thi nk> </think>  y", uint8(1), true)
+	f.Fuzz(func(t *testing.T, text string, piece uint8, inThink bool) {
+		j := &job{model: ModelInfo{Reasoning: true}, inThink: inThink}
+		wr, wc := j.split(text)
+		s := j.newThinkStream()
+		var r, c strings.Builder
+		n := int(piece%16) + 1
+		for i := 0; i < len(text); i += n {
+			a, b := s.push(text[i:min(i+n, len(text))])
+			r.WriteString(a)
+			c.WriteString(b)
+		}
+		a, b := s.end()
+		r.WriteString(a)
+		c.WriteString(b)
+		if r.String() != wr || c.String() != wc {
+			t.Fatalf("%q in pieces of %d: %q, %q; whole %q, %q", text, n, r.String(), c.String(), wr, wc)
+		}
+	})
+}
+
+// TestReasoningContent: a thinking model's chat answers carry the
+// reasoning as reasoning_content, whole and streamed, with the calls read
+// from the content alone; a response carries it as a reasoning item.
+func TestReasoningContent(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].Reasoning = true
+	reply := "<think>\nCall it.\n</think>\n\nSure. <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"
+	env := newEnv(t, cfg, &echoBackend{reply: reply})
+	body := `{"model":"echo-1","messages":[{"role":"user","content":"t?"}],"tools":[` + timeTool + `]`
+	status, _, raw := post(t, env, "/v1/chat/completions", body+`}`, nil)
+	if status != 200 {
+		t.Fatalf("%d %s", status, raw)
+	}
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content          *string       `json:"content"`
+				ReasoningContent *string       `json:"reasoning_content"`
+				ToolCalls        []toolCallOut `json:"tool_calls"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	m := out.Choices[0].Message
+	if m.ReasoningContent == nil || *m.ReasoningContent != "Call it." || m.Content == nil || *m.Content != "Sure." || out.Choices[0].FinishReason != "tool_calls" {
+		t.Errorf("message %s", raw)
+	}
+	sameCalls(t, "whole", m.ToolCalls, [2]string{"get_time", "{}"})
+
+	status, _, raw = post(t, env, "/v1/chat/completions", body+`,"stream":true}`, nil)
+	if status != 200 {
+		t.Fatalf("%d %s", status, raw)
+	}
+	var reasoning, content strings.Builder
+	for _, line := range strings.Split(string(raw), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta chatDelta `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range ch.Choices {
+			if c.Delta.ReasoningContent != nil {
+				reasoning.WriteString(*c.Delta.ReasoningContent)
+			}
+			if c.Delta.Content != nil {
+				content.WriteString(*c.Delta.Content)
+			}
+		}
+	}
+	if reasoning.String() != "Call it." || content.String() != "Sure." {
+		t.Errorf("streamed reasoning %q, content %q", reasoning.String(), content.String())
+	}
+
+	c := sdkClient(env, "unused")
+	resp, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("t?")},
+		Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("get_time", map[string]any{"type": "object"}, false)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, it := range resp.Output {
+		types = append(types, it.Type)
+	}
+	if strings.Join(types, ",") != "reasoning,message,function_call" || resp.Output[0].AsReasoning().Content[0].Text != "Call it." || resp.OutputText() != "Sure." {
+		t.Errorf("response %s", resp.RawJSON())
+	}
+	stream := c.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("t?")}})
+	var streamed strings.Builder
+	for stream.Next() {
+		if ev := stream.Current(); ev.Type == "response.reasoning_text.delta" {
+			streamed.WriteString(ev.Delta)
+		}
+	}
+	if err := stream.Err(); err != nil || streamed.String() != "Call it." {
+		t.Errorf("streamed reasoning %q: %v", streamed.String(), err)
+	}
+}
