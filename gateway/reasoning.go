@@ -26,11 +26,11 @@ type thinkStream struct {
 // The states of a thinkStream: the spaces that open the reasoning and the
 // content are neither's.
 const (
-	thinkBlank       int8 = iota // nothing but spaces yet
-	reasoningStarts              // in the reasoning, before its first other byte
-	inReasoning                  // in the reasoning
-	contentStarts                // after </think>, before the content's first other byte
-	inContent                    // in the content
+	thinkBlank      int8 = iota // nothing but spaces yet
+	reasoningStarts             // in the reasoning, before its first other byte
+	inReasoning                 // in the reasoning
+	contentStarts               // after </think>, before the content's first other byte
+	inContent                   // in the content
 )
 
 // newThinkStream is the splitter of a job's choices: nil where the model
