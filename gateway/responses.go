@@ -513,21 +513,22 @@ func (rs *responseRun) send(reasoning, text string, tc []toolCallOut, lp *chatLo
 // finish answers the whole response, or closes the stream's items and
 // sends the response's last event.
 func (rs *responseRun) finish(res genResult) {
+	// A cut response's text items are incomplete; its calls parsed whole.
+	status, details := rs.status(res)
 	if rs.out == nil {
 		rs.text.WriteString(res.tail)
 		reasoning, content := rs.j.split(rs.text.String())
 		if reasoning != "" {
-			rs.items = append(rs.items, reasoningItem(newID("rs_"), "completed", reasoning))
+			rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
 		}
 		content, calls := rs.j.tools.calls(content)
 		if content != "" || len(calls) == 0 {
-			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: "completed", Role: "assistant",
+			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: status, Role: "assistant",
 				Content: []responsePart{textPart(content, rs.lps)}})
 		}
 		for _, c := range calls {
 			rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
 		}
-		status, details := rs.status(res)
 		writeJSON(rs.w, http.StatusOK, rs.object(status, details, &res))
 		return
 	}
@@ -540,12 +541,11 @@ func (rs *responseRun) finish(res genResult) {
 	if err := rs.send(r1+r2, text, tc, nil); err != nil {
 		return
 	}
-	status, details := rs.status(res)
 	for i, it := range rs.items {
 		switch it := it.(type) {
 		case responseMessage:
 			part := textPart(rs.text.String(), rs.lps)
-			it.Status, it.Content = "completed", []responsePart{part}
+			it.Status, it.Content = status, []responsePart{part}
 			rs.items[i] = it
 			if rs.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": part.Text, "logprobs": part.Logprobs}) != nil ||
 				rs.event("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": part}) != nil ||
@@ -553,7 +553,7 @@ func (rs *responseRun) finish(res genResult) {
 				return
 			}
 		case responseReasoning:
-			it = reasoningItem(it.ID, "completed", rs.reason.String())
+			it = reasoningItem(it.ID, status, rs.reason.String())
 			rs.items[i] = it
 			if rs.event("response.reasoning_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": rs.reason.String()}) != nil ||
 				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {

@@ -72,7 +72,7 @@ func TestSDKResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Status != "incomplete" || resp.IncompleteDetails.Reason != "max_output_tokens" || resp.OutputText() != want[:4] {
+	if resp.Status != "incomplete" || resp.IncompleteDetails.Reason != "max_output_tokens" || resp.OutputText() != want[:4] || resp.Output[0].Status != "incomplete" {
 		t.Errorf("cut: %s (%s), %q", resp.Status, resp.IncompleteDetails.Reason, resp.OutputText())
 	}
 }
