@@ -89,6 +89,9 @@ type GenerateRequest struct {
 	Stop              []string // at most 4, none empty; the gateway applies them too
 	Logprobs          bool     // report the sampled token's log-probability
 	TopLogprobs       int      // how many alternatives to report per token (0..20)
+	// PromptLogprobs asks for the log-probability of each prompt token
+	// after the first, with TopLogprobs alternatives, on the first Token.
+	PromptLogprobs bool
 	IgnoreEOS         bool
 	// JSON asks for JSON mode (response_format {"type": "json_object"}):
 	// the completion is one JSON object, and ends when it closes. Schema,
@@ -107,11 +110,23 @@ type Token struct {
 	Text        string // the text this token adds to the completion (incremental detokenization)
 	Logprob     float32
 	TopLogprobs []TokenLogprob
-	TraceID     string // the request's trace, for the demo page and debugging
+	// Prompt, on the first token of a generation that asked
+	// (GenerateRequest.PromptLogprobs), holds the prompt's tokens after
+	// the first, in order, each with its log-probability and alternatives.
+	Prompt  []PromptLogprob
+	TraceID string // the request's trace, for the demo page and debugging
 	// QueuedAt is when the request entered the backend's queue, StartedAt when its
 	// prefill started and EmittedAt when this token was sampled. Zero values are
 	// filled in by the gateway with the time it learns of them.
 	QueuedAt, StartedAt, EmittedAt time.Time
+}
+
+// PromptLogprob is a prompt token's log-probability given the tokens
+// before it, and the most likely tokens there.
+type PromptLogprob struct {
+	ID      int32
+	Logprob float32
+	Top     []TokenLogprob
 }
 
 // TokenLogprob is one alternative token and its log-probability. Text may be empty;

@@ -194,6 +194,13 @@ func (b *echoBackend) Generate(ctx context.Context, req GenerateRequest, emit fu
 		tok := Token{ID: id, Text: string(rune(byte(id))), Logprob: -0.5, TraceID: "trace-" + req.RequestID,
 			TopLogprobs: []TokenLogprob{{ID: id, Logprob: -0.5}, {ID: 'z', Text: "z", Logprob: -1.5}},
 			QueuedAt:    queued, StartedAt: begun}
+		if i == 0 && req.PromptLogprobs {
+			// Prompt token k's log-probability is -k.
+			for k, pid := range req.Prompt[1:] {
+				tok.Prompt = append(tok.Prompt, PromptLogprob{ID: pid, Logprob: -float32(k + 1),
+					Top: []TokenLogprob{{ID: pid, Logprob: -float32(k + 1)}, {ID: 'z', Text: "z", Logprob: -9}}})
+			}
+		}
 		if id >= 128 {
 			tok.Text = "?"
 		}

@@ -104,7 +104,6 @@ func TestBadRequests(t *testing.T) {
 		{"empty stop", "/v1/completions", `{"model":"echo-1","prompt":"x","stop":["a",""]}`, 400, "stop", "invalid_value", []string{"empty"}},
 		{"stop wrong type", "/v1/completions", `{"model":"echo-1","prompt":"x","stop":5}`, 400, "stop", "invalid_value", nil},
 		{"logprobs too many", "/v1/completions", `{"model":"echo-1","prompt":"x","logprobs":6}`, 400, "logprobs", "invalid_value", []string{"0 to 5"}},
-		{"echo", "/v1/completions", `{"model":"echo-1","prompt":"x","echo":true}`, 400, "echo", "unsupported_parameter", nil},
 		{"stream_options without stream", "/v1/completions", `{"model":"echo-1","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "invalid_value", nil},
 		{"frequency penalty", "/v1/completions", `{"model":"echo-1","prompt":"x","frequency_penalty":2.5}`, 400, "frequency_penalty", "invalid_value", []string{"-2 to 2"}},
 		{"logit bias key", "/v1/completions", `{"model":"echo-1","prompt":"x","logit_bias":{"a5":1}}`, 400, "logit_bias", "invalid_value", []string{"not a token id"}},

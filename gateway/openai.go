@@ -85,7 +85,7 @@ type chatChunk struct {
 
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"` // the prompt's first is null (echo)
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -196,11 +196,27 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
 		var err error
+		echoed := j.echo == nil
 		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+			if !echoed {
+				text, lp := s.echo(j, i, ev.tok.Prompt)
+				cr.text.WriteString(text)
+				if lp != nil {
+					cr.compLP = *lp
+				}
+				echoed = true
+			}
 			cr.addLogprobs(s, j, chat, ev)
 			cr.text.WriteString(ev.text)
 			return nil
 		})
+		if !echoed {
+			text, lp := s.echo(j, i, nil)
+			cr.text.WriteString(text)
+			if lp != nil {
+				cr.compLP = *lp
+			}
+		}
 		cr.text.WriteString(cr.res.tail)
 		return err
 	})
@@ -332,16 +348,48 @@ func (s *Server) chatLogprob(t Token, top int) chatLogprob {
 func (s *Server) appendCompletionLogprob(lp *completionLogprobs, t Token, offset, top int) {
 	text := validUTF8(s.tokenText(t.ID, t.Text))
 	lp.Tokens = append(lp.Tokens, text)
-	lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
+	lp.TokenLogprobs = append(lp.TokenLogprobs, &t.Logprob)
 	lp.TextOffset = append(lp.TextOffset, offset)
+	lp.TopLogprobs = append(lp.TopLogprobs, s.topMap(t.TopLogprobs, top))
+}
+
+// topMap is a completion's top_logprobs entry: the first top alternatives
+// by their text.
+func (s *Server) topMap(alts []TokenLogprob, top int) map[string]float32 {
 	m := make(map[string]float32, top)
-	for i, a := range t.TopLogprobs {
+	for i, a := range alts {
 		if i >= top {
 			break
 		}
 		m[validUTF8(s.tokenText(a.ID, a.Text))] = a.Logprob
 	}
-	lp.TopLogprobs = append(lp.TopLogprobs, m)
+	return m
+}
+
+// echo is what a completion choice that echoes its prompt begins with:
+// the prompt's text and, with logprobs, its tokens (the first's
+// log-probability null) from offset 0.
+func (s *Server) echo(j *job, i int, plp []PromptLogprob) (string, *completionLogprobs) {
+	text := j.echoed(i)
+	if !j.base.Logprobs {
+		return text, nil
+	}
+	lp := &completionLogprobs{}
+	off := 0
+	for k, id := range j.prompts[i/j.n] {
+		t := validUTF8(s.tokenText(id, ""))
+		lp.Tokens = append(lp.Tokens, t)
+		lp.TextOffset = append(lp.TextOffset, off)
+		off += len(t)
+		if k == 0 || k-1 >= len(plp) {
+			lp.TokenLogprobs, lp.TopLogprobs = append(lp.TokenLogprobs, nil), append(lp.TopLogprobs, nil)
+			continue
+		}
+		p := plp[k-1]
+		lp.TokenLogprobs = append(lp.TokenLogprobs, &p.Logprob)
+		lp.TopLogprobs = append(lp.TopLogprobs, s.topMap(p.Top, j.base.TopLogprobs))
+	}
+	return text, lp
 }
 
 func validUTF8(s string) string {
@@ -458,16 +506,27 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				return delta(reasoning, text, tc, lp, nil)
 			}
 			var lp *completionLogprobs
+			text := ev.text
+			if first && j.echo != nil {
+				// The prompt goes out with the first token.
+				var pt string
+				pt, lp = s.echo(j, i, ev.tok.Prompt)
+				cr.text.WriteString(pt)
+				text = pt + text
+			}
+			first = false
 			if j.base.Logprobs {
-				lp = &completionLogprobs{}
+				if lp == nil {
+					lp = &completionLogprobs{}
+				}
 				s.appendCompletionLogprob(lp, ev.tok, cr.text.Len(), j.base.TopLogprobs)
 			}
 			cr.text.WriteString(ev.text)
-			if ev.text == "" && lp == nil {
+			if text == "" && lp == nil {
 				return nil
 			}
 			return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
-				Choices: []completionChoice{{Text: ev.text, Index: i, Logprobs: lp}}})
+				Choices: []completionChoice{{Text: text, Index: i, Logprobs: lp}}})
 		})
 		if err != nil {
 			return err
@@ -483,8 +542,12 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 			reason = j.reason(cr.res.finish.Reason, called)
 			return delta(r1+r2, text, tc, nil, &reason)
 		}
-		return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
-			Choices: []completionChoice{{Text: cr.res.tail, Index: i, FinishReason: &reason}}})
+		c := completionChoice{Text: cr.res.tail, Index: i, FinishReason: &reason}
+		if first && j.echo != nil { // no token came: the prompt goes out last
+			pt, lp := s.echo(j, i, nil)
+			c.Text, c.Logprobs = pt+c.Text, lp
+		}
+		return out.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Choices: []completionChoice{c}})
 	})
 	if err != nil {
 		ae := s.backendError(err)

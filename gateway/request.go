@@ -250,6 +250,15 @@ type job struct {
 	includeUsage bool
 	tools        toolPlan // chat: the tools and how the choices' calls are read
 	inThink      bool     // chat: the prompt ends inside <think> (ModelInfo.Reasoning)
+	echo         []string // completions with echo: each prompt's text, which its choices begin with
+}
+
+// echoed is the text choice i begins with: its prompt's where echo asks.
+func (j *job) echoed(i int) string {
+	if j.echo == nil {
+		return ""
+	}
+	return j.echo[i/j.n]
 }
 
 // choices is the number of generations the job runs.
@@ -672,9 +681,7 @@ func (v *validator) completion(r *completionRequest, tenant string) (*job, *apiE
 		j.base.Logprobs = true
 		j.base.TopLogprobs = *r.Logprobs
 	}
-	if r.Echo {
-		return nil, badRequest("echo", "unsupported_parameter", "echo is not supported")
-	}
+
 	if r.Suffix != nil && *r.Suffix != "" {
 		return nil, badRequest("suffix", "unsupported_parameter", "suffix is not supported")
 	}
@@ -694,6 +701,14 @@ func (v *validator) completion(r *completionRequest, tenant string) (*job, *apiE
 	j.prompts = append(j.prompts, r.Prompt.ids...)
 	if err := v.budget(j, r.MaxTokens, "max_tokens", "prompt"); err != nil {
 		return nil, err
+	}
+	if r.Echo {
+		// The prompts come back before their completions, with their
+		// tokens' log-probabilities where logprobs asks.
+		for _, p := range j.prompts {
+			j.echo = append(j.echo, v.tok.Decode(p, false))
+		}
+		j.base.PromptLogprobs = j.base.Logprobs
 	}
 	if err := v.fits(j); err != nil {
 		return nil, err

@@ -113,6 +113,10 @@ type Frame struct {
 	Logprob float32
 	TopIDs  []int32
 	TopLPs  []float32
+	// Prompt, on a request's first frame where its Params ask
+	// (PromptLogprobs), holds the log-probabilities of its prompt's
+	// tokens after the first, in order.
+	Prompt []TokenLogprob
 	// Final frames end the request: Reason is "stop", "length",
 	// "cancelled" or "error" (with Err).
 	Final                          bool
@@ -120,6 +124,15 @@ type Frame struct {
 	PromptTokens, CompletionTokens int
 	Queued, SinceStart, SinceLast  time.Duration
 	TraceID                        string
+}
+
+// TokenLogprob is a token's log-probability and the most likely tokens'
+// where it stood.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+	TopIDs  []int32
+	TopLPs  []float32
 }
 
 // Stats is a snapshot of the scheduler.
@@ -144,21 +157,22 @@ type Scheduler struct {
 	wake    chan struct{}
 
 	// Owned by Run.
-	waiting  []*seq
-	running  []*seq
-	byID     map[string]*seq
-	admitted uint64
-	batch    models.Batch
-	logits   []float32
-	ids      []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
-	rows     []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
-	read     []float32       // the logits rows of such a step's sequences that report log-probabilities (ChooseEngine)
-	rowSteps []generate.Step // and their steps, with the log-probabilities (generate.State.RowStep)
-	next     []gpu.SampleRow // the draws of the step after it, when it Continues
-	in       []*seq          // the step's sequences, in table order
-	chunks   []int           // tokens of each
-	sampled  []*seq          // the step's sequences that get a token
-	span     stepSpan
+	waiting    []*seq
+	running    []*seq
+	byID       map[string]*seq
+	admitted   uint64
+	batch      models.Batch
+	logits     []float32
+	ids        []int32         // the chosen tokens of a greedy or drawn step (ArgmaxEngine, SampleEngine)
+	rows       []gpu.SampleRow // the draws of a step drawn on the engine (SampleEngine)
+	read       []float32       // the logits rows of such a step's sequences that report log-probabilities (ChooseEngine)
+	rowSteps   []generate.Step // and their steps, with the log-probabilities (generate.State.RowStep)
+	next       []gpu.SampleRow // the draws of the step after it, when it Continues
+	in         []*seq          // the step's sequences, in table order
+	chunks     []int           // tokens of each
+	sampled    []*seq          // the step's sequences that get a token
+	promptRows []promptRow     // the prompt rows a step reads (Params.PromptLogprobs)
+	span       stepSpan
 }
 
 type op struct {
@@ -179,6 +193,21 @@ type seq struct {
 	started  time.Time
 	last     time.Time
 	span     requestSpan
+	// prompt log-probabilities (Params.PromptLogprobs): those of prompt
+	// tokens 1 .. len(plp), taken from the rows of positions 0 ..
+	// len(plp)-1 as the prompt is computed.
+	plp []TokenLogprob
+}
+
+// maxPromptRows bounds the prompt rows a step reads: a row is the
+// vocabulary's logits, 400 KB at OLMo 2's.
+const maxPromptRows = 256
+
+// promptRow is a logits row a step reads for a prompt's log-probabilities:
+// that of position pos of q.
+type promptRow struct {
+	q   *seq
+	pos int
 }
 
 // New returns a scheduler; call Run to start it.
@@ -325,7 +354,13 @@ func (s *Scheduler) admit() {
 				return
 			}
 		}
-		cached, err := s.kv.Start(q.req.ID, q.req.Tenant, q.tokens)
+		tenant := q.req.Tenant
+		if q.req.Params.PromptLogprobs {
+			// The prompt's rows are computed, not taken from another's
+			// cache: a tenant of its own shares no blocks.
+			tenant += "\x00" + q.req.ID
+		}
+		cached, err := s.kv.Start(q.req.ID, tenant, q.tokens)
 		if errors.Is(err, ErrNoBlocks) && len(s.running) > 0 {
 			return // wait for running sequences to free blocks
 		}
@@ -362,17 +397,19 @@ func (s *Scheduler) finishWaiting(q *seq, err error) {
 // step runs one forward pass over the running sequences.
 func (s *Scheduler) step(ctx context.Context) error {
 	b := &s.batch
-	in, chunks, sampled := s.in, s.chunks, s.sampled
+	in, chunks, sampled, prompt := s.in, s.chunks, s.sampled, s.promptRows
 	// The slices grow in place; keep them for the next step.
 	defer func() {
 		clear(in)
 		clear(sampled)
-		s.in, s.chunks, s.sampled = in[:0], chunks[:0], sampled[:0]
+		clear(prompt)
+		s.in, s.chunks, s.sampled, s.promptRows = in[:0], chunks[:0], sampled[:0], prompt[:0]
 	}()
+	var promptAt []int32 // the tokens whose rows prompt names
 plan:
 	for {
 		b.Tokens, b.Pos, b.Seq, b.Tables, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Tables[:0], b.Logits[:0]
-		in, chunks, sampled = in[:0], chunks[:0], sampled[:0]
+		in, chunks, sampled, prompt, promptAt = in[:0], chunks[:0], sampled[:0], prompt[:0], promptAt[:0]
 		budget := s.cfg.MaxBatchTokens
 		// Decoding sequences first (one token each), then prefill chunks.
 		for _, decoding := range []bool{true, false} {
@@ -382,6 +419,13 @@ plan:
 					continue
 				}
 				n := min(pendingTok, budget)
+				if q.req.Params.PromptLogprobs && q.done < q.prompt-1 {
+					// Each position is a row back: a step reads at most
+					// maxPromptRows of them.
+					if n = min(n, maxPromptRows-len(prompt)); n <= 0 {
+						continue
+					}
+				}
 				if err := s.grow(q, q.done+n); errors.Is(err, errPreempted) {
 					continue plan // the running set changed
 				} else if err != nil {
@@ -397,6 +441,9 @@ plan:
 				si := int32(len(b.Tables))
 				b.Tables = append(b.Tables, s.kv.Table(q.req.ID))
 				for j := 0; j < n; j++ {
+					if p := q.done + j; q.req.Params.PromptLogprobs && p >= len(q.plp) && p < q.prompt-1 {
+						prompt, promptAt = append(prompt, promptRow{q, p}), append(promptAt, int32(len(b.Tokens)))
+					}
 					b.Tokens = append(b.Tokens, q.tokens[q.done+j])
 					b.Pos = append(b.Pos, int32(q.done+j))
 					b.Seq = append(b.Seq, si)
@@ -414,6 +461,8 @@ plan:
 	if len(in) == 0 {
 		return nil
 	}
+	// The prompts' rows follow the sampled sequences' (row i is sampled[i]'s).
+	b.Logits = append(b.Logits, promptAt...)
 	// The engine chooses (greedy) or draws the tokens when every sampled
 	// sequence allows it, returning the rows of those that report
 	// log-probabilities. The same sequences decode next unless one
@@ -437,8 +486,11 @@ plan:
 			b.Continues = false
 		}
 	}
-	greedy = greedy && len(sampled) > 0 && (reads || len(b.Read) == 0)
-	drawn = drawn && !greedy && len(sampled) > 0 && (reads || len(b.Read) == 0)
+	// A step that reads prompts' rows takes every row back, the sampled
+	// sequences drawing from theirs on the host.
+	greedy = greedy && len(sampled) > 0 && (reads || len(b.Read) == 0) && len(prompt) == 0
+	drawn = drawn && !greedy && len(sampled) > 0 && (reads || len(b.Read) == 0) && len(prompt) == 0
+	b.Continues = b.Continues && len(prompt) == 0
 	if !greedy && !drawn {
 		b.Read = b.Read[:0]
 	}
@@ -489,6 +541,12 @@ plan:
 	s.stats.Steps++
 	s.stats.Tokens += uint64(len(sampled))
 	s.mu.Unlock()
+	for k, pr := range prompt {
+		q := pr.q
+		row := s.logits[(len(sampled)+k)*V : (len(sampled)+k+1)*V]
+		lp, ids, lps := gpu.LogProbs(row, int(q.tokens[pr.pos+1]), q.req.Params.TopLogprobs)
+		q.plp = append(q.plp, TokenLogprob{ID: q.tokens[pr.pos+1], Logprob: lp, TopIDs: ids, TopLPs: lps})
+	}
 	// Every sequence in the step advanced by its chunk.
 	for i, q := range in {
 		q.done += chunks[i]
@@ -579,6 +637,9 @@ func (s *Scheduler) emit(q *seq, st generate.Step, span *stepSpan, sampleStart t
 		Seq: q.emitted, ID: st.ID, Text: st.Text, Logprob: st.Logprob, TopIDs: st.TopIDs, TopLPs: st.TopLPs,
 		Queued: q.started.Sub(q.arrived), SinceStart: now.Sub(q.started), SinceLast: now.Sub(q.last),
 		TraceID: q.span.traceID(),
+	}
+	if q.emitted == 1 && q.req.Params.PromptLogprobs {
+		f.Prompt = q.plp
 	}
 	q.last = now
 	if st.Reason != "" {

@@ -235,6 +235,7 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 		Params: sample.Params{Temperature: m.Temperature, TopP: m.TopP, TopK: m.TopK, MinP: m.MinP, RepetitionPenalty: m.RepetitionPenalty,
 			PresencePenalty: m.PresencePenalty, FrequencyPenalty: m.FrequencyPenalty, LogitBias: m.LogitBias},
 		MaxTokens: m.MaxTokens, Stop: m.Stop, IgnoreEOS: m.IgnoreEOS, Logprobs: m.Logprobs, TopLogprobs: m.TopLogprobs,
+		PromptLogprobs: m.PromptLogprobs,
 	}
 	if m.HasSeed {
 		seed := m.Seed
@@ -275,11 +276,15 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 
 // frameMsg is the message form of f.
 func frameMsg(f Frame) FrameMsg {
-	return FrameMsg{
+	m := FrameMsg{
 		Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
 		Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
 		QueuedUS: f.Queued.Microseconds(), SinceStartUS: f.SinceStart.Microseconds(), SinceLastUS: f.SinceLast.Microseconds(), TraceID: f.TraceID,
 	}
+	for _, p := range f.Prompt {
+		m.Prompt = append(m.Prompt, PromptLogprobMsg(p))
+	}
+	return m
 }
 
 // Client submits requests to a model's schedulers: over the bus, or

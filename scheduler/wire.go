@@ -29,6 +29,9 @@ type SubmitMsg struct {
 	IgnoreEOS         bool              `msgpack:"ignore_eos"`
 	Logprobs          bool              `msgpack:"logprobs"`
 	TopLogprobs       int               `msgpack:"top_logprobs"`
+	// PromptLogprobs asks for the prompt's tokens' log-probabilities
+	// (generate.Params.PromptLogprobs), on the first frame.
+	PromptLogprobs bool `msgpack:"prompt_logprobs,omitempty"`
 	// JSON asks for JSON mode: the output is one JSON object; Schema, a
 	// JSON schema that object follows.
 	JSON       bool   `msgpack:"json"`
@@ -36,7 +39,7 @@ type SubmitMsg struct {
 }
 
 // Schema implements bus.Message.
-func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 3} }
+func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 4} }
 
 // SubmitReply accepts a request.
 type SubmitReply struct {
@@ -77,10 +80,22 @@ type FrameMsg struct {
 	SinceStartUS     int64     `msgpack:"since_start_us"`
 	SinceLastUS      int64     `msgpack:"since_last_us"`
 	TraceID          string    `msgpack:"trace_id"`
+	// Prompt, on the first frame of a request that asks, holds its
+	// prompt's log-probabilities (Frame.Prompt).
+	Prompt []PromptLogprobMsg `msgpack:"prompt,omitempty"`
+}
+
+// PromptLogprobMsg is a prompt token's log-probability and the most
+// likely tokens where it stood.
+type PromptLogprobMsg struct {
+	ID      int32     `msgpack:"id"`
+	Logprob float32   `msgpack:"logprob"`
+	TopIDs  []int32   `msgpack:"top_ids"`
+	TopLPs  []float32 `msgpack:"top_lps"`
 }
 
 // Schema implements bus.Message.
-func (FrameMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.frame", Version: 1} }
+func (FrameMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.frame", Version: 2} }
 
 // StatsMsg asks for, and answers with, a scheduler's state.
 type StatsMsg struct {

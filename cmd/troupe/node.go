@@ -721,13 +721,25 @@ func (b *backend) schedulers() []*scheduler.Scheduler {
 	return b.scheds
 }
 
+// tokenLogprobs pairs a frame's most likely tokens with their
+// log-probabilities.
+func tokenLogprobs(ids []int32, lps []float32) []gateway.TokenLogprob {
+	var out []gateway.TokenLogprob
+	for i, id := range ids {
+		if i < len(lps) {
+			out = append(out, gateway.TokenLogprob{ID: id, Logprob: lps[i]})
+		}
+	}
+	return out
+}
+
 func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emit func(gateway.Token) error) (gateway.Finish, error) {
 	m := scheduler.SubmitMsg{
 		ID: req.RequestID, Tenant: req.Tenant, Prompt: req.Prompt, MaxTokens: req.MaxTokens,
 		Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, MinP: req.MinP, RepetitionPenalty: req.RepetitionPenalty,
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty, LogitBias: req.LogitBias,
 		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
-		JSON: req.JSON, JSONSchema: req.Schema,
+		PromptLogprobs: req.PromptLogprobs, JSON: req.JSON, JSONSchema: req.Schema,
 	}
 	if req.Seed != nil {
 		m.HasSeed, m.Seed = true, *req.Seed
@@ -740,8 +752,9 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 			started = now.Add(-sinceStart)
 		}
 		t := gateway.Token{ID: f.ID, Text: f.Text, Logprob: f.Logprob, TraceID: f.TraceID, QueuedAt: started.Add(-queued), StartedAt: started, EmittedAt: now}
-		for i, id := range f.TopIDs {
-			t.TopLogprobs = append(t.TopLogprobs, gateway.TokenLogprob{ID: id, Logprob: f.TopLPs[i]})
+		t.TopLogprobs = tokenLogprobs(f.TopIDs, f.TopLPs)
+		for _, p := range f.Prompt {
+			t.Prompt = append(t.Prompt, gateway.PromptLogprob{ID: p.ID, Logprob: p.Logprob, Top: tokenLogprobs(p.TopIDs, p.TopLPs)})
 		}
 		return emit(t)
 	})

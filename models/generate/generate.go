@@ -26,6 +26,11 @@ type Params struct {
 	// the vocabulary per token.
 	Logprobs    bool
 	TopLogprobs int
+	// PromptLogprobs asks for each prompt token's log-probability after
+	// the first (what the model gave it, given the tokens before), with
+	// TopLogprobs alternatives; the scheduler takes them from the prompt's
+	// own logits rows.
+	PromptLogprobs bool
 	// Grammar, when set, constrains the output to its documents (JSON
 	// mode, a JSON schema): each draw is masked to the tokens that keep
 	// the text a prefix of one, and generation stops when the document is
