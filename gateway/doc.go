@@ -15,7 +15,7 @@
 // Every request is decoded and validated before anything reaches the Backend; bad input
 // gets a 400 with an OpenAI-shaped error body naming the parameter. Unknown JSON fields
 // are ignored, as the OpenAI API does, so newer clients keep working; fields the gateway
-// knows but cannot honour (the deprecated functions, echo, suffix, best_of > 1, non-text
+// knows but cannot honour (the deprecated functions, suffix, best_of > 1, non-text
 // response formats) are rejected with a 400 that says so.
 //
 // # Function calling

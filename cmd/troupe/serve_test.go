@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -768,5 +769,56 @@ func TestServeResponses(t *testing.T) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&got); err != nil || call.Name != "ls" || got.Cmd == nil {
 		t.Errorf("call %s(%s): %v", call.Name, call.Arguments, err)
+	}
+}
+
+// TestServePromptLogprobs scores a prompt as evaluation harnesses do
+// (echo, logprobs, max_tokens 1) through the official client, in process
+// and over the bus: the answer begins with the prompt's text and tokens,
+// the first token's log-probability null and the others' those of one
+// pass over the prompt, the same again when the prompt is in the cache,
+// and the completion's token as without echo.
+func TestServePromptLogprobs(t *testing.T) { bothSubmitPaths(t, testServePromptLogprobs) }
+
+func testServePromptLogprobs(t *testing.T, overBus bool) {
+	s := startServe(t, func(c *serveConfig) { c.Shards, c.submitOverBus = 2, overBus })
+	c := s.client()
+	const prompt = "The kernel schedules"
+	ask := func(echo bool) openai.Completion {
+		resp, err := c.Completions.New(t.Context(), openai.CompletionNewParams{
+			Model: openai.CompletionNewParamsModel(demo.Name), Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+			MaxTokens: openai.Int(1), Temperature: openai.Float(0), Logprobs: openai.Int(2), Echo: openai.Bool(echo),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *resp
+	}
+	first, again, plain := ask(true), ask(true), ask(false)
+	ch := first.Choices[0]
+	lp := ch.Logprobs
+	n := int(first.Usage.PromptTokens)
+	if !strings.HasPrefix(ch.Text, prompt) || len(lp.Tokens) != n+1 || strings.Join(lp.Tokens[:n], "") != prompt || len(lp.TokenLogprobs) != n+1 {
+		t.Fatalf("echo: %q, tokens %q (%d prompt tokens)", ch.Text, lp.Tokens, n)
+	}
+	if raw := ch.Logprobs.RawJSON(); !strings.Contains(raw, `"token_logprobs":[null,`) || !strings.Contains(raw, `"top_logprobs":[null,`) {
+		t.Errorf("the first prompt token's log-probability is not null: %s", raw)
+	}
+	var raw struct {
+		TopLogprobs []map[string]float64 `json:"top_logprobs"`
+	}
+	if err := json.Unmarshal([]byte(ch.Logprobs.RawJSON()), &raw); err != nil || len(raw.TopLogprobs) != n+1 {
+		t.Fatalf("top_logprobs: %v (%d)", err, len(raw.TopLogprobs))
+	}
+	for k := 1; k <= n; k++ {
+		if v := lp.TokenLogprobs[k]; !(v <= 0) || len(raw.TopLogprobs[k]) != 2 {
+			t.Errorf("token %d: log-probability %v, top %v", k, v, raw.TopLogprobs[k])
+		}
+	}
+	if lp2 := again.Choices[0].Logprobs; fmt.Sprint(lp2.TokenLogprobs) != fmt.Sprint(lp.TokenLogprobs) {
+		t.Errorf("again: %v, first %v", lp2.TokenLogprobs, lp.TokenLogprobs)
+	}
+	if p := plain.Choices[0]; ch.Text != prompt+p.Text || math.Abs(lp.TokenLogprobs[n]-p.Logprobs.TokenLogprobs[0]) > 1e-6 {
+		t.Errorf("the completion %q (%v), without echo %q (%v)", ch.Text[len(prompt):], lp.TokenLogprobs[n], p.Text, p.Logprobs.TokenLogprobs[0])
 	}
 }
