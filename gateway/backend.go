@@ -92,7 +92,7 @@ type GenerateRequest struct {
 	// PromptLogprobs asks for the log-probability of each prompt token
 	// after the first, with TopLogprobs alternatives, on the first Token.
 	PromptLogprobs bool
-	IgnoreEOS         bool
+	IgnoreEOS      bool
 	// JSON asks for JSON mode (response_format {"type": "json_object"}):
 	// the completion is one JSON object, and ends when it closes. Schema,
 	// with JSON, is a JSON schema the object must follow (response_format
