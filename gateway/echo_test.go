@@ -72,11 +72,7 @@ func TestEcho(t *testing.T) {
 	var text strings.Builder
 	var tokens []string
 	var nulls int
-	for _, line := range strings.Split(string(raw), "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
+	sseData(raw, func(data []byte) {
 		var ch struct {
 			Choices []struct {
 				Text     string `json:"text"`
@@ -86,7 +82,7 @@ func TestEcho(t *testing.T) {
 				} `json:"logprobs"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+		if err := json.Unmarshal(data, &ch); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range ch.Choices {
@@ -100,7 +96,7 @@ func TestEcho(t *testing.T) {
 				}
 			}
 		}
-	}
+	})
 	if text.String() != "abcab" || !slices.Equal(tokens, []string{"a", "b", "c", "a", "b"}) || nulls != 1 {
 		t.Errorf("streamed %q, tokens %v, %d nulls", text.String(), tokens, nulls)
 	}

@@ -269,6 +269,16 @@ func newEnv(t *testing.T, cfg Config, b *echoBackend) *testEnv {
 	return env
 }
 
+// sseData calls each with the data of every server-sent event in raw but
+// the closing [DONE].
+func sseData(raw []byte, each func(data []byte)) {
+	for _, line := range strings.Split(string(raw), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			each([]byte(data))
+		}
+	}
+}
+
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -98,17 +98,13 @@ func TestReasoningContent(t *testing.T) {
 		t.Fatalf("%d %s", status, raw)
 	}
 	var reasoning, content strings.Builder
-	for _, line := range strings.Split(string(raw), "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
+	sseData(raw, func(data []byte) {
 		var ch struct {
 			Choices []struct {
 				Delta chatDelta `json:"delta"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+		if err := json.Unmarshal(data, &ch); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range ch.Choices {
@@ -119,7 +115,7 @@ func TestReasoningContent(t *testing.T) {
 				content.WriteString(*c.Delta.Content)
 			}
 		}
-	}
+	})
 	if reasoning.String() != "Call it." || content.String() != "Sure." {
 		t.Errorf("streamed reasoning %q, content %q", reasoning.String(), content.String())
 	}

@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -62,19 +60,14 @@ func chatTools(t *testing.T, reply, extra string, stream bool) (GenerateRequest,
 		}
 		return reqs[0], out, so
 	}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
+	sseData(raw, func(line []byte) {
 		var ch struct {
 			Choices []struct {
 				Delta        chatDelta `json:"delta"`
 				FinishReason *string   `json:"finish_reason"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal([]byte(line), &ch); err != nil {
+		if err := json.Unmarshal(line, &ch); err != nil {
 			t.Fatalf("%s: %v", line, err)
 		}
 		for _, c := range ch.Choices {
@@ -102,7 +95,7 @@ func chatTools(t *testing.T, reply, extra string, stream bool) (GenerateRequest,
 				so.reason = *c.FinishReason
 			}
 		}
-	}
+	})
 	return reqs[0], out, so
 }
 

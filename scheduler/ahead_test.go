@@ -7,9 +7,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
-	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
-	"github.com/troupe/troupe/models/demo"
 	ttrace "github.com/troupe/troupe/trace"
 	"github.com/troupe/troupe/xgmi"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -25,16 +23,7 @@ import (
 // leave nothing queued, or drop what was.
 func TestShardQueuesAhead(t *testing.T) {
 	ctx := context.Background()
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	dev, err := cpu.New(cpu.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
+	b, dev := demoOnCPU(t)
 	plane := xgmi.NewHost("n")
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))

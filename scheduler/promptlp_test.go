@@ -7,9 +7,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
-	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
-	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
 )
 
@@ -18,16 +16,7 @@ import (
 // demo model over the whole prompt on a cache of its own.
 func promptReference(t *testing.T, prompt []int32, top int) []TokenLogprob {
 	t.Helper()
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	dev, err := cpu.New(cpu.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
+	b, dev := demoOnCPU(t)
 	n := len(prompt)
 	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: n, MaxSeqs: 1})
 	if err != nil {

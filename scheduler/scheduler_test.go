@@ -51,6 +51,23 @@ type harness struct {
 	done   chan error
 }
 
+// demoOnCPU opens the demo checkpoint and a CPU device, both closed when
+// the test ends.
+func demoOnCPU(t testing.TB) (*models.Bundle, *cpu.Device) {
+	t.Helper()
+	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	dev, err := cpu.New(cpu.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return b, dev
+}
+
 func start(t testing.TB, blocks int, cfg Config) *harness {
 	t.Helper()
 	return startWith(t, blocks, cfg, nil)
@@ -60,14 +77,7 @@ func start(t testing.TB, blocks int, cfg Config) *harness {
 // set) before the scheduler gets it.
 func startWith(t testing.TB, blocks int, cfg Config, wrap func(*ModelEngine) Engine) *harness {
 	t.Helper()
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := cpu.New(cpu.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, dev := demoOnCPU(t)
 	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: cfg.MaxBatchTokens, MaxSeqs: cfg.MaxSeqs})
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +104,6 @@ func startWith(t testing.TB, blocks int, cfg Config, wrap func(*ModelEngine) Eng
 		<-h.done
 		cache.Close()
 		m.Close()
-		dev.Close()
-		b.Close()
 	})
 	return h
 }

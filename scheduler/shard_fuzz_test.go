@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
-	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/xgmi"
@@ -21,16 +20,7 @@ func FuzzShardForward(f *testing.F) {
 	if !demo.Embedded() {
 		f.Skip("built without the demo model (nodemo)")
 	}
-	b, err := models.OpenFS(demo.Name, demo.FS(), demo.Weights())
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer b.Close()
-	dev, err := cpu.New(cpu.DefaultConfig())
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer dev.Close()
+	b, dev := demoOnCPU(f)
 	m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{MaxTokens: 64, MaxSeqs: 4})
 	if err != nil {
 		f.Fatal(err)
