@@ -74,6 +74,51 @@ func TestEcho(t *testing.T) {
 		t.Error("prompt log-probabilities not asked")
 	}
 
+	// max_tokens 0: the prompt alone, no completion token counted.
+	for _, stream := range []string{"false", "true"} {
+		status, _, raw = post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","echo":true,"max_tokens":0,"logprobs":1,"stream":`+stream+`}`, nil)
+		if status != 200 {
+			t.Fatalf("%d %s", status, raw)
+		}
+		var text strings.Builder
+		var tokens int
+		// take reads a completion, whole or a chunk.
+		take := func(data []byte) {
+			var ch struct {
+				Choices []struct {
+					Text     string `json:"text"`
+					Logprobs *struct {
+						Tokens []string `json:"tokens"`
+					} `json:"logprobs"`
+				} `json:"choices"`
+				Usage *usage `json:"usage"`
+			}
+			if err := json.Unmarshal(data, &ch); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range ch.Choices {
+				text.WriteString(c.Text)
+				if c.Logprobs != nil {
+					tokens += len(c.Logprobs.Tokens)
+				}
+			}
+			if ch.Usage != nil && ch.Usage.CompletionTokens != 0 {
+				t.Errorf("max_tokens 0: usage %+v", *ch.Usage)
+			}
+		}
+		if stream == "true" {
+			sseData(raw, take)
+		} else {
+			take(raw)
+		}
+		if text.String() != "abc" || tokens != 3 {
+			t.Errorf("max_tokens 0, stream %s: %q, %d tokens", stream, text.String(), tokens)
+		}
+	}
+	if status, _, raw := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","max_tokens":0}`, nil); status != 400 {
+		t.Errorf("max_tokens 0 without echo: %d %s", status, raw)
+	}
+
 	status, _, raw = post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","echo":true,"max_tokens":2,"logprobs":1,"stream":true}`, nil)
 	if status != 200 {
 		t.Fatalf("%d %s", status, raw)

@@ -206,6 +206,9 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 				}
 				echoed = true
 			}
+			if j.echoOnly {
+				return nil
+			}
 			cr.addLogprobs(s, j, chat, ev)
 			cr.text.WriteString(ev.text)
 			return nil
@@ -217,7 +220,9 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 				cr.compLP = *lp
 			}
 		}
-		cr.text.WriteString(cr.res.tail)
+		if !j.echoOnly {
+			cr.text.WriteString(cr.res.tail)
+		}
 		return err
 	})
 	if err != nil {
@@ -284,7 +289,9 @@ func (j *job) usage(results []choiceResult) usage {
 		u.PromptTokens += len(j.prompts[p])
 	}
 	for i := range results {
-		u.CompletionTokens += results[i].res.finish.CompletionTokens
+		if !j.echoOnly {
+			u.CompletionTokens += results[i].res.finish.CompletionTokens
+		}
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u
@@ -506,22 +513,23 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				return delta(reasoning, text, tc, lp, nil)
 			}
 			var lp *completionLogprobs
-			text := ev.text
+			var text string
 			if first && j.echo != nil {
 				// The prompt goes out with the first token.
-				var pt string
-				pt, lp = s.echo(j, i, ev.tok.Prompt)
-				cr.text.WriteString(pt)
-				text = pt + text
+				text, lp = s.echo(j, i, ev.tok.Prompt)
+				cr.text.WriteString(text)
 			}
 			first = false
-			if j.base.Logprobs {
-				if lp == nil {
-					lp = &completionLogprobs{}
+			if !j.echoOnly {
+				if j.base.Logprobs {
+					if lp == nil {
+						lp = &completionLogprobs{}
+					}
+					s.appendCompletionLogprob(lp, ev.tok, cr.text.Len(), j.base.TopLogprobs)
 				}
-				s.appendCompletionLogprob(lp, ev.tok, cr.text.Len(), j.base.TopLogprobs)
+				cr.text.WriteString(ev.text)
+				text += ev.text
 			}
-			cr.text.WriteString(ev.text)
 			if text == "" && lp == nil {
 				return nil
 			}
@@ -543,6 +551,9 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 			return delta(r1+r2, text, tc, nil, &reason)
 		}
 		c := completionChoice{Text: cr.res.tail, Index: i, FinishReason: &reason}
+		if j.echoOnly {
+			c.Text = ""
+		}
 		if first && j.echo != nil { // no token came: the prompt goes out last
 			pt, lp := s.echo(j, i, nil)
 			c.Text, c.Logprobs = pt+c.Text, lp

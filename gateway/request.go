@@ -251,6 +251,7 @@ type job struct {
 	tools        toolPlan // chat: the tools and how the choices' calls are read
 	inThink      bool     // chat: the prompt ends inside <think> (ModelInfo.Reasoning)
 	echo         []string // completions with echo: each prompt's text, which its choices begin with
+	echoOnly     bool     // echo with max_tokens 0: the prompts alone, the token generated not sent
 }
 
 // echoed is the text choice i begins with: its prompt's where echo asks.
@@ -670,6 +671,12 @@ func messageCalls(i int, m chatMessage) ([]ToolCall, *apiError) {
 // completion validates a legacy completion request.
 func (v *validator) completion(r *completionRequest, tenant string) (*job, *apiError) {
 	j := &job{}
+	if r.Echo && r.MaxTokens != nil && *r.MaxTokens == 0 {
+		// The prompt alone, as OpenAI's legacy completions answer: one
+		// token is generated, for the prompt's log-probabilities, and
+		// not sent.
+		j.echoOnly, r.MaxTokens = true, ptr(1)
+	}
 	if err := v.sampling(&r.sampling, j); err != nil {
 		return nil, err
 	}

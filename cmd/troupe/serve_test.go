@@ -776,25 +776,26 @@ func TestServeResponses(t *testing.T) {
 // (echo, logprobs, max_tokens 1) through the official client, in process
 // and over the bus: the answer begins with the prompt's text and tokens,
 // the first token's log-probability null and the others' those of one
-// pass over the prompt, the same again when the prompt is in the cache,
-// and the completion's token as without echo.
+// pass over the prompt, the same again when the prompt is in the cache
+// and with max_tokens 0 (the prompt alone), and the completion's token as
+// without echo.
 func TestServePromptLogprobs(t *testing.T) { bothSubmitPaths(t, testServePromptLogprobs) }
 
 func testServePromptLogprobs(t *testing.T, overBus bool) {
 	s := startServe(t, func(c *serveConfig) { c.Shards, c.submitOverBus = 2, overBus })
 	c := s.client()
 	const prompt = "The kernel schedules"
-	ask := func(echo bool) openai.Completion {
+	ask := func(echo bool, max int64) openai.Completion {
 		resp, err := c.Completions.New(t.Context(), openai.CompletionNewParams{
 			Model: openai.CompletionNewParamsModel(demo.Name), Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
-			MaxTokens: openai.Int(1), Temperature: openai.Float(0), Logprobs: openai.Int(2), Echo: openai.Bool(echo),
+			MaxTokens: openai.Int(max), Temperature: openai.Float(0), Logprobs: openai.Int(2), Echo: openai.Bool(echo),
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return *resp
 	}
-	first, again, plain := ask(true), ask(true), ask(false)
+	first, again, plain, alone := ask(true, 1), ask(true, 1), ask(false, 1), ask(true, 0)
 	ch := first.Choices[0]
 	lp := ch.Logprobs
 	n := int(first.Usage.PromptTokens)
@@ -817,6 +818,9 @@ func testServePromptLogprobs(t *testing.T, overBus bool) {
 	}
 	if lp2 := again.Choices[0].Logprobs; fmt.Sprint(lp2.TokenLogprobs) != fmt.Sprint(lp.TokenLogprobs) {
 		t.Errorf("again: %v, first %v", lp2.TokenLogprobs, lp.TokenLogprobs)
+	}
+	if a := alone.Choices[0]; a.Text != prompt || fmt.Sprint(a.Logprobs.TokenLogprobs) != fmt.Sprint(lp.TokenLogprobs[:n]) || alone.Usage.CompletionTokens != 0 {
+		t.Errorf("max_tokens 0: %q, %v (%d completion tokens)", a.Text, a.Logprobs.TokenLogprobs, alone.Usage.CompletionTokens)
 	}
 	if p := plain.Choices[0]; ch.Text != prompt+p.Text || math.Abs(lp.TokenLogprobs[n]-p.Logprobs.TokenLogprobs[0]) > 1e-6 {
 		t.Errorf("the completion %q (%v), without echo %q (%v)", ch.Text[len(prompt):], lp.TokenLogprobs[n], p.Text, p.Logprobs.TokenLogprobs[0])
