@@ -46,6 +46,10 @@ type Config struct {
 	// DefaultMaxTokens is the completion budget of a request that sets none; 0 means
 	// the rest of the context.
 	DefaultMaxTokens int
+	// MaxStoredResponses bounds the Responses answers kept in memory for
+	// previous_response_id and GET /v1/responses/{id}, the oldest dropped
+	// first; 0 keeps none.
+	MaxStoredResponses int
 
 	// ResumeGrace is how long a websocket request lives on after its socket went away,
 	// waiting for a resume; its generation continues meanwhile.
@@ -88,6 +92,7 @@ func DefaultConfig() Config {
 		RetryAfter:         time.Second,
 		MaxN:               16,
 		MaxPrompts:         32,
+		MaxStoredResponses: 1024,
 		ResumeGrace:        30 * time.Second,
 		ResumeBufferFrames: 8192,
 		MaxStreamsPerConn:  64,
@@ -151,6 +156,9 @@ func (c Config) Validate() error {
 		if p.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s is %d, want > 0", p.name, p.v))
 		}
+	}
+	if c.MaxStoredResponses < 0 {
+		errs = append(errs, fmt.Errorf("max stored responses is %d, want >= 0", c.MaxStoredResponses))
 	}
 	if c.DefaultMaxTokens < 0 {
 		errs = append(errs, fmt.Errorf("default max tokens is %d, want >= 0", c.DefaultMaxTokens))

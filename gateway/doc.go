@@ -1,5 +1,6 @@
 // Package gateway serves a troupe model to clients: an OpenAI-compatible HTTP API
-// (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models) with
+// (/v1/chat/completions, /v1/completions, /v1/responses and its kept responses,
+// /v1/models) with
 // server-sent-event streaming,
 // a websocket token stream (/v1/stream) whose requests survive a reconnect, health and
 // readiness probes, Prometheus metrics, and an embedded demo page.

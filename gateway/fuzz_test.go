@@ -309,7 +309,7 @@ func FuzzResponsesRequest(f *testing.F) {
 		if decodeJSON(data, &cr) != nil || decodeJSON(data, &rr) != nil {
 			return
 		}
-		if aerr := rr.chat(&cr); aerr != nil {
+		if _, aerr := rr.chat(&cr, nil); aerr != nil {
 			if aerr.Status != 400 || aerr.Message == "" {
 				t.Fatalf("reading error %+v", aerr)
 			}

@@ -14,8 +14,9 @@ import (
 // chat completion it asks for (its input items as messages, instructions
 // first, its tools, tool_choice and text.format as the chat's) and
 // validated as one; the answer comes back as the response's output items,
-// whole or as its stream of events. Nothing is stored: a conversation is
-// sent whole as input, not continued from previous_response_id.
+// whole or as its stream of events. The last responses are kept
+// (responseStore), so that a request may continue one (previous_response_id)
+// and a client fetch or delete it.
 
 // responsesRequest is what a Responses request holds beyond the chat
 // completion fields of the same names (model, temperature, top_p, stream,
@@ -32,6 +33,7 @@ type responsesRequest struct {
 	Text               *responseText   `json:"text"`
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Background         *bool           `json:"background"`
+	Store              *bool           `json:"store"`
 	Metadata           map[string]string
 }
 
@@ -52,49 +54,49 @@ type inputItem struct {
 }
 
 // chat is the chat completion request r asks for, cr holding the fields
-// read from the same body.
-func (r *responsesRequest) chat(cr *chatRequest) *apiError {
-	if r.PreviousResponseID != nil && *r.PreviousResponseID != "" {
-		return badRequest("previous_response_id", "unsupported_parameter", "previous_response_id is not supported: this server stores no responses; send the conversation as input")
-	}
+// read from the same body, after the conversation prior continues (the
+// previous response's); it returns r's input as messages.
+func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMessage, *apiError) {
 	if r.Background != nil && *r.Background {
-		return badRequest("background", "unsupported_parameter", "background responses are not supported")
+		return nil, badRequest("background", "unsupported_parameter", "background responses are not supported")
 	}
 	// Chat's fields that the Responses API spells otherwise, or lacks.
 	cr.N, cr.StreamOptions, cr.MaxTokens, cr.ResponseFormat, cr.AddGenerationPrompt = nil, nil, nil, nil, nil
 	cr.Functions, cr.FunctionCall, cr.Logprobs, cr.TopLogprobs = nil, nil, nil, nil
-	msgs, aerr := r.messages()
+	input, aerr := r.input()
 	if aerr != nil {
-		return aerr
+		return nil, aerr
 	}
-	cr.Messages = msgs
+	// A response's instructions are its own, not carried on.
+	cr.Messages = nil
+	if r.Instructions != nil && *r.Instructions != "" {
+		cr.Messages = append(cr.Messages, chatMessage{Role: "system", Content: messageContent{text: *r.Instructions, set: true}})
+	}
+	cr.Messages = append(append(cr.Messages, prior...), input...)
 	cr.MaxCompletionTokens = r.MaxOutputTokens
 	if r.TopLogprobs != nil || slices.Contains(r.Include, "message.output_text.logprobs") {
 		cr.Logprobs, cr.TopLogprobs = ptr(true), r.TopLogprobs
 	}
 	var err error
 	if cr.Tools, err = responseTools(r.Tools); err != nil {
-		return invalidParam("tools", `tools must be an array of {"type": "function", "name": ..., "parameters": ...}`)
+		return nil, invalidParam("tools", `tools must be an array of {"type": "function", "name": ..., "parameters": ...}`)
 	}
 	if cr.ToolChoice, err = responseToolChoice(r.ToolChoice); err != nil {
-		return invalidParam("tool_choice", `tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", "mode", "tools"}`)
+		return nil, invalidParam("tool_choice", `tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", "mode", "tools"}`)
 	}
 	cr.ParallelToolCalls = r.ParallelToolCalls
 	if r.Text != nil {
 		if cr.ResponseFormat, err = responseFormat(r.Text.Format); err != nil {
-			return invalidParam("text.format", `text.format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema"}`)
+			return nil, invalidParam("text.format", `text.format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema"}`)
 		}
 	}
-	return nil
+	return input, nil
 }
 
-// messages reads the input (a string, or items) and the instructions as
-// chat messages: consecutive function calls make one assistant message.
-func (r *responsesRequest) messages() ([]chatMessage, *apiError) {
+// input reads the input (a string, or items) as chat messages:
+// consecutive function calls make one assistant message.
+func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 	var msgs []chatMessage
-	if r.Instructions != nil && *r.Instructions != "" {
-		msgs = append(msgs, chatMessage{Role: "system", Content: messageContent{text: *r.Instructions, set: true}})
-	}
 	in := bytes.TrimSpace(r.Input)
 	if len(in) == 0 || bytes.Equal(in, []byte("null")) {
 		return nil, invalidParam("input", "input is required")
@@ -282,11 +284,23 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	if aerr := rr.chat(&cr); aerr != nil {
+	tenant := tenantOf(r.Context())
+	var prior []chatMessage
+	if id := rr.PreviousResponseID; id != nil && *id != "" {
+		prev, ok := s.responses.get(*id, tenant)
+		if !ok {
+			writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Param: "previous_response_id", Code: "previous_response_not_found",
+				Message: "previous response " + truncate(*id, 80) + " is not kept here (it expired, was deleted, was not stored, or another node answered it)"})
+			return
+		}
+		prior = prev.conv
+	}
+	input, aerr := rr.chat(&cr, prior)
+	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
 	}
-	j, aerr := s.val.chat(&cr, tenantOf(r.Context()))
+	j, aerr := s.val.chat(&cr, tenant)
 	if aerr != nil {
 		if p, ok := responsesParam[aerr.Param]; ok {
 			aerr.Message = strings.ReplaceAll(aerr.Message, aerr.Param, p)
@@ -301,7 +315,8 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	defer cancel()
-	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1}
+	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
+		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.max > 0 && (rr.Store == nil || *rr.Store)}
 	rs.calls.plan, rs.think = &j.tools, j.newThinkStream()
 	if j.stream {
 		rs.out = &sse{w: w}
@@ -340,6 +355,9 @@ type responseRun struct {
 	rr      *responsesRequest
 	body    []byte
 	w       http.ResponseWriter
+	tenant  string
+	conv    []chatMessage // the conversation the response continues: prior then input
+	store   bool          // kept once answered
 	id      string
 	created int64
 	out     *sse
@@ -529,7 +547,7 @@ func (rs *responseRun) finish(res genResult) {
 		for _, c := range calls {
 			rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
 		}
-		writeJSON(rs.w, http.StatusOK, rs.object(status, details, &res))
+		writeJSON(rs.w, http.StatusOK, rs.keep(rs.object(status, details, &res), content, calls))
 		return
 	}
 	if rs.start() != nil {
@@ -572,7 +590,36 @@ func (rs *responseRun) finish(res genResult) {
 	if status == "incomplete" {
 		last = "response.incomplete"
 	}
-	_ = rs.event(last, map[string]any{"response": rs.object(status, details, &res)})
+	var calls []ToolCall
+	for _, it := range rs.items {
+		if c, ok := it.(responseCall); ok {
+			calls = append(calls, ToolCall{ID: c.CallID, Name: c.Name, Arguments: c.Arguments})
+		}
+	}
+	_ = rs.event(last, map[string]any{"response": rs.keep(rs.object(status, details, &res), rs.text.String(), calls)})
+}
+
+// keep stores the answered response o, whose output is content and calls,
+// where it is to be kept, and returns it.
+func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) map[string]any {
+	if !rs.store {
+		return o
+	}
+	o["store"] = true
+	b, err := json.Marshal(o)
+	if err != nil {
+		return o
+	}
+	out := chatMessage{Role: "assistant", Content: messageContent{text: content, set: content != ""}}
+	if len(calls) > 0 {
+		tc := make([]toolCallOut, len(calls))
+		for i, c := range calls {
+			tc[i] = callOut(c)
+		}
+		out.ToolCalls, _ = json.Marshal(tc)
+	}
+	rs.s.responses.put(rs.id, &storedResponse{tenant: rs.tenant, conv: append(slices.Clip(rs.conv), out), object: b})
+	return o
 }
 
 // status is the response's status, with why it is incomplete.
@@ -628,4 +675,24 @@ func nonNilMap(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return m
+}
+
+func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	resp, ok := s.responses.get(id, tenantOf(r.Context()))
+	if !ok {
+		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(resp.object)
+}
+
+func (s *Server) handleDeleteResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !s.responses.drop(id, tenantOf(r.Context())) {
+		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
 }

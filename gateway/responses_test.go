@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -159,7 +160,6 @@ func TestResponsesBadRequests(t *testing.T) {
 		{responses.ResponseNewParams{Model: testModel}, "input"},
 		{responses.ResponseNewParams{Model: testModel, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}, MaxOutputTokens: openai.Int(0)}, "max_output_tokens"},
 		{responses.ResponseNewParams{Model: testModel, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}, MaxOutputTokens: openai.Int(1000)}, "max_output_tokens"},
-		{responses.ResponseNewParams{Model: testModel, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}, PreviousResponseID: openai.String("resp_1")}, "previous_response_id"},
 		{responses.ResponseNewParams{Model: "nope", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}}, "model"},
 		{responses.ResponseNewParams{Model: testModel, Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
 			responses.ResponseInputItemParamOfMessage("fail-template", responses.EasyInputMessageRoleUser)}}}, "input"},
@@ -169,5 +169,93 @@ func TestResponsesBadRequests(t *testing.T) {
 		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != tc.param {
 			t.Errorf("%+v: %v, want a 400 naming %s", tc.params, err, tc.param)
 		}
+	}
+}
+
+// TestSDKResponsesStore: a kept response is continued by the next
+// (previous_response_id: its conversation, output included, before the new
+// input; its instructions not carried), fetched and deleted, by its tenant
+// alone; one asked store: false is not kept.
+func TestSDKResponsesStore(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.APIKeys = []string{"sk-a", "sk-b"}
+	env := newEnv(t, cfg, nil)
+	c, other := sdkClient(env, "sk-a"), sdkClient(env, "sk-b")
+	first, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Instructions: openai.String("Be terse."),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(first.RawJSON(), `"store":true`) {
+		t.Error("a response not said kept")
+	}
+	next, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("more")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "user: hi\nassistant: " + first.OutputText() + "\nuser: more\nassistant: "; next.OutputText() != want {
+		t.Errorf("continued: %q, want %q", next.OutputText(), want)
+	}
+	got, err := c.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{})
+	if err != nil || got.ID != first.ID || got.OutputText() != first.OutputText() {
+		t.Fatalf("get: %v, %+v", err, got)
+	}
+	var apiErr *openai.Error
+	if _, err := other.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("another tenant's get: %v", err)
+	}
+	if _, err := other.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Param != "previous_response_id" {
+		t.Errorf("another tenant's continuation: %v", err)
+	}
+	if err := c.Responses.Delete(t.Context(), first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("get after delete: %v", err)
+	}
+	// A streamed response is kept as it completed.
+	stream := c.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("streamed")}})
+	var done responses.Response
+	for stream.Next() {
+		if ev := stream.Current(); ev.Type == "response.completed" {
+			done = ev.Response
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Responses.Get(t.Context(), done.ID, responses.ResponseGetParams{}); err != nil || got.OutputText() != done.OutputText() || got.OutputText() == "" {
+		t.Errorf("a streamed response: %v, %q, completed %q", err, got.OutputText(), done.OutputText())
+	}
+	unkept, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Store: openai.Bool(false),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Responses.Get(t.Context(), unkept.ID, responses.ResponseGetParams{}); strings.Contains(unkept.RawJSON(), `"store":true`) || !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("store false: %s, get %v", unkept.RawJSON(), err)
+	}
+}
+
+// TestResponseStoreBound: the oldest responses go first.
+func TestResponseStoreBound(t *testing.T) {
+	s := newResponseStore(3)
+	for i := range 10 {
+		s.put(fmt.Sprint(i), &storedResponse{tenant: "t"})
+		if i == 5 && !s.drop("4", "t") {
+			t.Fatal("drop")
+		}
+	}
+	for i := range 10 {
+		if _, ok := s.get(fmt.Sprint(i), "t"); ok != (i >= 7) {
+			t.Errorf("response %d kept %v", i, ok)
+		}
+	}
+	if len(s.byID) != 3 || len(s.order) > 2*3+16 {
+		t.Errorf("%d kept, %d ids in order", len(s.byID), len(s.order))
 	}
 }

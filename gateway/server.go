@@ -28,13 +28,15 @@ type Server struct {
 	backend Backend
 	tok     Tokenizer
 	val     validator
-	lim     *limiter
-	met     *metrics
-	mux     *http.ServeMux
-	handler http.Handler
-	demo    []byte
-	csp     string
-	keys    []apiKey
+	// responses keeps the last Responses answers (POST /v1/responses).
+	responses *responseStore
+	lim       *limiter
+	met       *metrics
+	mux       *http.ServeMux
+	handler   http.Handler
+	demo      []byte
+	csp       string
+	keys      []apiKey
 
 	base       context.Context // cancelled at the end of Shutdown; parent of all work
 	cancelBase context.CancelFunc
@@ -76,6 +78,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 		mux:     http.NewServeMux(),
 		streams: make(map[streamKey]*stream),
 	}
+	s.responses = newResponseStore(cfg.MaxStoredResponses)
 	s.val = validator{cfg: &s.cfg, models: make(map[string]ModelInfo, len(cfg.Models)), tok: tok, tmpl: tmpl}
 	for _, m := range s.cfg.Models {
 		s.val.models[m.ID] = m
@@ -103,6 +106,8 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("POST /v1/chat/completions", "chat", s.handleChat)
 	s.route("POST /v1/completions", "completions", s.handleCompletions)
 	s.route("POST /v1/responses", "responses", s.handleResponses)
+	s.route("GET /v1/responses/{id}", "responses", s.handleGetResponse)
+	s.route("DELETE /v1/responses/{id}", "responses", s.handleDeleteResponse)
 	s.route("GET /v1/models", "models", s.handleModels)
 	s.route("GET /v1/models/{id...}", "models", s.handleModel)
 	s.mux.Handle("GET /v1/stream", s.authenticate(http.HandlerFunc(s.handleStream)))
