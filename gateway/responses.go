@@ -22,23 +22,20 @@ import (
 // completion fields of the same names (model, temperature, top_p, stream,
 // user and the sampling extensions), which are read as chat's.
 type responsesRequest struct {
-	Input              json.RawMessage `json:"input"`
-	Instructions       *string         `json:"instructions"`
-	MaxOutputTokens    *int            `json:"max_output_tokens"`
-	TopLogprobs        *int            `json:"top_logprobs"`
-	Include            []string        `json:"include"`
-	Tools              json.RawMessage `json:"tools"`
-	ToolChoice         json.RawMessage `json:"tool_choice"`
-	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
-	Text               *responseText   `json:"text"`
-	PreviousResponseID *string         `json:"previous_response_id"`
-	Background         *bool           `json:"background"`
-	Store              *bool           `json:"store"`
-	Metadata           map[string]string
-}
-
-type responseText struct {
-	Format json.RawMessage `json:"format"`
+	Input              json.RawMessage   `json:"input"`
+	Instructions       *string           `json:"instructions"`
+	MaxOutputTokens    *int              `json:"max_output_tokens"`
+	TopLogprobs        *int              `json:"top_logprobs"`
+	Include            []string          `json:"include"`
+	Tools              json.RawMessage   `json:"tools"`
+	ToolChoice         json.RawMessage   `json:"tool_choice"`
+	ParallelToolCalls  *bool             `json:"parallel_tool_calls"`
+	Text               json.RawMessage   `json:"text"`
+	PreviousResponseID *string           `json:"previous_response_id"`
+	Background         *bool             `json:"background"`
+	Store              *bool             `json:"store"`
+	Metadata           map[string]string `json:"metadata"`
+	User               *string           `json:"user"`
 }
 
 // inputItem is an item of a Responses input: a message, a function call
@@ -85,8 +82,14 @@ func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMes
 		return nil, invalidParam("tool_choice", `tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", "mode", "tools"}`)
 	}
 	cr.ParallelToolCalls = r.ParallelToolCalls
-	if r.Text != nil {
-		if cr.ResponseFormat, err = responseFormat(r.Text.Format); err != nil {
+	if t := bytes.TrimSpace(r.Text); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		var text struct {
+			Format json.RawMessage `json:"format"`
+		}
+		if json.Unmarshal(t, &text) != nil {
+			return nil, invalidParam("text", "text must be an object")
+		}
+		if cr.ResponseFormat, err = responseFormat(text.Format); err != nil {
 			return nil, invalidParam("text.format", `text.format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema"}`)
 		}
 	}
@@ -315,7 +318,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	defer cancel()
-	rs := &responseRun{s: s, j: j, rr: &rr, body: body, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
+	rs := &responseRun{s: s, j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
 		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.max > 0 && (rr.Store == nil || *rr.Store)}
 	rs.calls.plan, rs.think = &j.tools, j.newThinkStream()
 	if j.stream {
@@ -353,7 +356,6 @@ type responseRun struct {
 	s       *Server
 	j       *job
 	rr      *responsesRequest
-	body    []byte
 	w       http.ResponseWriter
 	tenant  string
 	conv    []chatMessage // the conversation the response continues: prior then input
@@ -633,24 +635,15 @@ func (rs *responseRun) status(res genResult) (string, any) {
 // object is the response as the API shows it: its items so far, and with
 // res its usage.
 func (rs *responseRun) object(status string, details any, res *genResult) map[string]any {
-	var echo struct {
-		Model        string            `json:"model"`
-		Instructions *string           `json:"instructions"`
-		Tools        json.RawMessage   `json:"tools"`
-		ToolChoice   json.RawMessage   `json:"tool_choice"`
-		Text         json.RawMessage   `json:"text"`
-		Metadata     map[string]string `json:"metadata"`
-		User         *string           `json:"user"`
-	}
-	_ = json.Unmarshal(rs.body, &echo)
+	rr := rs.rr
 	o := map[string]any{
 		"id": rs.id, "object": "response", "created_at": rs.created, "status": status, "error": nil,
-		"incomplete_details": details, "instructions": echo.Instructions, "max_output_tokens": rs.rr.MaxOutputTokens,
+		"incomplete_details": details, "instructions": rr.Instructions, "max_output_tokens": rr.MaxOutputTokens,
 		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel,
 		"previous_response_id": nil, "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
-		"tool_choice": orDefault(echo.ToolChoice, `"auto"`), "tools": orDefault(echo.Tools, `[]`),
-		"text": orDefault(echo.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(echo.Metadata),
-		"usage": nil, "user": echo.User,
+		"tool_choice": orDefault(rr.ToolChoice, `"auto"`), "tools": orDefault(rr.Tools, `[]`),
+		"text": orDefault(rr.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(rr.Metadata),
+		"usage": nil, "user": rr.User,
 	}
 	if res != nil {
 		in := len(rs.j.prompts[0])
