@@ -196,16 +196,22 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
 		var err error
+		// The prompt comes first where echo asks, with the first token's
+		// log-probabilities of it, or at the end where no token came.
 		echoed := j.echo == nil
-		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
-			if !echoed {
-				text, lp := s.echo(j, i, ev.tok.Prompt)
-				cr.text.WriteString(text)
-				if lp != nil {
-					cr.compLP = *lp
-				}
-				echoed = true
+		echo := func(plp []PromptLogprob) {
+			if echoed {
+				return
 			}
+			echoed = true
+			text, lp := s.echo(j, i, plp)
+			cr.text.WriteString(text)
+			if lp != nil {
+				cr.compLP = *lp
+			}
+		}
+		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+			echo(ev.tok.Prompt)
 			if j.echoOnly {
 				return nil
 			}
@@ -213,13 +219,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 			cr.text.WriteString(ev.text)
 			return nil
 		})
-		if !echoed {
-			text, lp := s.echo(j, i, nil)
-			cr.text.WriteString(text)
-			if lp != nil {
-				cr.compLP = *lp
-			}
-		}
+		echo(nil)
 		if !j.echoOnly {
 			cr.text.WriteString(cr.res.tail)
 		}
@@ -241,8 +241,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 	if chat {
 		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: j.model.ID, Usage: u}
 		for i := range results {
-			reasoning, content := j.split(results[i].text.String())
-			content, calls := j.tools.calls(content)
+			reasoning, content, calls := j.answer(results[i].text.String())
 			msg := chatMessageOut{Role: "assistant", Content: &content}
 			if reasoning != "" {
 				msg.ReasoningContent = &reasoning
@@ -481,7 +480,7 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 	err := runAll(n, cancel, func(i int) error {
 		cr := &results[i]
 		first := true
-		calls, think := &callStream{plan: &j.tools}, j.newThinkStream()
+		answer := j.newAnswerStream()
 		// delta sends a chat chunk of reasoning, content and calls.
 		delta := func(reasoning, text string, tc []toolCallOut, lp *chatLogprobs, reason *string) error {
 			if reasoning == "" && text == "" && tc == nil && lp == nil && reason == nil && !first {
@@ -508,8 +507,7 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				if j.base.Logprobs {
 					lp = &chatLogprobs{Content: []chatLogprob{s.chatLogprob(ev.tok, j.base.TopLogprobs)}}
 				}
-				reasoning, content := think.push(ev.text)
-				text, tc := calls.push(content)
+				reasoning, text, tc := answer.push(ev.text)
 				return delta(reasoning, text, tc, lp, nil)
 			}
 			var lp *completionLogprobs
@@ -544,11 +542,9 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 		}
 		reason := openAIReason(cr.res.finish.Reason)
 		if chat {
-			r1, c1 := think.push(cr.res.tail)
-			r2, c2 := think.end()
-			text, tc, called := calls.end(c1 + c2)
+			reasoning, text, tc, called := answer.end(cr.res.tail)
 			reason = j.reason(cr.res.finish.Reason, called)
-			return delta(r1+r2, text, tc, nil, &reason)
+			return delta(reasoning, text, tc, nil, &reason)
 		}
 		c := completionChoice{Text: cr.res.tail, Index: i, FinishReason: &reason}
 		if j.echoOnly {

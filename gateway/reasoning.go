@@ -50,6 +50,43 @@ func (j *job) split(text string) (reasoning, content string) {
 	return r1 + r2, c1 + c2
 }
 
+// answer reads a choice's whole text: its reasoning, and its content and
+// the calls it makes (toolPlan.calls).
+func (j *job) answer(text string) (reasoning, content string, calls []ToolCall) {
+	reasoning, content = j.split(text)
+	content, calls = j.tools.calls(content)
+	return reasoning, content, calls
+}
+
+// answerStream reads a chat choice's text as it comes, as answer reads it
+// whole: the reasoning apart (thinkStream), then the content's calls
+// (callStream).
+type answerStream struct {
+	think *thinkStream
+	calls callStream
+}
+
+func (j *job) newAnswerStream() *answerStream {
+	return &answerStream{think: j.newThinkStream(), calls: callStream{plan: &j.tools}}
+}
+
+// push takes a token's text and returns the reasoning, content and call
+// deltas to send.
+func (a *answerStream) push(text string) (reasoning, content string, calls []toolCallOut) {
+	reasoning, content = a.think.push(text)
+	content, calls = a.calls.push(content)
+	return reasoning, content, calls
+}
+
+// end takes the text held for a stop string and returns what is left to
+// send, and whether the choice made calls.
+func (a *answerStream) end(tail string) (reasoning, content string, calls []toolCallOut, called bool) {
+	r1, c1 := a.think.push(tail)
+	r2, c2 := a.think.end()
+	content, calls, called = a.calls.end(c1 + c2)
+	return r1 + r2, content, calls, called
+}
+
 // push takes text and returns the reasoning and the content it settles.
 // A nil stream passes every text as content.
 func (s *thinkStream) push(text string) (reasoning, content string) {

@@ -320,7 +320,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	rs := &responseRun{s: s, j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
 		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.max > 0 && (rr.Store == nil || *rr.Store)}
-	rs.calls.plan, rs.think = &j.tools, j.newThinkStream()
+	rs.answer = j.newAnswerStream()
 	if j.stream {
 		rs.out = &sse{w: w}
 	}
@@ -365,8 +365,7 @@ type responseRun struct {
 	out     *sse
 	seq     int
 
-	calls   callStream
-	think   *thinkStream
+	answer  *answerStream
 	reason  strings.Builder // the reasoning's text
 	rsn     int             // the reasoning's output index, -1 until it has text
 	text    strings.Builder // the message's text
@@ -448,8 +447,7 @@ func (rs *responseRun) token(ev *tokenEvent) error {
 		rs.text.WriteString(ev.text)
 		return nil
 	}
-	reasoning, content := rs.think.push(ev.text)
-	text, tc := rs.calls.push(content)
+	reasoning, text, tc := rs.answer.push(ev.text)
 	return rs.send(reasoning, text, tc, lp)
 }
 
@@ -537,11 +535,10 @@ func (rs *responseRun) finish(res genResult) {
 	status, details := rs.status(res)
 	if rs.out == nil {
 		rs.text.WriteString(res.tail)
-		reasoning, content := rs.j.split(rs.text.String())
+		reasoning, content, calls := rs.j.answer(rs.text.String())
 		if reasoning != "" {
 			rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
 		}
-		content, calls := rs.j.tools.calls(content)
 		if content != "" || len(calls) == 0 {
 			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: status, Role: "assistant",
 				Content: []responsePart{textPart(content, rs.lps)}})
@@ -555,10 +552,8 @@ func (rs *responseRun) finish(res genResult) {
 	if rs.start() != nil {
 		return
 	}
-	r1, c1 := rs.think.push(res.tail)
-	r2, c2 := rs.think.end()
-	text, tc, _ := rs.calls.end(c1 + c2)
-	if err := rs.send(r1+r2, text, tc, nil); err != nil {
+	reasoning, text, tc, _ := rs.answer.end(res.tail)
+	if err := rs.send(reasoning, text, tc, nil); err != nil {
 		return
 	}
 	for i, it := range rs.items {
