@@ -204,10 +204,11 @@ type seq struct {
 const maxPromptRows = 256
 
 // promptRow is a logits row a step reads for a prompt's log-probabilities:
-// that of position pos of q.
+// that of position pos of q, token at of the step.
 type promptRow struct {
 	q   *seq
 	pos int
+	at  int32
 }
 
 // New returns a scheduler; call Run to start it.
@@ -405,11 +406,10 @@ func (s *Scheduler) step(ctx context.Context) error {
 		clear(prompt)
 		s.in, s.chunks, s.sampled, s.promptRows = in[:0], chunks[:0], sampled[:0], prompt[:0]
 	}()
-	var promptAt []int32 // the tokens whose rows prompt names
 plan:
 	for {
 		b.Tokens, b.Pos, b.Seq, b.Tables, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Tables[:0], b.Logits[:0]
-		in, chunks, sampled, prompt, promptAt = in[:0], chunks[:0], sampled[:0], prompt[:0], promptAt[:0]
+		in, chunks, sampled, prompt = in[:0], chunks[:0], sampled[:0], prompt[:0]
 		budget := s.cfg.MaxBatchTokens
 		// Decoding sequences first (one token each), then prefill chunks.
 		for _, decoding := range []bool{true, false} {
@@ -442,7 +442,7 @@ plan:
 				b.Tables = append(b.Tables, s.kv.Table(q.req.ID))
 				for j := 0; j < n; j++ {
 					if p := q.done + j; q.req.Params.PromptLogprobs && p >= len(q.plp) && p < q.prompt-1 {
-						prompt, promptAt = append(prompt, promptRow{q, p}), append(promptAt, int32(len(b.Tokens)))
+						prompt = append(prompt, promptRow{q, p, int32(len(b.Tokens))})
 					}
 					b.Tokens = append(b.Tokens, q.tokens[q.done+j])
 					b.Pos = append(b.Pos, int32(q.done+j))
@@ -462,7 +462,9 @@ plan:
 		return nil
 	}
 	// The prompts' rows follow the sampled sequences' (row i is sampled[i]'s).
-	b.Logits = append(b.Logits, promptAt...)
+	for _, pr := range prompt {
+		b.Logits = append(b.Logits, pr.at)
+	}
 	// The engine chooses (greedy) or draws the tokens when every sampled
 	// sequence allows it, returning the rows of those that report
 	// log-probabilities. The same sequences decode next unless one
