@@ -635,7 +635,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		"id": rs.id, "object": "response", "created_at": rs.created, "status": status, "error": nil,
 		"incomplete_details": details, "instructions": rr.Instructions, "max_output_tokens": rr.MaxOutputTokens,
 		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel,
-		"previous_response_id": nil, "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
+		"previous_response_id": previousID(rr.PreviousResponseID), "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
 		"tool_choice": orDefault(rr.ToolChoice, `"auto"`), "tools": orDefault(rr.Tools, `[]`),
 		"text": orDefault(rr.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(rr.Metadata),
 		"usage": nil, "user": rr.User,
@@ -649,6 +649,14 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		}
 	}
 	return o
+}
+
+// previousID is the response a request continued, or null.
+func previousID(id *string) any {
+	if id == nil || *id == "" {
+		return nil
+	}
+	return *id
 }
 
 func orDefault(raw json.RawMessage, def string) json.RawMessage {

@@ -198,6 +198,9 @@ func TestSDKResponsesStore(t *testing.T) {
 	if want := "user: hi\nassistant: " + first.OutputText() + "\nuser: more\nassistant: "; next.OutputText() != want {
 		t.Errorf("continued: %q, want %q", next.OutputText(), want)
 	}
+	if next.PreviousResponseID != first.ID || first.PreviousResponseID != "" {
+		t.Errorf("previous_response_id: %q after %q, want %q after none", next.PreviousResponseID, first.PreviousResponseID, first.ID)
+	}
 	got, err := c.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{})
 	if err != nil || got.ID != first.ID || got.OutputText() != first.OutputText() {
 		t.Fatalf("get: %v, %+v", err, got)
