@@ -162,33 +162,44 @@ func BenchmarkGEMVChain(b *testing.B) {
 	}
 }
 
+// asmLanes are the kernel sets the products' benchmarks compare: the
+// assembly ones this processor runs, or the portable one.
+func asmLanes() []*kernels {
+	if ks := asmKernels(); len(ks) > 0 {
+		return ks
+	}
+	return []*kernels{genericKernels}
+}
+
 // BenchmarkGEMM times MatMul at the demo model's prefill shapes (n=512).
 func BenchmarkGEMM(b *testing.B) {
 	const n = 512
 	shapes := [][2]int{{384, 384}, {384, 1024}, {1024, 384}, {384, 8192}}
 	for _, threads := range benchThreads() {
-		d := open(b, fastKernels(), threads)
-		for _, dt := range []gpu.DType{gpu.BF16, gpu.F32} {
-			for _, s := range shapes {
-				k, m := s[0], s[1]
-				b.Run(fmt.Sprintf("%s/%s/n=%d/k=%d/m=%d", threadsName(d), dt, n, k, m), func(b *testing.B) {
-					rng := rand.New(rand.NewPCG(1, 1))
-					var w gpu.Buffer
-					if dt == gpu.BF16 {
-						w = bfWeights(b, d, rng, m*k)
-					} else {
-						w = f32Buf(b, d, randF32(rng, m*k))
-					}
-					x := f32Buf(b, d, randF32(rng, n*k))
-					out, _ := d.Alloc(gpu.F32, n*m)
-					b.ReportAllocs()
-					for b.Loop() {
-						if err := d.MatMul(out, x, w, n, k, m); err != nil {
-							b.Fatal(err)
+		for _, lane := range asmLanes() {
+			d := open(b, lane, threads)
+			for _, dt := range []gpu.DType{gpu.BF16, gpu.F32} {
+				for _, s := range shapes {
+					k, m := s[0], s[1]
+					b.Run(fmt.Sprintf("%s/%s/%s/n=%d/k=%d/m=%d", lane.name, threadsName(d), dt, n, k, m), func(b *testing.B) {
+						rng := rand.New(rand.NewPCG(1, 1))
+						var w gpu.Buffer
+						if dt == gpu.BF16 {
+							w = bfWeights(b, d, rng, m*k)
+						} else {
+							w = f32Buf(b, d, randF32(rng, m*k))
 						}
-					}
-					b.ReportMetric(2*float64(n*k*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-				})
+						x := f32Buf(b, d, randF32(rng, n*k))
+						out, _ := d.Alloc(gpu.F32, n*m)
+						b.ReportAllocs()
+						for b.Loop() {
+							if err := d.MatMul(out, x, w, n, k, m); err != nil {
+								b.Fatal(err)
+							}
+						}
+						b.ReportMetric(2*float64(n*k*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					})
+				}
 			}
 		}
 	}
@@ -357,17 +368,19 @@ func BenchmarkDemoDecode(b *testing.B) {
 func BenchmarkDemoPrefill(b *testing.B) {
 	const n = 512
 	for _, threads := range benchThreads() {
-		d := open(b, fastKernels(), threads)
-		b.Run(fmt.Sprintf("%s/cache=bf16", threadsName(d)), func(b *testing.B) {
-			m := newDemoModel(b, d, n, n, gpu.BF16)
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := m.forward(); err != nil {
-					b.Fatal(err)
+		for _, lane := range asmLanes() {
+			d := open(b, lane, threads)
+			b.Run(fmt.Sprintf("%s/%s/cache=bf16", lane.name, threadsName(d)), func(b *testing.B) {
+				m := newDemoModel(b, d, n, n, gpu.BF16)
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := m.forward(); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-			b.ReportMetric(n*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
-		})
+				b.ReportMetric(n*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
 	}
 }
 

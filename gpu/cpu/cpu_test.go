@@ -21,11 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // lanes are the kernel sets this machine can run: always the portable one,
 // and the assembly one where the processor has it.
 func lanes() []*kernels {
-	ks := []*kernels{genericKernels}
-	if k := fastKernels(); k != genericKernels {
-		ks = append(ks, k)
-	}
-	return ks
+	return append([]*kernels{genericKernels}, asmKernels()...)
 }
 
 func open(t testing.TB, k *kernels, threads int) *Device {
@@ -127,10 +123,16 @@ func TestKernelsComplete(t *testing.T) {
 // TestKernelsAgree checks the assembly kernels against the portable ones
 // over sizes that exercise every remainder path.
 func TestKernelsAgree(t *testing.T) {
-	fast := fastKernels()
-	if fast == genericKernels {
+	ks := asmKernels()
+	if len(ks) == 0 {
 		t.Skip("no assembly kernels on this processor")
 	}
+	for _, fast := range ks {
+		t.Run(fast.name, func(t *testing.T) { kernelsAgree(t, fast) })
+	}
+}
+
+func kernelsAgree(t *testing.T, fast *kernels) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const tol = 1e-6
 	for _, k := range []int{1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 100, 384} {
@@ -204,7 +206,7 @@ func TestKernelsAgree(t *testing.T) {
 				}
 			}
 		}
-		for _, n16 := range []int{1, 2, 5} {
+		for _, n16 := range []int{1, 2, 3, 5, 6} {
 			xs, os := k+rng.IntN(3), 16*n16+rng.IntN(4)
 			x, wp := randF32(rng, 5*xs+k), randF32(rng, 16*k*n16)
 			for _, add := range []bool{false, true} {

@@ -4,16 +4,42 @@ package cpu
 
 import "golang.org/x/sys/cpu"
 
-// hasAVX2 reports, once at start-up, whether the assembly kernels can run.
-var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+// hasAVX2 and hasAVX512 report, once at start-up, which assembly kernels
+// can run (x/sys/cpu reports AVX-512 only where the OS saves its registers).
+var (
+	hasAVX2   = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F
+)
 
 // fastKernels returns the best kernels for this processor.
 func fastKernels() *kernels {
-	if hasAVX2 {
-		return avx2Kernels
+	ks := asmKernels()
+	if len(ks) == 0 {
+		return genericKernels
 	}
-	return genericKernels
+	return ks[len(ks)-1]
 }
+
+// asmKernels returns the assembly kernel sets this processor runs, the
+// fastest last.
+func asmKernels() []*kernels {
+	switch {
+	case hasAVX512:
+		return []*kernels{avx2Kernels, avx512Kernels}
+	case hasAVX2:
+		return []*kernels{avx2Kernels}
+	}
+	return nil
+}
+
+// avx512Kernels are avx2Kernels with the products whose 512-bit versions
+// are faster: the prompt's GEMM, which is bound by the FMAs, not by memory.
+var avx512Kernels = func() *kernels {
+	k := *avx2Kernels
+	k.name = "avx512"
+	k.gemm6x16 = gemm6x16Asm512
+	return &k
+}()
 
 var avx2Kernels = &kernels{
 	name:         "avx2",
@@ -85,6 +111,9 @@ func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float3
 
 //go:noescape
 func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
+
+//go:noescape
+func gemm6x16AVX512(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
 
 //go:noescape
 func packTAVX2(dst *float32, dstride int, src *float32, sstride int, k8 int, groups int)
@@ -462,23 +491,36 @@ func flashPVAsm(o, p []float32, nk int, v []float32, vstride int, f []float32, h
 }
 
 func gemm6x16Asm(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	if a, ok := gemmArgs(out, ostride, x, xstride, wp, k, n16, add); ok {
+		gemm6x16AVX2(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
+	}
+}
+
+func gemm6x16Asm512(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) {
+	if a, ok := gemmArgs(out, ostride, x, xstride, wp, k, n16, add); ok {
+		gemm6x16AVX512(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
+	}
+}
+
+// gemmArgs checks a gemm6x16 call's spans, does the calls with no depth
+// itself, and reports whether the kernel is to run, with add as an int.
+func gemmArgs(out []float32, ostride int, x []float32, xstride int, wp []float32, k, n16 int, add bool) (int, bool) {
 	if n16 <= 0 || (k <= 0 && add) {
-		return
+		return 0, false
 	}
 	if k <= 0 {
 		for i := range 6 {
 			clear(out[i*ostride : i*ostride+16*n16])
 		}
-		return
+		return 0, false
 	}
 	_ = out[5*ostride+16*n16-1]
 	_ = x[5*xstride+k-1]
 	_ = wp[16*k*n16-1]
-	a := 0
 	if add {
-		a = 1
+		return 1, true
 	}
-	gemm6x16AVX2(&out[0], ostride, &x[0], xstride, &wp[0], k, n16, a)
+	return 0, true
 }
 
 func packTAsm(dst []float32, dstride int, src []float32, sstride, rows, k int) {
