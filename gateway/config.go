@@ -46,9 +46,11 @@ type Config struct {
 	// DefaultMaxTokens is the completion budget of a request that sets none; 0 means
 	// the rest of the context.
 	DefaultMaxTokens int
-	// MaxStoredResponses bounds the Responses answers kept in memory for
-	// previous_response_id and GET /v1/responses/{id}, the oldest dropped
-	// first; 0 keeps none.
+	// Responses keeps the Responses answers for previous_response_id and
+	// GET /v1/responses/{id}; gateways that share it find each other's.
+	// Without one, the gateway keeps the last MaxStoredResponses in its
+	// own memory, the oldest dropped first; 0 keeps none.
+	Responses          ResponseStore
 	MaxStoredResponses int
 
 	// ResumeGrace is how long a websocket request lives on after its socket went away,

@@ -145,6 +145,15 @@ type messageContent struct {
 	set  bool
 }
 
+// MarshalJSON writes the content as a string, or null where it was not set
+// (a kept conversation reads back as it was).
+func (c messageContent) MarshalJSON() ([]byte, error) {
+	if !c.set {
+		return []byte("null"), nil
+	}
+	return json.Marshal(c.text)
+}
+
 func (c *messageContent) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	*c = messageContent{}
@@ -182,9 +191,9 @@ func (c *messageContent) UnmarshalJSON(b []byte) error {
 type chatMessage struct {
 	Role       string          `json:"role"`
 	Content    messageContent  `json:"content"`
-	Name       string          `json:"name"`
-	ToolCalls  json.RawMessage `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	Name       string          `json:"name,omitempty"`
+	ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
 }
 
 type streamOptions struct {

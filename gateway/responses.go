@@ -15,7 +15,7 @@ import (
 // first, its tools, tool_choice and text.format as the chat's) and
 // validated as one; the answer comes back as the response's output items,
 // whole or as its stream of events. The last responses are kept
-// (responseStore), so that a request may continue one (previous_response_id)
+// (ResponseStore), so that a request may continue one (previous_response_id)
 // and a client fetch or delete it.
 
 // responsesRequest is what a Responses request holds beyond the chat
@@ -290,13 +290,17 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r.Context())
 	var prior []chatMessage
 	if id := rr.PreviousResponseID; id != nil && *id != "" {
-		prev, ok := s.responses.get(*id, tenant)
-		if !ok {
+		prev, err := s.responses.get(r.Context(), *id, tenant)
+		if err != nil {
+			writeAPIError(w, storeError(err))
+			return
+		}
+		if prev == nil {
 			writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Param: "previous_response_id", Code: "previous_response_not_found",
 				Message: "previous response " + truncate(*id, 80) + " is not kept here (it expired, was deleted, was not stored, or another node answered it)"})
 			return
 		}
-		prior = prev.conv
+		prior = prev.Conv
 	}
 	input, aerr := rr.chat(&cr, prior)
 	if aerr != nil {
@@ -318,8 +322,8 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	defer cancel()
-	rs := &responseRun{s: s, j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
-		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.max > 0 && (rr.Store == nil || *rr.Store)}
+	rs := &responseRun{s: s, ctx: context.WithoutCancel(r.Context()), j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
+		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.enabled() && (rr.Store == nil || *rr.Store)}
 	rs.answer = j.newAnswerStream()
 	if j.stream {
 		rs.out = &sse{w: w}
@@ -354,6 +358,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 // as they come (streamed as events where out is set).
 type responseRun struct {
 	s       *Server
+	ctx     context.Context // the request's, not cancelled with it: a response is kept once answered
 	j       *job
 	rr      *responsesRequest
 	w       http.ResponseWriter
@@ -615,7 +620,9 @@ func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) 
 		}
 		out.ToolCalls, _ = json.Marshal(tc)
 	}
-	rs.s.responses.put(rs.id, &storedResponse{tenant: rs.tenant, conv: append(slices.Clip(rs.conv), out), object: b})
+	if err := rs.s.responses.put(rs.ctx, rs.id, &storedResponse{Tenant: rs.tenant, Conv: append(slices.Clip(rs.conv), out), Object: b}); err != nil {
+		o["store"] = false // not kept: a later request will not find it
+	}
 	return o
 }
 
@@ -673,20 +680,35 @@ func nonNilMap(m map[string]string) map[string]string {
 	return m
 }
 
+// storeError is the answer to a request the response store failed.
+func storeError(err error) *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "response_store_unavailable",
+		Message: "the store of kept responses failed: " + truncate(err.Error(), 200)}
+}
+
 func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	resp, ok := s.responses.get(id, tenantOf(r.Context()))
-	if !ok {
+	resp, err := s.responses.get(r.Context(), id, tenantOf(r.Context()))
+	if err != nil {
+		writeAPIError(w, storeError(err))
+		return
+	}
+	if resp == nil {
 		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(resp.object)
+	_, _ = w.Write(resp.Object)
 }
 
 func (s *Server) handleDeleteResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if !s.responses.drop(id, tenantOf(r.Context())) {
+	ok, err := s.responses.drop(r.Context(), id, tenantOf(r.Context()))
+	if err != nil {
+		writeAPIError(w, storeError(err))
+		return
+	}
+	if !ok {
 		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
 		return
 	}

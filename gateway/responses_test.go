@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -244,21 +245,118 @@ func TestSDKResponsesStore(t *testing.T) {
 	}
 }
 
-// TestResponseStoreBound: the oldest responses go first.
+// TestResponseStoreBound: the oldest responses go first, and a tenant
+// sees its own alone.
 func TestResponseStoreBound(t *testing.T) {
-	s := newResponseStore(3)
+	ctx := t.Context()
+	mem := MemoryResponses(3)
+	s := keptResponses{mem}
 	for i := range 10 {
-		s.put(fmt.Sprint(i), &storedResponse{tenant: "t"})
-		if i == 5 && !s.drop("4", "t") {
-			t.Fatal("drop")
+		if err := s.put(ctx, fmt.Sprint(i), &storedResponse{Tenant: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 5 {
+			if ok, err := s.drop(ctx, "4", "u"); ok || err != nil {
+				t.Fatal("another tenant's drop:", ok, err)
+			}
+			if ok, err := s.drop(ctx, "4", "t"); !ok || err != nil {
+				t.Fatal("drop:", ok, err)
+			}
 		}
 	}
 	for i := range 10 {
-		if _, ok := s.get(fmt.Sprint(i), "t"); ok != (i >= 7) {
-			t.Errorf("response %d kept %v", i, ok)
+		if v, err := s.get(ctx, fmt.Sprint(i), "t"); err != nil || (v != nil) != (i >= 7) {
+			t.Errorf("response %d kept %v (%v)", i, v != nil, err)
+		}
+		if v, _ := s.get(ctx, fmt.Sprint(i), "u"); v != nil {
+			t.Errorf("response %d seen by another tenant", i)
 		}
 	}
-	if len(s.byID) != 3 || len(s.order) > 2*3+16 {
-		t.Errorf("%d kept, %d ids in order", len(s.byID), len(s.order))
+	m := mem.(*memoryResponses)
+	if len(m.byID) != 3 || len(m.order) > 2*3+16 {
+		t.Errorf("%d kept, %d ids in order", len(m.byID), len(m.order))
+	}
+}
+
+// TestSharedResponseStore: gateways that share a store continue, fetch
+// and delete each other's responses, with the conversation (tool calls
+// included) as it was kept.
+func TestSharedResponseStore(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.Responses = MemoryResponses(16)
+	a, b := sdkClient(newEnv(t, cfg, nil), "k"), sdkClient(newEnv(t, cfg, nil), "k")
+	tools := []responses.ToolUnionParam{responses.ToolParamOfFunction("get_weather",
+		map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}, false)}
+	first, err := a.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(`<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var call responses.ResponseFunctionToolCall
+	for _, it := range first.Output {
+		if it.Type == "function_call" {
+			call = it.AsFunctionCall()
+		}
+	}
+	if call.CallID == "" {
+		t.Fatalf("no call in %s", first.RawJSON())
+	}
+	next, err := b.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools, PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+			{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: param.NewOpt(call.CallID),
+				Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: param.NewOpt("-3")}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "tools: get_weather\nuser:\nassistant: " + first.OutputText() + ` -> get_weather({"city": "Oslo"})` + "\ntool[" + call.CallID + "]: -3\nassistant: "
+	if next.OutputText() != want {
+		t.Errorf("continued on another gateway: %q, want %q", next.OutputText(), want)
+	}
+	if got, err := b.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{}); err != nil || got.RawJSON() != first.RawJSON() {
+		t.Errorf("get on another gateway: %v\n%s\nwant\n%s", err, got.RawJSON(), first.RawJSON())
+	}
+	if err := b.Responses.Delete(t.Context(), first.ID); err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *openai.Error
+	if _, err := a.Responses.Get(t.Context(), first.ID, responses.ResponseGetParams{}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("get after a delete on another gateway: %v", err)
+	}
+}
+
+// failingStore fails every call.
+type failingStore struct{}
+
+func (failingStore) Put(context.Context, string, []byte) error { return errors.New("store down") }
+func (failingStore) Get(context.Context, string) ([]byte, bool, error) {
+	return nil, false, errors.New("store down")
+}
+func (failingStore) Delete(context.Context, string) error { return errors.New("store down") }
+
+// TestResponseStoreDown: a store that fails costs the answer nothing (it
+// says it was not kept); reads of kept responses get a 503 that says why.
+func TestResponseStoreDown(t *testing.T) {
+	cfg := testConfig()
+	cfg.Responses = failingStore{}
+	c := sdkClient(newEnv(t, cfg, nil), "k")
+	r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	if err != nil || r.OutputText() == "" || !strings.Contains(r.RawJSON(), `"store":false`) {
+		t.Fatalf("answer with the store down: %v, %s", err, r.RawJSON())
+	}
+	var apiErr *openai.Error
+	for name, call := range map[string]func() error{
+		"get":    func() error { _, err := c.Responses.Get(t.Context(), r.ID, responses.ResponseGetParams{}); return err },
+		"delete": func() error { return c.Responses.Delete(t.Context(), r.ID) },
+		"continue": func() error {
+			_, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, PreviousResponseID: openai.String(r.ID),
+				Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}})
+			return err
+		},
+	} {
+		if err := call(); !errors.As(err, &apiErr) || apiErr.StatusCode != 503 || apiErr.Code != "response_store_unavailable" || !strings.Contains(apiErr.Message, "store down") {
+			t.Errorf("%s with the store down: %v", name, err)
+		}
 	}
 }

@@ -1,43 +1,114 @@
 package gateway
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
+	"time"
 )
 
-// responseStore keeps the last responses a gateway answered (those not
-// asked store: false), for a request to continue (previous_response_id)
-// and a client to fetch or delete: at most max, the oldest dropped first,
-// each visible to its tenant alone. It lives in the gateway's memory: a
-// response is found through the node that answered it.
-type responseStore struct {
+// ResponseStore keeps the responses a gateway answered (those not asked
+// store: false), for a request to continue one (previous_response_id) and a
+// client to fetch or delete it (GET and DELETE /v1/responses/{id}). The
+// values are opaque to it. A store may drop any value (a bound, an age):
+// the gateway then answers 404, as for a response never kept.
+//
+// Config.Responses sets the store; without one the gateway keeps the last
+// Config.MaxStoredResponses in its own memory, where only the node that
+// answered a response finds it. Gateways behind one load balancer share
+// one store (troupe serve: a JetStream key-value bucket of the cluster).
+type ResponseStore interface {
+	// Put keeps value under id.
+	Put(ctx context.Context, id string, value []byte) error
+	// Get returns the value kept under id, or ok false where there is none.
+	Get(ctx context.Context, id string) (value []byte, ok bool, err error)
+	// Delete drops id's value, if any.
+	Delete(ctx context.Context, id string) error
+}
+
+// storeTimeout bounds a store's answer to one request.
+const storeTimeout = 5 * time.Second
+
+// storedResponse is a kept response: its tenant, the conversation it ends
+// (every message up to its output; instructions not carried) and the
+// response as answered.
+type storedResponse struct {
+	Tenant string          `json:"tenant"`
+	Conv   []chatMessage   `json:"conv"`
+	Object json.RawMessage `json:"object"`
+}
+
+// keptResponses reads and writes kept responses through a ResponseStore, each
+// visible to its tenant alone.
+type keptResponses struct{ store ResponseStore }
+
+func (r keptResponses) enabled() bool { return r.store != nil }
+
+func (r keptResponses) put(ctx context.Context, id string, v *storedResponse) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return r.store.Put(ctx, id, b)
+}
+
+// get is tenant's response id, or nil where the store has none of its.
+func (r keptResponses) get(ctx context.Context, id, tenant string) (*storedResponse, error) {
+	if r.store == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	b, ok, err := r.store.Get(ctx, id)
+	if err != nil || !ok {
+		return nil, err
+	}
+	var v storedResponse
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("kept response %s: %w", truncate(id, 80), err)
+	}
+	if v.Tenant != tenant {
+		return nil, nil
+	}
+	return &v, nil
+}
+
+// drop deletes tenant's response id and reports whether there was one.
+func (r keptResponses) drop(ctx context.Context, id, tenant string) (bool, error) {
+	v, err := r.get(ctx, id, tenant)
+	if v == nil || err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return true, r.store.Delete(ctx, id)
+}
+
+// memoryResponses is the gateway's own ResponseStore: the last max values
+// in memory, the oldest dropped first.
+type memoryResponses struct {
 	mu    sync.Mutex
 	max   int
-	byID  map[string]*storedResponse
+	byID  map[string][]byte
 	order []string // ids, oldest first (deleted ones skipped when dropped)
 }
 
-// storedResponse is a kept response: the conversation it ends (every
-// message up to its output; instructions not carried) and the response as
-// answered.
-type storedResponse struct {
-	tenant string
-	conv   []chatMessage
-	object []byte
+// MemoryResponses returns a ResponseStore that keeps the last max values in
+// this process's memory, the oldest dropped first.
+func MemoryResponses(max int) ResponseStore {
+	return &memoryResponses{max: max, byID: map[string][]byte{}}
 }
 
-func newResponseStore(max int) *responseStore {
-	return &responseStore{max: max, byID: map[string]*storedResponse{}}
-}
-
-// put keeps r under id, dropping the oldest beyond the bound.
-func (s *responseStore) put(id string, r *storedResponse) {
-	if s.max == 0 {
-		return
-	}
+func (s *memoryResponses) Put(_ context.Context, id string, value []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.byID[id] = r
-	s.order = append(s.order, id)
+	if _, ok := s.byID[id]; !ok {
+		s.order = append(s.order, id)
+	}
+	s.byID[id] = value
 	for len(s.byID) > s.max && len(s.order) > 0 {
 		delete(s.byID, s.order[0])
 		s.order = s.order[1:]
@@ -46,33 +117,25 @@ func (s *responseStore) put(id string, r *storedResponse) {
 		// Ids of deleted responses: compact.
 		live := s.order[:0]
 		for _, k := range s.order {
-			if s.byID[k] != nil {
+			if _, ok := s.byID[k]; ok {
 				live = append(live, k)
 			}
 		}
 		s.order = live
 	}
+	return nil
 }
 
-// get is tenant's response id.
-func (s *responseStore) get(id, tenant string) (*storedResponse, bool) {
+func (s *memoryResponses) Get(_ context.Context, id string) ([]byte, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.byID[id]
-	if !ok || r.tenant != tenant {
-		return nil, false
-	}
-	return r, true
+	v, ok := s.byID[id]
+	return v, ok, nil
 }
 
-// drop deletes tenant's response id and reports whether there was one.
-func (s *responseStore) drop(id, tenant string) bool {
+func (s *memoryResponses) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.byID[id]
-	if !ok || r.tenant != tenant {
-		return false
-	}
 	delete(s.byID, id)
-	return true
+	return nil
 }

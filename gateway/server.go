@@ -29,7 +29,7 @@ type Server struct {
 	tok     Tokenizer
 	val     validator
 	// responses keeps the last Responses answers (POST /v1/responses).
-	responses *responseStore
+	responses keptResponses
 	lim       *limiter
 	met       *metrics
 	mux       *http.ServeMux
@@ -78,7 +78,12 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 		mux:     http.NewServeMux(),
 		streams: make(map[streamKey]*stream),
 	}
-	s.responses = newResponseStore(cfg.MaxStoredResponses)
+	switch {
+	case cfg.Responses != nil:
+		s.responses.store = cfg.Responses
+	case cfg.MaxStoredResponses > 0:
+		s.responses.store = MemoryResponses(cfg.MaxStoredResponses)
+	}
 	s.val = validator{cfg: &s.cfg, models: make(map[string]ModelInfo, len(cfg.Models)), tok: tok, tmpl: tmpl}
 	for _, m := range s.cfg.Models {
 		s.val.models[m.ID] = m
