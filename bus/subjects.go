@@ -98,6 +98,10 @@ func (s Subjects) KVManager(replica, op string) string {
 // RegistryBucket is the JetStream KV bucket of the actor registry.
 func (s Subjects) RegistryBucket() string { return "troupe_" + s.cluster + "_registry" }
 
+// ResponsesBucket is the JetStream KV bucket of the gateways' kept
+// responses (a Cache).
+func (s Subjects) ResponsesBucket() string { return "troupe_" + s.cluster + "_responses" }
+
 // Token encodes name as one subject token that is also a valid JetStream KV
 // key token: letters, digits, '-' and '_' stay; every other byte becomes
 // '=' and two upper-case hex digits; the empty name becomes "=". Token is

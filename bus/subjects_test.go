@@ -24,6 +24,7 @@ func TestSubjects(t *testing.T) {
 		{s.ActorEndpoint("shard", "r0", "step"), "troupe.prod.actor.shard.r0.step"},
 		{s.KVManager("r0", KVReserve), "troupe.prod.actor.kvmgr.r0.reserve"},
 		{s.RegistryBucket(), "troupe_prod_registry"},
+		{s.ResponsesBucket(), "troupe_prod_responses"},
 		{s.Exchange("r0/tp"), "troupe.prod.exchange.r0=2Ftp"},
 		{s.Submit("*"), "troupe.prod.sched.=2A.submit"},
 		{s.Tokens(""), "troupe.prod.tokens.="},

@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/troupe/troupe/bus"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/scheduler"
@@ -108,6 +111,34 @@ func (l *netnsLab) nodeArgs(i int, extra ...string) []string {
 		"--bus-user", labUser, "--bus-password", labPassword, "--store-dir", filepath.Join(l.dir, fmt.Sprint(i)),
 		"--threads", "1", "--max-seqs", "8", "--kv-blocks", "256", "--step-timeout", "3s"}
 	return append(args, extra...)
+}
+
+// keptAcrossHosts answers a Responses request on the gateway at a, then
+// continues it and fetches it on the one at b.
+func keptAcrossHosts(t *testing.T, ctx context.Context, a, b string) {
+	t.Helper()
+	client := func(url string) openai.Client {
+		return openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	}
+	ca, cb := client(a), client(b)
+	first, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: demo.Name, MaxOutputTokens: openai.Int(8), Temperature: openai.Float(0),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("How do I list files?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := cb.Responses.New(ctx, responses.ResponseNewParams{Model: demo.Name, MaxOutputTokens: openai.Int(8), Temperature: openai.Float(0),
+		PreviousResponseID: openai.String(first.ID), Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("And hidden ones?")}})
+	if err != nil {
+		t.Fatalf("continued on another host: %v", err)
+	}
+	if next.PreviousResponseID != first.ID || next.Usage.InputTokens <= first.Usage.InputTokens {
+		t.Errorf("continued on another host: previous %q (want %q), %d input tokens after %d", next.PreviousResponseID, first.ID,
+			next.Usage.InputTokens, first.Usage.InputTokens)
+	}
+	got, err := cb.Responses.Get(ctx, first.ID, responses.ResponseGetParams{})
+	if err != nil || got.OutputText() != first.OutputText() {
+		t.Errorf("fetched on another host: %v, %q want %q", err, got.OutputText(), first.OutputText())
+	}
 }
 
 // syncBuffer is a log that may be written while it is read.
@@ -287,6 +318,9 @@ func TestClusterNetns(t *testing.T) {
 			t.Errorf("prompt %q over three hosts: got %q, want %q", ref.Prompt, got, ref.Text)
 		}
 	}
+	// A Responses answer of host 0's gateway is continued and fetched
+	// through host 2's: kept responses are the cluster's.
+	keptAcrossHosts(t, ctx, url, "http://"+lab.ip(2)+":8080")
 	// Every node beats and has its stage in the registry.
 	var st ClusterStatus
 	waitUntil(t, "every node alive with its stage registered", 10*time.Second, func() bool {

@@ -33,6 +33,9 @@ type node struct {
 	subj     bus.Subjects
 	actors   *actors.System
 	registry *actors.Registry
+	// responses keeps the gateways' Responses answers, cluster-wide; nil
+	// keeps none.
+	responses *bus.Cache
 	bundle   *models.Bundle
 	tok      *tokenizer.Tokenizer
 	dev      gpu.Device
@@ -170,6 +173,11 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	if n.registry, err = openRegistry(ctx, n.nc, n.subj, bc.JetStream.Replicas); err != nil {
 		return nil, err
 	}
+	if cfg.KeptResponses > 0 {
+		if n.responses, err = openResponses(ctx, n.nc, n.subj, bc.JetStream.Replicas, cfg.KeptResponses); err != nil {
+			return nil, err
+		}
+	}
 	names, err := claimNames(ctx, n.registry, cfg.Node, cfg.Group, log)
 	if err != nil {
 		return nil, err
@@ -294,22 +302,50 @@ func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replica
 	rc := actors.DefaultRegistryConfig()
 	rc.Bucket = subj.RegistryBucket()
 	rc.Replicas = replicas
-	// A replicated bucket needs its peers: wait for the cluster to form.
+	reg, err := untilOpen(ctx, func(ctx context.Context) (*actors.Registry, error) { return actors.OpenRegistry(ctx, js, rc) })
+	if err != nil {
+		return nil, fmt.Errorf("serve: registry (%d replicas): %w", replicas, err)
+	}
+	return reg, nil
+}
+
+// untilOpen calls open, 5 s at a time, until it succeeds or 2 minutes
+// pass: a replicated bucket needs its peers, and its stream a leader, so
+// it waits for the cluster to form.
+func untilOpen[T any](ctx context.Context, open func(context.Context) (T, error)) (T, error) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
 		octx, ocancel := context.WithTimeout(wctx, 5*time.Second)
-		reg, err := actors.OpenRegistry(octx, js, rc)
+		v, err := open(octx)
 		ocancel()
 		if err == nil {
-			return reg, nil
+			return v, nil
 		}
 		select {
 		case <-wctx.Done():
-			return nil, fmt.Errorf("serve: registry (%d replicas): %w", replicas, err)
+			return v, err
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// keptResponseBytes bounds the bytes of the cluster's kept responses.
+const keptResponseBytes = 256 << 20
+
+// openResponses opens the cluster's bucket of kept responses, at most max
+// of them.
+func openResponses(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replicas, max int) (*bus.Cache, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("serve: jetstream: %w", err)
+	}
+	cfg := bus.CacheConfig{Bucket: subj.ResponsesBucket(), MaxValues: int64(max), MaxBytes: keptResponseBytes, Storage: bus.StorageMemory, Replicas: replicas}
+	c, err := untilOpen(ctx, func(ctx context.Context) (*bus.Cache, error) { return bus.OpenCache(ctx, js, cfg) })
+	if err != nil {
+		return nil, fmt.Errorf("serve: kept responses: %w", err)
+	}
+	return c, nil
 }
 
 // replicaID names replica r scheduled by this node; node names keep it

@@ -52,6 +52,9 @@ type serveConfig struct {
 	KVBlocks       int `json:"kv_blocks"`
 	// APIKeys are required on every route but /health and /ready when set.
 	APIKeys []string `json:"api_keys"`
+	// KeptResponses bounds the Responses API answers the cluster keeps for
+	// previous_response_id (every node's gateway finds them); 0 keeps none.
+	KeptResponses int `json:"kept_responses"`
 	// Node names this process in the cluster.
 	Node string `json:"node"`
 	// Cluster is the bus configuration (routes, TLS, credentials).
@@ -148,7 +151,7 @@ func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
 		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: models.CodeAuto, Shards: 1, Replicas: 1, TP: 1,
-		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0,
+		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0, KeptResponses: 4096,
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,
 	}
@@ -171,6 +174,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "tokens per step")
 	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")
 	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts, at most 64, or as many as 90% of the free memory holds)")
+	fs.IntVar(&c.KeptResponses, "kept-responses", c.KeptResponses, "Responses API answers kept for previous_response_id and GET /v1/responses/{id}, shared by the cluster's gateways, the oldest dropped first (at most 256 MiB; 0: none)")
 	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
 	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
 	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")
@@ -246,7 +250,7 @@ func (c serveConfig) validate() error {
 	}{
 		{"shards", c.Shards, 1}, {"replicas", c.Replicas, 0}, {"threads", c.Threads, 0},
 		{"max-queue", c.MaxQueue, 1}, {"max-batch-tokens", c.MaxBatchTokens, 1},
-		{"max-seqs", c.MaxSeqs, 1}, {"kv-blocks", c.KVBlocks, 0},
+		{"max-seqs", c.MaxSeqs, 1}, {"kv-blocks", c.KVBlocks, 0}, {"kept-responses", c.KeptResponses, 0},
 	} {
 		if lim.v < lim.least {
 			return fmt.Errorf("serve: --%s %d: want %d or more", lim.flag, lim.v, lim.least)
@@ -351,6 +355,10 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	gcfg := gateway.DefaultConfig()
 	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
 	gcfg.APIKeys = cfg.APIKeys
+	gcfg.MaxStoredResponses = 0
+	if n.responses != nil {
+		gcfg.Responses = n.responses
+	}
 	gw, err := gateway.New(gcfg, n.backend, n.tok, tmpl)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

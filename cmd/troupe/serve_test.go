@@ -770,6 +770,36 @@ func TestServeResponses(t *testing.T) {
 	if err := dec.Decode(&got); err != nil || call.Name != "ls" || got.Cmd == nil {
 		t.Errorf("call %s(%s): %v", call.Name, call.Arguments, err)
 	}
+
+	// The call's output, sent back through the kept response (the
+	// cluster's bucket), is answered in text; the call is fetched again.
+	next, err := c.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model: demo.Name, MaxOutputTokens: openai.Int(16), Temperature: openai.Float(0), PreviousResponseID: openai.String(resp.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+			{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: param.NewOpt(call.CallID),
+				Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: param.NewOpt("a.txt b.txt")}}}}},
+		Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("ls", schema, true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.PreviousResponseID != resp.ID || next.Usage.InputTokens <= resp.Usage.InputTokens {
+		t.Errorf("continued: previous %q, %d input tokens after %d", next.PreviousResponseID, next.Usage.InputTokens, resp.Usage.InputTokens)
+	}
+	if kept, err := c.Responses.Get(t.Context(), resp.ID, responses.ResponseGetParams{}); err != nil || kept.RawJSON() != resp.RawJSON() {
+		t.Errorf("fetched: %v", err)
+	}
+
+	// --kept-responses 0 keeps none.
+	c = startServe(t, func(c *serveConfig) { c.KeptResponses = 0 }).client()
+	resp, err = c.Responses.New(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *openai.Error
+	if _, err := c.Responses.Get(t.Context(), resp.ID, responses.ResponseGetParams{}); strings.Contains(resp.RawJSON(), `"store":true`) || !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("--kept-responses 0: %s, get %v", resp.RawJSON(), err)
+	}
 }
 
 // TestServePromptLogprobs scores a prompt as evaluation harnesses do
