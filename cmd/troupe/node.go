@@ -36,22 +36,22 @@ type node struct {
 	// responses keeps the gateways' Responses answers, cluster-wide; nil
 	// keeps none.
 	responses *bus.Cache
-	bundle   *models.Bundle
-	tok      *tokenizer.Tokenizer
-	dev      gpu.Device
-	tpd      *tpState // the --tp devices and ranks; nil without tensor parallelism
-	device   *actors.Ref[scheduler.DeviceJob]
-	backend  *backend
-	plane    *xgmi.Host
-	stream   *xgmi.StreamClient // nil on a node without a data listener
-	dataAddr string             // advertised data-plane address; "" if none
-	view     *clusterView
-	tp       *trace.Provider
-	log      io.Writer
-	blocks   int      // KV blocks a replica of the node's start
-	kvAuto   *kvNeeds // what sized blocks by memory; nil for --kv-blocks
-	started  bool     // the start's replicas are up; guarded by resizeMu
-	cacheDT  gpu.DType
+	bundle    *models.Bundle
+	tok       *tokenizer.Tokenizer
+	dev       gpu.Device
+	tpd       *tpState // the --tp devices and ranks; nil without tensor parallelism
+	device    *actors.Ref[scheduler.DeviceJob]
+	backend   *backend
+	plane     *xgmi.Host
+	stream    *xgmi.StreamClient // nil on a node without a data listener
+	dataAddr  string             // advertised data-plane address; "" if none
+	view      *clusterView
+	tp        *trace.Provider
+	log       io.Writer
+	blocks    int      // KV blocks a replica of the node's start
+	kvAuto    *kvNeeds // what sized blocks by memory; nil for --kv-blocks
+	started   bool     // the start's replicas are up; guarded by resizeMu
+	cacheDT   gpu.DType
 
 	cancel  context.CancelFunc
 	runCtx  context.Context // ends when the node closes
