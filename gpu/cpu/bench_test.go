@@ -347,18 +347,20 @@ func (m *demoModel) forward() error {
 // alone allow.
 func BenchmarkDemoDecode(b *testing.B) {
 	for _, threads := range benchThreads() {
-		d := open(b, fastKernels(), threads)
-		for _, cache := range []gpu.DType{gpu.BF16, gpu.F32} {
-			b.Run(fmt.Sprintf("%s/cache=%s", threadsName(d), cache), func(b *testing.B) {
-				m := newDemoModel(b, d, 1, 256, cache)
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := m.forward(); err != nil {
-						b.Fatal(err)
+		for _, lane := range asmLanes() {
+			d := open(b, lane, threads)
+			for _, cache := range []gpu.DType{gpu.BF16, gpu.F32} {
+				b.Run(fmt.Sprintf("%s/%s/cache=%s", lane.name, threadsName(d), cache), func(b *testing.B) {
+					m := newDemoModel(b, d, 1, 256, cache)
+					b.ReportAllocs()
+					for b.Loop() {
+						if err := m.forward(); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
-			})
+					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				})
+			}
 		}
 	}
 }

@@ -135,7 +135,7 @@ func TestKernelsAgree(t *testing.T) {
 func kernelsAgree(t *testing.T, fast *kernels) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const tol = 1e-6
-	for _, k := range []int{1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 100, 384} {
+	for _, k := range []int{1, 7, 8, 9, 15, 16, 17, 24, 33, 40, 48, 56, 64, 100, 120, 384} {
 		for _, rows := range []int{1, 2, 3, 4, 5, 8, 13} {
 			stride := k + rng.IntN(5)
 			x := randF32(rng, k)
