@@ -6,9 +6,10 @@
 // small per-thread panels, and every sum accumulates in F32.
 //
 // On x86-64 processors with AVX2, FMA and F16C the inner loops are assembly
-// kernels chosen at run time; elsewhere, and with the purego build tag, a
-// portable Go implementation of the same kernels runs instead. Name reports
-// which one a Device uses.
+// kernels chosen at run time, and where the processor also has AVX-512 the
+// prompt's GEMM runs on 512-bit registers; elsewhere, and with the purego
+// build tag, a portable Go implementation of the same kernels runs instead.
+// Name reports which set a Device uses (avx512, avx2 or portable).
 //
 // Concurrency: a Device belongs to one goroutine at a time, like every
 // gpu.Device. It owns Threads-1 worker goroutines; together with the calling
