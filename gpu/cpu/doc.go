@@ -9,7 +9,7 @@
 // kernels chosen at run time, and where the processor also has AVX-512 the
 // prompt's GEMM runs on 512-bit registers; elsewhere, and with the purego
 // build tag, a portable Go implementation of the same kernels runs instead.
-// Name reports which set a Device uses (avx512, avx2 or portable).
+// Name reports which set a Device uses (avx512, avx2 or generic).
 //
 // Concurrency: a Device belongs to one goroutine at a time, like every
 // gpu.Device. It owns Threads-1 worker goroutines; together with the calling
