@@ -543,18 +543,9 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		}
 		j.base.TopLogprobs = *r.TopLogprobs
 	}
-	msgs, err := messages(r.Messages)
-	if err != nil {
-		return nil, err
-	}
-	vars, aerr := templateVars(r.ChatTemplateKwargs)
+	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, r.ChatTemplateKwargs)
 	if aerr != nil {
 		return nil, aerr
-	}
-	addGen := r.AddGenerationPrompt == nil || *r.AddGenerationPrompt
-	text, rerr := v.tmpl.Render(msgs, RenderOptions{Tools: tools, AddGenerationPrompt: addGen, Vars: vars})
-	if rerr != nil {
-		return nil, invalidParam("messages", "cannot apply the chat template: %v", rerr)
 	}
 	j.prompts = [][]int32{v.tok.Encode(text)}
 	j.inThink = strings.HasSuffix(strings.TrimRight(text, spaces), thinkOpen)
@@ -572,6 +563,24 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		return nil, err
 	}
 	return j, nil
+}
+
+// chatText renders a conversation through the model's chat template, with
+// its generation prompt unless addGen is false.
+func (v *validator) chatText(in []chatMessage, tools []Tool, addGen *bool, kwargs map[string]json.RawMessage) (string, *apiError) {
+	msgs, aerr := messages(in)
+	if aerr != nil {
+		return "", aerr
+	}
+	vars, aerr := templateVars(kwargs)
+	if aerr != nil {
+		return "", aerr
+	}
+	text, err := v.tmpl.Render(msgs, RenderOptions{Tools: tools, AddGenerationPrompt: addGen == nil || *addGen, Vars: vars})
+	if err != nil {
+		return "", invalidParam("messages", "cannot apply the chat template: %v", err)
+	}
+	return text, nil
 }
 
 // maxTemplateVars bounds a request's chat_template_kwargs.

@@ -113,6 +113,8 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("POST /v1/responses", "responses", s.handleResponses)
 	s.route("GET /v1/responses/{id}", "responses", s.handleGetResponse)
 	s.route("DELETE /v1/responses/{id}", "responses", s.handleDeleteResponse)
+	s.route("POST /tokenize", "tokenize", s.handleTokenize)
+	s.route("POST /detokenize", "tokenize", s.handleDetokenize)
 	s.route("GET /v1/models", "models", s.handleModels)
 	s.route("GET /v1/models/{id...}", "models", s.handleModel)
 	s.mux.Handle("GET /v1/stream", s.authenticate(http.HandlerFunc(s.handleStream)))

@@ -353,7 +353,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		}
 	}
 	gcfg := gateway.DefaultConfig()
-	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
+	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, VocabSize: n.bundle.Config.Vocab, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
 	gcfg.APIKeys = cfg.APIKeys
 	gcfg.MaxStoredResponses = 0
 	if n.responses != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -854,5 +855,57 @@ func testServePromptLogprobs(t *testing.T, overBus bool) {
 	}
 	if p := plain.Choices[0]; ch.Text != prompt+p.Text || math.Abs(lp.TokenLogprobs[n]-p.Logprobs.TokenLogprobs[0]) > 1e-6 {
 		t.Errorf("the completion %q (%v), without echo %q (%v)", ch.Text[len(prompt):], lp.TokenLogprobs[n], p.Text, p.Logprobs.TokenLogprobs[0])
+	}
+}
+
+// TestServeTokenize: /tokenize gives the model tokenizer's ids for a
+// prompt and, for a conversation, the count a chat completion reports as
+// its prompt tokens; /detokenize gives the text back; an id outside the
+// vocabulary is a 400.
+func TestServeTokenize(t *testing.T) {
+	s := startServe(t, nil)
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "models", "demo", demo.Name, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(path string, req, resp any) int {
+		t.Helper()
+		b, _ := json.Marshal(req)
+		r, err := http.Post(s.url+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		if err := json.NewDecoder(r.Body).Decode(resp); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return r.StatusCode
+	}
+	const prompt = "How do I list files?"
+	var got struct {
+		Count       int
+		MaxModelLen int `json:"max_model_len"`
+		Tokens      []int32
+	}
+	if code := call("/tokenize", map[string]any{"model": demo.Name, "prompt": prompt}, &got); code != 200 || !slices.Equal(got.Tokens, tok.Encode(prompt)) || got.Count != len(got.Tokens) || got.MaxModelLen != 1024 {
+		t.Errorf("tokenize: %d %+v, want %v", code, got, tok.Encode(prompt))
+	}
+	var text struct{ Prompt string }
+	if code := call("/detokenize", map[string]any{"model": demo.Name, "tokens": got.Tokens}, &text); code != 200 || text.Prompt != prompt {
+		t.Errorf("detokenize: %d %q", code, text.Prompt)
+	}
+	var bad struct{ Error struct{ Param string } }
+	if code := call("/detokenize", map[string]any{"model": demo.Name, "tokens": []int{8192}}, &bad); code != 400 || bad.Error.Param != "tokens" {
+		t.Errorf("an id outside the vocabulary: %d %+v", code, bad)
+	}
+	msgs := []map[string]string{{"role": "user", "content": prompt}}
+	if code := call("/tokenize", map[string]any{"model": demo.Name, "messages": msgs}, &got); code != 200 {
+		t.Fatalf("tokenize messages: %d", code)
+	}
+	c := s.client()
+	resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: openai.ChatModel(demo.Name),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}, MaxTokens: openai.Int(1)})
+	if err != nil || int(resp.Usage.PromptTokens) != got.Count {
+		t.Errorf("a conversation of %d tokens; the chat completion counts %d (%v)", got.Count, resp.Usage.PromptTokens, err)
 	}
 }
