@@ -197,6 +197,8 @@ func FuzzWSFrame(f *testing.F) {
 		`{"type":"generate","id":"` + strings.Repeat("x", 200) + `"}`,
 		`{"type":"generate","id":"a","prompt":[[1],[2]]}`,
 		`{"type":7}`,
+		`{"type":"generate","id":"a","model":"echo-1","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","chat_template_kwargs":{"k":1}}`,
+		`{"type":"generate","id":"a","model":"echo-1","prompt":"x","tools":[]}`,
 	} {
 		f.Add([]byte(s))
 	}

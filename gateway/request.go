@@ -515,21 +515,9 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 	if err := rejectPresent("function_call", r.FunctionCall, "function_call is not supported; use tool_choice"); err != nil {
 		return nil, err
 	}
-	tools, aerr := parseTools(r.Tools)
+	tools, aerr := v.useTools(j, r.Tools, r.ToolChoice, r.ParallelToolCalls)
 	if aerr != nil {
 		return nil, aerr
-	}
-	if j.tools, aerr = parseToolChoice(r.ToolChoice, tools, r.ParallelToolCalls); aerr != nil {
-		return nil, aerr
-	}
-	if sc := j.tools.schema(); sc != "" {
-		if j.base.JSON {
-			return nil, invalidParam("response_format", "response_format cannot be combined with tool_choice %q: the calls are the completion", truncate(string(bytes.TrimSpace(r.ToolChoice)), 80))
-		}
-		if len(sc) > maxSchemaBytes {
-			return nil, invalidParam("tools", "the called functions' parameters take %d bytes of schema, want at most %d", len(sc), maxSchemaBytes)
-		}
-		j.base.JSON, j.base.Schema = true, sc
 	}
 	if r.Logprobs != nil && *r.Logprobs {
 		j.base.Logprobs = true
@@ -563,6 +551,29 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		return nil, err
 	}
 	return j, nil
+}
+
+// useTools validates a request's tools and tool_choice into j's plan (and,
+// where tool_choice forces calls, the schema they are generated under) and
+// returns the tools the template is given.
+func (v *validator) useTools(j *job, rawTools, choice json.RawMessage, parallel *bool) ([]Tool, *apiError) {
+	tools, aerr := parseTools(rawTools)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if j.tools, aerr = parseToolChoice(choice, tools, parallel); aerr != nil {
+		return nil, aerr
+	}
+	if sc := j.tools.schema(); sc != "" {
+		if j.base.JSON {
+			return nil, invalidParam("response_format", "response_format cannot be combined with tool_choice %q: the calls are the completion", truncate(string(bytes.TrimSpace(choice)), 80))
+		}
+		if len(sc) > maxSchemaBytes {
+			return nil, invalidParam("tools", "the called functions' parameters take %d bytes of schema, want at most %d", len(sc), maxSchemaBytes)
+		}
+		j.base.JSON, j.base.Schema = true, sc
+	}
+	return tools, nil
 }
 
 // chatText renders a conversation through the model's chat template, with

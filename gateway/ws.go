@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +33,11 @@ type wsFrame struct {
 	Messages    []chatMessage `json:"messages"`
 	Logprobs    *bool         `json:"logprobs"`
 	TopLogprobs *int          `json:"top_logprobs"`
+	// With messages, as in a chat completion.
+	Tools              json.RawMessage            `json:"tools"`
+	ToolChoice         json.RawMessage            `json:"tool_choice"`
+	ParallelToolCalls  *bool                      `json:"parallel_tool_calls"`
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type wsTimings struct {
@@ -56,6 +63,10 @@ type wsDoneFrame struct {
 	FinishReason string `json:"finish_reason"`
 	Usage        usage  `json:"usage"`
 	Text         string `json:"text,omitempty"` // text held back for a possible stop string
+	// With tools: the answer read from the whole text, as a chat
+	// completion's message gives it.
+	Content   *string       `json:"content,omitempty"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type wsErrorFrame struct {
@@ -123,16 +134,19 @@ func (v *validator) ws(f *wsFrame, tenant string) (*job, *apiError) {
 		if v.tmpl == nil {
 			return nil, badRequest("messages", "chat_unsupported", "model %q has no chat template; send a prompt instead of messages", j.model.ID)
 		}
-		msgs, aerr := messages(f.Messages)
+		tools, aerr := v.useTools(j, f.Tools, f.ToolChoice, f.ParallelToolCalls)
 		if aerr != nil {
 			return nil, aerr
 		}
-		text, err := v.tmpl.Render(msgs, RenderOptions{AddGenerationPrompt: true})
-		if err != nil {
-			return nil, invalidParam("messages", "cannot apply the chat template: %v", err)
+		text, aerr := v.chatText(f.Messages, tools, nil, f.ChatTemplateKwargs)
+		if aerr != nil {
+			return nil, aerr
 		}
 		j.prompts = [][]int32{v.tok.Encode(text)}
+		j.inThink = strings.HasSuffix(strings.TrimRight(text, spaces), thinkOpen)
 		promptParam = "messages"
+	case len(bytes.TrimSpace(f.Tools)) > 0 && !bytes.Equal(bytes.TrimSpace(f.Tools), []byte("null")):
+		return nil, invalidParam("tools", "tools need messages")
 	case f.Prompt.set && f.Prompt.ids != nil:
 		j.prompts = [][]int32{f.Prompt.ids}
 	case f.Prompt.set:
@@ -424,7 +438,12 @@ func (c *wsConn) generate(f *wsFrame, key streamKey) {
 // request at once.
 func (s *Server) runStream(ctx context.Context, st *stream, j *job, received time.Time, release func()) {
 	id := st.key.id
+	var text strings.Builder // the whole text, where the answer is read from it
+	answers := len(j.tools.tools) > 0
 	res, err := s.generate(ctx, j.request(newID("ws-"), 0), received, func(ev *tokenEvent) error {
+		if answers {
+			text.WriteString(ev.text)
+		}
 		f := wsTokenFrame{Type: wsFrameTypeToken, ID: id, Seq: ev.seq, Text: ev.text, TokenID: ev.tok.ID, TraceID: ev.tok.TraceID,
 			Timings: wsTimings{QueueMs: millis(ev.queue), SinceStartMs: millis(ev.sinceStart), ITLMs: millis(ev.itl)}}
 		if j.base.Logprobs {
@@ -454,8 +473,19 @@ func (s *Server) runStream(ctx context.Context, st *stream, j *job, received tim
 		}
 		s.met.requests.inc("stream", code)
 		f := res.finish
-		final = wsDoneFrame{Type: "done", ID: id, FinishReason: f.Reason, Text: res.tail,
+		done := wsDoneFrame{Type: "done", ID: id, FinishReason: f.Reason, Text: res.tail,
 			Usage: usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.PromptTokens + f.CompletionTokens}}
+		if answers {
+			_, content, calls := j.answer(text.String() + res.tail)
+			done.Content = &content
+			for _, c := range calls {
+				done.ToolCalls = append(done.ToolCalls, callOut(c))
+			}
+			if f.Reason != FinishCancelled {
+				done.FinishReason = j.reason(f.Reason, len(calls) > 0)
+			}
+		}
+		final = done
 	}
 	b, _ := json.Marshal(final)
 	release()

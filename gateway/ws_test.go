@@ -25,6 +25,8 @@ type wsIn struct {
 	Code         string     `json:"code"`
 	Message      string     `json:"message"`
 	RetryAfterMs int64      `json:"retry_after_ms"`
+	Content      *string       `json:"content"`
+	ToolCalls    []toolCallOut `json:"tool_calls"`
 }
 
 func dialWS(t *testing.T, env *testEnv) *websocket.Conn {
@@ -133,6 +135,42 @@ func TestWSConcurrentRequestsOnOneSocket(t *testing.T) {
 	}
 	if text := checkTokens(t, got["r4"], 1); text != "use" {
 		t.Errorf("chat over websocket: %q, want %q", text, "use")
+	}
+}
+
+// TestWSToolCalls: a conversation with tools streams its raw tokens, and
+// its done frame carries the answer read from the whole text, as a chat
+// completion's message: the content without the call's markup and the
+// call; tools without messages are refused.
+func TestWSToolCalls(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	env := newEnv(t, cfg, nil)
+	conn := dialWS(t, env)
+	call := `<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>`
+	tools := `[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`
+	sendWS(t, conn, `{"type":"generate","id":"c","model":"echo-1","messages":[{"role":"user","content":"`+call+`"}],"tools":`+tools+`}`)
+	frames := collect(t, conn, "c")["c"]
+	text := checkTokens(t, frames, 1)
+	last := frames[len(frames)-1]
+	if !strings.Contains(text, "<tool_call>") || last.FinishReason != "tool_calls" || len(last.ToolCalls) != 1 || last.Content == nil {
+		t.Fatalf("tokens %q, done frame %+v", text, last)
+	}
+	if c := last.ToolCalls[0]; c.Function.Name != "get_weather" || c.Function.Arguments != `{"city": "Oslo"}` || !strings.HasPrefix(c.ID, "call_") || c.Type != "function" {
+		t.Errorf("call %+v", c)
+	}
+	if want := "tools: get_weather\nuser:\nassistant: "; *last.Content != want {
+		t.Errorf("content %q, want %q", *last.Content, want)
+	}
+	sendWS(t, conn, `{"type":"generate","id":"n","model":"echo-1","messages":[{"role":"user","content":"hi"}],"tools":`+tools+`,"tool_choice":"none"}`)
+	frames = collect(t, conn, "n")["n"]
+	last = frames[len(frames)-1]
+	if last.FinishReason != "stop" || len(last.ToolCalls) != 0 || last.Content == nil || !strings.HasSuffix(*last.Content, "user: hi\nassistant: ") {
+		t.Errorf("tool_choice none: %+v", last)
+	}
+	sendWS(t, conn, `{"type":"generate","id":"p","model":"echo-1","prompt":"x","tools":`+tools+`}`)
+	if f := readWS(t, conn); f.Type != "error" || !strings.Contains(f.Message, "tools need messages") {
+		t.Errorf("tools with a prompt: %+v", f)
 	}
 }
 
