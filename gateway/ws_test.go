@@ -13,18 +13,18 @@ import (
 
 // wsIn is any server frame, as a client decodes it.
 type wsIn struct {
-	Type         string     `json:"type"`
-	ID           string     `json:"id"`
-	Seq          int        `json:"seq"`
-	Text         string     `json:"text"`
-	TokenID      int32      `json:"token_id"`
-	TraceID      string     `json:"trace_id"`
-	Timings      *wsTimings `json:"timings"`
-	FinishReason string     `json:"finish_reason"`
-	Usage        *usage     `json:"usage"`
-	Code         string     `json:"code"`
-	Message      string     `json:"message"`
-	RetryAfterMs int64      `json:"retry_after_ms"`
+	Type         string        `json:"type"`
+	ID           string        `json:"id"`
+	Seq          int           `json:"seq"`
+	Text         string        `json:"text"`
+	TokenID      int32         `json:"token_id"`
+	TraceID      string        `json:"trace_id"`
+	Timings      *wsTimings    `json:"timings"`
+	FinishReason string        `json:"finish_reason"`
+	Usage        *usage        `json:"usage"`
+	Code         string        `json:"code"`
+	Message      string        `json:"message"`
+	RetryAfterMs int64         `json:"retry_after_ms"`
 	Content      *string       `json:"content"`
 	ToolCalls    []toolCallOut `json:"tool_calls"`
 }
