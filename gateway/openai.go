@@ -108,14 +108,8 @@ type completionResponse struct {
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	received := time.Now()
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req chatRequest
-	if aerr := decodeJSON(body, &req); aerr != nil {
-		writeAPIError(w, aerr)
+	if !s.readJSON(w, r, &req) {
 		return
 	}
 	j, aerr := s.val.chat(&req, tenantOf(r.Context()))
@@ -128,14 +122,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	received := time.Now()
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req completionRequest
-	if aerr := decodeJSON(body, &req); aerr != nil {
-		writeAPIError(w, aerr)
+	if !s.readJSON(w, r, &req) {
 		return
 	}
 	j, aerr := s.val.completion(&req, tenantOf(r.Context()))

@@ -272,19 +272,9 @@ var responsesParam = map[string]string{"messages": "input", "max_completion_toke
 
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	received := time.Now()
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var cr chatRequest
 	var rr responsesRequest
-	if aerr := decodeJSON(body, &cr); aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
-	if aerr := decodeJSON(body, &rr); aerr != nil {
-		writeAPIError(w, aerr)
+	if !s.readJSON(w, r, &cr, &rr) {
 		return
 	}
 	tenant := tenantOf(r.Context())

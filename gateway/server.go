@@ -460,19 +460,31 @@ func (s *Server) handleUnknown(w http.ResponseWriter, r *http.Request) {
 		Message: fmt.Sprintf("unknown request URL: %s %s", r.Method, truncate(r.URL.Path, 200))})
 }
 
-// readBody reads a request body of at most MaxBodyBytes.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+// readJSON reads the request body (at most MaxBodyBytes) into each of vs
+// and reports whether it could; where not, it has answered with the error.
+func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, vs ...any) bool {
 	var b bytes.Buffer
-	_, err := b.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
+	var aerr *apiError
+	if _, err := b.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest, Code: "request_too_large",
+			aerr = &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest, Code: "request_too_large",
 				Message: fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)}
+		} else {
+			aerr = badRequest("", "invalid_body", "cannot read request body: %v", err)
 		}
-		return nil, badRequest("", "invalid_body", "cannot read request body: %v", err)
 	}
-	return b.Bytes(), nil
+	for _, v := range vs {
+		if aerr != nil {
+			break
+		}
+		aerr = decodeJSON(b.Bytes(), v)
+	}
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return false
+	}
+	return true
 }
 
 // since returns d in milliseconds with microsecond precision.

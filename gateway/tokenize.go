@@ -33,14 +33,8 @@ type detokenizeRequest struct {
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req tokenizeRequest
-	if aerr := decodeJSON(body, &req); aerr != nil {
-		writeAPIError(w, aerr)
+	if !s.readJSON(w, r, &req) {
 		return
 	}
 	ids, m, aerr := s.val.tokenize(&req)
@@ -79,14 +73,8 @@ func (v *validator) tokenize(r *tokenizeRequest) ([]int32, ModelInfo, *apiError)
 }
 
 func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req detokenizeRequest
-	if aerr := decodeJSON(body, &req); aerr != nil {
-		writeAPIError(w, aerr)
+	if !s.readJSON(w, r, &req) {
 		return
 	}
 	m, aerr := s.val.model(req.Model)
