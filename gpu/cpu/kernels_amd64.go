@@ -32,12 +32,32 @@ func asmKernels() []*kernels {
 	return nil
 }
 
-// avx512Kernels are avx2Kernels with the products whose 512-bit versions
-// are faster: the prompt's GEMM, which is bound by the FMAs, not by memory.
+// avx512Kernels are avx2Kernels with the products on 512-bit registers
+// (kernels512_amd64.s): the prompt's GEMM, bound by the FMAs, and the
+// GEMVs, which read weights the caches hold faster with half the
+// instructions.
 var avx512Kernels = func() *kernels {
 	k := *avx2Kernels
 	k.name = "avx512"
 	k.gemm6x16 = gemm6x16Asm512
+	k.gemvF32 = func(out, x, w []float32, stride, rows, n int) {
+		gemvAsm(gemvF32AVX512, gemvF32Go, out, x, w, stride, rows, n)
+	}
+	k.gemvBF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
+		gemvAsm(gemvBF16AVX512, gemvBF16Go, out, x, w, stride, rows, n)
+	}
+	k.gemvF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
+		gemvAsm(gemvF16AVX512, gemvF16Go, out, x, w, stride, rows, n)
+	}
+	k.gemv2F32 = func(out0, out1, x0, x1, w []float32, stride, rows, n int) {
+		gemv2Asm(gemv2F32AVX512, k.gemvF32, gemvF32Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
+	k.gemv2BF16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
+		gemv2Asm(gemv2BF16AVX512, k.gemvBF16, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
+	k.gemv2F16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
+		gemv2Asm(gemv2F16AVX512, k.gemvF16, gemvF16Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
 	return &k
 }()
 
@@ -113,6 +133,24 @@ func accum2BF16AVX2(acc *float32, astride int, v *uint16, vstride int, p *float3
 func gemm6x16AVX2(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
 
 //go:noescape
+func gemvF32AVX512(out, x, w *float32, stride, rows, k8 int)
+
+//go:noescape
+func gemv2F32AVX512(out0, out1, x0, x1, w *float32, stride, pairs, k8 int)
+
+//go:noescape
+func gemvBF16AVX512(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemv2BF16AVX512(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int)
+
+//go:noescape
+func gemvF16AVX512(out, x *float32, w *uint16, stride, rows, k8 int)
+
+//go:noescape
+func gemv2F16AVX512(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int)
+
+//go:noescape
 func gemm6x16AVX512(out *float32, ostride int, x *float32, xstride int, wp *float32, k int, n16 int, add int)
 
 //go:noescape
@@ -174,25 +212,25 @@ func checkGEMV(out, x []float32, wlen, stride, rows, k int) {
 }
 
 func gemvF32Asm(out, x, w []float32, stride, rows, k int) {
-	if rows <= 0 || k <= 0 {
-		clear(out[:max(rows, 0)])
-		return
-	}
-	checkGEMV(out, x, len(w), stride, rows, k)
-	k8 := k &^ 7
-	gemvF32AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	addTails(gemvF32Go, out, x, w, stride, rows, k8, k)
+	gemvAsm(gemvF32AVX2, gemvF32Go, out, x, w, stride, rows, k)
 }
 
 func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
+	gemvAsm(gemvBF16AVX2, gemvBF16Go, out, x, w, stride, rows, k)
+}
+
+// gemvAsm runs the one-row GEMV kernel kern over the columns up to the
+// last multiple of 8, and the portable tail over the rest.
+func gemvAsm[W float32 | uint16](kern func(out, x *float32, w *W, stride, rows, k8 int), tail func(out, x []float32, w []W, stride, rows, k int),
+	out, x []float32, w []W, stride, rows, k int) {
 	if rows <= 0 || k <= 0 {
 		clear(out[:max(rows, 0)])
 		return
 	}
 	checkGEMV(out, x, len(w), stride, rows, k)
 	k8 := k &^ 7
-	gemvBF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	addTails(gemvBF16Go, out, x, w, stride, rows, k8, k)
+	kern(&out[0], &x[0], &w[0], stride, rows, k8)
+	addTails(tail, out, x, w, stride, rows, k8, k)
 }
 
 // addTails adds to out[r] the products of x[k8:k] and row r's last k-k8
@@ -247,14 +285,7 @@ func gemv2Asm[W float32 | uint16](pair func(out0, out1, x0, x1 *float32, w *W, s
 }
 
 func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
-	if rows <= 0 || k <= 0 {
-		clear(out[:max(rows, 0)])
-		return
-	}
-	checkGEMV(out, x, len(w), stride, rows, k)
-	k8 := k &^ 7
-	gemvF16AVX2(&out[0], &x[0], &w[0], stride, rows, k8)
-	addTails(gemvF16Go, out, x, w, stride, rows, k8, k)
+	gemvAsm(gemvF16AVX2, gemvF16Go, out, x, w, stride, rows, k)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {
