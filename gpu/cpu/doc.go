@@ -7,7 +7,8 @@
 //
 // On x86-64 processors with AVX2, FMA and F16C the inner loops are assembly
 // kernels chosen at run time, and where the processor also has AVX-512 the
-// prompt's GEMM runs on 512-bit registers; elsewhere, and with the purego
+// products (the prompt's GEMM, the decode GEMVs) run on 512-bit registers;
+// elsewhere, and with the purego
 // build tag, a portable Go implementation of the same kernels runs instead.
 // Name reports which set a Device uses (avx512, avx2 or generic).
 //
