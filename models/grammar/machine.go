@@ -149,7 +149,7 @@ func (g *Grammar) step(s *state, c byte) bool {
 			return false
 		}
 		var ok bool
-		s.ws, ok = moreSpace(s.ws, c, g.depth(s))
+		s.ws, ok = moreSpace(s.ws, c, g.depth(s), g.s.compact)
 		return ok
 	}
 	s.ws = 0
@@ -229,19 +229,19 @@ func (g *Grammar) begin(s *state, c byte, hops int) bool {
 		if c != '{' {
 			return false
 		}
-		s.sub = scan{mode: mTop}
+		s.sub = scan{mode: mTop, compact: g.s.compact}
 	case kAny:
-		s.sub = scan{mode: mValue}
+		s.sub = scan{mode: mValue, compact: g.s.compact}
 	case kString:
 		if c != '"' {
 			return false
 		}
-		s.sub, s.num = scan{mode: mValue}, 0
+		s.sub, s.num = scan{mode: mValue, compact: g.s.compact}, 0
 	case kNumber, kInteger:
 		if c != '-' && (c < '0' || c > '9') {
 			return false
 		}
-		s.sub, s.num = scan{mode: mValue}, 0
+		s.sub, s.num = scan{mode: mValue, compact: g.s.compact}, 0
 	case kObject:
 		if c != '{' {
 			return false

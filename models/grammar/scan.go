@@ -10,8 +10,11 @@ const (
 // it holds a line break) at depth open objects and arrays, and reports
 // whether the run is still allowed: at most one line break, and at most
 // 1 + 4·depth bytes (a line break and an indent of four a level), capped at
-// MaxWhitespace.
-func moreSpace(ws uint8, c byte, depth int) (uint8, bool) {
+// MaxWhitespace. Compact, a run is one space at most.
+func moreSpace(ws uint8, c byte, depth int, compact bool) (uint8, bool) {
+	if compact {
+		return 1, ws == 0 && c == ' '
+	}
 	if c == '\n' {
 		if ws&0x80 != 0 {
 			return ws, false
@@ -63,6 +66,8 @@ type scan struct {
 	lit    uint8 // mLiteral: which of literals
 	lo, hi uint8 // mUTF8: the range of the next byte
 	ws     uint8 // the whitespace in a row (moreSpace)
+	// compact allows one space at most between tokens (Schema.Compact).
+	compact bool
 }
 
 func (s *scan) top() bool { return s.stack[(s.depth-1)/64]>>((s.depth-1)%64)&1 == 1 }
@@ -222,7 +227,7 @@ func (s *scan) step(c byte) bool {
 	// The structural modes, where whitespace may come.
 	if isSpace(c) {
 		var ok bool
-		s.ws, ok = moreSpace(s.ws, c, int(s.depth))
+		s.ws, ok = moreSpace(s.ws, c, int(s.depth), s.compact)
 		return ok
 	}
 	s.ws = 0

@@ -106,8 +106,18 @@ type prop struct {
 // numbers, and other types ignore them, as JSON Schema has it; bounds
 // without a type or beside enum, const, anyOf or oneOf are refused.
 type Schema struct {
-	nodes []node
-	root  int32
+	nodes   []node
+	root    int32
+	compact bool // one space at most between tokens (Compact)
+}
+
+// Compact returns s with its whitespace bounded tighter: at most one space
+// between the tokens of JSON, no line breaks or tabs, as machine-read
+// documents (a tool call's arguments) are written.
+func (s *Schema) Compact() *Schema {
+	c := *s
+	c.compact = true
+	return &c
 }
 
 // anyObject is JSON mode's schema: any object.

@@ -1024,3 +1024,53 @@ func validDuration(s string) bool {
 	rest = rest[1:] // the T
 	return parts("HMS") > 0 && rest == ""
 }
+
+// TestSchemaCompact: a compact schema takes one space at most between
+// tokens, in its own structure and in the values it leaves free (any
+// value, any object), and no line breaks or tabs; the same schema not
+// compact takes them; whitespace inside strings is the string's.
+func TestSchemaCompact(t *testing.T) {
+	v, err := NewVocab(testVocab())
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := func(gr *Grammar, doc string) bool {
+		s := gr.start()
+		for i := range len(doc) {
+			if !gr.step(&s, doc[i]) {
+				return false
+			}
+		}
+		return s.n == 0
+	}
+	compiled := func(i int) *Schema {
+		s, err := CompileSchema([]byte(schemas[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, c := range []struct {
+		schema  int
+		doc     string
+		compact bool // accepted compact (the loose schema accepts every doc)
+	}{
+		{0, `{"name":"Ada","age":36}`, true},
+		{0, `{"name": "Ada", "age": 36, "tags": ["a", "b"]}`, true},
+		{0, `{ "name" : "A  d\ta" , "age" : 36 }`, true},
+		{0, `{"name":  "Ada","age":36}`, false},
+		{0, "{\n\"name\":\"Ada\",\"age\":36}", false},
+		{0, "{\"name\":\"Ada\",\t\"age\":36}", false},
+		{0, `{"name":"Ada","age":36 }`, true},
+		{4, `{"any": [1, {"z": null}], "obj": {"k": [true]}, "list": [1, "a", {}], "u": {"x": null}}`, true},
+		{4, `{"any":[1,  {"z":null}],"obj":{},"list":[1],"u":"s"}`, false},
+		{4, `{"any":1,"obj":{"k":` + "\n" + `1},"list":[1],"u":"s"}`, false},
+	} {
+		if !whole(v.Schema(compiled(c.schema)), c.doc) {
+			t.Errorf("schema %d, %q: refused loose", c.schema, c.doc)
+		}
+		if got := whole(v.Schema(compiled(c.schema).Compact()), c.doc); got != c.compact {
+			t.Errorf("schema %d, %q: compact accepts %v, want %v", c.schema, c.doc, got, c.compact)
+		}
+	}
+}
