@@ -100,8 +100,11 @@ type GenerateRequest struct {
 	// take with ErrInvalidRequest.
 	JSON   bool
 	Schema string
-	Tenant string // identity of the API key that sent the request; "" without keys
-	User   string // the OpenAI "user" field, for abuse tracking
+	// CompactJSON, with Schema, allows one space at most between the JSON's
+	// tokens: the gateway asks it for tool calls, which programs read.
+	CompactJSON bool
+	Tenant      string // identity of the API key that sent the request; "" without keys
+	User        string // the OpenAI "user" field, for abuse tracking
 }
 
 // Token is one generated token as the Backend reports it.

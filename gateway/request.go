@@ -571,7 +571,7 @@ func (v *validator) useTools(j *job, rawTools, choice json.RawMessage, parallel 
 		if len(sc) > maxSchemaBytes {
 			return nil, invalidParam("tools", "the called functions' parameters take %d bytes of schema, want at most %d", len(sc), maxSchemaBytes)
 		}
-		j.base.JSON, j.base.Schema = true, sc
+		j.base.JSON, j.base.Schema, j.base.CompactJSON = true, sc, true
 	}
 	return tools, nil
 }

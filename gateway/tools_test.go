@@ -133,7 +133,7 @@ func TestToolsReachTheTemplate(t *testing.T) {
 	if prompt != want {
 		t.Errorf("prompt %q, want %q", prompt, want)
 	}
-	if reqs[0].JSON || reqs[0].Schema != "" {
+	if reqs[0].JSON || reqs[0].Schema != "" || reqs[0].CompactJSON {
 		t.Errorf("auto constrains the text: JSON %v, schema %q", reqs[0].JSON, reqs[0].Schema)
 	}
 	var out chatOut
@@ -152,7 +152,7 @@ func TestToolChoiceNamed(t *testing.T) {
 	const args = `{"city": "Paris"}`
 	extra := `"tools":[` + weatherTool + `,` + timeTool + `],"tool_choice":{"type":"function","function":{"name":"get_weather"}}`
 	req, out, _ := chatTools(t, args, extra, false)
-	if !req.JSON || req.Schema != weatherArgs {
+	if !req.JSON || req.Schema != weatherArgs || !req.CompactJSON {
 		t.Errorf("backend request: JSON %v, schema %q, want %q", req.JSON, req.Schema, weatherArgs)
 	}
 	c := out.Choices[0]
@@ -185,7 +185,7 @@ func TestToolChoiceRequired(t *testing.T) {
 	items := `"items":{"type":"object","properties":{"get_weather":` + weatherArgs + `,"get_time":` + timeArgs +
 		`},"additionalProperties":false,"minProperties":1,"maxProperties":1}}},"required":["tool_calls"],"additionalProperties":false}`
 	req, out, _ := chatTools(t, doc, extra, false)
-	if want := `{"type":"object","properties":{"tool_calls":{"type":"array","minItems":1,` + items; !req.JSON || req.Schema != want {
+	if want := `{"type":"object","properties":{"tool_calls":{"type":"array","minItems":1,` + items; !req.JSON || req.Schema != want || !req.CompactJSON {
 		t.Errorf("schema %q, want %q", req.Schema, want)
 	}
 	want := [][2]string{{"get_time", `{"tz":"UTC"}`}, {"get_weather", `{"city":"Oslo"}`}}

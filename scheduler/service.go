@@ -31,7 +31,7 @@ type Service struct {
 	vocab     *grammar.Vocab // the vocabulary for constrained decoding, made at its first request
 	vocabErr  error
 	schemaMu  sync.Mutex
-	schemas   map[string]*grammar.Grammar // the last schemas' grammars, by schema; guarded by schemaMu
+	schemas   map[schemaKey]*grammar.Grammar // the last schemas' grammars; guarded by schemaMu
 
 	// closingMu is held for reading by each submit handler and for
 	// writing by Drain when it stops taking requests, and by Close, which
@@ -188,9 +188,15 @@ func (sv *Service) submit(ctx context.Context, m SubmitMsg) (SubmitReply, error)
 // each) a service keeps for the requests that name them again.
 const maxSchemas = 16
 
+// schemaKey names a schema's grammar: its document, and whether compact.
+type schemaKey struct {
+	schema  string
+	compact bool
+}
+
 // grammar returns the grammar of JSON mode over the model's vocabulary,
-// or of schema where it is not empty.
-func (sv *Service) grammar(schema string) (*grammar.Grammar, error) {
+// or of schema where it is not empty (compact: Schema.Compact).
+func (sv *Service) grammar(schema string, compact bool) (*grammar.Grammar, error) {
 	sv.vocabOnce.Do(func() {
 		if sv.text.Bytes == nil {
 			sv.vocabErr = errors.New("the model's vocabulary is not known here")
@@ -210,8 +216,9 @@ func (sv *Service) grammar(schema string) (*grammar.Grammar, error) {
 	if schema == "" {
 		return sv.vocab.JSON(), nil
 	}
+	key := schemaKey{schema, compact}
 	sv.schemaMu.Lock()
-	g, ok := sv.schemas[schema]
+	g, ok := sv.schemas[key]
 	sv.schemaMu.Unlock()
 	if ok {
 		return g, nil
@@ -220,13 +227,16 @@ func (sv *Service) grammar(schema string) (*grammar.Grammar, error) {
 	if err != nil {
 		return nil, err
 	}
+	if compact {
+		s = s.Compact()
+	}
 	g = sv.vocab.Schema(s)
 	sv.schemaMu.Lock()
 	defer sv.schemaMu.Unlock()
 	if sv.schemas == nil || len(sv.schemas) >= maxSchemas {
-		sv.schemas = map[string]*grammar.Grammar{}
+		sv.schemas = map[schemaKey]*grammar.Grammar{}
 	}
-	sv.schemas[schema] = g
+	sv.schemas[key] = g
 	return g, nil
 }
 
@@ -245,7 +255,7 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 		return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "empty request id")
 	}
 	if m.JSON || m.JSONSchema != "" {
-		g, err := sv.grammar(m.JSONSchema)
+		g, err := sv.grammar(m.JSONSchema, m.JSONCompact)
 		if err != nil {
 			return SubmitReply{}, bus.Errorf(bus.CodeBadRequest, "response_format: %v", err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/demo"
 	"github.com/troupe/troupe/models/generate"
+	"github.com/troupe/troupe/models/grammar"
 	"github.com/troupe/troupe/xgmi"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -644,7 +645,7 @@ func TestGrammarCoversTheLogits(t *testing.T) {
 	}
 	sv := &Service{s: &Scheduler{cfg: Config{Vocab: 300}}, text: Text{Bytes: func() [][]byte { return bytes }}}
 	for _, schema := range []string{"", `{"type":"object","properties":{"a":{"type":"string"}}}`} {
-		g, err := sv.grammar(schema)
+		g, err := sv.grammar(schema, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -653,10 +654,36 @@ func TestGrammarCoversTheLogits(t *testing.T) {
 			t.Errorf("schema %q: %d bans (%v), the last %v", schema, len(ban), ok, ban[len(ban)-1:])
 		}
 	}
-	if _, err := sv.grammar(`{"type":"object","properties":{"a":{"format":"date"}}}`); err == nil || !strings.Contains(err.Error(), `"format"`) {
+	// The same schema compact is another grammar: after '{' a line break
+	// is refused, and a space allowed once.
+	schema := `{"type":"object","properties":{"a":{"type":"string"}}}`
+	loose, _ := sv.grammar(schema, false)
+	compact, err := sv.grammar(schema, true)
+	if err != nil || compact == loose {
+		t.Fatalf("compact grammar %p, loose %p: %v", compact, loose, err)
+	}
+	for _, c := range []struct {
+		g    *grammar.Grammar
+		text string
+		ok   []bool
+	}{{loose, "{\n  ", []bool{true, true, true, true}}, {compact, "{  ", []bool{true, true, false}}, {compact, "{\n", []bool{true, false}}} {
+		q := c.g.Start()
+		for i := range len(c.text) {
+			if got := q.Allowed(int32(c.text[i])); got != c.ok[i] {
+				t.Errorf("%q byte %d allowed %v, want %v", c.text, i, got, c.ok[i])
+			}
+			if !c.ok[i] {
+				break
+			}
+			if err := q.Accept(int32(c.text[i])); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := sv.grammar(`{"type":"object","properties":{"a":{"format":"date"}}}`, false); err == nil || !strings.Contains(err.Error(), `"format"`) {
 		t.Errorf("a schema with a format: %v", err)
 	}
-	if _, err := (&Service{s: sv.s}).grammar(""); err == nil {
+	if _, err := (&Service{s: sv.s}).grammar("", false); err == nil {
 		t.Error("JSON mode without the vocabulary: no error")
 	}
 }

@@ -36,10 +36,13 @@ type SubmitMsg struct {
 	// JSON schema that object follows.
 	JSON       bool   `msgpack:"json"`
 	JSONSchema string `msgpack:"json_schema,omitempty"`
+	// JSONCompact, with JSONSchema, allows one space at most between the
+	// JSON's tokens (grammar.Schema.Compact).
+	JSONCompact bool `msgpack:"json_compact,omitempty"`
 }
 
 // Schema implements bus.Message.
-func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 4} }
+func (SubmitMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.submit", Version: 5} }
 
 // SubmitReply accepts a request.
 type SubmitReply struct {

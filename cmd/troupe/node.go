@@ -775,7 +775,7 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 		Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, MinP: req.MinP, RepetitionPenalty: req.RepetitionPenalty,
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty, LogitBias: req.LogitBias,
 		Stop: req.Stop, IgnoreEOS: req.IgnoreEOS, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
-		PromptLogprobs: req.PromptLogprobs, JSON: req.JSON, JSONSchema: req.Schema,
+		PromptLogprobs: req.PromptLogprobs, JSON: req.JSON, JSONSchema: req.Schema, JSONCompact: req.CompactJSON,
 	}
 	if req.Seed != nil {
 		m.HasSeed, m.Seed = true, *req.Seed

@@ -603,6 +603,9 @@ func TestServeToolCalls(t *testing.T) {
 	tools := []openai.ChatCompletionToolUnionParam{weather, clock}
 	// follows decodes a call's arguments by its function's parameters.
 	follows := func(call openai.ChatCompletionMessageToolCallUnion) error {
+		if !compactJSON(call.Function.Arguments) {
+			return fmt.Errorf("arguments %q: more than a space between tokens", call.Function.Arguments)
+		}
 		dec := json.NewDecoder(strings.NewReader(call.Function.Arguments))
 		dec.DisallowUnknownFields()
 		switch call.Function.Name {
@@ -908,4 +911,29 @@ func TestServeTokenize(t *testing.T) {
 	if err != nil || int(resp.Usage.PromptTokens) != got.Count {
 		t.Errorf("a conversation of %d tokens; the chat completion counts %d (%v)", got.Count, resp.Usage.PromptTokens, err)
 	}
+}
+
+// compactJSON reports whether doc has at most one space, and no other
+// whitespace, between its tokens (strings may hold any).
+func compactJSON(doc string) bool {
+	in, esc, space := false, false, false
+	for _, c := range []byte(doc) {
+		switch {
+		case in:
+			in = esc || c != '"'
+			esc = !esc && c == '\\'
+		case c == ' ':
+			if space {
+				return false
+			}
+			space = true
+			continue
+		case c == '\n' || c == '\t' || c == '\r':
+			return false
+		case c == '"':
+			in = true
+		}
+		space = false
+	}
+	return true
 }
