@@ -427,6 +427,10 @@ func TestSchemaWalks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		compact := i%3 == 0
+		if compact {
+			s = s.Compact()
+		}
 		gr := v.Schema(s)
 		if i%2 == 1 {
 			gr.maxLinks = 2 // equal stacks under other pointers: more misses, the same masks
@@ -441,6 +445,9 @@ func TestSchemaWalks(t *testing.T) {
 			closed++
 			if !json.Valid(text) {
 				t.Fatalf("schema %d, walk %d: %s is not JSON", i, n, text)
+			}
+			if compact && !compactText(text) {
+				t.Fatalf("schema %d compact, walk %d: %q", i, n, text)
 			}
 			dec := json.NewDecoder(bytes.NewReader(text))
 			dec.UseNumber()
@@ -1073,4 +1080,29 @@ func TestSchemaCompact(t *testing.T) {
 			t.Errorf("schema %d, %q: compact accepts %v, want %v", c.schema, c.doc, got, c.compact)
 		}
 	}
+}
+
+// compactText reports whether a JSON text has at most one space, and no
+// other whitespace, between its tokens.
+func compactText(text []byte) bool {
+	in, esc, space := false, false, false
+	for _, c := range text {
+		switch {
+		case in:
+			in = esc || c != '"'
+			esc = !esc && c == '\\'
+		case c == ' ':
+			if space {
+				return false
+			}
+			space = true
+			continue
+		case c == '\n' || c == '\t' || c == '\r':
+			return false
+		case c == '"':
+			in = true
+		}
+		space = false
+	}
+	return true
 }
