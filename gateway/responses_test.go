@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -358,5 +360,85 @@ func TestResponseStoreDown(t *testing.T) {
 		if err := call(); !errors.As(err, &apiErr) || apiErr.StatusCode != 503 || apiErr.Code != "response_store_unavailable" || !strings.Contains(apiErr.Message, "store down") {
 			t.Errorf("%s with the store down: %v", name, err)
 		}
+	}
+}
+
+// TestSDKInputItems lists a continued response's input items through the
+// official client: the first turn's message, its answer and call, then the
+// call's output; newest first by default, a page at a time, the same ids
+// on every read; bad parameters are 400s.
+func TestSDKInputItems(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	env := newEnv(t, cfg, nil)
+	c := sdkClient(env, "k")
+	tools := []responses.ToolUnionParam{responses.ToolParamOfFunction("get_weather",
+		map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}, false)}
+	first, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools, Instructions: openai.String("Be terse."),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(`<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := first.Output[len(first.Output)-1].AsFunctionCall()
+	next, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools, PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+			{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: param.NewOpt(call.CallID),
+				Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: param.NewOpt("-3")}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func(p responses.InputItemListParams) []responses.ResponseItemUnion {
+		t.Helper()
+		pages := c.Responses.InputItems.ListAutoPaging(t.Context(), next.ID, p)
+		var items []responses.ResponseItemUnion
+		for pages.Next() {
+			items = append(items, pages.Current())
+		}
+		if err := pages.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return items
+	}
+	asc := list(responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc})
+	type item struct {
+		Type, Role, Name, Arguments, Output string
+		CallID                              string `json:"call_id"`
+		Content                             []struct{ Type, Text string }
+	}
+	var got []item
+	var kinds []string
+	for _, it := range asc {
+		var v item
+		if err := json.Unmarshal([]byte(it.RawJSON()), &v); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, v)
+		kinds = append(kinds, v.Type+"/"+v.Role)
+	}
+	if want := []string{"message/user", "message/assistant", "function_call/", "function_call_output/"}; !slices.Equal(kinds, want) {
+		t.Fatalf("items %v, want %v", kinds, want)
+	}
+	if got[0].Content[0].Text != `<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>` || got[0].Content[0].Type != "input_text" ||
+		got[1].Content[0].Text != first.OutputText() || got[1].Content[0].Type != "output_text" ||
+		got[2].CallID != call.CallID || got[2].Name != "get_weather" || got[2].Arguments != call.Arguments || got[3].CallID != call.CallID || got[3].Output != "-3" {
+		t.Errorf("items %+v", got)
+	}
+	desc := list(responses.InputItemListParams{Limit: openai.Int(1)}) // one a page
+	if len(desc) != len(asc) {
+		t.Fatalf("%d items a page at a time, %d at once", len(desc), len(asc))
+	}
+	for i := range desc {
+		if desc[i].ID != asc[len(asc)-1-i].ID || desc[i].ID == "" {
+			t.Errorf("item %d: %q newest first, %q oldest first", i, desc[i].ID, asc[len(asc)-1-i].ID)
+		}
+	}
+	var apiErr *openai.Error
+	for _, p := range []responses.InputItemListParams{{Limit: openai.Int(101)}, {Order: "up"}, {After: openai.String("msg_nope")}} {
+		if _, err := c.Responses.InputItems.List(t.Context(), next.ID, p); !errors.As(err, &apiErr) || apiErr.StatusCode != 400 {
+			t.Errorf("%+v: %v", p, err)
+		}
+	}
+	if _, err := c.Responses.InputItems.List(t.Context(), "resp_none", responses.InputItemListParams{}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("an unknown response: %v", err)
 	}
 }

@@ -112,6 +112,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("POST /v1/completions", "completions", s.handleCompletions)
 	s.route("POST /v1/responses", "responses", s.handleResponses)
 	s.route("GET /v1/responses/{id}", "responses", s.handleGetResponse)
+	s.route("GET /v1/responses/{id}/input_items", "responses", s.handleInputItems)
 	s.route("DELETE /v1/responses/{id}", "responses", s.handleDeleteResponse)
 	s.route("POST /tokenize", "tokenize", s.handleTokenize)
 	s.route("POST /detokenize", "tokenize", s.handleDetokenize)
