@@ -174,7 +174,13 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		return nil, err
 	}
 	if cfg.KeptResponses > 0 {
-		if n.responses, err = openResponses(ctx, n.nc, n.subj, bc.JetStream.Replicas, cfg.KeptResponses); err != nil {
+		// With a store directory of the operator's, kept responses outlive
+		// a restart of the whole cluster.
+		storage := bus.StorageMemory
+		if cfg.Cluster.StoreDir != "" {
+			storage = bus.StorageFile
+		}
+		if n.responses, err = openResponses(ctx, n.nc, n.subj, storage, bc.JetStream.Replicas, cfg.KeptResponses); err != nil {
 			return nil, err
 		}
 	}
@@ -334,13 +340,13 @@ func untilOpen[T any](ctx context.Context, open func(context.Context) (T, error)
 const keptResponseBytes = 256 << 20
 
 // openResponses opens the cluster's bucket of kept responses, at most max
-// of them.
-func openResponses(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replicas, max int) (*bus.Cache, error) {
+// of them; the node that makes it chooses its storage.
+func openResponses(ctx context.Context, nc *nats.Conn, subj bus.Subjects, storage bus.Storage, replicas, max int) (*bus.Cache, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("serve: jetstream: %w", err)
 	}
-	cfg := bus.CacheConfig{Bucket: subj.ResponsesBucket(), MaxValues: int64(max), MaxBytes: keptResponseBytes, Storage: bus.StorageMemory, Replicas: replicas}
+	cfg := bus.CacheConfig{Bucket: subj.ResponsesBucket(), MaxValues: int64(max), MaxBytes: keptResponseBytes, Storage: storage, Replicas: replicas}
 	c, err := untilOpen(ctx, func(ctx context.Context) (*bus.Cache, error) { return bus.OpenCache(ctx, js, cfg) })
 	if err != nil {
 		return nil, fmt.Errorf("serve: kept responses: %w", err)

@@ -937,3 +937,27 @@ func compactJSON(doc string) bool {
 	}
 	return true
 }
+
+// TestServeKeptResponsesOutliveRestart: with a store directory, a kept
+// response is found after the node restarts.
+func TestServeKeptResponsesOutliveRestart(t *testing.T) {
+	dir := t.TempDir()
+	first := startServe(t, func(c *serveConfig) { c.Cluster.StoreDir = dir })
+	fc := first.client()
+	resp, err := fc.Responses.New(t.Context(), responses.ResponseNewParams{Model: demo.Name, MaxOutputTokens: openai.Int(4),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("How do I list files?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.cancel()
+	err = <-first.done
+	first.done <- err // for the cleanup
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startServe(t, func(c *serveConfig) { c.Cluster.StoreDir = dir }).client()
+	got, err := c.Responses.Get(t.Context(), resp.ID, responses.ResponseGetParams{})
+	if err != nil || got.OutputText() != resp.OutputText() {
+		t.Fatalf("after a restart: %v", err)
+	}
+}
