@@ -359,11 +359,7 @@ func (d *Device) attendOne(out, q []float32, kc, vc mat, table []int32, p, kh, k
 		j += nb
 		scores := sc.scores[:cnt]
 		kc.gemvStrided(d.k, scores, qs, base, kw, hd)
-		bm := float32(math.Inf(-1))
-		for _, s := range scores {
-			bm = max(bm, s)
-		}
-		if bm > mx {
+		if bm := d.k.max(scores); bm > mx {
 			if sum != 0 {
 				c := expf(mx - bm)
 				sum *= c
