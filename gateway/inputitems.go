@@ -17,16 +17,11 @@ const maxItemsPage = 100
 // responses' turns included), as OpenAI lists them: newest first unless
 // order=asc, limit (1 to 100, 20 by default) a page, after an item's id.
 func (s *Server) handleInputItems(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	resp, err := s.responses.get(r.Context(), id, tenantOf(r.Context()))
-	if err != nil {
-		writeAPIError(w, storeError(err))
-		return
-	}
+	resp := s.keptResponse(w, r)
 	if resp == nil {
-		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
 		return
 	}
+	id := r.PathValue("id")
 	q := r.URL.Query()
 	order := q.Get("order")
 	if order != "" && order != "asc" && order != "desc" {

@@ -676,19 +676,31 @@ func storeError(err error) *apiError {
 		Message: "the store of kept responses failed: " + truncate(err.Error(), 200)}
 }
 
-func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+// notKept is the answer about a response the store has none of.
+func notKept(id string) *apiError {
+	return &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"}
+}
+
+// keptResponse is the kept response the path's id names, for the
+// request's tenant; where there is none, or the store failed, it has
+// answered and returns nil.
+func (s *Server) keptResponse(w http.ResponseWriter, r *http.Request) *storedResponse {
 	id := r.PathValue("id")
 	resp, err := s.responses.get(r.Context(), id, tenantOf(r.Context()))
-	if err != nil {
+	switch {
+	case err != nil:
 		writeAPIError(w, storeError(err))
-		return
+	case resp == nil:
+		writeAPIError(w, notKept(id))
 	}
-	if resp == nil {
-		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
-		return
+	return resp
+}
+
+func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+	if resp := s.keptResponse(w, r); resp != nil {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(resp.Object)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(resp.Object)
 }
 
 func (s *Server) handleDeleteResponse(w http.ResponseWriter, r *http.Request) {
@@ -699,7 +711,7 @@ func (s *Server) handleDeleteResponse(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "response_not_found", Message: "response " + truncate(id, 80) + " is not kept here"})
+		writeAPIError(w, notKept(id))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
