@@ -215,7 +215,14 @@ func (p *toolPlan) schema() string {
 		name, _ := json.Marshal(t.Name)
 		b.Write(name)
 		b.WriteByte(':')
-		b.WriteString(argumentsSchema(t))
+		// The function's references are to its own parameters' root,
+		// which is here in the document (names need no escaping in a
+		// JSON pointer: toolNameRE).
+		args := argumentsSchema(t)
+		if moved, err := rebaseRefs(args, "#/properties/tool_calls/items/properties/"+t.Name); err == nil {
+			args = moved
+		}
+		b.WriteString(args)
 	}
 	b.WriteString(`},"additionalProperties":false,"minProperties":1,"maxProperties":1}}},"required":["tool_calls"],"additionalProperties":false}`)
 	return b.String()
