@@ -299,6 +299,7 @@ func FuzzResponsesRequest(f *testing.F) {
 		`{"model":"echo-1","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},` +
 			`{"type":"function_call_output","call_id":"c","output":"1"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"}}`,
 		`{"model":"echo-1","input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}},"top_logprobs":2,"stream":true}`,
+		`{"model":"echo-1","input":"x","truncation":"auto"}`, `{"model":"echo-1","input":"x","truncation":7}`,
 		`{"model":"echo-1","input":[{"type":"reasoning"}],"previous_response_id":"r"}`,
 		`{"model":"echo-1","input":5}`, `{"input":[]}`,
 	} {
@@ -311,18 +312,22 @@ func FuzzResponsesRequest(f *testing.F) {
 		if decodeJSON(data, &cr) != nil || decodeJSON(data, &rr) != nil {
 			return
 		}
-		if _, aerr := rr.chat(&cr, nil); aerr != nil {
-			if aerr.Status != 400 || aerr.Message == "" {
-				t.Fatalf("reading error %+v", aerr)
-			}
-			return
+		// A conversation before it, of turns that fill the context, for
+		// truncation to cut.
+		var prior []chatMessage
+		for i := range 3 {
+			prior = append(prior, chatMessage{Role: "user", Content: messageContent{text: strings.Repeat("u", 40*i), set: true}},
+				chatMessage{Role: "assistant", Content: messageContent{text: "ok", set: true}})
 		}
-		j, aerr := v.chat(&cr, "")
+		kept, _, j, aerr := v.responseChat(&rr, &cr, prior, "")
 		if aerr != nil {
 			if aerr.Status != 400 || aerr.Message == "" {
 				t.Fatalf("validation error %+v", aerr)
 			}
 			return
+		}
+		if len(kept) > 0 && (kept[0].Role != "user" || &kept[len(kept)-1] != &prior[len(prior)-1]) {
+			t.Fatalf("kept %d turns of %d, beginning with a %s message", len(kept), len(prior), kept[0].Role)
 		}
 		checkJob(t, v, j)
 		if j.n != 1 || len(j.prompts) != 1 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 )
@@ -34,6 +35,7 @@ type responsesRequest struct {
 	PreviousResponseID *string           `json:"previous_response_id"`
 	Background         *bool             `json:"background"`
 	Store              *bool             `json:"store"`
+	Truncation         *string           `json:"truncation"`
 	Metadata           map[string]string `json:"metadata"`
 	User               *string           `json:"user"`
 }
@@ -292,12 +294,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		}
 		prior = prev.Conv
 	}
-	input, aerr := rr.chat(&cr, prior)
-	if aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
-	j, aerr := s.val.chat(&cr, tenant)
+	prior, input, j, aerr := s.val.responseChat(&rr, &cr, prior, tenant)
 	if aerr != nil {
 		if p, ok := responsesParam[aerr.Param]; ok {
 			aerr.Message = strings.ReplaceAll(aerr.Message, aerr.Param, p)
@@ -634,7 +631,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		"model": rs.j.model.ID, "output": nonNil(rs.items), "parallel_tool_calls": rs.j.tools.parallel,
 		"previous_response_id": previousID(rr.PreviousResponseID), "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
 		"tool_choice": orDefault(rr.ToolChoice, `"auto"`), "tools": orDefault(rr.Tools, `[]`),
-		"text": orDefault(rr.Text, `{"format":{"type":"text"}}`), "truncation": "disabled", "metadata": nonNilMap(rr.Metadata),
+		"text": orDefault(rr.Text, `{"format":{"type":"text"}}`), "truncation": truncationOf(rr), "metadata": nonNilMap(rr.Metadata),
 		"usage": nil, "user": rr.User,
 	}
 	if res != nil {
@@ -646,6 +643,54 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		}
 	}
 	return o
+}
+
+// responseChat validates a Responses request as the chat completion it
+// asks for, after the conversation prior. With truncation "auto", a
+// conversation that does not fit the context loses its oldest turns: the
+// fewest that make it fit, cut before a user's message (so that no answer
+// or tool output is left without what it answers), the request's own
+// input kept. It returns the prior turns kept
+// and the input.
+func (v *validator) responseChat(rr *responsesRequest, cr *chatRequest, prior []chatMessage, tenant string) (kept, input []chatMessage, j *job, aerr *apiError) {
+	auto := false
+	if t := rr.Truncation; t != nil && *t != "disabled" {
+		if *t != "auto" {
+			return nil, nil, nil, invalidParam("truncation", "truncation is %q, want auto or disabled", truncate(*t, 20))
+		}
+		auto = true
+	}
+	try := func(cut int) *apiError {
+		if input, aerr = rr.chat(cr, prior[cut:]); aerr == nil {
+			j, aerr = v.chat(cr, tenant)
+		}
+		return aerr
+	}
+	tooLong := func(e *apiError) bool { return e != nil && e.Code == "context_length_exceeded" }
+	if !tooLong(try(0)) || !auto || len(prior) == 0 {
+		return prior, input, j, aerr
+	}
+	// A shorter conversation fits where a longer one does: the first cut
+	// that fits is found by halving.
+	var cuts []int
+	for c := 1; c <= len(prior); c++ {
+		if c == len(prior) || prior[c].Role == "user" {
+			cuts = append(cuts, c)
+		}
+	}
+	i := sort.Search(len(cuts), func(i int) bool { return !tooLong(try(cuts[i])) })
+	cut := cuts[min(i, len(cuts)-1)]
+	try(cut)
+	return prior[cut:], input, j, aerr
+}
+
+// truncationOf is the truncation a response names: its request's, or
+// "disabled".
+func truncationOf(rr *responsesRequest) string {
+	if rr.Truncation != nil && *rr.Truncation == "auto" {
+		return "auto"
+	}
+	return "disabled"
 }
 
 // previousID is the response a request continued, or null.

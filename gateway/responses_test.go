@@ -442,3 +442,64 @@ func TestSDKInputItems(t *testing.T) {
 		t.Errorf("an unknown response: %v", err)
 	}
 }
+
+// TestResponsesTruncation: a continued conversation past the context is
+// refused with truncation disabled (the default), and with "auto" loses
+// its oldest turns, the fewest that make it fit, the new input kept; the
+// response says which truncation it took, and its kept conversation is the
+// one the model saw.
+func TestResponsesTruncation(t *testing.T) {
+	cfg := testConfig() // a context of 256 tokens, a byte a token
+	env := newEnv(t, cfg, nil)
+	c := sdkClient(env, "k")
+	say := func(prev, text string, trunc responses.ResponseNewParamsTruncation) (*responses.Response, error) {
+		p := responses.ResponseNewParams{Model: testModel, MaxOutputTokens: openai.Int(8), Truncation: trunc,
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(text)}}
+		if prev != "" {
+			p.PreviousResponseID = openai.String(prev)
+		}
+		return c.Responses.New(t.Context(), p)
+	}
+	a, b, cc := strings.Repeat("a", 90), strings.Repeat("b", 90), strings.Repeat("c", 90)
+	first, err := say("", a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := say(first.ID, b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *openai.Error
+	if _, err := say(second.ID, cc, ""); !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Code != "context_length_exceeded" {
+		t.Fatalf("past the context, not truncated: %v", err)
+	}
+	third, err := say(second.ID, cc, responses.ResponseNewParamsTruncationAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(third.RawJSON(), `"truncation":"auto"`) || !strings.Contains(second.RawJSON(), `"truncation":"disabled"`) {
+		t.Errorf("truncation named %s / %s", third.RawJSON(), second.RawJSON())
+	}
+	// The model saw the second turn and the new input, not the first.
+	req := env.backend.reqs[len(env.backend.reqs)-1]
+	seen := string(toBytes(req.Prompt))
+	if strings.Contains(seen, a) || !strings.Contains(seen, b) || !strings.Contains(seen, cc) {
+		t.Errorf("the model saw %q", seen)
+	}
+	items := c.Responses.InputItems.ListAutoPaging(t.Context(), third.ID, responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc})
+	n := 0
+	for items.Next() {
+		n++
+	}
+	if items.Err() != nil || n != 3 {
+		t.Errorf("the kept conversation has %d items (%v), want the second turn's two and the input", n, items.Err())
+	}
+	if _, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Truncation: "sometimes",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}}); !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "truncation" {
+		t.Errorf("an unknown truncation: %v", err)
+	}
+	// A single input past the context stays refused.
+	if _, err := say("", strings.Repeat("d", 300), responses.ResponseNewParamsTruncationAuto); !errors.As(err, &apiErr) || apiErr.Code != "context_length_exceeded" {
+		t.Errorf("an input alone past the context: %v", err)
+	}
+}
