@@ -375,3 +375,12 @@ func rotateGo(lo, hi, cos, sin []float32) {
 		hi[i] = b*cos[i] + a*sin[i]
 	}
 }
+
+// fastKernels returns the best kernels for this processor: the fastest
+// assembly set it runs, or the portable one.
+func fastKernels() *kernels {
+	if ks := asmKernels(); len(ks) > 0 {
+		return ks[len(ks)-1]
+	}
+	return genericKernels
+}

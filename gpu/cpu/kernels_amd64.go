@@ -11,15 +11,6 @@ var (
 	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F
 )
 
-// fastKernels returns the best kernels for this processor.
-func fastKernels() *kernels {
-	ks := asmKernels()
-	if len(ks) == 0 {
-		return genericKernels
-	}
-	return ks[len(ks)-1]
-}
-
 // asmKernels returns the assembly kernel sets this processor runs, the
 // fastest last.
 func asmKernels() []*kernels {
