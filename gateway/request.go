@@ -456,6 +456,17 @@ func logitBias(lb map[string]any, vocab int, b *GenerateRequest) *apiError {
 	return nil
 }
 
+// badTokenID returns the position of the first id outside [0, vocab) (with
+// vocab 0, the first negative one), or -1.
+func badTokenID(ids []int32, vocab int) int {
+	for k, id := range ids {
+		if id < 0 || vocab > 0 && int(id) >= vocab {
+			return k
+		}
+	}
+	return -1
+}
+
 // budget validates prompts against the context length and sets j.maxTokens.
 func (v *validator) budget(j *job, maxTokens *int, param, promptParam string) *apiError {
 	ctxLen := j.model.ContextLength
@@ -464,18 +475,11 @@ func (v *validator) budget(j *job, maxTokens *int, param, promptParam string) *a
 		if len(p) == 0 {
 			return invalidParam(promptParam, "%s %d is empty", promptParam, i)
 		}
-		if vs := j.model.VocabSize; vs > 0 {
-			for k, id := range p {
-				if id < 0 || int(id) >= vs {
-					return invalidParam(promptParam, "token id %d at position %d of %s %d is outside the vocabulary [0, %d)", id, k, promptParam, i, vs)
-				}
+		if k := badTokenID(p, j.model.VocabSize); k >= 0 {
+			if vs := j.model.VocabSize; vs > 0 {
+				return invalidParam(promptParam, "token id %d at position %d of %s %d is outside the vocabulary [0, %d)", p[k], k, promptParam, i, vs)
 			}
-		} else {
-			for k, id := range p {
-				if id < 0 {
-					return invalidParam(promptParam, "token id %d at position %d of %s %d is negative", id, k, promptParam, i)
-				}
-			}
+			return invalidParam(promptParam, "token id %d at position %d of %s %d is negative", p[k], k, promptParam, i)
 		}
 		if maxTokens != nil {
 			if total := len(p) + *maxTokens; total > ctxLen {

@@ -82,11 +82,9 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	for k, id := range req.Tokens {
-		if id < 0 || m.VocabSize > 0 && int(id) >= m.VocabSize {
-			writeAPIError(w, invalidParam("tokens", "token id %d at position %d is outside the vocabulary [0, %d)", id, k, m.VocabSize))
-			return
-		}
+	if k := badTokenID(req.Tokens, m.VocabSize); k >= 0 {
+		writeAPIError(w, invalidParam("tokens", "token id %d at position %d is outside the vocabulary [0, %d)", req.Tokens[k], k, m.VocabSize))
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"prompt": s.val.tok.Decode(req.Tokens, false)})
 }
