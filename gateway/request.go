@@ -222,15 +222,20 @@ type sampling struct {
 	ResponseFormat    json.RawMessage `json:"response_format"`
 }
 
+// toolFields are a chat request's tools and how the model may call them.
+type toolFields struct {
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+}
+
 type chatRequest struct {
 	sampling
-	Messages            []chatMessage   `json:"messages"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Logprobs            *bool           `json:"logprobs"`
-	TopLogprobs         *int            `json:"top_logprobs"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	Messages            []chatMessage `json:"messages"`
+	MaxCompletionTokens *int          `json:"max_completion_tokens"`
+	Logprobs            *bool         `json:"logprobs"`
+	TopLogprobs         *int          `json:"top_logprobs"`
+	toolFields
 	Functions           json.RawMessage `json:"functions"`
 	FunctionCall        json.RawMessage `json:"function_call"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
@@ -519,7 +524,7 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 	if err := rejectPresent("function_call", r.FunctionCall, "function_call is not supported; use tool_choice"); err != nil {
 		return nil, err
 	}
-	tools, aerr := v.useTools(j, r.Tools, r.ToolChoice, r.ParallelToolCalls)
+	tools, aerr := v.useTools(j, r.toolFields)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -560,17 +565,17 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 // useTools validates a request's tools and tool_choice into j's plan (and,
 // where tool_choice forces calls, the schema they are generated under) and
 // returns the tools the template is given.
-func (v *validator) useTools(j *job, rawTools, choice json.RawMessage, parallel *bool) ([]Tool, *apiError) {
-	tools, aerr := parseTools(rawTools)
+func (v *validator) useTools(j *job, f toolFields) ([]Tool, *apiError) {
+	tools, aerr := parseTools(f.Tools)
 	if aerr != nil {
 		return nil, aerr
 	}
-	if j.tools, aerr = parseToolChoice(choice, tools, parallel); aerr != nil {
+	if j.tools, aerr = parseToolChoice(f.ToolChoice, tools, f.ParallelToolCalls); aerr != nil {
 		return nil, aerr
 	}
 	if sc := j.tools.schema(); sc != "" {
 		if j.base.JSON {
-			return nil, invalidParam("response_format", "response_format cannot be combined with tool_choice %q: the calls are the completion", truncate(string(bytes.TrimSpace(choice)), 80))
+			return nil, invalidParam("response_format", "response_format cannot be combined with tool_choice %q: the calls are the completion", truncate(string(bytes.TrimSpace(f.ToolChoice)), 80))
 		}
 		if len(sc) > maxSchemaBytes {
 			return nil, invalidParam("tools", "the called functions' parameters take %d bytes of schema, want at most %d", len(sc), maxSchemaBytes)

@@ -34,9 +34,7 @@ type wsFrame struct {
 	Logprobs    *bool         `json:"logprobs"`
 	TopLogprobs *int          `json:"top_logprobs"`
 	// With messages, as in a chat completion.
-	Tools              json.RawMessage            `json:"tools"`
-	ToolChoice         json.RawMessage            `json:"tool_choice"`
-	ParallelToolCalls  *bool                      `json:"parallel_tool_calls"`
+	toolFields
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
@@ -134,7 +132,7 @@ func (v *validator) ws(f *wsFrame, tenant string) (*job, *apiError) {
 		if v.tmpl == nil {
 			return nil, badRequest("messages", "chat_unsupported", "model %q has no chat template; send a prompt instead of messages", j.model.ID)
 		}
-		tools, aerr := v.useTools(j, f.Tools, f.ToolChoice, f.ParallelToolCalls)
+		tools, aerr := v.useTools(j, f.toolFields)
 		if aerr != nil {
 			return nil, aerr
 		}
