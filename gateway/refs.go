@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"strings"
 )
 
@@ -16,75 +15,61 @@ func rebaseRefs(schema, pointer string) (string, error) {
 	dec := json.NewDecoder(strings.NewReader(schema))
 	dec.UseNumber()
 	var out bytes.Buffer
-	// Per open object or array: whether a value comes next in an object
-	// (after its key), whether it is data, and whether the next value in
-	// an object is a $ref.
-	type level struct {
-		object, value, data, ref bool
-		n                        int
+	if err := rebaseValue(dec, &out, pointer, false, false); err != nil {
+		return "", err
 	}
-	var stack []level
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return out.String(), nil
-		}
-		if err != nil {
-			return "", err
-		}
-		data := false
-		if len(stack) > 0 {
-			top := &stack[len(stack)-1]
-			data = top.data
-			if top.object && !top.value {
-				// A key.
-				if _, ok := tok.(json.Delim); !ok {
-					if top.n > 0 {
-						out.WriteByte(',')
-					}
-					writeToken(&out, tok)
-					out.WriteByte(':')
-					key, _ := tok.(string)
-					top.value, top.n = true, top.n+1
-					top.ref = !data && key == "$ref"
-					switch key {
-					case "const", "enum", "default", "examples":
-						top.data = true
-					}
-					continue
-				}
-			} else if !top.object {
-				if _, ok := tok.(json.Delim); !ok || tok == json.Delim('{') || tok == json.Delim('[') {
-					if top.n > 0 {
-						out.WriteByte(',')
-					}
-					top.n++
-				}
-			}
-		}
-		switch tok {
-		case json.Delim('{'), json.Delim('['):
-			out.WriteString(tok.(json.Delim).String())
-			stack = append(stack, level{object: tok == json.Delim('{'), data: data})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			out.WriteString(tok.(json.Delim).String())
-			stack = stack[:len(stack)-1]
-		default:
-			if s, ok := tok.(string); ok && len(stack) > 0 && stack[len(stack)-1].ref && (s == "#" || strings.HasPrefix(s, "#/")) {
-				tok = pointer + strings.TrimPrefix(s, "#")
-			}
-			writeToken(&out, tok)
-		}
-		// A value ended: its object takes a key next, and a data key's
-		// mark ends with its value.
-		if len(stack) > 0 {
-			if top := &stack[len(stack)-1]; top.object {
-				top.value, top.ref = false, false
-				top.data = len(stack) > 1 && stack[len(stack)-2].data
-			}
-		}
+	return out.String(), nil
+}
+
+// rebaseValue copies the next value of dec to out, rewriting the $refs of
+// its schemas unless it is data; ref says the value is a $ref's. The depth
+// is bounded by the JSON scanner's, which checked the schema before.
+func rebaseValue(dec *json.Decoder, out *bytes.Buffer, pointer string, data, ref bool) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
 	}
+	switch tok {
+	case json.Delim('{'):
+		out.WriteByte('{')
+		for n := 0; dec.More(); n++ {
+			key, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				out.WriteByte(',')
+			}
+			writeToken(out, key)
+			out.WriteByte(':')
+			k, _ := key.(string)
+			isData := data || k == "const" || k == "enum" || k == "default" || k == "examples"
+			if err := rebaseValue(dec, out, pointer, isData, !data && k == "$ref"); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token()
+		out.WriteByte('}')
+		return err
+	case json.Delim('['):
+		out.WriteByte('[')
+		for n := 0; dec.More(); n++ {
+			if n > 0 {
+				out.WriteByte(',')
+			}
+			if err := rebaseValue(dec, out, pointer, data, false); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token()
+		out.WriteByte(']')
+		return err
+	}
+	if s, ok := tok.(string); ok && ref && (s == "#" || strings.HasPrefix(s, "#/")) {
+		tok = pointer + strings.TrimPrefix(s, "#")
+	}
+	writeToken(out, tok)
+	return nil
 }
 
 // writeToken writes a string, number, boolean or null token as JSON,
