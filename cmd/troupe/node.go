@@ -170,7 +170,11 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		defer cancel()
 		n.actors.Shutdown(sctx)
 	})
-	if n.registry, err = openRegistry(ctx, n.nc, n.subj, bc.JetStream.Replicas); err != nil {
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return nil, fmt.Errorf("serve: jetstream: %w", err)
+	}
+	if n.registry, err = openRegistry(ctx, js, n.subj, bc.JetStream.Replicas); err != nil {
 		return nil, err
 	}
 	if cfg.KeptResponses > 0 {
@@ -180,7 +184,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		if cfg.Cluster.StoreDir != "" {
 			storage = bus.StorageFile
 		}
-		if n.responses, err = openResponses(ctx, n.nc, n.subj, storage, bc.JetStream.Replicas, cfg.KeptResponses); err != nil {
+		if n.responses, err = openResponses(ctx, js, n.subj, storage, bc.JetStream.Replicas, cfg.KeptResponses); err != nil {
 			return nil, err
 		}
 	}
@@ -300,11 +304,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	return n, nil
 }
 
-func openRegistry(ctx context.Context, nc *nats.Conn, subj bus.Subjects, replicas int) (*actors.Registry, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("serve: jetstream: %w", err)
-	}
+func openRegistry(ctx context.Context, js jetstream.JetStream, subj bus.Subjects, replicas int) (*actors.Registry, error) {
 	rc := actors.DefaultRegistryConfig()
 	rc.Bucket = subj.RegistryBucket()
 	rc.Replicas = replicas
@@ -341,11 +341,7 @@ const keptResponseBytes = 256 << 20
 
 // openResponses opens the cluster's bucket of kept responses, at most max
 // of them; the node that makes it chooses its storage.
-func openResponses(ctx context.Context, nc *nats.Conn, subj bus.Subjects, storage bus.Storage, replicas, max int) (*bus.Cache, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("serve: jetstream: %w", err)
-	}
+func openResponses(ctx context.Context, js jetstream.JetStream, subj bus.Subjects, storage bus.Storage, replicas, max int) (*bus.Cache, error) {
 	cfg := bus.CacheConfig{Bucket: subj.ResponsesBucket(), MaxValues: int64(max), MaxBytes: keptResponseBytes, Storage: storage, Replicas: replicas}
 	c, err := untilOpen(ctx, func(ctx context.Context) (*bus.Cache, error) { return bus.OpenCache(ctx, js, cfg) })
 	if err != nil {
