@@ -66,7 +66,7 @@ func (p *promptInput) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	const want = "want a string, an array of strings, an array of token ids or an array of arrays of token ids"
 	*p = promptInput{}
-	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+	if unset(b) {
 		return nil
 	}
 	p.set = true
@@ -157,7 +157,7 @@ func (c messageContent) MarshalJSON() ([]byte, error) {
 func (c *messageContent) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	*c = messageContent{}
-	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+	if unset(b) {
 		return nil
 	}
 	c.set = true
@@ -410,7 +410,7 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 	}
 	j.stream = s.Stream
 	j.includeUsage = s.StreamOptions != nil && s.StreamOptions.IncludeUsage
-	if rf := bytes.TrimSpace(s.ResponseFormat); len(rf) > 0 && !bytes.Equal(rf, []byte("null")) {
+	if rf := s.ResponseFormat; !unset(rf) {
 		var f struct {
 			Type       string `json:"type"`
 			JSONSchema *struct {
@@ -676,7 +676,7 @@ func messages(in []chatMessage) ([]Message, *apiError) {
 // messageCalls validates the tool calls of message i (an assistant's).
 func messageCalls(i int, m chatMessage) ([]ToolCall, *apiError) {
 	raw := bytes.TrimSpace(m.ToolCalls)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || bytes.Equal(raw, []byte("[]")) {
+	if noList(raw) {
 		return nil, nil
 	}
 	if m.Role != "assistant" {
@@ -769,9 +769,19 @@ func (v *validator) fits(j *job) *apiError {
 	return nil
 }
 
+// unset reports whether a raw JSON value is absent or null.
+func unset(raw []byte) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// noList reports whether a raw JSON list is absent, null or empty.
+func noList(raw []byte) bool {
+	return unset(raw) || bytes.Equal(bytes.TrimSpace(raw), []byte("[]"))
+}
+
 func rejectPresent(param string, raw json.RawMessage, msg string) *apiError {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || bytes.Equal(raw, []byte("[]")) {
+	if noList(raw) {
 		return nil
 	}
 	return badRequest(param, "unsupported_parameter", "%s", msg)

@@ -84,7 +84,7 @@ func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMes
 		return nil, invalidParam("tool_choice", `tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", "mode", "tools"}`)
 	}
 	cr.ParallelToolCalls = r.ParallelToolCalls
-	if t := bytes.TrimSpace(r.Text); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+	if t := r.Text; !unset(t) {
 		var text struct {
 			Format json.RawMessage `json:"format"`
 		}
@@ -103,7 +103,7 @@ func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMes
 func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 	var msgs []chatMessage
 	in := bytes.TrimSpace(r.Input)
-	if len(in) == 0 || bytes.Equal(in, []byte("null")) {
+	if unset(in) {
 		return nil, invalidParam("input", "input is required")
 	}
 	var text string
@@ -159,7 +159,7 @@ func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 func itemText(i int, raw json.RawMessage) (messageContent, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	var c messageContent
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+	if unset(raw) {
 		return c, nil
 	}
 	c.set = true
@@ -188,7 +188,7 @@ func itemText(i int, raw json.RawMessage) (messageContent, *apiError) {
 // ...}) as chat's ({"type": "function", "function": {"name", ...}});
 // other types pass as they are, for chat to refuse by name.
 func responseTools(raw json.RawMessage) (json.RawMessage, error) {
-	if t := bytes.TrimSpace(raw); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+	if unset(raw) {
 		return nil, nil
 	}
 	var in []map[string]json.RawMessage
@@ -252,7 +252,7 @@ func responseToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 // responseFormat rewrites text.format as chat's response_format.
 func responseFormat(raw json.RawMessage) (json.RawMessage, error) {
 	t := bytes.TrimSpace(raw)
-	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+	if unset(t) {
 		return nil, nil
 	}
 	var f map[string]json.RawMessage
@@ -702,7 +702,7 @@ func previousID(id *string) any {
 }
 
 func orDefault(raw json.RawMessage, def string) json.RawMessage {
-	if t := bytes.TrimSpace(raw); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+	if !unset(raw) {
 		return raw
 	}
 	return json.RawMessage(def)

@@ -51,8 +51,7 @@ type toolPlan struct {
 
 // parseTools validates a request's tools.
 func parseTools(raw json.RawMessage) ([]Tool, *apiError) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+	if unset(raw) {
 		return nil, nil
 	}
 	var in []struct {
@@ -88,7 +87,7 @@ func parseTools(raw json.RawMessage) ([]Tool, *apiError) {
 		}
 		seen[f.Name] = true
 		out[i] = Tool{Name: f.Name, Description: f.Description}
-		if p := bytes.TrimSpace(f.Parameters); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
+		if p := f.Parameters; !unset(p) {
 			var c bytes.Buffer
 			if json.Compact(&c, p) != nil || c.Bytes()[0] != '{' {
 				return nil, invalidParam("tools", "tools[%d]: function %q: parameters must be a JSON schema object", i, f.Name)
@@ -107,7 +106,7 @@ func parseToolChoice(raw json.RawMessage, tools []Tool, parallel *bool) (toolPla
 	raw = bytes.TrimSpace(raw)
 	choice := "auto"
 	const forms = `"none", "auto", "required", {"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`
-	if len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
+	if !unset(raw) {
 		var obj struct {
 			Type     string `json:"type"`
 			Function struct {
@@ -311,7 +310,7 @@ func parseCall(block string) (ToolCall, bool) {
 		args = []byte(strings.TrimSpace(s))
 	}
 	switch {
-	case len(args) == 0 || bytes.Equal(args, []byte("null")):
+	case unset(args):
 		args = []byte("{}")
 	case args[0] != '{' || !json.Valid(args):
 		return ToolCall{}, false

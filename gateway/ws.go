@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -143,7 +142,7 @@ func (v *validator) ws(f *wsFrame, tenant string) (*job, *apiError) {
 		j.prompts = [][]int32{v.tok.Encode(text)}
 		j.inThink = strings.HasSuffix(strings.TrimRight(text, spaces), thinkOpen)
 		promptParam = "messages"
-	case len(bytes.TrimSpace(f.Tools)) > 0 && !bytes.Equal(bytes.TrimSpace(f.Tools), []byte("null")):
+	case !unset(f.Tools):
 		return nil, invalidParam("tools", "tools need messages")
 	case f.Prompt.set && f.Prompt.ids != nil:
 		j.prompts = [][]int32{f.Prompt.ids}
