@@ -31,35 +31,44 @@ var avx512Kernels = func() *kernels {
 	k := *avx2Kernels
 	k.name = "avx512"
 	k.gemm6x16 = gemm6x16Asm512
-	k.gemvF32 = func(out, x, w []float32, stride, rows, n int) {
-		gemvAsm(gemvF32AVX512, gemvF32Go, out, x, w, stride, rows, n)
-	}
-	k.gemvBF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
-		gemvAsm(gemvBF16AVX512, gemvBF16Go, out, x, w, stride, rows, n)
-	}
-	k.gemvF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
-		gemvAsm(gemvF16AVX512, gemvF16Go, out, x, w, stride, rows, n)
-	}
-	k.gemv2F32 = func(out0, out1, x0, x1, w []float32, stride, rows, n int) {
-		gemv2Asm(gemv2F32AVX512, k.gemvF32, gemvF32Go, out0, out1, x0, x1, w, stride, rows, n)
-	}
-	k.gemv2BF16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
-		gemv2Asm(gemv2BF16AVX512, k.gemvBF16, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, n)
-	}
-	k.gemv2F16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
-		gemv2Asm(gemv2F16AVX512, k.gemvF16, gemvF16Go, out0, out1, x0, x1, w, stride, rows, n)
-	}
-	return &k
+	return k.withGEMVs(gemvKernels{gemvF32AVX512, gemvBF16AVX512, gemvF16AVX512, gemv2F32AVX512, gemv2BF16AVX512, gemv2F16AVX512})
 }()
 
-var avx2Kernels = &kernels{
+// gemvKernels are a kernel set's GEMVs in assembly, for f32, bf16 and f16
+// weights: one row of x, and two.
+type gemvKernels struct {
+	f32           func(out, x, w *float32, stride, rows, k8 int)
+	bf16, f16     func(out, x *float32, w *uint16, stride, rows, k8 int)
+	f32x2         func(out0, out1, x0, x1, w *float32, stride, pairs, k8 int)
+	bf16x2, f16x2 func(out0, out1, x0, x1 *float32, w *uint16, stride, pairs, k8 int)
+}
+
+// withGEMVs sets k's GEMVs to g's kernels (the columns past the last
+// multiple of 8 by the portable ones) and returns k. A two-row GEMV takes
+// the rows of whole groups of four two at a time and the rest through k's
+// one-row GEMV, so that each row gets the bits the one-row GEMV gives it.
+func (k *kernels) withGEMVs(g gemvKernels) *kernels {
+	k.gemvF32 = func(out, x, w []float32, stride, rows, n int) { gemvAsm(g.f32, gemvF32Go, out, x, w, stride, rows, n) }
+	k.gemvBF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
+		gemvAsm(g.bf16, gemvBF16Go, out, x, w, stride, rows, n)
+	}
+	k.gemvF16 = func(out, x []float32, w []uint16, stride, rows, n int) {
+		gemvAsm(g.f16, gemvF16Go, out, x, w, stride, rows, n)
+	}
+	k.gemv2F32 = func(out0, out1, x0, x1, w []float32, stride, rows, n int) {
+		gemv2Asm(g.f32x2, k.gemvF32, gemvF32Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
+	k.gemv2BF16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
+		gemv2Asm(g.bf16x2, k.gemvBF16, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
+	k.gemv2F16 = func(out0, out1, x0, x1 []float32, w []uint16, stride, rows, n int) {
+		gemv2Asm(g.f16x2, k.gemvF16, gemvF16Go, out0, out1, x0, x1, w, stride, rows, n)
+	}
+	return k
+}
+
+var avx2Kernels = (&kernels{
 	name:         "avx2",
-	gemvF32:      gemvF32Asm,
-	gemvBF16:     gemvBF16Asm,
-	gemvF16:      gemvF16Asm,
-	gemv2F32:     gemv2F32Asm,
-	gemv2BF16:    gemv2BF16Asm,
-	gemv2F16:     gemv2F16Asm,
 	gemm6x16:     gemm6x16Asm,
 	packT:        packTAsm,
 	accum:        accumAsm,
@@ -82,7 +91,7 @@ var avx2Kernels = &kernels{
 	rotate:       rotateAsm,
 	sumSq:        sumSqAsm,
 	scaleMul:     scaleMulAsm,
-}
+}).withGEMVs(gemvKernels{gemvF32AVX2, gemvBF16AVX2, gemvF16AVX2, gemv2F32AVX2, gemv2BF16AVX2, gemv2F16AVX2})
 
 //go:noescape
 func gemvF32AVX2(out, x, w *float32, stride, rows, k8 int)
@@ -202,14 +211,6 @@ func checkGEMV(out, x []float32, wlen, stride, rows, k int) {
 	}
 }
 
-func gemvF32Asm(out, x, w []float32, stride, rows, k int) {
-	gemvAsm(gemvF32AVX2, gemvF32Go, out, x, w, stride, rows, k)
-}
-
-func gemvBF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
-	gemvAsm(gemvBF16AVX2, gemvBF16Go, out, x, w, stride, rows, k)
-}
-
 // gemvAsm runs the one-row GEMV kernel kern over the columns up to the
 // last multiple of 8, and the portable tail over the rest.
 func gemvAsm[W float32 | uint16](kern func(out, x *float32, w *W, stride, rows, k8 int), tail func(out, x []float32, w []W, stride, rows, k int),
@@ -238,22 +239,7 @@ func addTails[W float32 | uint16](g func(out, x []float32, w []W, stride, rows, 
 	}
 }
 
-// gemv2F32Asm, gemv2BF16Asm and gemv2F16Asm run the rows of whole groups
-// of four two at a time (gemv2*AVX2) and the rest by the one-row kernel,
-// so each row's result is the one the one-row kernel gives it.
-func gemv2F32Asm(out0, out1, x0, x1, w []float32, stride, rows, k int) {
-	gemv2Asm(gemv2F32AVX2, gemvF32Asm, gemvF32Go, out0, out1, x0, x1, w, stride, rows, k)
-}
-
-func gemv2BF16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
-	gemv2Asm(gemv2BF16AVX2, gemvBF16Asm, gemvBF16Go, out0, out1, x0, x1, w, stride, rows, k)
-}
-
-func gemv2F16Asm(out0, out1, x0, x1 []float32, w []uint16, stride, rows, k int) {
-	gemv2Asm(gemv2F16AVX2, gemvF16Asm, gemvF16Go, out0, out1, x0, x1, w, stride, rows, k)
-}
-
-// gemv2Asm is the gemv2*Asm with their kernels: pair for two rows of x,
+// gemv2Asm runs a two-row GEMV with its kernels: pair for two rows of x,
 // one for a row alone, tail for the k%8 columns.
 func gemv2Asm[W float32 | uint16](pair func(out0, out1, x0, x1 *float32, w *W, stride, pairs, k8 int),
 	one, tail func(out, x []float32, w []W, stride, rows, k int),
@@ -273,10 +259,6 @@ func gemv2Asm[W float32 | uint16](pair func(out0, out1, x0, x1 *float32, w *W, s
 		one(out0[q:], x0, w[q*stride:], stride, rows-q, k)
 		one(out1[q:], x1, w[q*stride:], stride, rows-q, k)
 	}
-}
-
-func gemvF16Asm(out, x []float32, w []uint16, stride, rows, k int) {
-	gemvAsm(gemvF16AVX2, gemvF16Go, out, x, w, stride, rows, k)
 }
 
 func accumAsm(acc, v []float32, vstride int, p []float32) {
@@ -380,7 +362,7 @@ func dots3F32Asm(s []float32, sstride int, q []float32, qstride int, k []float32
 	}
 	if nk4 < nk {
 		for i := range 3 {
-			gemvF32Asm(s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
+			gemvAsm(gemvF32AVX2, gemvF32Go, s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
 		}
 	}
 }
@@ -400,7 +382,7 @@ func dots3BF16Asm(s []float32, sstride int, q []float32, qstride int, k []uint16
 	}
 	if nk4 < nk {
 		for i := range 3 {
-			gemvBF16Asm(s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
+			gemvAsm(gemvBF16AVX2, gemvBF16Go, s[i*sstride+nk4:i*sstride+nk], q[i*qstride:i*qstride+hd], k[nk4*kstride:], kstride, nk-nk4, hd)
 		}
 	}
 }
