@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,6 +72,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	minP := fs.Float64("min-p", 0, "with --temperature, drop tokens less likely than this times the most likely (0: none)")
 	seed := fs.Int64("seed", 1, "with --temperature, the first sequence's seed (sequence s takes seed+s)")
 	logprobs := fs.Int("logprobs", 0, "report the log-probabilities of each token and of this many most likely tokens, as served requests asking for them do: the device summarizes each step's logits rows (0: none)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile (pprof) of the measured runs, the model's load left out, to this file")
 	rawRows := fs.Bool("raw-rows", false, "with --logprobs, read each step's whole logits rows back and take the log-probabilities on the host, as served requests whose grammar, penalties or bias change the rows do")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -96,6 +99,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer l.Close()
 	if cfg := l.model.Config; *prompt+*gen+2 > cfg.MaxPositions {
 		return fmt.Errorf("bench: %d + %d tokens (and two untimed steps) exceed the context length of %d", *prompt, *gen, cfg.MaxPositions)
+	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer stop()
 	}
 	b := bench{l: l, prompt: *prompt, gen: *gen, runs: *runs, sampling: sp, seed: *seed, logprobs: *logprobs, rawRows: *rawRows, quiet: *asJSON, sweep: len(batches) > 1, stderr: stderr}
 	for _, batch := range batches {
@@ -440,4 +450,21 @@ func benchChained(ctx context.Context, m *models.Model, cache *models.Cache, ste
 		return 0, err
 	}
 	return time.Since(start), nil
+}
+
+// startCPUProfile starts writing a CPU profile to path; stop ends it and
+// closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

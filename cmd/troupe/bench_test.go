@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -145,5 +150,36 @@ func TestBenchLogprobs(t *testing.T) {
 		if _, _, err := runCLI(t, "", append([]string{"bench", "--prompt", "4", "--gen", "1", "--runs", "1"}, bad...)...); err == nil || !strings.Contains(err.Error(), "logprobs") {
 			t.Errorf("bench %v: %v, want an error naming --logprobs", bad, err)
 		}
+	}
+}
+
+// TestBenchCPUProfile: --cpuprofile writes a pprof CPU profile (gzipped
+// protocol buffers naming the sample types) of the measured runs, and a
+// path it cannot create is an error before the measurement.
+func TestBenchCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	if _, _, err := runCLI(t, "", "bench", "--prompt", "8", "--gen", "16", "--runs", "2", "--json", "--cpuprofile", path); err != nil {
+		t.Fatalf("bench --cpuprofile: %v", err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("profile of %d bytes is not gzipped: %v", len(raw), err)
+	}
+	pb, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"samples", "cpu", "nanoseconds"} {
+		if !bytes.Contains(pb, []byte(want)) {
+			t.Errorf("profile names no %q", want)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "absent", "cpu.prof")
+	if _, _, err := runCLI(t, "", "bench", "--prompt", "4", "--gen", "1", "--runs", "1", "--cpuprofile", bad); err == nil || !strings.Contains(err.Error(), "cpu profile") {
+		t.Errorf("bench --cpuprofile %s: %v, want an error naming the profile", bad, err)
 	}
 }
