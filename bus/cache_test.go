@@ -67,6 +67,19 @@ func TestCache(t *testing.T) {
 			t.Errorf("value %d: %q, %v", i, v, ok)
 		}
 	}
+	// A key of two tokens, as a cancel marker's.
+	if err := a.Put(ctx, "resp_4.cancel", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := kept(t, b, "resp_4.cancel"); !ok || string(v) != "x" {
+		t.Errorf("dotted key: %q, %v", v, ok)
+	}
+	if err := b.Delete(ctx, "resp_4.cancel"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := kept(t, b, "resp_4.cancel"); ok {
+		t.Error("dotted key kept after its delete")
+	}
 	if err := b.Delete(ctx, "resp_3"); err != nil {
 		t.Fatal(err)
 	}

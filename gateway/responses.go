@@ -56,9 +56,6 @@ type inputItem struct {
 // read from the same body, after the conversation prior continues (the
 // previous response's); it returns r's input as messages.
 func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMessage, *apiError) {
-	if r.Background != nil && *r.Background {
-		return nil, badRequest("background", "unsupported_parameter", "background responses are not supported")
-	}
 	// Chat's fields that the Responses API spells otherwise, or lacks.
 	cr.N, cr.StreamOptions, cr.MaxTokens, cr.ResponseFormat, cr.AddGenerationPrompt = nil, nil, nil, nil, nil
 	cr.Functions, cr.FunctionCall, cr.Logprobs, cr.TopLogprobs = nil, nil, nil, nil
@@ -292,6 +289,10 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 				Message: "previous response " + truncate(*id, 80) + " is not kept here (it expired, was deleted, was not stored, or another node answered it)"})
 			return
 		}
+		if st := statusOf(prev.Object); st.running() {
+			writeAPIError(w, invalidParam("previous_response_id", "previous response %s is still %s; wait for it to end or cancel it", truncate(*id, 80), st.Status))
+			return
+		}
 		prior = prev.Conv
 	}
 	prior, input, j, aerr := s.val.responseChat(&rr, &cr, prior, tenant)
@@ -303,15 +304,19 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
+	rs := &responseRun{s: s, ctx: context.WithoutCancel(r.Context()), j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
+		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.enabled() && (rr.Store == nil || *rr.Store)}
+	rs.answer = j.newAnswerStream()
+	if rr.Background != nil && *rr.Background {
+		s.startBackground(w, r, rs, received)
+		return
+	}
 	ctx, cancel, release, ok := s.admit(w, r, j)
 	if !ok {
 		return
 	}
 	defer release()
 	defer cancel()
-	rs := &responseRun{s: s, ctx: context.WithoutCancel(r.Context()), j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,
-		tenant: tenant, conv: append(slices.Clip(prior), input...), store: s.responses.enabled() && (rr.Store == nil || *rr.Store)}
-	rs.answer = j.newAnswerStream()
 	if j.stream {
 		rs.out = &sse{w: w}
 	}
@@ -352,6 +357,7 @@ type responseRun struct {
 	tenant  string
 	conv    []chatMessage // the conversation the response continues: prior then input
 	store   bool          // kept once answered
+	bg      bool          // a background response: answered at once as queued, kept as it goes
 	id      string
 	created int64
 	out     *sse
@@ -527,18 +533,10 @@ func (rs *responseRun) finish(res genResult) {
 	status, details := rs.status(res)
 	if rs.out == nil {
 		rs.text.WriteString(res.tail)
-		reasoning, content, calls := rs.j.answer(rs.text.String())
-		if reasoning != "" {
-			rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
+		o := rs.whole(status, details, &res, nil)
+		if !rs.bg {
+			writeJSON(rs.w, http.StatusOK, o)
 		}
-		if content != "" || len(calls) == 0 {
-			rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: status, Role: "assistant",
-				Content: []responsePart{textPart(content, rs.lps)}})
-		}
-		for _, c := range calls {
-			rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
-		}
-		writeJSON(rs.w, http.StatusOK, rs.keep(rs.object(status, details, &res), content, calls))
 		return
 	}
 	if rs.start() != nil {
@@ -588,6 +586,27 @@ func (rs *responseRun) finish(res genResult) {
 	_ = rs.event(last, map[string]any{"response": rs.keep(rs.object(status, details, &res), rs.text.String(), calls)})
 }
 
+// whole makes the response's output items from its whole text, and keeps
+// and returns the response with status, details, res's usage and
+// failure's error.
+func (rs *responseRun) whole(status string, details any, res *genResult, failure any) map[string]any {
+	reasoning, content, calls := rs.j.answer(rs.text.String())
+	rs.items = rs.items[:0]
+	if reasoning != "" {
+		rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
+	}
+	if content != "" || len(calls) == 0 {
+		rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: status, Role: "assistant",
+			Content: []responsePart{textPart(content, rs.lps)}})
+	}
+	for _, c := range calls {
+		rs.items = append(rs.items, responseCall{Type: "function_call", ID: newID("fc_"), CallID: c.ID, Name: c.Name, Arguments: c.Arguments, Status: "completed"})
+	}
+	o := rs.object(status, details, res)
+	o["error"] = failure
+	return rs.keep(o, content, calls)
+}
+
 // keep stores the answered response o, whose output is content and calls,
 // where it is to be kept, and returns it.
 func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) map[string]any {
@@ -595,9 +614,18 @@ func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) 
 		return o
 	}
 	o["store"] = true
+	if rs.put(o, content, calls) != nil {
+		o["store"] = false // not kept: a later request will not find it
+	}
+	return o
+}
+
+// put stores o, whose output is content and calls, under the response's
+// id with the conversation it ends.
+func (rs *responseRun) put(o map[string]any, content string, calls []ToolCall) error {
 	b, err := json.Marshal(o)
 	if err != nil {
-		return o
+		return err
 	}
 	out := chatMessage{Role: "assistant", Content: messageContent{text: content, set: content != ""}}
 	if len(calls) > 0 {
@@ -607,10 +635,7 @@ func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) 
 		}
 		out.ToolCalls, _ = json.Marshal(tc)
 	}
-	if err := rs.s.responses.put(rs.ctx, rs.id, &storedResponse{Tenant: rs.tenant, Conv: append(slices.Clip(rs.conv), out), Object: b}); err != nil {
-		o["store"] = false // not kept: a later request will not find it
-	}
-	return o
+	return rs.s.responses.put(rs.ctx, rs.id, &storedResponse{Tenant: rs.tenant, Conv: append(slices.Clip(rs.conv), out), Object: b})
 }
 
 // status is the response's status, with why it is incomplete.
@@ -632,7 +657,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		"previous_response_id": previousID(rr.PreviousResponseID), "store": false, "temperature": rs.j.base.Temperature, "top_p": rs.j.base.TopP,
 		"tool_choice": orDefault(rr.ToolChoice, `"auto"`), "tools": orDefault(rr.Tools, `[]`),
 		"text": orDefault(rr.Text, `{"format":{"type":"text"}}`), "truncation": truncationOf(rr), "metadata": nonNilMap(rr.Metadata),
-		"usage": nil, "user": rr.User,
+		"usage": nil, "user": rr.User, "background": rs.bg,
 	}
 	if res != nil {
 		in := len(rs.j.prompts[0])
@@ -748,8 +773,14 @@ func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// handleDeleteResponse deletes a kept response, a running background
+// response once it is cancelled.
 func (s *Server) handleDeleteResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	resp := s.keptResponse(w, r)
+	if resp == nil || s.stopBackground(w, r, resp) == nil {
+		return
+	}
 	ok, err := s.responses.drop(r.Context(), id, tenantOf(r.Context()))
 	if err != nil {
 		writeAPIError(w, storeError(err))

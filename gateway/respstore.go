@@ -37,7 +37,13 @@ type storedResponse struct {
 	Tenant string          `json:"tenant"`
 	Conv   []chatMessage   `json:"conv"`
 	Object json.RawMessage `json:"object"`
+	// Cancel marks the value kept under cancelKey(id): a request that the
+	// background response id stop, left by a gateway not running it.
+	Cancel bool `json:"cancel,omitempty"`
 }
+
+// cancelKey is where a cancel marker for response id is kept.
+func cancelKey(id string) string { return id + ".cancel" }
 
 // keptResponses reads and writes kept responses through a ResponseStore, each
 // visible to its tenant alone.
@@ -70,10 +76,37 @@ func (r keptResponses) get(ctx context.Context, id, tenant string) (*storedRespo
 	if err := json.Unmarshal(b, &v); err != nil {
 		return nil, fmt.Errorf("kept response %s: %w", truncate(id, 80), err)
 	}
-	if v.Tenant != tenant {
+	if v.Tenant != tenant || v.Cancel || len(v.Object) == 0 {
 		return nil, nil
 	}
 	return &v, nil
+}
+
+// requestCancel leaves a marker asking the gateway running tenant's
+// background response id to stop it.
+func (r keptResponses) requestCancel(ctx context.Context, id, tenant string) error {
+	b, err := json.Marshal(storedResponse{Tenant: tenant, Cancel: true})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return r.store.Put(ctx, cancelKey(id), b)
+}
+
+// cancelRequested reports whether a marker asks that response id stop.
+func (r keptResponses) cancelRequested(ctx context.Context, id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	_, ok, err := r.store.Get(ctx, cancelKey(id))
+	return ok, err
+}
+
+// clearCancel drops response id's cancel marker, if any.
+func (r keptResponses) clearCancel(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return r.store.Delete(ctx, cancelKey(id))
 }
 
 // drop deletes tenant's response id and reports whether there was one.

@@ -30,6 +30,8 @@ type Server struct {
 	val     validator
 	// responses keeps the last Responses answers (POST /v1/responses).
 	responses keptResponses
+	bg        bgRuns        // background responses running here
+	bgWait    time.Duration // cancelWait; shorter in tests
 	lim       *limiter
 	met       *metrics
 	mux       *http.ServeMux
@@ -71,6 +73,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	cfg.APIKeys = append([]string(nil), cfg.APIKeys...)
 	s := &Server{
 		cfg:     cfg,
+		bgWait:  cancelWait,
 		backend: backend,
 		tok:     tok,
 		lim:     &limiter{cap: cfg.MaxInFlight},
@@ -114,6 +117,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("GET /v1/responses/{id}", "responses", s.handleGetResponse)
 	s.route("GET /v1/responses/{id}/input_items", "responses", s.handleInputItems)
 	s.route("DELETE /v1/responses/{id}", "responses", s.handleDeleteResponse)
+	s.route("POST /v1/responses/{id}/cancel", "responses", s.handleCancelResponse)
 	s.route("POST /tokenize", "tokenize", s.handleTokenize)
 	s.route("POST /detokenize", "tokenize", s.handleDetokenize)
 	s.route("GET /v1/models", "models", s.handleModels)

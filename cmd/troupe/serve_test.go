@@ -740,6 +740,28 @@ func TestServeResponses(t *testing.T) {
 		t.Errorf("streamed %q (%s), whole %q (%s)", deltas.String(), last.Status, resp.OutputText(), resp.Status)
 	}
 
+	// In the background, kept in the cluster's bucket as it runs: the
+	// same answer, polled.
+	bgParams := params
+	bgParams.Background = openai.Bool(true)
+	bg, err := c.Responses.New(t.Context(), bgParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for bg.Status == "queued" || bg.Status == "in_progress" {
+		if time.Now().After(deadline) {
+			t.Fatalf("background response still %s", bg.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if bg, err = c.Responses.Get(t.Context(), bg.ID, responses.ResponseGetParams{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if bg.OutputText() != resp.OutputText() || bg.Status != resp.Status || !bg.Background {
+		t.Errorf("background: %q (%s), foreground %q (%s)", bg.OutputText(), bg.Status, resp.OutputText(), resp.Status)
+	}
+
 	schema := map[string]any{"type": "object", "properties": map[string]any{"cmd": map[string]any{"type": "string", "maxLength": 12}}, "required": []any{"cmd"}, "additionalProperties": false}
 	resp, err = c.Responses.New(t.Context(), responses.ResponseNewParams{
 		Model: demo.Name, MaxOutputTokens: openai.Int(200), Temperature: openai.Float(0),

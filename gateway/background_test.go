@@ -1,0 +1,228 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+)
+
+// pollResponse gets response id until its status is no longer queued or
+// in progress.
+func pollResponse(t *testing.T, c openai.Client, id string) *responses.Response {
+	t.Helper()
+	var got *responses.Response
+	waitFor(t, "response "+id+" to end", func() bool {
+		var err error
+		got, err = c.Responses.Get(t.Context(), id, responses.ResponseGetParams{})
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		return got.Status != responses.ResponseStatusQueued && got.Status != responses.ResponseStatusInProgress
+	})
+	return got
+}
+
+func wantAPIStatus(t *testing.T, what string, err error, status int) {
+	t.Helper()
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != status {
+		t.Errorf("%s: %v, want a %d", what, err, status)
+	}
+}
+
+// TestSDKBackground: a background response is answered at once as queued,
+// is listed and polled while it waits, cannot be continued before it
+// ends, and ends with the output a foreground request gets; cancelling it
+// then answers it as it ended. Requests that cannot run in the background
+// are refused.
+func TestSDKBackground(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	b := &echoBackend{gate: make(chan struct{})}
+	env := newEnv(t, cfg, b)
+	c := sdkClient(env, "k")
+	input := responses.ResponseNewParamsInputUnion{OfString: openai.String("hello there")}
+	bg, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bg.Status != responses.ResponseStatusQueued || !bg.Background || len(bg.Output) != 0 || !strings.Contains(bg.RawJSON(), `"store":true`) {
+		t.Errorf("background response answered as %s", bg.RawJSON())
+	}
+	got, err := c.Responses.Get(t.Context(), bg.ID, responses.ResponseGetParams{})
+	if err != nil || (got.Status != responses.ResponseStatusQueued && got.Status != responses.ResponseStatusInProgress) {
+		t.Errorf("get while waiting: %v, %s", err, got.RawJSON())
+	}
+	items, err := c.Responses.InputItems.List(t.Context(), bg.ID, responses.InputItemListParams{})
+	if err != nil || len(items.Data) != 1 || items.Data[0].AsMessage().Content[0].Text != "hello there" {
+		t.Errorf("input items while waiting: %v, %+v", err, items)
+	}
+	_, err = c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, PreviousResponseID: openai.String(bg.ID)})
+	wantAPIStatus(t, "continuing a response still in progress", err, http.StatusBadRequest)
+
+	close(b.gate)
+	done := pollResponse(t, c, bg.ID)
+	fg, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done.Status != responses.ResponseStatusCompleted || done.OutputText() != fg.OutputText() || fg.OutputText() == "" ||
+		done.Usage.OutputTokens != fg.Usage.OutputTokens || !done.Background || fg.Background {
+		t.Errorf("background response ended as\n%s\nwhere the same request in the foreground is\n%s", done.RawJSON(), fg.RawJSON())
+	}
+	again, err := c.Responses.Cancel(t.Context(), bg.ID)
+	if err != nil || again.RawJSON() != done.RawJSON() {
+		t.Errorf("cancel after the end: %v\n%s\nwant\n%s", err, again.RawJSON(), done.RawJSON())
+	}
+	_, err = c.Responses.Cancel(t.Context(), fg.ID)
+	wantAPIStatus(t, "cancelling a foreground response", err, http.StatusBadRequest)
+	_, err = c.Responses.Cancel(t.Context(), "resp_absent")
+	wantAPIStatus(t, "cancelling an unknown response", err, http.StatusNotFound)
+	_, err = c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true), Store: openai.Bool(false)})
+	wantAPIStatus(t, "background without store", err, http.StatusBadRequest)
+	stream := c.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
+	for stream.Next() {
+	}
+	wantAPIStatus(t, "background streamed", stream.Err(), http.StatusBadRequest)
+	// A marker's key is not a response.
+	_, err = c.Responses.Get(t.Context(), cancelKey(bg.ID), responses.ResponseGetParams{})
+	wantAPIStatus(t, "get of a marker's key", err, http.StatusNotFound)
+}
+
+// TestBackgroundCancel: a running background response is cancelled on the
+// gateway running it and through another gateway sharing its store (a
+// marker), kept cancelled, its generation stopped; one whose gateway is
+// gone is kept cancelled by the canceller after the wait; a delete cancels
+// first; a failed generation is kept failed.
+func TestBackgroundCancel(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.Responses = MemoryResponses(64)
+	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 8)}
+	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
+	input := responses.ResponseNewParamsInputUnion{OfString: openai.String("count to ten")}
+	// start returns a running background response and its generation's
+	// request id.
+	start := func() (*responses.Response, string) {
+		t.Helper()
+		r, err := ca.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case req := <-ba.started:
+			return r, req
+		case <-time.After(10 * time.Second):
+			t.Fatal("the background generation did not start")
+		}
+		return nil, ""
+	}
+	for _, via := range []struct {
+		name string
+		c    openai.Client
+	}{{"its gateway", ca}, {"another gateway", cb}} {
+		r, req := start()
+		got, err := via.c.Responses.Cancel(t.Context(), r.ID)
+		if err != nil || got.Status != responses.ResponseStatusCancelled || !got.Background {
+			t.Fatalf("cancel through %s: %v, %s", via.name, err, got.RawJSON())
+		}
+		if !ba.sawCancel(req) {
+			t.Errorf("cancel through %s: the generation was not cancelled (%v)", via.name, ba.cancelled)
+		}
+		if kept, err := ca.Responses.Get(t.Context(), r.ID, responses.ResponseGetParams{}); err != nil || kept.Status != responses.ResponseStatusCancelled {
+			t.Errorf("after a cancel through %s: %v, %s", via.name, err, kept.RawJSON())
+		}
+		if ok, _ := a.srv.responses.cancelRequested(t.Context(), r.ID); ok {
+			t.Errorf("cancel through %s: its marker is left", via.name)
+		}
+		if again, err := cb.Responses.Cancel(t.Context(), r.ID); err != nil || again.Status != responses.ResponseStatusCancelled {
+			t.Errorf("second cancel through %s: %v, %s", via.name, err, again.RawJSON())
+		}
+	}
+
+	// Delete cancels first.
+	r, req := start()
+	if err := cb.Responses.Delete(t.Context(), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !ba.sawCancel(req) {
+		t.Error("delete of a running background response did not cancel it")
+	}
+	_, err := ca.Responses.Get(t.Context(), r.ID, responses.ResponseGetParams{})
+	wantAPIStatus(t, "get after a delete", err, http.StatusNotFound)
+
+	// A response whose gateway is gone: kept in progress, nobody running it.
+	b.srv.bgWait = 300 * time.Millisecond
+	lost := map[string]any{"id": "resp_lost", "object": "response", "status": "in_progress", "background": true, "output": []any{}}
+	obj, _ := json.Marshal(lost)
+	if err := b.srv.responses.put(t.Context(), "resp_lost", &storedResponse{Conv: []chatMessage{{Role: "user"}, {Role: "assistant"}}, Object: obj}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cb.Responses.Cancel(t.Context(), "resp_lost"); err != nil || got.Status != responses.ResponseStatusCancelled {
+		t.Errorf("cancel of a response nobody runs: %v, %s", err, got.RawJSON())
+	}
+	if ok, _ := b.srv.responses.cancelRequested(t.Context(), "resp_lost"); ok {
+		t.Error("the lost response's marker is left")
+	}
+
+	// A failed generation.
+	ba.failAfter.Store(2)
+	close(ba.gate)
+	f, err := ca.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pollResponse(t, cb, f.ID); got.Status != responses.ResponseStatusFailed || got.Error.Message == "" {
+		t.Errorf("failed generation kept as %s", got.RawJSON())
+	}
+}
+
+// TestBackgroundShutdown: Shutdown waits for a background response as for
+// any generation, then cancels it, and it is kept failed; the in-flight
+// slot it held is freed.
+func TestBackgroundShutdown(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.Responses = MemoryResponses(16)
+	cfg.MaxInFlight = 1
+	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 1)}
+	env := newEnv(t, cfg, ba)
+	c := sdkClient(env, "k")
+	input := responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}
+	r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ba.started
+	_, err = c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input})
+	wantAPIStatus(t, "a request beside a background response holding the only slot", err, http.StatusTooManyRequests)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if err := env.srv.Shutdown(ctx); err == nil {
+		t.Error("Shutdown did not report the background response it cut")
+	}
+	kept, err := env.srv.responses.get(t.Context(), r.ID, "")
+	if err != nil || kept == nil {
+		t.Fatalf("after shutdown: %v, %v", kept, err)
+	}
+	var o struct {
+		Status string `json:"status"`
+		Error  struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(kept.Object, &o); err != nil || o.Status != "failed" || o.Error.Code != "server_shutdown" {
+		t.Errorf("kept after shutdown as %s (%v)", kept.Object, err)
+	}
+	if env.srv.lim.inUse() != 0 {
+		t.Errorf("%d in-flight slots still held", env.srv.lim.inUse())
+	}
+}
