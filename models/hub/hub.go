@@ -1,0 +1,456 @@
+package hub
+
+import (
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// DefaultEndpoint is the Hugging Face Hub.
+const DefaultEndpoint = "https://huggingface.co"
+
+// Client fetches checkpoints from a Hub into its cache.
+type Client struct {
+	Endpoint string       // the Hub's address; DefaultEndpoint where empty
+	Token    string       // sent as a bearer token where set
+	Cache    string       // the Hub cache folder (…/huggingface/hub)
+	Offline  bool         // take the cache alone, asking the Hub nothing
+	HTTP     *http.Client // http.DefaultClient where nil
+	// Progress, where set, is told of each file as its bytes arrive (from
+	// the fetching goroutine), and once of each file the cache holds.
+	Progress func(Progress)
+}
+
+// Progress is where the fetch of one file stands.
+type Progress struct {
+	File        string
+	Done, Total int64 // bytes
+	Cached      bool  // the cache held it already
+}
+
+// FromEnv returns a Client set up from the environment as huggingface_hub
+// reads it: HF_ENDPOINT, HF_TOKEN (else the token file under HF_HOME),
+// HF_HUB_CACHE (else $HF_HOME/hub, else ~/.cache/huggingface/hub) and
+// HF_HUB_OFFLINE.
+func FromEnv() Client {
+	home := os.Getenv("HF_HOME")
+	if home == "" {
+		if base, err := os.UserCacheDir(); err == nil {
+			home = filepath.Join(base, "huggingface")
+		} else {
+			home = filepath.Join(os.TempDir(), "huggingface")
+		}
+	}
+	c := Client{Endpoint: os.Getenv("HF_ENDPOINT"), Token: os.Getenv("HF_TOKEN"), Cache: os.Getenv("HF_HUB_CACHE")}
+	if c.Token == "" {
+		if b, err := os.ReadFile(filepath.Join(home, "token")); err == nil {
+			c.Token = strings.TrimSpace(string(b))
+		}
+	}
+	if c.Cache == "" {
+		c.Cache = filepath.Join(home, "hub")
+	}
+	switch strings.ToLower(os.Getenv("HF_HUB_OFFLINE")) {
+	case "1", "true", "yes", "on":
+		c.Offline = true
+	}
+	return c
+}
+
+var (
+	repoRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	revisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
+	commitRE   = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	sha256RE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// ParseRef reads "ORG/NAME" or "ORG/NAME@REVISION" (a branch, tag or
+// commit; "main" where none is given).
+func ParseRef(s string) (repo, revision string, err error) {
+	repo, revision, _ = strings.Cut(s, "@")
+	if revision == "" {
+		revision = "main"
+	}
+	if !repoRE.MatchString(repo) || strings.Contains(repo, "..") || strings.HasSuffix(repo, ".git") {
+		return "", "", fmt.Errorf("hub: %q is not a repository id (ORG/NAME)", s)
+	}
+	if !revisionRE.MatchString(revision) || slices.Contains(strings.Split(revision, "/"), "..") || strings.HasSuffix(revision, "/") {
+		return "", "", fmt.Errorf("hub: %q is not a revision", revision)
+	}
+	return repo, revision, nil
+}
+
+// repoInfo is what the Hub's API says of a repository at a revision
+// (GET /api/models/REPO/revision/REV?blobs=true).
+type repoInfo struct {
+	SHA      string    `json:"sha"`
+	Siblings []sibling `json:"siblings"`
+}
+
+type sibling struct {
+	Name   string `json:"rfilename"`
+	BlobID string `json:"blobId"`
+	Size   int64  `json:"size"`
+	LFS    *struct {
+		SHA256 string `json:"sha256"`
+		Size   int64  `json:"size"`
+	} `json:"lfs"`
+}
+
+// file is one file to fetch: its name in the repository, the cache's name
+// for its bytes (the SHA-256 of an LFS file, the git blob hash of another)
+// and its size.
+type file struct {
+	name, etag string
+	size       int64
+	lfs        bool
+}
+
+// wanted reports whether troupe loads a repository's top-level file name.
+func wanted(name string) bool {
+	switch name {
+	case "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+		"special_tokens_map.json", "chat_template.jinja", "chat_template.json":
+		return true
+	}
+	return strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".safetensors.index.json")
+}
+
+// plan checks what the Hub said of a repository and returns the files to
+// fetch: every name and hash is checked, since they become paths.
+func plan(info repoInfo) ([]file, error) {
+	if !commitRE.MatchString(info.SHA) {
+		return nil, fmt.Errorf("the Hub named commit %q", truncate(info.SHA))
+	}
+	var files []file
+	config, weights := false, false
+	for _, s := range info.Siblings {
+		if strings.ContainsAny(s.Name, `/\`) || !wanted(s.Name) {
+			continue
+		}
+		f := file{name: s.Name, etag: s.BlobID, size: s.Size}
+		if s.LFS != nil {
+			f.etag, f.size, f.lfs = s.LFS.SHA256, s.LFS.Size, true
+		}
+		if (f.lfs && !sha256RE.MatchString(f.etag)) || (!f.lfs && !commitRE.MatchString(f.etag)) || f.size < 0 {
+			return nil, fmt.Errorf("%s: the Hub gave hash %q and size %d", truncate(s.Name), truncate(f.etag), f.size)
+		}
+		config = config || f.name == "config.json"
+		weights = weights || strings.HasSuffix(f.name, ".safetensors")
+		files = append(files, f)
+	}
+	switch {
+	case !config:
+		return nil, errors.New("the repository has no config.json")
+	case !weights:
+		return nil, errors.New("the repository has no safetensors weights (troupe reads no other format)")
+	}
+	return files, nil
+}
+
+// repoDir is the cache's folder for repo.
+func (c Client) repoDir(repo string) string {
+	return filepath.Join(c.Cache, "models--"+strings.ReplaceAll(repo, "/", "--"))
+}
+
+// Snapshot returns the folder that holds repo's files at revision, fetching
+// those the cache lacks. Offline, or where the Hub cannot be reached, it
+// returns the cache's snapshot of the revision if there is one.
+func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, error) {
+	if _, _, err := ParseRef(repo + "@" + revision); err != nil {
+		return "", err
+	}
+	dir := c.repoDir(repo)
+	if c.Offline {
+		return c.cached(dir, repo, revision)
+	}
+	info, err := c.info(ctx, repo, revision)
+	if err != nil {
+		var he *statusError
+		if !errors.As(err, &he) && ctx.Err() == nil {
+			if snap, cerr := c.cached(dir, repo, revision); cerr == nil {
+				return snap, nil
+			}
+		}
+		return "", err
+	}
+	files, err := plan(info)
+	if err != nil {
+		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
+	snap := filepath.Join(dir, "snapshots", info.SHA)
+	if err := os.MkdirAll(snap, 0o755); err != nil {
+		return "", fmt.Errorf("hub: %w", err)
+	}
+	for _, f := range files {
+		link := filepath.Join(snap, f.name)
+		if st, err := os.Stat(link); err == nil && st.Size() == f.size {
+			c.report(Progress{File: f.name, Done: f.size, Total: f.size, Cached: true})
+			continue
+		}
+		blob := filepath.Join(dir, "blobs", f.etag)
+		if st, err := os.Stat(blob); err == nil && st.Size() == f.size {
+			c.report(Progress{File: f.name, Done: f.size, Total: f.size, Cached: true})
+		} else if err := c.fetch(ctx, repo, info.SHA, f, blob); err != nil {
+			return "", fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
+		}
+		_ = os.Remove(link)
+		if err := os.Symlink(filepath.Join("..", "..", "blobs", f.etag), link); err != nil {
+			return "", fmt.Errorf("hub: %w", err)
+		}
+	}
+	if revision != info.SHA {
+		ref := filepath.Join(dir, "refs", filepath.FromSlash(revision))
+		if err := os.MkdirAll(filepath.Dir(ref), 0o755); err != nil {
+			return "", fmt.Errorf("hub: %w", err)
+		}
+		if err := os.WriteFile(ref, []byte(info.SHA), 0o644); err != nil {
+			return "", fmt.Errorf("hub: %w", err)
+		}
+	}
+	return snap, nil
+}
+
+// cached is the cache's snapshot of repo at revision, where it holds a
+// config.json and weights.
+func (c Client) cached(dir, repo, revision string) (string, error) {
+	commit := revision
+	if !commitRE.MatchString(revision) {
+		b, err := os.ReadFile(filepath.Join(dir, "refs", filepath.FromSlash(revision)))
+		if err != nil {
+			return "", fmt.Errorf("hub: %s@%s is not in the cache %s", repo, revision, c.Cache)
+		}
+		commit = strings.TrimSpace(string(b))
+	}
+	snap := filepath.Join(dir, "snapshots", commit)
+	weights, _ := filepath.Glob(filepath.Join(snap, "*.safetensors"))
+	if _, err := os.Stat(filepath.Join(snap, "config.json")); err != nil || !commitRE.MatchString(commit) || len(weights) == 0 {
+		return "", fmt.Errorf("hub: %s@%s is not in the cache %s", repo, revision, c.Cache)
+	}
+	return snap, nil
+}
+
+func (c Client) report(p Progress) {
+	if c.Progress != nil {
+		c.Progress(p)
+	}
+}
+
+func (c Client) endpoint() string {
+	if c.Endpoint == "" {
+		return DefaultEndpoint
+	}
+	return strings.TrimRight(c.Endpoint, "/")
+}
+
+// statusError is an answer of the Hub's other than success.
+type statusError struct {
+	status     int
+	code, text string
+}
+
+func (e *statusError) Error() string {
+	s := fmt.Sprintf("the Hub answered %d", e.status)
+	if e.code != "" {
+		s += " (" + e.code + ")"
+	}
+	if e.text != "" {
+		s += ": " + e.text
+	}
+	return s
+}
+
+// get asks the Hub for u, with the token and header h.
+func (c Client) get(ctx context.Context, u string, h http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	req.Header.Set("User-Agent", "troupe")
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		text := resp.Header.Get("X-Error-Message")
+		if text == "" {
+			var body struct {
+				Error string `json:"error"`
+			}
+			if json.Unmarshal(msg, &body) == nil {
+				text = body.Error
+			}
+		}
+		return nil, &statusError{status: resp.StatusCode, code: resp.Header.Get("X-Error-Code"), text: truncate(text)}
+	}
+	return resp, nil
+}
+
+// explain words a failed request about repo at revision for the person
+// who asked.
+func (c Client) explain(repo, revision string, err error) error {
+	var se *statusError
+	if !errors.As(err, &se) {
+		return fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
+	why := ""
+	switch {
+	case se.code == "GatedRepo" || (se.status == http.StatusForbidden && c.Token != ""):
+		why = fmt.Sprintf("the repository is gated: accept its terms at %s/%s and set HF_TOKEN to a token of that account", c.endpoint(), repo)
+	case se.status == http.StatusUnauthorized && c.Token == "":
+		why = "the Hub wants a token for it (private, gated or absent): set HF_TOKEN"
+	case se.status == http.StatusUnauthorized:
+		why = "the Hub refused the token (HF_TOKEN) for it"
+	case se.code == "RevisionNotFound":
+		why = "the repository has no revision " + revision
+	case se.status == http.StatusNotFound:
+		why = "no such repository on " + c.endpoint()
+	}
+	if why == "" {
+		return fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
+	return fmt.Errorf("hub: %s@%s: %s (%w)", repo, revision, why, err)
+}
+
+// info asks the Hub what repo holds at revision.
+func (c Client) info(ctx context.Context, repo, revision string) (repoInfo, error) {
+	var info repoInfo
+	resp, err := c.get(ctx, c.endpoint()+"/api/models/"+repo+"/revision/"+url.PathEscape(revision)+"?blobs=true", nil)
+	if err != nil {
+		return info, c.explain(repo, revision, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&info); err != nil {
+		return info, fmt.Errorf("hub: %s@%s: the Hub's answer: %w", repo, revision, err)
+	}
+	return info, nil
+}
+
+// fetch downloads f of repo at commit into blob, through blob.incomplete:
+// what an earlier attempt left there is kept and the rest asked for by a
+// range; the whole is checked against f's hash before it becomes blob. A
+// lock on the partial file keeps two processes from fetching it at once.
+func (c Client) fetch(ctx context.Context, repo, commit string, f file, blob string) error {
+	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
+		return err
+	}
+	part, err := os.OpenFile(blob+".incomplete", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer part.Close()
+	if err := syscall.Flock(int(part.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", part.Name(), err)
+	}
+	if st, err := os.Stat(blob); err == nil && st.Size() == f.size {
+		return nil // another process fetched it while this one waited
+	}
+	h := newHash(f)
+	have, err := io.Copy(h, part)
+	if err != nil {
+		return err
+	}
+	if have > f.size {
+		if have, err = 0, part.Truncate(0); err != nil {
+			return err
+		}
+		h = newHash(f)
+	}
+	if have < f.size {
+		hdr := http.Header{}
+		if have > 0 {
+			hdr.Set("Range", "bytes="+strconv.FormatInt(have, 10)+"-")
+		}
+		resp, err := c.get(ctx, c.endpoint()+"/"+repo+"/resolve/"+commit+"/"+url.PathEscape(f.name), hdr)
+		if err != nil {
+			return c.explain(repo, commit, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusPartialContent {
+			// The whole file: start again.
+			if err := part.Truncate(0); err != nil {
+				return err
+			}
+			have, h = 0, newHash(f)
+		}
+		if _, err := part.Seek(have, io.SeekStart); err != nil {
+			return err
+		}
+		w := &counter{f: f.name, done: have, total: f.size, report: c.report}
+		n, err := io.Copy(io.MultiWriter(part, h, w), io.LimitReader(resp.Body, f.size-have+1))
+		have += n
+		if err != nil {
+			return fmt.Errorf("after %d of %d bytes (run again to resume): %w", have, f.size, err)
+		}
+	}
+	if have != f.size {
+		_ = os.Remove(part.Name())
+		return fmt.Errorf("%d bytes where the Hub records %d", have, f.size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.etag {
+		_ = os.Remove(part.Name())
+		return fmt.Errorf("its bytes hash to %s where the Hub records %s", got, f.etag)
+	}
+	if err := part.Sync(); err != nil {
+		return err
+	}
+	return os.Rename(part.Name(), blob)
+}
+
+// newHash is the hash that names f: SHA-256 for an LFS file, git's blob
+// hash (SHA-1 over "blob SIZE\0" and the bytes) for another.
+func newHash(f file) hash.Hash {
+	if f.lfs {
+		return sha256.New()
+	}
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", f.size)
+	return h
+}
+
+// counter reports a file's bytes as they are written.
+type counter struct {
+	f           string
+	done, total int64
+	report      func(Progress)
+}
+
+func (w *counter) Write(p []byte) (int, error) {
+	w.done += int64(len(p))
+	w.report(Progress{File: w.f, Done: w.done, Total: w.total})
+	return len(p), nil
+}
+
+func truncate(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "…"
+	}
+	return s
+}

@@ -1,0 +1,445 @@
+package hub
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var fixedTime = time.Unix(1700000000, 0)
+
+const (
+	testRepo   = "acme/tiny-lm"
+	testCommit = "0123456789abcdef0123456789abcdef01234567"
+)
+
+// fakeHub serves one repository over the Hub's HTTP API: the revision
+// API, resolve (small files directly, LFS files by a redirect to a CDN
+// path that honours ranges).
+type fakeHub struct {
+	files   map[string][]byte
+	lfs     map[string]bool
+	token   string // wanted where set
+	gated   bool
+	cut     int    // where > 0, the first answer for an LFS file stops after cut bytes
+	corrupt string // a file whose bytes are served with one flipped
+
+	mu     sync.Mutex
+	cutOff map[string]bool
+	gets   []string // the file requests: path and Range
+}
+
+func newFakeHub() *fakeHub {
+	rng := rand.New(rand.NewPCG(1, 2))
+	weights := make([]byte, 1<<20)
+	for i := range weights {
+		weights[i] = byte(rng.Uint32())
+	}
+	return &fakeHub{
+		files: map[string][]byte{
+			"config.json":                  []byte(`{"model_type": "olmo2"}`),
+			"tokenizer.json":               []byte(`{"model": {}}`),
+			"model.safetensors":            weights,
+			"README.md":                    []byte("# tiny"),
+			"pytorch_model.bin":            []byte("not fetched"),
+			"original/consolidated.pth":    []byte("not fetched either"),
+			"model.safetensors.index.json": []byte(`{"weight_map": {}}`),
+		},
+		lfs:    map[string]bool{"model.safetensors": true, "pytorch_model.bin": true, "original/consolidated.pth": true},
+		cutOff: map[string]bool{},
+	}
+}
+
+func gitBlobID(b []byte) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(b))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func (h *fakeHub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	fail := func(status int, code string) {
+		w.Header().Set("X-Error-Code", code)
+		w.Header().Set("X-Error-Message", code)
+		w.WriteHeader(status)
+	}
+	if strings.HasPrefix(r.URL.Path, "/cdn/") {
+		h.serveCDN(w, r)
+		return
+	}
+	if h.token != "" && r.Header.Get("Authorization") != "Bearer "+h.token {
+		fail(http.StatusUnauthorized, "")
+		return
+	}
+	if h.gated {
+		fail(http.StatusForbidden, "GatedRepo")
+		return
+	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/api/models/"); ok {
+		repo, rev, _ := strings.Cut(rest, "/revision/")
+		switch {
+		case repo != testRepo:
+			fail(http.StatusNotFound, "RepoNotFound")
+			return
+		case rev != "main" && rev != testCommit:
+			fail(http.StatusNotFound, "RevisionNotFound")
+			return
+		}
+		info := map[string]any{"id": testRepo, "sha": testCommit}
+		var sibs []map[string]any
+		for name, b := range h.files {
+			s := map[string]any{"rfilename": name, "blobId": gitBlobID(b), "size": len(b)}
+			if h.lfs[name] {
+				s["size"] = 134 // the pointer's
+				s["lfs"] = map[string]any{"sha256": sha256Hex(b), "size": len(b), "pointerSize": 134}
+			}
+			sibs = append(sibs, s)
+		}
+		info["siblings"] = sibs
+		_ = json.NewEncoder(w).Encode(info)
+		return
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/"+testRepo+"/resolve/"+testCommit+"/")
+	b, found := h.files[rest]
+	if !ok || !found {
+		fail(http.StatusNotFound, "EntryNotFound")
+		return
+	}
+	h.log(r)
+	if h.lfs[rest] {
+		http.Redirect(w, r, "/cdn/"+rest, http.StatusFound)
+		return
+	}
+	_, _ = w.Write(h.bytes(rest, b))
+}
+
+func (h *fakeHub) log(r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gets = append(h.gets, r.URL.Path+" "+r.Header.Get("Range"))
+}
+
+func (h *fakeHub) bytes(name string, b []byte) []byte {
+	if name == h.corrupt {
+		b = bytes.Clone(b)
+		b[len(b)/2] ^= 1
+	}
+	return b
+}
+
+// serveCDN serves an LFS file with ranges; the first answer for each stops
+// after h.cut bytes where cut is set.
+func (h *fakeHub) serveCDN(w http.ResponseWriter, r *http.Request) {
+	name := strings.TrimPrefix(r.URL.Path, "/cdn/")
+	h.log(r)
+	b := h.bytes(name, h.files[name])
+	h.mu.Lock()
+	cut := h.cut > 0 && !h.cutOff[name]
+	h.cutOff[name] = true
+	h.mu.Unlock()
+	if !cut {
+		http.ServeContent(w, r, name, fixedTime, bytes.NewReader(b))
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b[:h.cut])
+	w.(http.Flusher).Flush()
+	panic(http.ErrAbortHandler) // the connection drops mid-file
+}
+
+func (h *fakeHub) fileGets() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.gets...)
+}
+
+func testClient(t *testing.T, srv *httptest.Server) Client {
+	return Client{Endpoint: srv.URL, Cache: t.TempDir(), HTTP: srv.Client()}
+}
+
+// TestSnapshot: a repository's wanted files land in the Hub's cache layout
+// (blobs named by hash, snapshot links, the ref), equal to the Hub's;
+// other files are left; a second call fetches nothing, and the cache
+// serves offline and where the Hub cannot be reached.
+func TestSnapshot(t *testing.T) {
+	h := newFakeHub()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	var mu sync.Mutex
+	done := map[string]Progress{}
+	c.Progress = func(p Progress) {
+		mu.Lock()
+		done[p.File] = p
+		mu.Unlock()
+	}
+	snap, err := c.Snapshot(t.Context(), testRepo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(c.Cache, "models--acme--tiny-lm")
+	if want := filepath.Join(dir, "snapshots", testCommit); snap != want {
+		t.Errorf("snapshot %s, want %s", snap, want)
+	}
+	if ref, err := os.ReadFile(filepath.Join(dir, "refs", "main")); err != nil || string(ref) != testCommit {
+		t.Errorf("refs/main: %q, %v", ref, err)
+	}
+	entries, _ := os.ReadDir(snap)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := "config.json model.safetensors model.safetensors.index.json tokenizer.json"; strings.Join(names, " ") != want {
+		t.Errorf("snapshot holds %v, want %s", names, want)
+	}
+	for _, name := range names {
+		b := h.files[name]
+		etag := gitBlobID(b)
+		if h.lfs[name] {
+			etag = sha256Hex(b)
+		}
+		link, err := os.Readlink(filepath.Join(snap, name))
+		if err != nil || link != filepath.Join("..", "..", "blobs", etag) {
+			t.Errorf("%s links to %q (%v), want the blob %s", name, link, err, etag)
+		}
+		if got, err := os.ReadFile(filepath.Join(snap, name)); err != nil || !bytes.Equal(got, b) {
+			t.Errorf("%s: %d bytes (%v), want the Hub's %d", name, len(got), err, len(b))
+		}
+		if p := done[name]; p.Done != int64(len(b)) || p.Total != int64(len(b)) || p.Cached {
+			t.Errorf("%s: last progress %+v", name, p)
+		}
+	}
+	gets := len(h.fileGets())
+
+	again, err := c.Snapshot(t.Context(), testRepo, "main")
+	if err != nil || again != snap || len(h.fileGets()) != gets || !done["model.safetensors"].Cached {
+		t.Errorf("second snapshot %s (%v): %d file requests after %d; progress %+v", again, err, len(h.fileGets()), gets, done["model.safetensors"])
+	}
+	off := c
+	off.Offline, off.Endpoint = true, "http://127.0.0.1:1"
+	for _, rev := range []string{"main", testCommit} {
+		if got, err := off.Snapshot(t.Context(), testRepo, rev); err != nil || got != snap {
+			t.Errorf("offline @%s: %s, %v", rev, got, err)
+		}
+	}
+	if _, err := off.Snapshot(t.Context(), testRepo, "v2"); err == nil || !strings.Contains(err.Error(), "not in the cache") {
+		t.Errorf("offline, a revision never fetched: %v", err)
+	}
+	off.Offline = false // the Hub unreachable: the cache answers
+	if got, err := off.Snapshot(t.Context(), testRepo, "main"); err != nil || got != snap {
+		t.Errorf("Hub unreachable: %s, %v", got, err)
+	}
+	// A blob already in the cache is linked, not fetched, for another
+	// revision naming the same commit.
+	if got, err := c.Snapshot(t.Context(), testRepo, testCommit); err != nil || got != snap || len(h.fileGets()) != gets {
+		t.Errorf("by commit: %s, %v, %d file requests after %d", got, err, len(h.fileGets()), gets)
+	}
+}
+
+// TestResume: a download cut off mid-file fails, saying to run again; the
+// next call asks for the rest by a range and the whole verifies.
+func TestResume(t *testing.T) {
+	h := newFakeHub()
+	h.cut = 300 << 10
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err == nil || !strings.Contains(err.Error(), "resume") {
+		t.Fatalf("cut download: %v", err)
+	}
+	blob := filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs", sha256Hex(h.files["model.safetensors"]))
+	part, err := os.Stat(blob + ".incomplete")
+	if err != nil || part.Size() == 0 || part.Size() > int64(h.cut) {
+		t.Fatalf("partial file: %v, %v", part, err)
+	}
+	snap, err := c.Snapshot(t.Context(), testRepo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(snap, "model.safetensors")); !bytes.Equal(got, h.files["model.safetensors"]) {
+		t.Error("resumed file differs")
+	}
+	want := fmt.Sprintf("/cdn/model.safetensors bytes=%d-", part.Size())
+	found := false
+	for _, g := range h.fileGets() {
+		found = found || g == want
+	}
+	if !found {
+		t.Errorf("no request %q among %q", want, h.fileGets())
+	}
+	if _, err := os.Stat(blob + ".incomplete"); !os.IsNotExist(err) {
+		t.Errorf("partial file left: %v", err)
+	}
+}
+
+// TestCorrupt: bytes that do not hash to the Hub's record never enter the
+// cache, for an LFS file and a small one.
+func TestCorrupt(t *testing.T) {
+	for _, name := range []string{"model.safetensors", "tokenizer.json"} {
+		h := newFakeHub()
+		h.corrupt = name
+		srv := httptest.NewServer(h)
+		c := testClient(t, srv)
+		_, err := c.Snapshot(t.Context(), testRepo, "main")
+		srv.Close()
+		if err == nil || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "hash") {
+			t.Errorf("%s corrupt: %v", name, err)
+			continue
+		}
+		blobs, _ := os.ReadDir(filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs"))
+		for _, b := range blobs {
+			want := gitBlobID(h.files[name])
+			if h.lfs[name] {
+				want = sha256Hex(h.files[name])
+			}
+			if strings.HasPrefix(b.Name(), want) {
+				t.Errorf("%s corrupt: %s kept", name, b.Name())
+			}
+		}
+		if _, err := os.Lstat(filepath.Join(c.Cache, "models--acme--tiny-lm", "snapshots", testCommit, name)); !os.IsNotExist(err) {
+			t.Errorf("%s corrupt: linked in the snapshot (%v)", name, err)
+		}
+	}
+}
+
+// TestRefusals: tokens, gated and absent repositories and revisions are
+// explained.
+func TestRefusals(t *testing.T) {
+	h := newFakeHub()
+	h.token = "hf_right"
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	check := func(what string, c Client, repo, rev, want string) {
+		t.Helper()
+		_, err := c.Snapshot(t.Context(), repo, rev)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", what, err, want)
+		}
+	}
+	check("no token", c, testRepo, "main", "set HF_TOKEN")
+	c.Token = "hf_wrong"
+	check("wrong token", c, testRepo, "main", "refused the token")
+	c.Token = "hf_right"
+	check("absent repository", c, "acme/other", "main", "no such repository")
+	check("absent revision", c, testRepo, "v9", "no revision v9")
+	check("bad id", c, "../etc", "main", "not a repository id")
+	check("bad revision", c, testRepo, "a/../../b", "not a revision")
+	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err != nil {
+		t.Errorf("right token: %v", err)
+	}
+	h.gated = true
+	check("gated", c, testRepo, "main", "accept its terms")
+}
+
+func TestParseRef(t *testing.T) {
+	for in, want := range map[string]string{
+		"allenai/OLMo-2-0425-1B":                "allenai/OLMo-2-0425-1B main",
+		"Qwen/Qwen3-0.6B@refs/pr/3":             "Qwen/Qwen3-0.6B refs/pr/3",
+		"meta-llama/Llama-3.2-1B@" + testCommit: "meta-llama/Llama-3.2-1B " + testCommit,
+	} {
+		repo, rev, err := ParseRef(in)
+		if err != nil || repo+" "+rev != want {
+			t.Errorf("ParseRef(%q) = %q %q, %v; want %q", in, repo, rev, err, want)
+		}
+	}
+	for _, bad := range []string{"", "gpt2", "./models/x", "/abs/path", "a/b/c", "a/..", "a/b.git", "a/b@../x", "a/b@x y", "a/b@/x"} {
+		if _, _, err := ParseRef(bad); err == nil {
+			t.Errorf("ParseRef(%q): no error", bad)
+		}
+	}
+}
+
+// TestPlan: the Hub's file list is checked before any name or hash
+// becomes a path.
+func TestPlan(t *testing.T) {
+	sha := strings.Repeat("a", 64)
+	good := repoInfo{SHA: testCommit, Siblings: []sibling{{Name: "config.json", BlobID: testCommit, Size: 2}, {Name: "model.safetensors", LFS: &struct {
+		SHA256 string `json:"sha256"`
+		Size   int64  `json:"size"`
+	}{sha, 9}}}}
+	if files, err := plan(good); err != nil || len(files) != 2 || files[1].etag != sha || !files[1].lfs || files[1].size != 9 {
+		t.Errorf("plan: %+v, %v", files, err)
+	}
+	for what, mut := range map[string]func(*repoInfo){
+		"bad commit":        func(i *repoInfo) { i.SHA = "../x" },
+		"bad blob id":       func(i *repoInfo) { i.Siblings[0].BlobID = "../../x" },
+		"bad lfs hash":      func(i *repoInfo) { i.Siblings[1].LFS.SHA256 = "zz" },
+		"negative size":     func(i *repoInfo) { i.Siblings[0].Size = -1 },
+		"no config":         func(i *repoInfo) { i.Siblings = i.Siblings[1:] },
+		"no weights":        func(i *repoInfo) { i.Siblings = i.Siblings[:1] },
+		"weights in a path": func(i *repoInfo) { i.Siblings[1].Name = "sub/model.safetensors" },
+	} {
+		info := good
+		info.Siblings = append([]sibling(nil), good.Siblings...)
+		lfs := *good.Siblings[1].LFS
+		info.Siblings[1].LFS = &lfs
+		mut(&info)
+		if _, err := plan(info); err == nil {
+			t.Errorf("%s: no error", what)
+		}
+	}
+}
+
+// FuzzPlan: whatever the Hub answers, plan never panics and every file it
+// accepts has a top-level name and a hex hash for a name.
+func FuzzPlan(f *testing.F) {
+	f.Add([]byte(`{"sha":"` + testCommit + `","siblings":[{"rfilename":"config.json","blobId":"` + testCommit + `","size":3},{"rfilename":"a.safetensors","lfs":{"sha256":"` + strings.Repeat("b", 64) + `","size":5}}]}`))
+	f.Add([]byte(`{"sha":"x","siblings":[{"rfilename":"../../config.json"}]}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var info repoInfo
+		if json.Unmarshal(raw, &info) != nil {
+			return
+		}
+		files, err := plan(info)
+		if err != nil {
+			return
+		}
+		for _, fl := range files {
+			if strings.ContainsAny(fl.name, `/\`) || fl.name == ".." || !wanted(fl.name) || fl.size < 0 ||
+				strings.ContainsAny(fl.etag, "./\\") || (len(fl.etag) != 40 && len(fl.etag) != 64) {
+				t.Errorf("accepted %+v", fl)
+			}
+		}
+	})
+}
+
+func TestFromEnv(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HF_HOME", home)
+	t.Setenv("HF_HUB_CACHE", "")
+	t.Setenv("HF_TOKEN", "")
+	t.Setenv("HF_ENDPOINT", "https://mirror.example")
+	t.Setenv("HF_HUB_OFFLINE", "1")
+	if err := os.WriteFile(filepath.Join(home, "token"), []byte("hf_file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := FromEnv()
+	if c.Cache != filepath.Join(home, "hub") || c.Token != "hf_file" || c.Endpoint != "https://mirror.example" || !c.Offline {
+		t.Errorf("FromEnv: %+v", c)
+	}
+	t.Setenv("HF_TOKEN", "hf_env")
+	t.Setenv("HF_HUB_CACHE", "/elsewhere")
+	t.Setenv("HF_HUB_OFFLINE", "0")
+	if c := FromEnv(); c.Token != "hf_env" || c.Cache != "/elsewhere" || c.Offline {
+		t.Errorf("FromEnv: %+v", c)
+	}
+}
