@@ -22,7 +22,7 @@ func runCLI(t *testing.T, stdin string, args ...string) (string, string, error) 
 	var out, errOut bytes.Buffer
 	var err error
 	if args[0] == "tokenize" {
-		err = tokenizeFrom(args[1:], strings.NewReader(stdin), &out, &errOut)
+		err = tokenizeFrom(t.Context(), args[1:], strings.NewReader(stdin), &out, &errOut)
 	} else {
 		err = dispatch(context.Background(), args, &out, &errOut)
 	}

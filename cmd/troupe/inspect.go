@@ -27,12 +27,16 @@ type report struct {
 
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("inspect", stderr)
-	model := fs.String("model", "", "model directory (default: the embedded demo model)")
+	model := fs.String("model", "", modelUsage)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	b, err := openBundle(*model)
+	var progress io.Writer = stderr
+	if *asJSON {
+		progress = nil
+	}
+	b, err := openBundle(ctx, *model, progress)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}

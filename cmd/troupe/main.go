@@ -26,6 +26,7 @@ func commands() []command {
 		{"generate", "generate from token ids and print JSON", cmdGenerate},
 		{"tokenize", "tokenize a JSON array of strings read from stdin", cmdTokenize},
 		{"inspect", "check a checkpoint and report what it needs", cmdInspect},
+		{"pull", "fetch a checkpoint from the Hugging Face Hub into its cache", cmdPull},
 		{"bench", "measure prefill and decode speed", cmdBench},
 		{"synth", "write a random-weight checkpoint of a real model's shape", cmdSynth},
 		{"trace", "print the per-token latency breakdown of a request", cmdTrace},

@@ -15,16 +15,26 @@ import (
 	"github.com/troupe/troupe/models/tokenizer"
 )
 
-// openBundle opens a model directory, or the embedded demo model when dir
-// is empty.
-func openBundle(dir string) (*models.Bundle, error) {
-	if dir == "" {
+// openBundle opens what --model names: a model directory, a Hugging Face
+// repository (ORG/NAME[@REVISION], fetched into the Hub's cache first,
+// its progress told to progress unless that is nil), or the embedded demo
+// model when spec is empty.
+func openBundle(ctx context.Context, spec string, progress io.Writer) (*models.Bundle, error) {
+	if spec == "" {
 		if !demo.Embedded() {
 			return nil, fmt.Errorf("this binary was built without the demo model (tag nodemo): pass --model DIR")
 		}
 		return models.OpenFS(demo.Name, demo.FS(), demo.Weights())
 	}
-	return models.OpenDir(dir)
+	dir, name, err := modelDir(ctx, spec, progress)
+	if err != nil {
+		return nil, err
+	}
+	b, err := models.OpenDir(dir)
+	if err == nil && name != "" {
+		b.Name = name
+	}
+	return b, err
 }
 
 // openDevice opens a compute lane by name.
@@ -75,7 +85,7 @@ type loadOptions struct {
 
 // flags registers the model, device and thread flags.
 func (o *loadOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.model, "model", "", "model directory (default: the embedded demo model)")
+	fs.StringVar(&o.model, "model", "", modelUsage)
 	fs.StringVar(&o.device, "device", "cpu", "compute lane: cpu, cuda or ref")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all)")
 	fs.StringVar(&o.kvCache, "kv-cache", "auto", kvCacheUsage)
@@ -83,6 +93,8 @@ func (o *loadOptions) flags(fs *flag.FlagSet) {
 	o.codeWeights = models.CodeAuto
 	fs.TextVar(&o.codeWeights, "code-weights", o.codeWeights, codeWeightsUsage)
 }
+
+const modelUsage = "model directory, or a Hugging Face repository ORG/NAME[@REVISION] fetched into its cache (see troupe pull -h) (default: the embedded demo model)"
 
 const codeWeightsUsage = "weights also held in a lossless 12-bit code for one-token products (cuda): none, head (the LM head's), all (the LM head's and every layer product's of at least 2^24 weights) or auto (all where those take at most an eighth of the memory free beside the weights, else head); each coded matrix streams a quarter fewer bytes a decode step and takes three quarters more memory"
 
@@ -94,7 +106,11 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 	if err != nil {
 		return nil, err
 	}
-	b, err := openBundle(o.model)
+	var fetch io.Writer
+	if !o.quiet {
+		fetch = progress
+	}
+	b, err := openBundle(ctx, o.model, fetch)
 	if err != nil {
 		return nil, err
 	}

@@ -146,7 +146,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 		return nil, err
 	}
 	// The model and device outlive every actor that uses them.
-	if n.bundle, err = openBundle(cfg.Model); err != nil {
+	if n.bundle, err = openBundle(ctx, cfg.Model, log); err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { n.bundle.Close() })

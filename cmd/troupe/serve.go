@@ -162,7 +162,7 @@ func defaultServeConfig() serveConfig {
 func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	file := fs.String("config", "", "JSON configuration file (flags override it)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP listen address")
-	fs.StringVar(&c.Model, "model", c.Model, "model directory (default: the embedded demo model)")
+	fs.StringVar(&c.Model, "model", c.Model, modelUsage)
 	fs.StringVar(&c.Device, "device", c.Device, "compute lane: cpu, cuda or ref")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU threads (0: all)")
 	fs.StringVar(&c.KVCache, "kv-cache", c.KVCache, kvCacheUsage)

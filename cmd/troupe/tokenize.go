@@ -11,12 +11,12 @@ import (
 )
 
 func cmdTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return tokenizeFrom(args, os.Stdin, stdout, stderr)
+	return tokenizeFrom(ctx, args, os.Stdin, stdout, stderr)
 }
 
-func tokenizeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+func tokenizeFrom(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flags("tokenize", stderr)
-	model := fs.String("model", "", "model directory (default: the embedded demo model)")
+	model := fs.String("model", "", modelUsage)
 	file := fs.String("tokenizer", "", "a tokenizer.json file (instead of --model)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -27,7 +27,7 @@ func tokenizeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) erro
 		tok, err = tokenizer.Load(*file)
 	} else {
 		var raw []byte
-		if raw, err = tokenizerJSON(*model); err == nil {
+		if raw, err = tokenizerJSON(ctx, *model, stderr); err == nil {
 			tok, err = tokenizer.Parse(raw)
 		}
 	}
@@ -49,8 +49,8 @@ func tokenizeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) erro
 }
 
 // tokenizerJSON reads a model's tokenizer.json without loading its weights.
-func tokenizerJSON(dir string) ([]byte, error) {
-	b, err := openBundle(dir)
+func tokenizerJSON(ctx context.Context, spec string, progress io.Writer) ([]byte, error) {
+	b, err := openBundle(ctx, spec, progress)
 	if err != nil {
 		return nil, err
 	}

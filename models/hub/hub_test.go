@@ -2,54 +2,35 @@ package hub
 
 import (
 	"bytes"
-	"crypto/sha1"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-)
 
-var fixedTime = time.Unix(1700000000, 0)
+	"github.com/troupe/troupe/models/hub/hubtest"
+)
 
 const (
 	testRepo   = "acme/tiny-lm"
 	testCommit = "0123456789abcdef0123456789abcdef01234567"
 )
 
-// fakeHub serves one repository over the Hub's HTTP API: the revision
-// API, resolve (small files directly, LFS files by a redirect to a CDN
-// path that honours ranges).
-type fakeHub struct {
-	files   map[string][]byte
-	lfs     map[string]bool
-	token   string // wanted where set
-	gated   bool
-	cut     int    // where > 0, the first answer for an LFS file stops after cut bytes
-	corrupt string // a file whose bytes are served with one flipped
-
-	mu     sync.Mutex
-	cutOff map[string]bool
-	gets   []string // the file requests: path and Range
-}
-
-func newFakeHub() *fakeHub {
+// newFakeHub is a Hub of testRepo: small files, a megabyte of weights in
+// LFS, and files troupe does not fetch.
+func newFakeHub() *hubtest.Hub {
 	rng := rand.New(rand.NewPCG(1, 2))
 	weights := make([]byte, 1<<20)
 	for i := range weights {
 		weights[i] = byte(rng.Uint32())
 	}
-	return &fakeHub{
-		files: map[string][]byte{
+	return &hubtest.Hub{
+		Repo: testRepo, Commit: testCommit,
+		Files: map[string][]byte{
 			"config.json":                  []byte(`{"model_type": "olmo2"}`),
 			"tokenizer.json":               []byte(`{"model": {}}`),
 			"model.safetensors":            weights,
@@ -58,117 +39,8 @@ func newFakeHub() *fakeHub {
 			"original/consolidated.pth":    []byte("not fetched either"),
 			"model.safetensors.index.json": []byte(`{"weight_map": {}}`),
 		},
-		lfs:    map[string]bool{"model.safetensors": true, "pytorch_model.bin": true, "original/consolidated.pth": true},
-		cutOff: map[string]bool{},
+		LFS: map[string]bool{"model.safetensors": true, "pytorch_model.bin": true, "original/consolidated.pth": true},
 	}
-}
-
-func gitBlobID(b []byte) string {
-	h := sha1.New()
-	fmt.Fprintf(h, "blob %d\x00", len(b))
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func sha256Hex(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
-
-func (h *fakeHub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	fail := func(status int, code string) {
-		w.Header().Set("X-Error-Code", code)
-		w.Header().Set("X-Error-Message", code)
-		w.WriteHeader(status)
-	}
-	if strings.HasPrefix(r.URL.Path, "/cdn/") {
-		h.serveCDN(w, r)
-		return
-	}
-	if h.token != "" && r.Header.Get("Authorization") != "Bearer "+h.token {
-		fail(http.StatusUnauthorized, "")
-		return
-	}
-	if h.gated {
-		fail(http.StatusForbidden, "GatedRepo")
-		return
-	}
-	if rest, ok := strings.CutPrefix(r.URL.Path, "/api/models/"); ok {
-		repo, rev, _ := strings.Cut(rest, "/revision/")
-		switch {
-		case repo != testRepo:
-			fail(http.StatusNotFound, "RepoNotFound")
-			return
-		case rev != "main" && rev != testCommit:
-			fail(http.StatusNotFound, "RevisionNotFound")
-			return
-		}
-		info := map[string]any{"id": testRepo, "sha": testCommit}
-		var sibs []map[string]any
-		for name, b := range h.files {
-			s := map[string]any{"rfilename": name, "blobId": gitBlobID(b), "size": len(b)}
-			if h.lfs[name] {
-				s["size"] = 134 // the pointer's
-				s["lfs"] = map[string]any{"sha256": sha256Hex(b), "size": len(b), "pointerSize": 134}
-			}
-			sibs = append(sibs, s)
-		}
-		info["siblings"] = sibs
-		_ = json.NewEncoder(w).Encode(info)
-		return
-	}
-	rest, ok := strings.CutPrefix(r.URL.Path, "/"+testRepo+"/resolve/"+testCommit+"/")
-	b, found := h.files[rest]
-	if !ok || !found {
-		fail(http.StatusNotFound, "EntryNotFound")
-		return
-	}
-	h.log(r)
-	if h.lfs[rest] {
-		http.Redirect(w, r, "/cdn/"+rest, http.StatusFound)
-		return
-	}
-	_, _ = w.Write(h.bytes(rest, b))
-}
-
-func (h *fakeHub) log(r *http.Request) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.gets = append(h.gets, r.URL.Path+" "+r.Header.Get("Range"))
-}
-
-func (h *fakeHub) bytes(name string, b []byte) []byte {
-	if name == h.corrupt {
-		b = bytes.Clone(b)
-		b[len(b)/2] ^= 1
-	}
-	return b
-}
-
-// serveCDN serves an LFS file with ranges; the first answer for each stops
-// after h.cut bytes where cut is set.
-func (h *fakeHub) serveCDN(w http.ResponseWriter, r *http.Request) {
-	name := strings.TrimPrefix(r.URL.Path, "/cdn/")
-	h.log(r)
-	b := h.bytes(name, h.files[name])
-	h.mu.Lock()
-	cut := h.cut > 0 && !h.cutOff[name]
-	h.cutOff[name] = true
-	h.mu.Unlock()
-	if !cut {
-		http.ServeContent(w, r, name, fixedTime, bytes.NewReader(b))
-		return
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	_, _ = w.Write(b[:h.cut])
-	w.(http.Flusher).Flush()
-	panic(http.ErrAbortHandler) // the connection drops mid-file
-}
-
-func (h *fakeHub) fileGets() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.gets...)
 }
 
 func testClient(t *testing.T, srv *httptest.Server) Client {
@@ -211,10 +83,10 @@ func TestSnapshot(t *testing.T) {
 		t.Errorf("snapshot holds %v, want %s", names, want)
 	}
 	for _, name := range names {
-		b := h.files[name]
-		etag := gitBlobID(b)
-		if h.lfs[name] {
-			etag = sha256Hex(b)
+		b := h.Files[name]
+		etag := hubtest.BlobID(b)
+		if h.LFS[name] {
+			etag = hubtest.SHA256(b)
 		}
 		link, err := os.Readlink(filepath.Join(snap, name))
 		if err != nil || link != filepath.Join("..", "..", "blobs", etag) {
@@ -227,11 +99,11 @@ func TestSnapshot(t *testing.T) {
 			t.Errorf("%s: last progress %+v", name, p)
 		}
 	}
-	gets := len(h.fileGets())
+	gets := len(h.Gets())
 
 	again, err := c.Snapshot(t.Context(), testRepo, "main")
-	if err != nil || again != snap || len(h.fileGets()) != gets || !done["model.safetensors"].Cached {
-		t.Errorf("second snapshot %s (%v): %d file requests after %d; progress %+v", again, err, len(h.fileGets()), gets, done["model.safetensors"])
+	if err != nil || again != snap || len(h.Gets()) != gets || !done["model.safetensors"].Cached {
+		t.Errorf("second snapshot %s (%v): %d file requests after %d; progress %+v", again, err, len(h.Gets()), gets, done["model.safetensors"])
 	}
 	off := c
 	off.Offline, off.Endpoint = true, "http://127.0.0.1:1"
@@ -249,8 +121,8 @@ func TestSnapshot(t *testing.T) {
 	}
 	// A blob already in the cache is linked, not fetched, for another
 	// revision naming the same commit.
-	if got, err := c.Snapshot(t.Context(), testRepo, testCommit); err != nil || got != snap || len(h.fileGets()) != gets {
-		t.Errorf("by commit: %s, %v, %d file requests after %d", got, err, len(h.fileGets()), gets)
+	if got, err := c.Snapshot(t.Context(), testRepo, testCommit); err != nil || got != snap || len(h.Gets()) != gets {
+		t.Errorf("by commit: %s, %v, %d file requests after %d", got, err, len(h.Gets()), gets)
 	}
 }
 
@@ -258,32 +130,32 @@ func TestSnapshot(t *testing.T) {
 // next call asks for the rest by a range and the whole verifies.
 func TestResume(t *testing.T) {
 	h := newFakeHub()
-	h.cut = 300 << 10
+	h.Cut = 300 << 10
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	c := testClient(t, srv)
 	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err == nil || !strings.Contains(err.Error(), "resume") {
 		t.Fatalf("cut download: %v", err)
 	}
-	blob := filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs", sha256Hex(h.files["model.safetensors"]))
+	blob := filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs", hubtest.SHA256(h.Files["model.safetensors"]))
 	part, err := os.Stat(blob + ".incomplete")
-	if err != nil || part.Size() == 0 || part.Size() > int64(h.cut) {
+	if err != nil || part.Size() == 0 || part.Size() > int64(h.Cut) {
 		t.Fatalf("partial file: %v, %v", part, err)
 	}
 	snap, err := c.Snapshot(t.Context(), testRepo, "main")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(filepath.Join(snap, "model.safetensors")); !bytes.Equal(got, h.files["model.safetensors"]) {
+	if got, _ := os.ReadFile(filepath.Join(snap, "model.safetensors")); !bytes.Equal(got, h.Files["model.safetensors"]) {
 		t.Error("resumed file differs")
 	}
 	want := fmt.Sprintf("/cdn/model.safetensors bytes=%d-", part.Size())
 	found := false
-	for _, g := range h.fileGets() {
+	for _, g := range h.Gets() {
 		found = found || g == want
 	}
 	if !found {
-		t.Errorf("no request %q among %q", want, h.fileGets())
+		t.Errorf("no request %q among %q", want, h.Gets())
 	}
 	if _, err := os.Stat(blob + ".incomplete"); !os.IsNotExist(err) {
 		t.Errorf("partial file left: %v", err)
@@ -295,7 +167,7 @@ func TestResume(t *testing.T) {
 func TestCorrupt(t *testing.T) {
 	for _, name := range []string{"model.safetensors", "tokenizer.json"} {
 		h := newFakeHub()
-		h.corrupt = name
+		h.Corrupt = name
 		srv := httptest.NewServer(h)
 		c := testClient(t, srv)
 		_, err := c.Snapshot(t.Context(), testRepo, "main")
@@ -306,9 +178,9 @@ func TestCorrupt(t *testing.T) {
 		}
 		blobs, _ := os.ReadDir(filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs"))
 		for _, b := range blobs {
-			want := gitBlobID(h.files[name])
-			if h.lfs[name] {
-				want = sha256Hex(h.files[name])
+			want := hubtest.BlobID(h.Files[name])
+			if h.LFS[name] {
+				want = hubtest.SHA256(h.Files[name])
 			}
 			if strings.HasPrefix(b.Name(), want) {
 				t.Errorf("%s corrupt: %s kept", name, b.Name())
@@ -324,7 +196,7 @@ func TestCorrupt(t *testing.T) {
 // explained.
 func TestRefusals(t *testing.T) {
 	h := newFakeHub()
-	h.token = "hf_right"
+	h.Token = "hf_right"
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	c := testClient(t, srv)
@@ -346,7 +218,7 @@ func TestRefusals(t *testing.T) {
 	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err != nil {
 		t.Errorf("right token: %v", err)
 	}
-	h.gated = true
+	h.Gated = true
 	check("gated", c, testRepo, "main", "accept its terms")
 }
 

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/models/hub/hubtest"
+)
+
+// TestPull: `troupe pull` fetches a repository from a Hub (HF_ENDPOINT)
+// into the Hub's cache (HF_HUB_CACHE) with its progress, and every
+// command's --model takes the repository's id: the model it loads is the
+// one in the folder, named for the repository, offline too.
+func TestPull(t *testing.T) {
+	const repo = "troupe/docs-olmo2-17m"
+	src := filepath.Join("..", "..", "models", "demo", "docs-olmo2-17m")
+	h := &hubtest.Hub{Repo: repo, Commit: strings.Repeat("c", 40), Files: map[string][]byte{}, LFS: map[string]bool{"model.safetensors": true}}
+	for _, name := range []string{"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "reference.json"} {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Files[name] = b
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	cache := t.TempDir()
+	t.Setenv("HF_ENDPOINT", srv.URL)
+	t.Setenv("HF_HUB_CACHE", cache)
+	t.Setenv("HF_TOKEN", "")
+	t.Setenv("HF_HOME", t.TempDir())
+	t.Setenv("HF_HUB_OFFLINE", "")
+
+	out, stderr, err := runCLI(t, "", "pull", repo)
+	if err != nil {
+		t.Fatalf("pull: %v\n%s", err, stderr)
+	}
+	dir := strings.TrimSpace(out)
+	if want := filepath.Join(cache, "models--troupe--docs-olmo2-17m", "snapshots", h.Commit); dir != want || !strings.Contains(stderr, "model.safetensors") || !strings.Contains(stderr, "fetched") {
+		t.Errorf("pull printed %q (want %q), progress:\n%s", dir, want, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "reference.json")); !os.IsNotExist(err) {
+		t.Errorf("reference.json fetched: %v", err)
+	}
+	out, stderr, err = runCLI(t, "", "pull", "--json", repo+"@main")
+	var r pullResult
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Dir != dir || r.Model != repo || r.Revision != "main" || stderr != "" {
+		t.Errorf("pull --json: %v, %q, stderr %q", err, out, stderr)
+	}
+
+	gen := func(model string) string {
+		t.Helper()
+		out, stderr, err := runCLI(t, "", "generate", "--model", model, "--prompt-ids", "473,623", "--max-tokens", "6", "--json")
+		if err != nil {
+			t.Fatalf("generate --model %s: %v\n%s", model, err, stderr)
+		}
+		return out
+	}
+	if byRepo, byDir := gen(repo), gen(src); byRepo != byDir {
+		t.Errorf("generate by repository: %s\nby folder: %s", byRepo, byDir)
+	}
+	out, _, err = runCLI(t, "", "inspect", "--json", "--model", repo)
+	var ins struct{ Model string }
+	if err != nil || json.Unmarshal([]byte(out), &ins) != nil || ins.Model != repo {
+		t.Errorf("inspect --model %s: %v, %s", repo, err, out)
+	}
+	t.Setenv("HF_HUB_OFFLINE", "1")
+	srv.Close()
+	if byRepo := gen(repo); byRepo != gen(src) {
+		t.Errorf("offline: %s", byRepo)
+	}
+	for _, bad := range []struct{ arg, want string }{
+		{"troupe/absent", "not in the cache"},
+		{"no-slash", "not a repository id"},
+	} {
+		if _, _, err := runCLI(t, "", "pull", bad.arg); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("pull %s: %v, want %q", bad.arg, err, bad.want)
+		}
+	}
+	// A path that is not a folder stays a path.
+	if _, _, err := runCLI(t, "", "inspect", "--model", "./absent/dir"); err == nil || strings.Contains(err.Error(), "Hugging Face") {
+		t.Errorf("inspect of an absent path: %v", err)
+	}
+}
