@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -83,34 +82,48 @@ func fetchModel(ctx context.Context, repo, rev string, progress io.Writer) (stri
 	return c.Snapshot(ctx, repo, rev)
 }
 
-// pullProgress prints a line a file, and for a long one a line a second.
+// pullProgress prints a line as each file is found cached or fetched, and
+// while files are in flight a line a second of their bytes and rate.
 type pullProgress struct {
-	w    io.Writer
-	mu   sync.Mutex
-	last time.Time
-	file string
-	t0   time.Time
+	w      io.Writer
+	mu     sync.Mutex
+	last   time.Time
+	begun  map[string]time.Time
+	flight map[string]hub.Progress
 }
 
 func (p *pullProgress) report(s hub.Progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
-	if s.File != p.file {
-		p.file, p.t0, p.last = s.File, now, now
+	if p.begun == nil {
+		p.begun, p.flight, p.last = map[string]time.Time{}, map[string]hub.Progress{}, now
 	}
-	switch {
-	case s.Cached:
+	if s.Cached {
 		fmt.Fprintf(p.w, "  %-40s %10s  cached\n", s.File, bytesOf(s.Total))
-	case s.Done == s.Total:
-		secs := now.Sub(p.t0).Seconds()
+		return
+	}
+	if _, ok := p.begun[s.File]; !ok {
+		p.begun[s.File] = now
+	}
+	if s.Done == s.Total {
+		delete(p.flight, s.File)
+		secs := now.Sub(p.begun[s.File]).Seconds()
 		rate := ""
 		if secs > 0.05 {
-			rate = fmt.Sprintf(", %s/s", strings.TrimSpace(bytesOf(int64(float64(s.Total)/secs))))
+			rate = fmt.Sprintf(", %s/s", bytesOf(int64(float64(s.Total)/secs)))
 		}
 		fmt.Fprintf(p.w, "  %-40s %10s  fetched in %.1fs%s\n", s.File, bytesOf(s.Total), secs, rate)
-	case now.Sub(p.last) >= time.Second:
-		p.last = now
-		fmt.Fprintf(p.w, "  %-40s %10s of %s (%.0f%%)\n", s.File, bytesOf(s.Done), bytesOf(s.Total), 100*float64(s.Done)/float64(max(s.Total, 1)))
+		return
 	}
+	p.flight[s.File] = s
+	if now.Sub(p.last) < time.Second {
+		return
+	}
+	p.last = now
+	var done, total int64
+	for _, f := range p.flight {
+		done, total = done+f.Done, total+f.Total
+	}
+	fmt.Fprintf(p.w, "  %d file(s) in flight: %s of %s (%.0f%%)\n", len(p.flight), bytesOf(done), bytesOf(total), 100*float64(done)/float64(max(total, 1)))
 }

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -31,8 +32,9 @@ type Client struct {
 	Cache    string       // the Hub cache folder (…/huggingface/hub)
 	Offline  bool         // take the cache alone, asking the Hub nothing
 	HTTP     *http.Client // http.DefaultClient where nil
-	// Progress, where set, is told of each file as its bytes arrive (from
-	// the fetching goroutine), and once of each file the cache holds.
+	// Progress, where set, is told of each file as its bytes arrive, from
+	// the goroutines fetching them (several at once), and once of each
+	// file the cache holds.
 	Progress func(Progress)
 }
 
@@ -197,20 +199,25 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 	if err := os.MkdirAll(snap, 0o755); err != nil {
 		return "", fmt.Errorf("hub: %w", err)
 	}
+	var missing []file
+	for _, f := range files {
+		if st, err := os.Stat(filepath.Join(dir, "blobs", f.etag)); err == nil && st.Size() == f.size {
+			c.report(Progress{File: f.name, Done: f.size, Total: f.size, Cached: true})
+		} else {
+			missing = append(missing, f)
+		}
+	}
+	if err := c.fetchAll(ctx, repo, info.SHA, dir, missing); err != nil {
+		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
 	for _, f := range files {
 		link := filepath.Join(snap, f.name)
-		if st, err := os.Stat(link); err == nil && st.Size() == f.size {
-			c.report(Progress{File: f.name, Done: f.size, Total: f.size, Cached: true})
+		target := filepath.Join("..", "..", "blobs", f.etag)
+		if got, err := os.Readlink(link); err == nil && got == target {
 			continue
 		}
-		blob := filepath.Join(dir, "blobs", f.etag)
-		if st, err := os.Stat(blob); err == nil && st.Size() == f.size {
-			c.report(Progress{File: f.name, Done: f.size, Total: f.size, Cached: true})
-		} else if err := c.fetch(ctx, repo, info.SHA, f, blob); err != nil {
-			return "", fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
-		}
 		_ = os.Remove(link)
-		if err := os.Symlink(filepath.Join("..", "..", "blobs", f.etag), link); err != nil {
+		if err := os.Symlink(target, link); err != nil {
 			return "", fmt.Errorf("hub: %w", err)
 		}
 	}
@@ -351,6 +358,45 @@ func (c Client) info(ctx context.Context, repo, revision string) (repoInfo, erro
 		return info, fmt.Errorf("hub: %s@%s: the Hub's answer: %w", repo, revision, err)
 	}
 	return info, nil
+}
+
+// fetchers is how many files are fetched at once.
+const fetchers = 4
+
+// fetchAll fetches files of repo at commit into the blobs of dir, fetchers
+// at a time; the first failure stops the others and is returned.
+func (c Client) fetchAll(ctx context.Context, repo, commit, dir string, files []file) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, fetchers)
+	for _, f := range files {
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			if err := c.fetch(ctx, repo, commit, f, filepath.Join(dir, "blobs", f.etag)); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = fmt.Errorf("%s: %w", f.name, err)
+					cancel()
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return first
 }
 
 // fetch downloads f of repo at commit into blob, through blob.incomplete:
