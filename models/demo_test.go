@@ -126,3 +126,35 @@ func greedy(t testing.TB, m *models.Model, prompt []int32, n int) greedyRun {
 	}
 	return r
 }
+
+// TestLoadProgress: Options.Progress counts the checkpoint's bytes as the
+// load takes them, growing with each tensor, to every byte of a whole
+// model, and to a stage's share of its layers for a pipeline stage.
+func TestLoadProgress(t *testing.T) {
+	b := openDemo(t)
+	load := func(first, last int) []int64 {
+		t.Helper()
+		var seen []int64
+		dev := openCPU(t)
+		defer dev.Close()
+		m, err := models.Load(b.Config, b.Checkpoint, dev, models.Options{FirstLayer: first, LastLayer: last, Progress: func(n int64) { seen = append(seen, n) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+		for i := 1; i < len(seen); i++ {
+			if seen[i] <= seen[i-1] {
+				t.Fatalf("progress went %d then %d", seen[i-1], seen[i])
+			}
+		}
+		return seen
+	}
+	whole := load(0, 0)
+	if got, want := whole[len(whole)-1], b.Checkpoint.Bytes(); got != want {
+		t.Errorf("a whole model's load took %d bytes of the checkpoint's %d", got, want)
+	}
+	stage := load(1, 3)
+	if got := stage[len(stage)-1]; got <= 0 || got >= b.Checkpoint.Bytes()/2 {
+		t.Errorf("layers 1 and 2 alone took %d bytes of %d", got, b.Checkpoint.Bytes())
+	}
+}

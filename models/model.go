@@ -38,6 +38,10 @@ type Options struct {
 	// weights' memory more. Matrices the code does not fit stay bf16 only
 	// (Model.Coded counts the others). The zero value codes none.
 	CodeWeights Coding
+	// Progress, where set, is told as the load goes how many bytes of the
+	// checkpoint it has taken so far, a tensor at a time (each placed on
+	// the device before the next is taken).
+	Progress func(taken int64)
 }
 
 type layer struct {
@@ -81,6 +85,7 @@ type Model struct {
 	group     []*Model
 	driven    bool     // a rank other than 0 of a LoadTP group: rank 0 drives it
 	hostSlice [][]byte // column slices cut from the checkpoint, kept while loaded
+	taken     int64    // bytes of the checkpoint the load has taken (Options.Progress)
 
 	s        scratch
 	graphs   map[graphKey]gpu.Graph

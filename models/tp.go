@@ -112,6 +112,7 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 	}
 	how := m.cut(name)
 	if how == cutNone {
+		m.took(len(t.Data))
 		return dt, t.Data, nil
 	}
 	sh := m.opts.Shard
@@ -123,6 +124,7 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 	switch how {
 	case cutRows:
 		per := rows / sh.Size
+		m.took(per * cols * es)
 		return dt, t.Data[sh.Rank*per*cols*es : (sh.Rank+1)*per*cols*es], nil
 	default:
 		per := cols / sh.Size
@@ -131,7 +133,17 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 			copy(out[r*per*es:(r+1)*per*es], t.Data[(r*cols+sh.Rank*per)*es:(r*cols+(sh.Rank+1)*per)*es])
 		}
 		m.hostSlice = append(m.hostSlice, out)
+		m.took(len(out))
 		return dt, out, nil
+	}
+}
+
+// took counts n more bytes of the checkpoint taken by the load and tells
+// Options.Progress.
+func (m *Model) took(n int) {
+	m.taken += int64(n)
+	if p := m.opts.Progress; p != nil {
+		p(m.taken)
 	}
 }
 
@@ -147,6 +159,7 @@ func (m *Model) vocabRows(ckpt *safetensors.Checkpoint, name string) (gpu.Buffer
 	}
 	sh := m.opts.Shard
 	per := len(t.Data) / sh.Size
+	m.took(per)
 	b, err := m.dev.Weights(dt, t.Data[sh.Rank*per:(sh.Rank+1)*per])
 	if err != nil {
 		return nil, fmt.Errorf("load: tensor %s: %w", name, err)

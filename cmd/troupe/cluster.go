@@ -213,7 +213,8 @@ func (n *node) acquireWeights(span [2]int) (*models.Model, error) {
 		w.refs++
 		return w.m, nil
 	}
-	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT, CodeWeights: n.cfg.CodeWeights})
+	m, err := models.Load(n.bundle.Config, n.bundle.Checkpoint, n.dev, models.Options{FirstLayer: span[0], LastLayer: span[1], MaxTokens: n.cfg.MaxBatchTokens, MaxSeqs: n.cfg.MaxSeqs, CacheDType: n.cacheDT, CodeWeights: n.cfg.CodeWeights,
+		Progress: loadProgress(n.log, 0)})
 	if err != nil {
 		return nil, err
 	}

@@ -142,6 +142,9 @@ func load(ctx context.Context, o loadOptions, progress io.Writer) (*loaded, erro
 		fmt.Fprintf(progress, "loading %s (%s, %.1fM parameters) on %s\n", b.Name, b.Config.Describe(), float64(models.Params(b.Config))/1e6, l.dev.Name())
 	}
 	mo := models.Options{MaxTokens: o.maxTokens, CacheDType: cache, CodeWeights: o.codeWeights}
+	if !o.quiet {
+		mo.Progress = loadProgress(progress, b.Checkpoint.Bytes())
+	}
 	if l.tp != nil {
 		l.model, err = models.LoadTP(b.Config, b.Checkpoint, l.tp.gpuDevices(), l.tp.reducers(), mo)
 	} else {
@@ -178,4 +181,26 @@ func kvCacheType(name, device string) (gpu.DType, error) {
 		}
 	}
 	return 0, fmt.Errorf("--kv-cache %q: want auto, f32, bf16 or f16", name)
+}
+
+// loadProgress returns a models.Options.Progress that prints to w, a
+// second apart, how many bytes of the checkpoint a load has placed, of
+// total where total is not 0; nil where w is nil.
+func loadProgress(w io.Writer, total int64) func(int64) {
+	if w == nil {
+		return nil
+	}
+	last := time.Now()
+	return func(n int64) {
+		now := time.Now()
+		if now.Sub(last) < time.Second {
+			return
+		}
+		last = now
+		if total > 0 {
+			fmt.Fprintf(w, "  %s of %s of weights placed (%.0f%%)\n", bytesOf(n), bytesOf(total), 100*float64(n)/float64(total))
+			return
+		}
+		fmt.Fprintf(w, "  %s of weights placed\n", bytesOf(n))
+	}
 }
