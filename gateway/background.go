@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +40,7 @@ type bgRun struct {
 	cancel    context.CancelFunc
 	cancelled atomic.Bool   // asked to stop (not shut down)
 	done      chan struct{} // closed once its last state is kept
+	log       *eventLog     // a streamed response's events; nil otherwise
 }
 
 // bgRuns are the background responses running on this gateway, by id.
@@ -92,9 +96,6 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 	case rs.rr.Store != nil && !*rs.rr.Store:
 		writeAPIError(w, invalidParam("store", "a background response is kept as it runs: leave store out or set it true"))
 		return
-	case rs.j.stream:
-		writeAPIError(w, badRequest("stream", "unsupported_parameter", "a background response is not streamed here; poll GET /v1/responses/{id} for it"))
-		return
 	case s.isClosing():
 		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
 		return
@@ -107,6 +108,10 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 	ctx, cancel := context.WithCancel(s.base)
 	run := &bgRun{cancel: cancel, done: make(chan struct{})}
 	rs.bg, rs.w, rs.store = true, nil, true
+	if rs.j.stream {
+		run.log = newEventLog()
+		rs.out = &sse{log: run.log}
+	}
 	queued := rs.object("queued", nil, nil)
 	queued["store"] = true
 	if err := rs.put(queued, "", nil); err != nil {
@@ -114,6 +119,15 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 		s.lim.release(n)
 		writeAPIError(w, storeError(err))
 		return
+	}
+	if run.log != nil {
+		// Other gateways stream it again from this record.
+		if err := s.responses.putEvents(r.Context(), rs.id, rs.tenant, eventRecord{}); err != nil {
+			cancel()
+			s.lim.release(n)
+			writeAPIError(w, storeError(err))
+			return
+		}
 	}
 	s.bg.add(rs.id, run)
 	started := s.start(true, func() {
@@ -131,6 +145,10 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
 		return
 	}
+	if run.log != nil {
+		follow(w, r, run.log, -1)
+		return
+	}
 	writeJSON(w, http.StatusOK, queued)
 }
 
@@ -140,14 +158,17 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 	progress := rs.object("in_progress", nil, nil)
 	progress["store"] = true
 	_ = rs.put(progress, "", nil) // a poll sees "queued" a little longer
-	// Cancel markers left by other gateways.
+	_ = rs.start()                // a stream's first events
+	// Cancel markers left by other gateways; a stream's events kept for
+	// them, a second apart.
 	watched := make(chan struct{})
 	wctx, stopWatch := context.WithCancel(ctx)
 	go func() {
 		defer close(watched)
 		t := time.NewTicker(cancelPoll)
 		defer t.Stop()
-		for {
+		kept := 0
+		for tick := 1; ; tick++ {
 			select {
 			case <-wctx.Done():
 				return
@@ -156,6 +177,13 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 					run.cancelled.Store(true)
 					run.cancel()
 					return
+				}
+				if run.log != nil && tick%eventsEvery == 0 {
+					if rec := run.log.record(); len(rec.Events) > kept {
+						if s.responses.putEvents(wctx, rs.id, rs.tenant, rec) == nil {
+							kept = len(rec.Events)
+						}
+					}
 				}
 			}
 		}
@@ -167,17 +195,146 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 	case err == nil && res.finish.Reason != FinishCancelled:
 		rs.finish(res)
 	case run.cancelled.Load():
-		rs.whole("cancelled", nil, nil, nil)
+		rs.stop("cancelled", nil)
 	case s.base.Err() != nil:
-		rs.whole("failed", nil, nil, map[string]string{"code": "server_shutdown", "message": "the server shut down before the response was answered"})
+		rs.stop("failed", map[string]string{"code": "server_shutdown", "message": "the server shut down before the response was answered"})
 	default:
 		if err == nil {
 			err = errors.New("the generation was cancelled")
 		}
 		ae := s.backendError(err)
-		rs.whole("failed", nil, nil, map[string]string{"code": ae.Code, "message": ae.Message})
+		rs.stop("failed", map[string]string{"code": ae.Code, "message": ae.Message})
+	}
+	if run.log != nil {
+		run.log.end()
+		_ = s.responses.putEvents(rs.ctx, rs.id, rs.tenant, run.log.record())
 	}
 	_ = s.responses.clearCancel(rs.ctx, rs.id)
+}
+
+// stop ends a background response as status ("failed" or "cancelled"),
+// with failure's error, as far as it came: kept, and on a stream its last
+// event (response.failed, or response.cancelled, which the API has not
+// named).
+func (rs *responseRun) stop(status string, failure any) {
+	if rs.out == nil {
+		rs.whole(status, nil, nil, failure)
+		return
+	}
+	var calls []ToolCall
+	for i, it := range rs.items {
+		switch it := it.(type) {
+		case responseMessage:
+			it.Status, it.Content = "incomplete", []responsePart{textPart(rs.text.String(), rs.lps)}
+			rs.items[i] = it
+		case responseReasoning:
+			rs.items[i] = reasoningItem(it.ID, "incomplete", rs.reason.String())
+		case responseCall:
+			it.Status = "incomplete"
+			rs.items[i] = it
+			calls = append(calls, ToolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments})
+		}
+	}
+	o := rs.object(status, nil, nil)
+	o["error"] = failure
+	_ = rs.event("response."+status, map[string]any{"response": rs.keep(o, rs.text.String(), calls)})
+}
+
+// eventsEvery is how many cancelPolls apart a streamed background
+// response's events are kept for other gateways.
+const eventsEvery = 5
+
+// streamAsked reports whether a GET of a response asks for its events:
+// stream=true in the query, as the API documents it, or a JSON body
+// {"stream": true}, as the official Go client sends it.
+func streamAsked(r *http.Request) bool {
+	if v := r.URL.Query().Get("stream"); v != "" {
+		return v == "true"
+	}
+	if r.Body == nil || r.ContentLength == 0 {
+		return false
+	}
+	var body struct {
+		Stream bool `json:"stream"`
+	}
+	_ = json.NewDecoder(io.LimitReader(r.Body, 4<<10)).Decode(&body)
+	return body.Stream
+}
+
+// handleStreamResponse streams a background response's events again (GET
+// /v1/responses/{id}?stream=true), those after starting_after: from the
+// gateway running it as they come, or from the store, where the gateway
+// running it keeps them a second apart and whole at the end.
+func (s *Server) handleStreamResponse(w http.ResponseWriter, r *http.Request) {
+	after := -1
+	if v := r.URL.Query().Get("starting_after"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeAPIError(w, invalidParam("starting_after", "starting_after must be a sequence number, 0 or more"))
+			return
+		}
+		after = n
+	}
+	resp := s.keptResponse(w, r)
+	if resp == nil {
+		return
+	}
+	id, tenant := r.PathValue("id"), tenantOf(r.Context())
+	if run := s.bg.get(id); run != nil && run.log != nil {
+		follow(w, r, run.log, after)
+		return
+	}
+	// A streamed background response's record is kept before it is
+	// answered queued, and ended after its last state is kept; a record
+	// that does not end once the response has (its gateway gone) ends the
+	// stream after the wait.
+	out := &sse{w: w}
+	var endBy time.Time
+	for {
+		rec, err := s.responses.events(r.Context(), id, tenant)
+		switch {
+		case err != nil:
+			if !out.isStarted() {
+				writeAPIError(w, storeError(err))
+			}
+			return
+		case rec == nil && out.isStarted():
+			return // dropped for newer values
+		case rec == nil:
+			writeAPIError(w, invalidParam("stream", "response %s was not streamed in the background, or its events are not kept: fetch it whole", truncate(id, 80)))
+			return
+		}
+		for ; after+1 < len(rec.Events); after++ {
+			if out.framed(rec.Events[after+1]) != nil {
+				return
+			}
+		}
+		if rec.Ended {
+			if !out.isStarted() {
+				_ = out.framed(nil)
+			}
+			return
+		}
+		if !statusOf(resp.Object).running() {
+			if endBy.IsZero() {
+				endBy = time.Now().Add(s.bgWait)
+			} else if time.Now().After(endBy) {
+				_ = out.framed(nil)
+				return
+			}
+		}
+		t := time.NewTimer(cancelPoll)
+		select {
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if resp, err = s.responses.get(r.Context(), id, tenant); err != nil || resp == nil {
+			_ = out.framed(nil)
+			return
+		}
+	}
 }
 
 // handleCancelResponse stops a background response (POST
@@ -256,4 +413,82 @@ func (s *Server) stopBackground(w http.ResponseWriter, r *http.Request, resp *st
 	}
 	_ = s.responses.clearCancel(r.Context(), id)
 	return resp
+}
+
+// eventLog holds a streamed background response's events, framed for
+// server-sent events, in order: event i has sequence_number i. Readers
+// follow it as it grows.
+type eventLog struct {
+	mu     sync.Mutex
+	events [][]byte
+	ended  bool
+	grew   chan struct{} // closed, and replaced, as the log grows or ends
+}
+
+func newEventLog() *eventLog { return &eventLog{grew: make(chan struct{})} }
+
+func (l *eventLog) append(b []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, b)
+	close(l.grew)
+	l.grew = make(chan struct{})
+}
+
+// end marks the log whole.
+func (l *eventLog) end() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true
+	close(l.grew)
+	l.grew = make(chan struct{})
+}
+
+// since returns the events after index after, whether the log has ended,
+// and a channel closed when it next grows.
+func (l *eventLog) since(after int) ([][]byte, bool, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.events[min(max(after+1, 0), len(l.events)):], l.ended, l.grew
+}
+
+// record is the log as kept in the store, for gateways other than the
+// one running the response.
+func (l *eventLog) record() eventRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return eventRecord{Events: slices.Clip(l.events), Ended: l.ended}
+}
+
+// eventRecord is a streamed background response's events as kept under
+// eventsKey(id).
+type eventRecord struct {
+	Events [][]byte `json:"events"`
+	Ended  bool     `json:"ended"`
+}
+
+// follow writes to w the events of log after index after, as they come,
+// until the log ends or the client leaves.
+func follow(w http.ResponseWriter, r *http.Request, log *eventLog, after int) {
+	out := &sse{w: w}
+	for {
+		events, ended, grew := log.since(after)
+		for _, e := range events {
+			if out.framed(e) != nil {
+				return
+			}
+			after++
+		}
+		if ended {
+			if !out.isStarted() {
+				out.framed(nil)
+			}
+			return
+		}
+		select {
+		case <-grew:
+		case <-r.Context().Done():
+			return
+		}
+	}
 }

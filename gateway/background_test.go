@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 )
 
@@ -87,10 +88,10 @@ func TestSDKBackground(t *testing.T) {
 	wantAPIStatus(t, "cancelling an unknown response", err, http.StatusNotFound)
 	_, err = c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true), Store: openai.Bool(false)})
 	wantAPIStatus(t, "background without store", err, http.StatusBadRequest)
-	stream := c.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{Model: testModel, Input: input, Background: openai.Bool(true)})
-	for stream.Next() {
+	again2 := c.Responses.GetStreaming(t.Context(), bg.ID, responses.ResponseGetParams{})
+	for again2.Next() {
 	}
-	wantAPIStatus(t, "background streamed", stream.Err(), http.StatusBadRequest)
+	wantAPIStatus(t, "streaming a response made without a stream", again2.Err(), http.StatusBadRequest)
 	// A marker's key is not a response.
 	_, err = c.Responses.Get(t.Context(), cancelKey(bg.ID), responses.ResponseGetParams{})
 	wantAPIStatus(t, "get of a marker's key", err, http.StatusNotFound)
@@ -224,5 +225,105 @@ func TestBackgroundShutdown(t *testing.T) {
 	}
 	if env.srv.lim.inUse() != 0 {
 		t.Errorf("%d in-flight slots still held", env.srv.lim.inUse())
+	}
+}
+
+// streamed reads a stream of response events: their sequence numbers,
+// the text of their deltas and the last response an event carried.
+func streamed(t *testing.T, st interface {
+	Next() bool
+	Current() responses.ResponseStreamEventUnion
+	Err() error
+}, stopAfter int) (seqs []int64, text string, last responses.Response) {
+	t.Helper()
+	var b strings.Builder
+	for st.Next() {
+		ev := st.Current()
+		seqs = append(seqs, ev.SequenceNumber)
+		if ev.Type == "response.output_text.delta" {
+			b.WriteString(ev.Delta)
+		}
+		if ev.Response.ID != "" {
+			last = ev.Response
+		}
+		if len(seqs) == stopAfter {
+			break
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	return seqs, b.String(), last
+}
+
+// TestSDKBackgroundStream: a streamed background response goes on when
+// its client leaves; its events are streamed again after a sequence
+// number, with no gap, from the gateway running it and from another
+// sharing the store, and the deltas make the kept response's text. A
+// cancelled one ends its stream cancelled.
+func TestSDKBackgroundStream(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.Responses = MemoryResponses(64)
+	ba := &echoBackend{delay: 15 * time.Millisecond}
+	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
+	params := responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a streamed answer that takes a while")}}
+
+	ctx, leave := context.WithCancel(t.Context())
+	first, head, created := streamed(t, ca.Responses.NewStreaming(ctx, params), 6)
+	leave()
+	if len(first) != 6 || created.ID == "" || !created.Background {
+		t.Fatalf("first events %v, response %s", first, created.RawJSON())
+	}
+	for i, n := range first {
+		if n != int64(i) {
+			t.Fatalf("sequence numbers %v", first)
+		}
+	}
+	id := created.ID
+	// From the gateway running it, after the last event read, while it runs.
+	rest, tail, end := streamed(t, ca.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{StartingAfter: openai.Int(first[len(first)-1])}), 0)
+	done := pollResponse(t, cb, id)
+	if done.Status != responses.ResponseStatusCompleted || head+tail != done.OutputText() || end.OutputText() != done.OutputText() {
+		t.Errorf("streamed %q + %q, final %q; kept %s", head, tail, end.OutputText(), done.RawJSON())
+	}
+	if len(rest) == 0 || rest[0] != first[len(first)-1]+1 {
+		t.Fatalf("resumed at %v after %d", rest, first[len(first)-1])
+	}
+	for i := 1; i < len(rest); i++ {
+		if rest[i] != rest[i-1]+1 {
+			t.Fatalf("gap in %v", rest)
+		}
+	}
+	// From another gateway, out of the store, the whole stream again.
+	all, text, last := streamed(t, cb.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{}), 0)
+	if int64(len(all)) != rest[len(rest)-1]+1 || text != done.OutputText() || last.Status != responses.ResponseStatusCompleted {
+		t.Errorf("from another gateway: %d events (want %d), %q, %s", len(all), rest[len(rest)-1]+1, text, last.Status)
+	}
+	bad := cb.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{}, option.WithQuery("starting_after", "-4"))
+	for bad.Next() {
+	}
+	wantAPIStatus(t, "starting_after -4", bad.Err(), http.StatusBadRequest)
+
+	// Cancelled while streaming: its stream ends with the response cancelled.
+	st := ca.Responses.NewStreaming(t.Context(), params)
+	var lastType string
+	var kept responses.Response
+	for n := 0; st.Next(); n++ {
+		ev := st.Current()
+		lastType = ev.Type
+		if ev.Response.ID != "" {
+			kept = ev.Response
+		}
+		if n == 4 {
+			if got, err := cb.Responses.Cancel(t.Context(), kept.ID); err != nil || got.Status != responses.ResponseStatusCancelled {
+				t.Errorf("cancel: %v, %s", err, got.RawJSON())
+			}
+		}
+	}
+	if lastType != "response.cancelled" || kept.Status != responses.ResponseStatusCancelled {
+		t.Errorf("a cancelled stream ended with %s, %s", lastType, kept.Status)
 	}
 }

@@ -398,6 +398,7 @@ func validUTF8(s string) string {
 type sse struct {
 	mu      sync.Mutex
 	w       http.ResponseWriter
+	log     *eventLog // where set, events go to it instead of w (a background response's)
 	started bool
 	err     error
 }
@@ -418,19 +419,6 @@ func (e *sse) named(event string, v any) error {
 func (e *sse) raw(b []byte) error { return e.write("", b) }
 
 func (e *sse) write(event string, b []byte) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.err != nil {
-		return e.err
-	}
-	if !e.started {
-		h := e.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		e.w.WriteHeader(http.StatusOK)
-		e.started = true
-	}
 	buf := make([]byte, 0, len(event)+len(b)+16)
 	if event != "" {
 		buf = append(buf, "event: "...)
@@ -440,6 +428,30 @@ func (e *sse) write(event string, b []byte) error {
 	buf = append(buf, "data: "...)
 	buf = append(buf, b...)
 	buf = append(buf, '\n', '\n')
+	return e.framed(buf)
+}
+
+// framed sends an event already framed: to the log where there is one,
+// else to the client, the stream's headers first.
+func (e *sse) framed(buf []byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return e.err
+	}
+	if e.log != nil {
+		e.started = true
+		e.log.append(buf)
+		return nil
+	}
+	if !e.started {
+		h := e.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		e.w.WriteHeader(http.StatusOK)
+		e.started = true
+	}
 	if _, err := e.w.Write(buf); err != nil {
 		e.err = err
 		return err

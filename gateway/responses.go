@@ -767,6 +767,10 @@ func (s *Server) keptResponse(w http.ResponseWriter, r *http.Request) *storedRes
 }
 
 func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
+	if streamAsked(r) {
+		s.handleStreamResponse(w, r)
+		return
+	}
 	if resp := s.keptResponse(w, r); resp != nil {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(resp.Object)

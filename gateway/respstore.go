@@ -40,10 +40,45 @@ type storedResponse struct {
 	// Cancel marks the value kept under cancelKey(id): a request that the
 	// background response id stop, left by a gateway not running it.
 	Cancel bool `json:"cancel,omitempty"`
+	// Events is the value kept under eventsKey(id): a streamed background
+	// response's events.
+	Events *eventRecord `json:"events,omitempty"`
 }
 
 // cancelKey is where a cancel marker for response id is kept.
 func cancelKey(id string) string { return id + ".cancel" }
+
+// eventsKey is where a streamed background response id's events are kept.
+func eventsKey(id string) string { return id + ".events" }
+
+// putEvents keeps tenant's response id's events.
+func (r keptResponses) putEvents(ctx context.Context, id, tenant string, rec eventRecord) error {
+	b, err := json.Marshal(storedResponse{Tenant: tenant, Events: &rec})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return r.store.Put(ctx, eventsKey(id), b)
+}
+
+// events returns tenant's response id's kept events, or nil.
+func (r keptResponses) events(ctx context.Context, id, tenant string) (*eventRecord, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	b, ok, err := r.store.Get(ctx, eventsKey(id))
+	if err != nil || !ok {
+		return nil, err
+	}
+	var v storedResponse
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("kept events of %s: %w", truncate(id, 80), err)
+	}
+	if v.Tenant != tenant {
+		return nil, nil
+	}
+	return v.Events, nil
+}
 
 // keptResponses reads and writes kept responses through a ResponseStore, each
 // visible to its tenant alone.
@@ -117,6 +152,9 @@ func (r keptResponses) drop(ctx context.Context, id, tenant string) (bool, error
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
+	if err := r.store.Delete(ctx, eventsKey(id)); err != nil {
+		return false, err
+	}
 	return true, r.store.Delete(ctx, id)
 }
 
