@@ -127,9 +127,25 @@ func (c *Checkpoint) Names() []string {
 func (c *Checkpoint) Bytes() int64 {
 	var n int64
 	for _, t := range c.tensors {
-		n += int64(len(t.Data))
+		n += t.Bytes()
 	}
 	return n
+}
+
+// FromHeaders is a checkpoint of tensors without their data, as
+// ParseHeader returns them: enough to check a model's shapes and sizes
+// before fetching its weights; not for loading.
+func FromHeaders(files ...map[string]*Tensor) (*Checkpoint, error) {
+	c := &Checkpoint{tensors: map[string]*Tensor{}}
+	for _, ts := range files {
+		for name, t := range ts {
+			if _, dup := c.tensors[name]; dup {
+				return nil, fmt.Errorf("tensor %q stands in two files", name)
+			}
+			c.tensors[name] = t
+		}
+	}
+	return c, nil
 }
 
 // Close unmaps the files.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -134,16 +135,61 @@ func FuzzParse(f *testing.F) {
 	f.Add(header(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8))
 	f.Add(header(`{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[],"data_offsets":[8,12]}}`, 12))
 	f.Fuzz(func(t *testing.T, buf []byte) {
+		// A header read alone says what the whole file says.
+		hs, herr := ParseHeader(buf, int64(len(buf)))
 		ts, _, err := Parse(buf)
+		if (err == nil) != (herr == nil) {
+			t.Fatalf("Parse: %v; ParseHeader: %v", err, herr)
+		}
 		if err != nil {
 			return
 		}
 		for _, x := range ts {
-			if len(x.Data) != x.Elements()*DTypeSize(x.DType) {
+			if len(x.Data) != x.Elements()*DTypeSize(x.DType) || int64(len(x.Data)) != x.Bytes() {
 				t.Fatalf("tensor %q: %d bytes for shape %v", x.Name, len(x.Data), x.Shape)
 			}
+			h := hs[x.Name]
+			if h == nil || h.DType != x.DType || !slices.Equal(h.Shape, x.Shape) || h.Data != nil {
+				t.Fatalf("tensor %q: header alone gives %+v", x.Name, h)
+			}
+		}
+		if len(hs) != len(ts) {
+			t.Fatalf("%d tensors from the header, %d from the file", len(hs), len(ts))
 		}
 	})
+}
+
+// TestParseHeader: a file's header, read from its first bytes, gives its
+// tensors' names, dtypes and shapes without their data; too few bytes, or
+// a size the offsets run past, are refused.
+func TestParseHeader(t *testing.T) {
+	buf := sample(t)
+	n, err := HeaderLen(buf[:8])
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := ParseHeader(buf[:n], int64(len(buf)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, _, _ := Parse(buf)
+	ckpt, err := FromHeaders(hs)
+	if err != nil || len(hs) != len(ts) {
+		t.Fatalf("%d tensors from the header, %d from the file: %v", len(hs), len(ts), err)
+	}
+	full, _ := FromBytes(buf)
+	if ckpt.Bytes() != full.Bytes() || ckpt.Bytes() == 0 {
+		t.Errorf("header-only checkpoint holds %d bytes, the file's %d", ckpt.Bytes(), full.Bytes())
+	}
+	if _, err := ParseHeader(buf[:n-1], int64(len(buf))); err == nil {
+		t.Error("a prefix short of the header: no error")
+	}
+	if _, err := ParseHeader(buf[:n], n+1); err == nil {
+		t.Error("a size the data offsets run past: no error")
+	}
+	if _, err := FromHeaders(hs, hs); err == nil {
+		t.Error("a tensor in two files: no error")
+	}
 }
 
 // FuzzOpenDirIndex opens a directory of two shards through an arbitrary
