@@ -57,25 +57,33 @@ func OpenDir(dir string) (*Bundle, error) {
 // OpenFS opens a model held in memory: its small files in fsys and its
 // checkpoint, used in place, in weights.
 func OpenFS(name string, fsys fs.FS, weights []byte) (*Bundle, error) {
+	ckpt, err := safetensors.FromBytes(weights)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return OpenWith(name, fsys, ckpt)
+}
+
+// OpenWith opens a model of its small files in fsys and the checkpoint
+// ckpt, which may hold its tensors' headers alone
+// (safetensors.FromHeaders): a bundle to check and describe before the
+// weights are fetched.
+func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, error) {
 	raw, err := fs.ReadFile(fsys, "config.json")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	cfg, err := ParseConfig(raw)
-	if err != nil {
+	b := &Bundle{Name: name, Checkpoint: ckpt}
+	if b.Config, err = ParseConfig(raw); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	b := &Bundle{Name: name, Config: cfg}
 	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
 		return nil, err
 	}
 	if b.TokenizerConfig, err = readOptional(fsys, "tokenizer_config.json"); err != nil {
 		return nil, err
 	}
-	if b.Checkpoint, err = safetensors.FromBytes(weights); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if err := Check(cfg, b.Checkpoint); err != nil {
+	if err := Check(b.Config, b.Checkpoint); err != nil {
 		return nil, err
 	}
 	return b, nil

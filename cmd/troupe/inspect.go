@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 
 	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/hub"
+	"github.com/troupe/troupe/models/safetensors"
 )
 
 // report is what inspect prints.
@@ -23,6 +27,9 @@ type report struct {
 	Context      int              `json:"context_length"`
 	MemoryBytes  int64            `json:"memory_bytes"` // weights + a full context of KV (bf16)
 	Tokenizer    bool             `json:"tokenizer"`
+	// Peeked: a Hugging Face repository read without its weights (its
+	// configs and its safetensors headers).
+	Peeked bool `json:"peeked,omitempty"`
 }
 
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -36,12 +43,13 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *asJSON {
 		progress = nil
 	}
-	b, err := openBundle(ctx, *model, progress)
+	b, peeked, err := inspectBundle(ctx, *model, progress)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	defer b.Close()
 	r := inspect(b)
+	r.Peeked = peeked
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(r)
 	}
@@ -61,6 +69,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "kv cache      %s per token (bf16), %s for the full context of %d\n", bytesOf(r.KVBytesPer), bytesOf(r.KVBytesPer*int64(r.Context)), r.Context)
 	fmt.Fprintf(stdout, "memory needed %s for one sequence at full context\n", bytesOf(r.MemoryBytes))
 	fmt.Fprintf(stdout, "tokenizer     %v\n", r.Tokenizer)
+	if r.Peeked {
+		fmt.Fprintln(stdout, "read          configs and safetensors headers (no weights fetched)")
+	}
 	fmt.Fprintln(stdout, "supported     yes")
 	return nil
 }
@@ -74,7 +85,7 @@ func inspect(b *models.Bundle) report {
 	for _, w := range models.Expected(c) {
 		t, _ := b.Checkpoint.Tensor(w.Name)
 		r.DTypes[t.DType] += int64(t.Elements())
-		r.WeightBytes += int64(len(t.Data))
+		r.WeightBytes += t.Bytes()
 	}
 	r.KVBytesPer = int64(2*c.Layers*c.KVHeads*c.HeadDim) * 2
 	r.MemoryBytes = r.WeightBytes + r.KVBytesPer*int64(c.MaxPositions)
@@ -101,4 +112,53 @@ func bytesOf(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// inspectBundle opens what --model names for inspect: as openBundle does,
+// but a Hugging Face repository the cache does not hold is read without
+// its weights (peeked).
+func inspectBundle(ctx context.Context, spec string, progress io.Writer) (*models.Bundle, bool, error) {
+	if _, err := os.Stat(spec); err == nil || spec == "" {
+		b, err := openBundle(ctx, spec, progress)
+		return b, false, err
+	}
+	repo, rev, err := hub.ParseRef(spec)
+	if err != nil {
+		b, err := openBundle(ctx, spec, progress)
+		return b, false, err
+	}
+	c := hub.FromEnv()
+	if _, err := c.Cached(repo, rev); err == nil {
+		b, err := openBundle(ctx, spec, progress)
+		return b, false, err
+	}
+	remote, err := c.Peek(ctx, repo, rev)
+	if err != nil {
+		return nil, false, err
+	}
+	var headers []map[string]*safetensors.Tensor
+	for name, h := range remote.Headers {
+		ts, err := safetensors.ParseHeader(h.Prefix, h.Size)
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: %s: %w", spec, name, err)
+		}
+		headers = append(headers, ts)
+	}
+	ckpt, err := safetensors.FromHeaders(headers...)
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: %w", spec, err)
+	}
+	// The small files, for the bundle to read (it keeps what it reads).
+	dir, err := os.MkdirTemp("", "troupe-inspect-")
+	if err != nil {
+		return nil, false, err
+	}
+	defer os.RemoveAll(dir)
+	for name, b := range remote.Files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return nil, false, err
+		}
+	}
+	b, err := models.OpenWith(repo, os.DirFS(dir), ckpt)
+	return b, true, err
 }

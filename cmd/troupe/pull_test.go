@@ -35,6 +35,30 @@ func TestPull(t *testing.T) {
 	t.Setenv("HF_HOME", t.TempDir())
 	t.Setenv("HF_HUB_OFFLINE", "")
 
+	// Before any pull, inspect reads the configs and the safetensors
+	// headers alone, and reports what the folder's inspect does.
+	inspectJSON := func(model string) report {
+		t.Helper()
+		out, stderr, err := runCLI(t, "", "inspect", "--json", "--model", model)
+		var r report
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil {
+			t.Fatalf("inspect --model %s: %v, %s%s", model, err, out, stderr)
+		}
+		return r
+	}
+	peek, local := inspectJSON(repo), inspectJSON(src)
+	if !peek.Peeked || local.Peeked || peek.Model != repo || peek.Parameters != local.Parameters || peek.WeightBytes != local.WeightBytes || peek.WeightBytes == 0 || !peek.Tokenizer {
+		t.Errorf("inspect of the repository %+v, of the folder %+v", peek, local)
+	}
+	for _, g := range h.Gets() {
+		if strings.Contains(g, "model.safetensors") && !strings.Contains(g, "bytes=0-") {
+			t.Errorf("inspect fetched the weights: %q", g)
+		}
+	}
+	if entries, _ := os.ReadDir(cache); len(entries) != 0 {
+		t.Errorf("inspect wrote to the cache: %v", entries)
+	}
+
 	out, stderr, err := runCLI(t, "", "pull", repo)
 	if err != nil {
 		t.Fatalf("pull: %v\n%s", err, stderr)
@@ -63,10 +87,8 @@ func TestPull(t *testing.T) {
 	if byRepo, byDir := gen(repo), gen(src); byRepo != byDir {
 		t.Errorf("generate by repository: %s\nby folder: %s", byRepo, byDir)
 	}
-	out, _, err = runCLI(t, "", "inspect", "--json", "--model", repo)
-	var ins struct{ Model string }
-	if err != nil || json.Unmarshal([]byte(out), &ins) != nil || ins.Model != repo {
-		t.Errorf("inspect --model %s: %v, %s", repo, err, out)
+	if r := inspectJSON(repo); r.Peeked || r.Model != repo || r.Parameters != local.Parameters {
+		t.Errorf("inspect after the pull: %+v", r)
 	}
 	t.Setenv("HF_HUB_OFFLINE", "1")
 	srv.Close()

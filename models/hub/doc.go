@@ -9,4 +9,7 @@
 // and a chat template. Each file is verified against the Hub's record (the
 // SHA-256 of an LFS file, the git blob hash of a small one) before it
 // enters the cache, and an interrupted download resumes where it stopped.
+// Peek reads a repository without its weights (its small files and each
+// safetensors file's header, by ranges), to check a model before fetching
+// it.
 package hub

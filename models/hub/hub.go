@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/troupe/troupe/models/safetensors"
 )
 
 // DefaultEndpoint is the Hugging Face Hub.
@@ -499,4 +501,108 @@ func truncate(s string) string {
 		return s[:120] + "…"
 	}
 	return s
+}
+
+// Remote is what a repository holds at a revision, read without its
+// weights: its small files whole and each safetensors file's header.
+type Remote struct {
+	Commit  string
+	Files   map[string][]byte // config.json and the tokenizer's files, verified
+	Headers map[string]Header // by safetensors file
+}
+
+// Header is a safetensors file's first bytes, those of its header, and the
+// file's size.
+type Header struct {
+	Prefix []byte
+	Size   int64
+}
+
+// maxSmall bounds a small file Peek reads whole.
+const maxSmall = 64 << 20
+
+// Peek reads what repo holds at revision without its weights: the files
+// Snapshot would fetch but the safetensors whole, and of each safetensors
+// file the header, by ranges. It never writes to the cache.
+func (c Client) Peek(ctx context.Context, repo, revision string) (*Remote, error) {
+	if _, _, err := ParseRef(repo + "@" + revision); err != nil {
+		return nil, err
+	}
+	if c.Offline {
+		return nil, fmt.Errorf("hub: %s@%s: offline (HF_HUB_OFFLINE), and not in the cache %s", repo, revision, c.Cache)
+	}
+	info, err := c.info(ctx, repo, revision)
+	if err != nil {
+		return nil, err
+	}
+	files, err := plan(info)
+	if err != nil {
+		return nil, fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
+	r := &Remote{Commit: info.SHA, Files: map[string][]byte{}, Headers: map[string]Header{}}
+	for _, f := range files {
+		if strings.HasSuffix(f.name, ".safetensors") {
+			first, err := c.prefix(ctx, repo, info.SHA, f, 8)
+			if err != nil {
+				return nil, fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
+			}
+			n, err := safetensors.HeaderLen(first)
+			if err != nil || n > f.size {
+				return nil, fmt.Errorf("hub: %s@%s: %s: not a safetensors file (%v)", repo, revision, f.name, err)
+			}
+			head, err := c.prefix(ctx, repo, info.SHA, f, n)
+			if err != nil {
+				return nil, fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
+			}
+			r.Headers[f.name] = Header{Prefix: head, Size: f.size}
+			continue
+		}
+		if f.size > maxSmall {
+			continue
+		}
+		b, err := c.prefix(ctx, repo, info.SHA, f, f.size)
+		if err == nil {
+			h := newHash(f)
+			h.Write(b)
+			if got := hex.EncodeToString(h.Sum(nil)); got != f.etag {
+				err = fmt.Errorf("its bytes hash to %s where the Hub records %s", got, f.etag)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
+		}
+		r.Files[f.name] = b
+	}
+	return r, nil
+}
+
+// prefix reads the first n bytes of f (n at most its size), by a range.
+func (c Client) prefix(ctx context.Context, repo, commit string, f file, n int64) ([]byte, error) {
+	if n > f.size {
+		return nil, fmt.Errorf("%d bytes asked of a %d-byte file", n, f.size)
+	}
+	if n == 0 {
+		return []byte{}, nil
+	}
+	hdr := http.Header{}
+	hdr.Set("Range", "bytes=0-"+strconv.FormatInt(n-1, 10))
+	resp, err := c.get(ctx, c.endpoint()+"/"+repo+"/resolve/"+commit+"/"+url.PathEscape(f.name), hdr)
+	if err != nil {
+		return nil, c.explain(repo, commit, err)
+	}
+	defer resp.Body.Close()
+	b := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, b); err != nil {
+		return nil, fmt.Errorf("reading its first %d bytes: %w", n, err)
+	}
+	return b, nil
+}
+
+// Cached returns the cache's snapshot of repo at revision where it holds a
+// config.json and weights, asking the Hub nothing.
+func (c Client) Cached(repo, revision string) (string, error) {
+	if _, _, err := ParseRef(repo + "@" + revision); err != nil {
+		return "", err
+	}
+	return c.cached(c.repoDir(repo), repo, revision)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/models/hub/hubtest"
+	"github.com/troupe/troupe/models/safetensors"
 )
 
 const (
@@ -313,5 +314,61 @@ func TestFromEnv(t *testing.T) {
 	t.Setenv("HF_HUB_OFFLINE", "0")
 	if c := FromEnv(); c.Token != "hf_env" || c.Cache != "/elsewhere" || c.Offline {
 		t.Errorf("FromEnv: %+v", c)
+	}
+}
+
+// TestPeek: a repository is read without its weights: its small files
+// whole and verified, each safetensors file's header by ranges, nothing
+// written to the cache.
+func TestPeek(t *testing.T) {
+	var st bytes.Buffer
+	tensors := []*safetensors.Tensor{
+		{Name: "model.embed_tokens.weight", DType: "BF16", Shape: []int{256, 64}, Data: make([]byte, 256*64*2)},
+		{Name: "model.norm.weight", DType: "F32", Shape: []int{64}, Data: make([]byte, 64*4)},
+	}
+	if err := safetensors.Write(&st, tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	h := newFakeHub()
+	h.Files["model.safetensors"] = st.Bytes()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	r, err := c.Peek(t.Context(), testRepo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Commit != testCommit || string(r.Files["config.json"]) != string(h.Files["config.json"]) || r.Files["tokenizer.json"] == nil || r.Files["model.safetensors"] != nil {
+		t.Errorf("peeked %s, files %v", r.Commit, len(r.Files))
+	}
+	hd := r.Headers["model.safetensors"]
+	got, err := safetensors.ParseHeader(hd.Prefix, hd.Size)
+	if err != nil || hd.Size != int64(st.Len()) || len(got) != 2 || got["model.norm.weight"].Shape[0] != 64 {
+		t.Fatalf("header: %v, %d bytes of %d, %v", got, len(hd.Prefix), hd.Size, err)
+	}
+	for _, g := range h.Gets() {
+		if strings.HasPrefix(g, "/cdn/model.safetensors") && !strings.Contains(g, "bytes=0-") {
+			t.Errorf("weights asked whole: %q", g)
+		}
+	}
+	if entries, _ := os.ReadDir(c.Cache); len(entries) != 0 {
+		t.Errorf("peek wrote to the cache: %v", entries)
+	}
+	if _, err := c.Cached(testRepo, "main"); err == nil {
+		t.Error("Cached after a peek alone")
+	}
+	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err != nil {
+		t.Fatal(err)
+	}
+	if dir, err := c.Cached(testRepo, "main"); err != nil || !strings.HasSuffix(dir, testCommit) {
+		t.Errorf("Cached after a snapshot: %s, %v", dir, err)
+	}
+	h.Corrupt = "config.json"
+	if _, err := c.Peek(t.Context(), testRepo, "main"); err == nil || !strings.Contains(err.Error(), "hash") {
+		t.Errorf("corrupt config: %v", err)
+	}
+	c.Offline = true
+	if _, err := c.Peek(t.Context(), testRepo, "main"); err == nil {
+		t.Error("offline peek: no error")
 	}
 }
