@@ -34,6 +34,9 @@ type Client struct {
 	Cache    string       // the Hub cache folder (…/huggingface/hub)
 	Offline  bool         // take the cache alone, asking the Hub nothing
 	HTTP     *http.Client // http.DefaultClient where nil
+	// Free, where set, replaces the file system's count of free bytes
+	// under a path, which Snapshot checks before it fetches.
+	Free func(path string) (int64, error)
 	// Progress, where set, is told of each file as its bytes arrive, from
 	// the goroutines fetching them (several at once), and once of each
 	// file the cache holds.
@@ -209,6 +212,9 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 			missing = append(missing, f)
 		}
 	}
+	if err := c.room(dir, missing); err != nil {
+		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
 	if err := c.fetchAll(ctx, repo, info.SHA, dir, missing); err != nil {
 		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
 	}
@@ -360,6 +366,53 @@ func (c Client) info(ctx context.Context, repo, revision string) (repoInfo, erro
 		return info, fmt.Errorf("hub: %s@%s: the Hub's answer: %w", repo, revision, err)
 	}
 	return info, nil
+}
+
+// room checks that the cache's file system has room for files beyond
+// what their partial downloads hold already.
+func (c Client) room(dir string, files []file) error {
+	var need int64
+	for _, f := range files {
+		need += f.size
+		if st, err := os.Stat(filepath.Join(dir, "blobs", f.etag+".incomplete")); err == nil {
+			need -= min(st.Size(), f.size)
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "blobs"), 0o755); err != nil {
+		return err
+	}
+	free := c.Free
+	if free == nil {
+		free = freeBytes
+	}
+	avail, err := free(filepath.Join(dir, "blobs"))
+	if err != nil {
+		return nil // unknown: the writes will say
+	}
+	if need > avail {
+		return fmt.Errorf("fetching needs %s and %s is free where the cache is (%s): make room or set HF_HUB_CACHE", sizeOf(need), sizeOf(avail), c.Cache)
+	}
+	return nil
+}
+
+// freeBytes is how many bytes an unprivileged process may still write on
+// the file system holding path.
+func freeBytes(path string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+func sizeOf(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 // fetchers is how many files are fetched at once.

@@ -372,3 +372,33 @@ func TestPeek(t *testing.T) {
 		t.Error("offline peek: no error")
 	}
 }
+
+// TestRoom: a fetch that the cache's file system has no room for is
+// refused before any byte is fetched, saying what it needs; a partial
+// download counts as room already taken.
+func TestRoom(t *testing.T) {
+	h := newFakeHub()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	c.Free = func(string) (int64, error) { return 1000, nil }
+	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err == nil || !strings.Contains(err.Error(), "needs 1.0 MiB") {
+		t.Errorf("no room: %v", err)
+	}
+	if len(h.Gets()) != 0 {
+		t.Errorf("fetched with no room: %v", h.Gets())
+	}
+	// All but 1000 bytes already there, partly.
+	weights := h.Files["model.safetensors"]
+	need := int64(len(weights))
+	for _, name := range []string{"config.json", "tokenizer.json", "model.safetensors.index.json"} {
+		need += int64(len(h.Files[name]))
+	}
+	blobs := filepath.Join(c.Cache, "models--acme--tiny-lm", "blobs")
+	if err := os.WriteFile(filepath.Join(blobs, h.Etag("model.safetensors")+".incomplete"), weights[:need-1000], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Snapshot(t.Context(), testRepo, "main"); err != nil {
+		t.Errorf("room enough beside the partial file: %v", err)
+	}
+}
