@@ -176,8 +176,9 @@ func (c Client) repoDir(repo string) string {
 }
 
 // Snapshot returns the folder that holds repo's files at revision, fetching
-// those the cache lacks. Offline, or where the Hub cannot be reached, it
-// returns the cache's snapshot of the revision if there is one.
+// those the cache lacks. Offline, or where the Hub cannot be reached or
+// answers with a server error, it returns the cache's snapshot of the
+// revision if there is one.
 func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, error) {
 	if _, _, err := ParseRef(repo + "@" + revision); err != nil {
 		return "", err
@@ -189,7 +190,7 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 	info, err := c.info(ctx, repo, revision)
 	if err != nil {
 		var he *statusError
-		if !errors.As(err, &he) && ctx.Err() == nil {
+		if (!errors.As(err, &he) || he.status >= 500) && ctx.Err() == nil { // unreachable, or down
 			if snap, cerr := c.cached(dir, repo, revision); cerr == nil {
 				return snap, nil
 			}
