@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -119,6 +120,12 @@ func TestSnapshot(t *testing.T) {
 	off.Offline = false // the Hub unreachable: the cache answers
 	if got, err := off.Snapshot(t.Context(), testRepo, "main"); err != nil || got != snap {
 		t.Errorf("Hub unreachable: %s, %v", got, err)
+	}
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
+	defer down.Close()
+	off.Endpoint = down.URL // the Hub down: the cache answers too
+	if got, err := off.Snapshot(t.Context(), testRepo, "main"); err != nil || got != snap {
+		t.Errorf("Hub down: %s, %v", got, err)
 	}
 	// A blob already in the cache is linked, not fetched, for another
 	// revision naming the same commit.
