@@ -35,6 +35,15 @@ const (
 	cancelWait = 10 * time.Second
 )
 
+// beatEvery is how often the gateway running a background response keeps
+// it again, a heartbeat; a running response not kept for lostAfter beats
+// is taken for lost with its gateway and kept failed by the next gateway
+// that reads it.
+const (
+	beatEvery = 5 * time.Second
+	lostAfter = 6
+)
+
 // bgRun is a background response running on this gateway.
 type bgRun struct {
 	cancel    context.CancelFunc
@@ -167,12 +176,17 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 		defer close(watched)
 		t := time.NewTicker(cancelPoll)
 		defer t.Stop()
-		kept := 0
-		for tick := 1; ; tick++ {
+		beat := time.NewTicker(s.bgBeat)
+		defer beat.Stop()
+		kept, tick := 0, 0
+		for {
 			select {
 			case <-wctx.Done():
 				return
+			case <-beat.C:
+				_ = rs.put(progress, "", nil)
 			case <-t.C:
+				tick++
 				if ok, _ := s.responses.cancelRequested(wctx, rs.id); ok {
 					run.cancelled.Store(true)
 					run.cancel()
@@ -337,6 +351,36 @@ func (s *Server) handleStreamResponse(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// settle returns the kept response resp, or, where it is a background
+// response still running by the store but no gateway has kept it for
+// lostAfter beats (its gateway gone), the response kept failed
+// ("gateway_lost"). Where the store fails it has answered and returns
+// nil.
+func (s *Server) settle(w http.ResponseWriter, r *http.Request, resp *storedResponse) *storedResponse {
+	if resp == nil || resp.Beat == 0 || !statusOf(resp.Object).running() || s.bg.get(r.PathValue("id")) != nil ||
+		time.Since(time.UnixMilli(resp.Beat)) < lostAfter*s.bgBeat {
+		return resp
+	}
+	var o map[string]any
+	if err := json.Unmarshal(resp.Object, &o); err != nil {
+		writeAPIError(w, storeError(err))
+		return nil
+	}
+	o["status"] = "failed"
+	o["error"] = map[string]string{"code": "gateway_lost", "message": "the gateway running the response stopped keeping it"}
+	b, err := json.Marshal(o)
+	if err != nil {
+		writeAPIError(w, storeError(err))
+		return nil
+	}
+	resp.Object, resp.Beat = b, 0
+	if err := s.responses.put(r.Context(), r.PathValue("id"), resp); err != nil {
+		writeAPIError(w, storeError(err))
+		return nil
+	}
+	return resp
+}
+
 // handleCancelResponse stops a background response (POST
 // /v1/responses/{id}/cancel) and answers with it as kept: cancelled, or
 // as it ended where it had already. Cancelling twice answers the same.
@@ -360,7 +404,7 @@ func (s *Server) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
 // ended first or the store failed, it has answered and returns nil.
 func (s *Server) stopBackground(w http.ResponseWriter, r *http.Request, resp *storedResponse) *storedResponse {
 	id := r.PathValue("id")
-	if !statusOf(resp.Object).running() {
+	if resp = s.settle(w, r, resp); resp == nil || !statusOf(resp.Object).running() {
 		return resp
 	}
 	if run := s.bg.get(id); run != nil {

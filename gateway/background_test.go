@@ -327,3 +327,48 @@ func TestSDKBackgroundStream(t *testing.T) {
 		t.Errorf("a cancelled stream ended with %s, %s", lastType, kept.Status)
 	}
 }
+
+// TestBackgroundHeartbeat: the gateway running a background response
+// keeps it again every beat, so another gateway sees it in progress long
+// after it began; one no gateway has kept for lostAfter beats is read as
+// failed (gateway_lost), and kept so.
+func TestBackgroundHeartbeat(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	cfg.Responses = MemoryResponses(64)
+	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 1)}
+	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	a.srv.bgBeat, b.srv.bgBeat = 40*time.Millisecond, 40*time.Millisecond
+	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
+	r, err := ca.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ba.started
+	time.Sleep(lostAfter * 40 * time.Millisecond * 3)
+	if got, err := cb.Responses.Get(t.Context(), r.ID, responses.ResponseGetParams{}); err != nil || got.Status != responses.ResponseStatusInProgress {
+		t.Errorf("a running response read elsewhere after many beats: %v, %s", err, got.Status)
+	}
+	close(ba.gate)
+	if got := pollResponse(t, cb, r.ID); got.Status != responses.ResponseStatusCompleted {
+		t.Errorf("then %s", got.Status)
+	}
+
+	// A response whose gateway is gone: its last beat long past.
+	obj, _ := json.Marshal(map[string]any{"id": "resp_gone", "object": "response", "status": "in_progress", "background": true, "output": []any{}})
+	stale := time.Now().Add(-time.Minute).UnixMilli()
+	if err := b.srv.responses.put(t.Context(), "resp_gone", &storedResponse{Conv: []chatMessage{{Role: "user"}, {Role: "assistant"}}, Object: obj, Beat: stale}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cb.Responses.Get(t.Context(), "resp_gone", responses.ResponseGetParams{})
+	if err != nil || got.Status != responses.ResponseStatusFailed || got.Error.Code != "gateway_lost" {
+		t.Errorf("a response whose gateway is gone: %v, %s", err, got.RawJSON())
+	}
+	if kept, _ := a.srv.responses.get(t.Context(), "resp_gone", ""); kept == nil || statusOf(kept.Object).Status != "failed" {
+		t.Errorf("not kept failed: %v", kept)
+	}
+	if got, err := ca.Responses.Cancel(t.Context(), "resp_gone"); err != nil || got.Status != responses.ResponseStatusFailed {
+		t.Errorf("cancel of a lost response: %v, %s", err, got.Status)
+	}
+}

@@ -635,7 +635,11 @@ func (rs *responseRun) put(o map[string]any, content string, calls []ToolCall) e
 		}
 		out.ToolCalls, _ = json.Marshal(tc)
 	}
-	return rs.s.responses.put(rs.ctx, rs.id, &storedResponse{Tenant: rs.tenant, Conv: append(slices.Clip(rs.conv), out), Object: b})
+	v := &storedResponse{Tenant: rs.tenant, Conv: append(slices.Clip(rs.conv), out), Object: b}
+	if rs.bg {
+		v.Beat = time.Now().UnixMilli()
+	}
+	return rs.s.responses.put(rs.ctx, rs.id, v)
 }
 
 // status is the response's status, with why it is incomplete.
@@ -771,7 +775,7 @@ func (s *Server) handleGetResponse(w http.ResponseWriter, r *http.Request) {
 		s.handleStreamResponse(w, r)
 		return
 	}
-	if resp := s.keptResponse(w, r); resp != nil {
+	if resp := s.settle(w, r, s.keptResponse(w, r)); resp != nil {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(resp.Object)
 	}

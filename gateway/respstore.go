@@ -43,6 +43,9 @@ type storedResponse struct {
 	// Events is the value kept under eventsKey(id): a streamed background
 	// response's events.
 	Events *eventRecord `json:"events,omitempty"`
+	// Beat is when the gateway running a background response last kept it
+	// (Unix milliseconds), which it does every Server.bgBeat while it runs.
+	Beat int64 `json:"beat,omitempty"`
 }
 
 // cancelKey is where a cancel marker for response id is kept.

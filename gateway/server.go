@@ -32,6 +32,7 @@ type Server struct {
 	responses keptResponses
 	bg        bgRuns        // background responses running here
 	bgWait    time.Duration // cancelWait; shorter in tests
+	bgBeat    time.Duration // beatEvery; shorter in tests
 	lim       *limiter
 	met       *metrics
 	mux       *http.ServeMux
@@ -74,6 +75,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s := &Server{
 		cfg:     cfg,
 		bgWait:  cancelWait,
+		bgBeat:  beatEvery,
 		backend: backend,
 		tok:     tok,
 		lim:     &limiter{cap: cfg.MaxInFlight},
