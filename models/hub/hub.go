@@ -227,7 +227,10 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 		}
 		_ = os.Remove(link)
 		if err := os.Symlink(target, link); err != nil {
-			return "", fmt.Errorf("hub: %w", err)
+			// Another process may have linked it between the two calls.
+			if got, lerr := os.Readlink(link); lerr != nil || got != target {
+				return "", fmt.Errorf("hub: %w", err)
+			}
 		}
 	}
 	if revision != info.SHA {
@@ -235,7 +238,21 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 		if err := os.MkdirAll(filepath.Dir(ref), 0o755); err != nil {
 			return "", fmt.Errorf("hub: %w", err)
 		}
-		if err := os.WriteFile(ref, []byte(info.SHA), 0o644); err != nil {
+		// Written whole, then renamed: a reader never sees half a ref.
+		tmp, err := os.CreateTemp(filepath.Dir(ref), ".ref-")
+		if err == nil {
+			_, err = tmp.WriteString(info.SHA)
+			if cerr := tmp.Close(); err == nil {
+				err = cerr
+			}
+			if err == nil {
+				err = os.Rename(tmp.Name(), ref)
+			}
+			if err != nil {
+				_ = os.Remove(tmp.Name())
+			}
+		}
+		if err != nil {
 			return "", fmt.Errorf("hub: %w", err)
 		}
 	}

@@ -409,3 +409,38 @@ func TestRoom(t *testing.T) {
 		t.Errorf("room enough beside the partial file: %v", err)
 	}
 }
+
+// TestConcurrentSnapshots: processes fetching one repository at once
+// (here goroutines with clients of their own) all end with the same
+// snapshot, each file fetched once under the partial file's lock.
+func TestConcurrentSnapshots(t *testing.T) {
+	h := newFakeHub()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := testClient(t, srv)
+	dirs := make([]string, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range dirs {
+		wg.Go(func() { dirs[i], errs[i] = c.Snapshot(t.Context(), testRepo, "main") })
+	}
+	wg.Wait()
+	for i := range dirs {
+		if errs[i] != nil || dirs[i] != dirs[0] {
+			t.Errorf("snapshot %d: %s, %v", i, dirs[i], errs[i])
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(dirs[0], "model.safetensors"))
+	if err != nil || !bytes.Equal(got, h.Files["model.safetensors"]) {
+		t.Errorf("weights: %d bytes, %v", len(got), err)
+	}
+	weights := 0
+	for _, g := range h.Gets() {
+		if strings.HasPrefix(g, "/cdn/model.safetensors") {
+			weights++
+		}
+	}
+	if weights != 1 {
+		t.Errorf("the weights fetched %d times: %v", weights, h.Gets())
+	}
+}
