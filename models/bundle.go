@@ -38,6 +38,9 @@ func OpenDir(dir string) (*Bundle, error) {
 		return nil, err
 	}
 	b := &Bundle{Name: filepath.Base(filepath.Clean(dir)), Dir: dir, Config: cfg}
+	if err := mergeGeneration(cfg, os.DirFS(dir)); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
 	if b.Tokenizer, err = readOptional(os.DirFS(dir), "tokenizer.json"); err != nil {
 		return nil, err
 	}
@@ -77,6 +80,9 @@ func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, e
 	if b.Config, err = ParseConfig(raw); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	if err := mergeGeneration(b.Config, fsys); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
 		return nil, err
 	}
@@ -87,6 +93,16 @@ func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, e
 		return nil, err
 	}
 	return b, nil
+}
+
+// mergeGeneration adds fsys's generation_config.json's end tokens, if
+// any, to cfg's.
+func mergeGeneration(cfg *Config, fsys fs.FS) error {
+	raw, err := readOptional(fsys, "generation_config.json")
+	if err != nil {
+		return err
+	}
+	return cfg.MergeGeneration(raw)
 }
 
 func readOptional(fsys fs.FS, name string) ([]byte, error) {

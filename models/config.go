@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // Arch names a supported architecture family.
@@ -258,6 +259,32 @@ func parseRope(c *Config, r *rawConfig) error {
 }
 
 // tokenIDs decodes a token id that may be null, a number or a list.
+// MergeGeneration adds the eos_token_id of a generation_config.json (raw,
+// nil where there is none) to c.EOS: Hugging Face's generate stops at
+// those, and some instruct models name their end-of-turn token there
+// alone (Llama 3's <|eot_id|>).
+func (c *Config) MergeGeneration(raw []byte) error {
+	if raw == nil {
+		return nil
+	}
+	var g struct {
+		EOS json.RawMessage `json:"eos_token_id"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		return fmt.Errorf("generation_config.json: %w", err)
+	}
+	ids, err := tokenIDs(g.EOS)
+	if err != nil {
+		return fmt.Errorf("generation_config.json: eos_token_id: %w", err)
+	}
+	for _, id := range ids {
+		if !slices.Contains(c.EOS, id) {
+			c.EOS = append(c.EOS, id)
+		}
+	}
+	return nil
+}
+
 func tokenIDs(raw json.RawMessage) ([]int32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
