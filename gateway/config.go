@@ -18,6 +18,16 @@ type ModelInfo struct {
 	// </think> before its answer (its chat template thinks): chat answers
 	// carry it apart, as reasoning_content.
 	Reasoning bool
+	// Defaults are the sampling a request takes where it names none of
+	// its own (a model's generation_config.json, as troupe serve reads
+	// it); nil fields leave the API's defaults.
+	Defaults Sampling
+}
+
+// Sampling is default sampling parameters, each nil where unset.
+type Sampling struct {
+	Temperature, TopP, MinP, RepetitionPenalty *float64
+	TopK                                       *int
 }
 
 // Config configures a Server. Start from DefaultConfig.
@@ -128,6 +138,12 @@ func (c Config) Validate() error {
 		}
 		if m.VocabSize < 0 {
 			errs = append(errs, fmt.Errorf("model %q: vocab size %d, want >= 0", m.ID, m.VocabSize))
+		}
+		// The defaults pass as a request's own values would.
+		var req sampling
+		m.Defaults.fill(&req)
+		if aerr := req.sampler(&GenerateRequest{}); aerr != nil {
+			errs = append(errs, fmt.Errorf("model %q: default %s", m.ID, aerr.Message))
 		}
 	}
 	for i, k := range c.APIKeys {

@@ -336,41 +336,9 @@ func (v *validator) sampling(s *sampling, j *job) *apiError {
 		}
 		j.n = *s.N
 	}
-	b.Temperature = 1
-	if s.Temperature != nil {
-		if !(*s.Temperature >= 0 && *s.Temperature <= maxTemperature) {
-			return invalidParam("temperature", "temperature is %g, want 0 to %d", *s.Temperature, maxTemperature)
-		}
-		b.Temperature = float32(*s.Temperature)
-	}
-	b.TopP = 1
-	if s.TopP != nil {
-		if !(*s.TopP > 0 && *s.TopP <= 1) {
-			return invalidParam("top_p", "top_p is %g, want greater than 0 and at most 1", *s.TopP)
-		}
-		b.TopP = float32(*s.TopP)
-	}
-	if s.TopK != nil {
-		switch {
-		case *s.TopK == -1:
-		case *s.TopK < 0:
-			return invalidParam("top_k", "top_k is %d, want 0 or -1 (off) or a positive count", *s.TopK)
-		default:
-			b.TopK = *s.TopK
-		}
-	}
-	if s.MinP != nil {
-		if !(*s.MinP >= 0 && *s.MinP <= 1) {
-			return invalidParam("min_p", "min_p is %g, want 0 to 1", *s.MinP)
-		}
-		b.MinP = float32(*s.MinP)
-	}
-	b.RepetitionPenalty = 1
-	if s.RepetitionPenalty != nil {
-		if !(*s.RepetitionPenalty > 0 && *s.RepetitionPenalty <= maxRepetitionPn) {
-			return invalidParam("repetition_penalty", "repetition_penalty is %g, want greater than 0 and at most %d", *s.RepetitionPenalty, maxRepetitionPn)
-		}
-		b.RepetitionPenalty = float32(*s.RepetitionPenalty)
+	m.Defaults.fill(s)
+	if err := s.sampler(b); err != nil {
+		return err
 	}
 	for _, p := range []struct {
 		name string
@@ -759,6 +727,61 @@ func (v *validator) completion(r *completionRequest, tenant string) (*job, *apiE
 		return nil, err
 	}
 	return j, nil
+}
+
+// sampler checks the sampler's parameters (temperature, top_p, top_k,
+// min_p, repetition_penalty) and sets them in b, the API's defaults where
+// s leaves them out.
+func (s *sampling) sampler(b *GenerateRequest) *apiError {
+	b.Temperature = 1
+	if s.Temperature != nil {
+		if !(*s.Temperature >= 0 && *s.Temperature <= maxTemperature) {
+			return invalidParam("temperature", "temperature is %g, want 0 to %d", *s.Temperature, maxTemperature)
+		}
+		b.Temperature = float32(*s.Temperature)
+	}
+	b.TopP = 1
+	if s.TopP != nil {
+		if !(*s.TopP > 0 && *s.TopP <= 1) {
+			return invalidParam("top_p", "top_p is %g, want greater than 0 and at most 1", *s.TopP)
+		}
+		b.TopP = float32(*s.TopP)
+	}
+	if s.TopK != nil {
+		switch {
+		case *s.TopK == -1:
+		case *s.TopK < 0:
+			return invalidParam("top_k", "top_k is %d, want 0 or -1 (off) or a positive count", *s.TopK)
+		default:
+			b.TopK = *s.TopK
+		}
+	}
+	if s.MinP != nil {
+		if !(*s.MinP >= 0 && *s.MinP <= 1) {
+			return invalidParam("min_p", "min_p is %g, want 0 to 1", *s.MinP)
+		}
+		b.MinP = float32(*s.MinP)
+	}
+	b.RepetitionPenalty = 1
+	if s.RepetitionPenalty != nil {
+		if !(*s.RepetitionPenalty > 0 && *s.RepetitionPenalty <= maxRepetitionPn) {
+			return invalidParam("repetition_penalty", "repetition_penalty is %g, want greater than 0 and at most %d", *s.RepetitionPenalty, maxRepetitionPn)
+		}
+		b.RepetitionPenalty = float32(*s.RepetitionPenalty)
+	}
+	return nil
+}
+
+// fill gives s the defaults d names where s leaves them out.
+func (d Sampling) fill(s *sampling) {
+	for _, f := range []struct{ dst, def **float64 }{{&s.Temperature, &d.Temperature}, {&s.TopP, &d.TopP}, {&s.MinP, &d.MinP}, {&s.RepetitionPenalty, &d.RepetitionPenalty}} {
+		if *f.dst == nil {
+			*f.dst = *f.def
+		}
+	}
+	if s.TopK == nil {
+		s.TopK = d.TopK
+	}
 }
 
 // fits rejects a job that could never get its generations admitted at once.

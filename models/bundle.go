@@ -21,6 +21,8 @@ type Bundle struct {
 	// Tokenizer is tokenizer.json; TokenizerConfig is tokenizer_config.json
 	// (nil when absent).
 	Tokenizer, TokenizerConfig []byte
+	// Sampling is generation_config.json's default sampling, if any.
+	Sampling Sampling
 }
 
 // Close releases the checkpoint.
@@ -38,7 +40,7 @@ func OpenDir(dir string) (*Bundle, error) {
 		return nil, err
 	}
 	b := &Bundle{Name: filepath.Base(filepath.Clean(dir)), Dir: dir, Config: cfg}
-	if err := mergeGeneration(cfg, os.DirFS(dir)); err != nil {
+	if err := b.generation(os.DirFS(dir)); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	if b.Tokenizer, err = readOptional(os.DirFS(dir), "tokenizer.json"); err != nil {
@@ -80,7 +82,7 @@ func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, e
 	if b.Config, err = ParseConfig(raw); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	if err := mergeGeneration(b.Config, fsys); err != nil {
+	if err := b.generation(fsys); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
@@ -95,14 +97,18 @@ func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, e
 	return b, nil
 }
 
-// mergeGeneration adds fsys's generation_config.json's end tokens, if
-// any, to cfg's.
-func mergeGeneration(cfg *Config, fsys fs.FS) error {
+// generation reads fsys's generation_config.json, if any: its end tokens
+// join the config's, its sampling becomes the bundle's.
+func (b *Bundle) generation(fsys fs.FS) error {
 	raw, err := readOptional(fsys, "generation_config.json")
 	if err != nil {
 		return err
 	}
-	return cfg.MergeGeneration(raw)
+	if err := b.Config.MergeGeneration(raw); err != nil {
+		return err
+	}
+	b.Sampling, err = ParseSampling(raw)
+	return err
 }
 
 func readOptional(fsys fs.FS, name string) ([]byte, error) {

@@ -285,6 +285,37 @@ func (c *Config) MergeGeneration(raw []byte) error {
 	return nil
 }
 
+// Sampling is a model's default sampling, as its generation_config.json
+// names it: each field nil where the file does not.
+type Sampling struct {
+	Temperature, TopP, MinP, RepetitionPenalty *float64
+	TopK                                       *int
+}
+
+// Any reports whether s names any default.
+func (s Sampling) Any() bool {
+	return s.Temperature != nil || s.TopP != nil || s.MinP != nil || s.RepetitionPenalty != nil || s.TopK != nil
+}
+
+// ParseSampling reads the sampling defaults of a generation_config.json
+// (raw, nil where there is none).
+func ParseSampling(raw []byte) (Sampling, error) {
+	var s struct {
+		Temperature       *float64 `json:"temperature"`
+		TopP              *float64 `json:"top_p"`
+		TopK              *int     `json:"top_k"`
+		MinP              *float64 `json:"min_p"`
+		RepetitionPenalty *float64 `json:"repetition_penalty"`
+	}
+	if raw == nil {
+		return Sampling{}, nil
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return Sampling{}, fmt.Errorf("generation_config.json: %w", err)
+	}
+	return Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP, RepetitionPenalty: s.RepetitionPenalty}, nil
+}
+
 func tokenIDs(raw json.RawMessage) ([]int32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
+
 	"github.com/troupe/troupe/models/hub/hubtest"
 )
 
@@ -107,4 +109,57 @@ func TestPull(t *testing.T) {
 	if _, _, err := runCLI(t, "", "inspect", "--model", "./absent/dir"); err == nil || strings.Contains(err.Error(), "Hugging Face") {
 		t.Errorf("inspect of an absent path: %v", err)
 	}
+}
+
+// TestServeGenerationConfig: serve gives requests that leave a sampler's
+// parameter out the model's generation_config.json's value (here
+// temperature 0, so they decode greedily), unless --generation-config
+// none; its end tokens stop generation as config.json's do.
+func TestServeGenerationConfig(t *testing.T) {
+	src := filepath.Join("..", "..", "models", "demo", "docs-olmo2-17m")
+	dir := t.TempDir()
+	for _, name := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} {
+		if err := os.Symlink(filepath.Join(must(filepath.Abs(src)), name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"eos_token_id": 0, "temperature": 0}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(s *server, temp *float64) string {
+		t.Helper()
+		params := openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(filepath.Base(dir)), MaxTokens: openai.Int(16), Seed: openai.Int(3),
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("The kernel")}}
+		if temp != nil {
+			params.Temperature = openai.Float(*temp)
+		}
+		c := s.client()
+		resp, err := c.Completions.New(t.Context(), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Choices[0].Text
+	}
+	zero := 0.0
+	auto := startServe(t, func(c *serveConfig) { c.Model = dir })
+	greedy := ask(auto, &zero)
+	if got := ask(auto, nil); got != greedy {
+		t.Errorf("no temperature, the model's default 0: %q, greedy %q", got, greedy)
+	}
+	none := startServe(t, func(c *serveConfig) { c.Model = dir; c.GenerationConfig = "none" })
+	if got := ask(none, nil); got == greedy {
+		t.Errorf("--generation-config none, the API's temperature 1: %q, the same as greedy", got)
+	}
+	bad := testServeConfig()
+	bad.GenerationConfig = "sometimes"
+	if err := bad.validate(); err == nil || !strings.Contains(err.Error(), "generation-config") {
+		t.Errorf("--generation-config sometimes: %v", err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

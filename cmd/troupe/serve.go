@@ -55,6 +55,9 @@ type serveConfig struct {
 	// KeptResponses bounds the Responses API answers the cluster keeps for
 	// previous_response_id (every node's gateway finds them); 0 keeps none.
 	KeptResponses int `json:"kept_responses"`
+	// GenerationConfig is "auto" (requests that leave a sampler's
+	// parameter out take the model's generation_config.json's) or "none".
+	GenerationConfig string `json:"generation_config"`
 	// Node names this process in the cluster.
 	Node string `json:"node"`
 	// Cluster is the bus configuration (routes, TLS, credentials).
@@ -151,7 +154,7 @@ func defaultServeConfig() serveConfig {
 	host, _ := os.Hostname()
 	return serveConfig{
 		Listen: "127.0.0.1:8080", Device: "cpu", KVCache: "auto", CodeWeights: models.CodeAuto, Shards: 1, Replicas: 1, TP: 1,
-		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0, KeptResponses: 4096,
+		MaxQueue: 256, MaxBatchTokens: 512, MaxSeqs: 64, KVBlocks: 0, KeptResponses: 4096, GenerationConfig: "auto",
 		Node: bus.Token(host), Cluster: clusterConfig{Name: "troupe"}, TraceSampleRatio: 1,
 		StepTimeout: 10 * time.Second, OrphanGrace: time.Minute, MicroBatches: scheduler.DefaultMicroBatches,
 	}
@@ -175,6 +178,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "sequences per step")
 	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache blocks of 16 tokens per replica (0: max-seqs full contexts, at most 64, or as many as 90% of the free memory holds)")
 	fs.IntVar(&c.KeptResponses, "kept-responses", c.KeptResponses, "Responses API answers kept for previous_response_id and GET /v1/responses/{id}, shared by the cluster's gateways, the oldest dropped first (at most 256 MiB; 0: none)")
+	fs.StringVar(&c.GenerationConfig, "generation-config", c.GenerationConfig, "auto: requests that leave temperature, top_p, top_k, min_p or repetition_penalty out take the model's generation_config.json's values; none: the API's defaults")
 	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
 	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
 	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")
@@ -258,6 +262,9 @@ func (c serveConfig) validate() error {
 	}
 	if err := checkTP(c); err != nil {
 		return err
+	}
+	if c.GenerationConfig != "auto" && c.GenerationConfig != "none" {
+		return fmt.Errorf("serve: --generation-config %q: want auto or none", c.GenerationConfig)
 	}
 	if _, err := kvCacheType(c.KVCache, c.Device); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -354,6 +361,10 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	}
 	gcfg := gateway.DefaultConfig()
 	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, VocabSize: n.bundle.Config.Vocab, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
+	if d := n.bundle.Sampling; cfg.GenerationConfig == "auto" && d.Any() {
+		gcfg.Models[0].Defaults = gateway.Sampling{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty, TopK: d.TopK}
+		fmt.Fprintf(log, "sampling defaults from generation_config.json (--generation-config none leaves them):%s\n", describeSampling(d))
+	}
 	gcfg.APIKeys = cfg.APIKeys
 	gcfg.MaxStoredResponses = 0
 	if n.responses != nil {
@@ -426,4 +437,21 @@ func (t chatTemplate) Render(msgs []gateway.Message, o gateway.RenderOptions) (s
 		ct = append(ct, chat.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
 	}
 	return t.c.Render(cm, chat.Options{Tools: ct, AddGenerationPrompt: o.AddGenerationPrompt, Vars: o.Vars})
+}
+
+// describeSampling names the defaults d sets.
+func describeSampling(d models.Sampling) string {
+	var b strings.Builder
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"temperature", d.Temperature}, {"top_p", d.TopP}, {"min_p", d.MinP}, {"repetition_penalty", d.RepetitionPenalty}} {
+		if f.v != nil {
+			fmt.Fprintf(&b, " %s %g", f.name, *f.v)
+		}
+	}
+	if d.TopK != nil {
+		fmt.Fprintf(&b, " top_k %d", *d.TopK)
+	}
+	return b.String()
 }
