@@ -23,7 +23,10 @@ import (
 // cancels at once; another leaves a cancel marker in the store, which the
 // running gateway reads every cancelPoll. A background response holds its
 // in-flight slots until it ends, and Shutdown waits for it as for any
-// generation before cancelling it (it is then kept "failed").
+// generation before cancelling it (it is then kept "failed"). Streamed
+// ("stream": true), its events go to an eventLog that the request, and
+// later GETs with stream=true, follow as it grows; the log is also kept in
+// the store, for the other gateways to serve.
 
 // cancelPoll is how often a background response looks for a cancel
 // marker left by another gateway; cancelWait is how long a cancel waits
