@@ -43,7 +43,7 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *asJSON {
 		progress = nil
 	}
-	b, peeked, err := inspectBundle(ctx, *model, progress)
+	b, peeked, err := peekBundle(ctx, *model, progress)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
@@ -114,10 +114,11 @@ func bytesOf(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// inspectBundle opens what --model names for inspect: as openBundle does,
-// but a Hugging Face repository the cache does not hold is read without
-// its weights (peeked).
-func inspectBundle(ctx context.Context, spec string, progress io.Writer) (*models.Bundle, bool, error) {
+// peekBundle opens what --model names to describe it, fetching no
+// weights: as openBundle does, but a Hugging Face repository the cache
+// does not hold is read without its weights (peeked), for inspect and
+// tokenize.
+func peekBundle(ctx context.Context, spec string, progress io.Writer) (*models.Bundle, bool, error) {
 	if _, err := os.Stat(spec); err == nil || spec == "" {
 		b, err := openBundle(ctx, spec, progress)
 		return b, false, err

@@ -52,9 +52,14 @@ func TestPull(t *testing.T) {
 	if !peek.Peeked || local.Peeked || peek.Model != repo || peek.Parameters != local.Parameters || peek.WeightBytes != local.WeightBytes || peek.WeightBytes == 0 || !peek.Tokenizer {
 		t.Errorf("inspect of the repository %+v, of the folder %+v", peek, local)
 	}
+	// tokenize reads the tokenizer the same way.
+	byDir, _, _ := runCLI(t, `["The kernel"]`, "tokenize", "--model", src)
+	if out, _, err := runCLI(t, `["The kernel"]`, "tokenize", "--model", repo); err != nil || !strings.HasPrefix(out, "[[") || out != byDir {
+		t.Errorf("tokenize --model %s: %v, %q; by folder %q", repo, err, out, byDir)
+	}
 	for _, g := range h.Gets() {
 		if strings.Contains(g, "model.safetensors") && !strings.Contains(g, "bytes=0-") {
-			t.Errorf("inspect fetched the weights: %q", g)
+			t.Errorf("inspect or tokenize fetched the weights: %q", g)
 		}
 	}
 	if entries, _ := os.ReadDir(cache); len(entries) != 0 {

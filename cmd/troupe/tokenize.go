@@ -50,7 +50,7 @@ func tokenizeFrom(ctx context.Context, args []string, stdin io.Reader, stdout, s
 
 // tokenizerJSON reads a model's tokenizer.json without loading its weights.
 func tokenizerJSON(ctx context.Context, spec string, progress io.Writer) ([]byte, error) {
-	b, err := openBundle(ctx, spec, progress)
+	b, _, err := peekBundle(ctx, spec, progress)
 	if err != nil {
 		return nil, err
 	}
