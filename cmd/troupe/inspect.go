@@ -128,7 +128,7 @@ func peekBundle(ctx context.Context, spec string, progress io.Writer) (*models.B
 		b, err := openBundle(ctx, spec, progress)
 		return b, false, err
 	}
-	c := hub.FromEnv()
+	c := hub.FromEnv(os.LookupEnv)
 	if _, err := c.Cached(repo, rev); err == nil {
 		b, err := openBundle(ctx, spec, progress)
 		return b, false, err

@@ -73,7 +73,7 @@ func modelDir(ctx context.Context, spec string, progress io.Writer) (dir, name s
 // fetchModel fetches repo at rev into the Hub's cache and returns its
 // folder.
 func fetchModel(ctx context.Context, repo, rev string, progress io.Writer) (string, error) {
-	c := hub.FromEnv()
+	c := hub.FromEnv(os.LookupEnv)
 	if progress != nil {
 		p := &pullProgress{w: progress}
 		c.Progress = p.report

@@ -50,20 +50,27 @@ type Progress struct {
 	Cached      bool  // the cache held it already
 }
 
-// FromEnv returns a Client set up from the environment as huggingface_hub
-// reads it: HF_ENDPOINT, HF_TOKEN (else the token file under HF_HOME),
-// HF_HUB_CACHE (else $HF_HOME/hub, else ~/.cache/huggingface/hub) and
-// HF_HUB_OFFLINE.
-func FromEnv() Client {
-	home := os.Getenv("HF_HOME")
-	if home == "" {
-		if base, err := os.UserCacheDir(); err == nil {
-			home = filepath.Join(base, "huggingface")
-		} else {
-			home = filepath.Join(os.TempDir(), "huggingface")
-		}
+// FromEnv returns a Client set up as huggingface_hub sets itself up, from
+// the variables lookup reads (os.LookupEnv in a program): HF_ENDPOINT,
+// HF_TOKEN (else the token file under HF_HOME), HF_HUB_CACHE (else
+// $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+// $HOME/.cache/huggingface/hub) and HF_HUB_OFFLINE.
+func FromEnv(lookup func(string) (string, bool)) Client {
+	get := func(k string) string {
+		v, _ := lookup(k)
+		return v
 	}
-	c := Client{Endpoint: os.Getenv("HF_ENDPOINT"), Token: os.Getenv("HF_TOKEN"), Cache: os.Getenv("HF_HUB_CACHE")}
+	home := get("HF_HOME")
+	switch {
+	case home != "":
+	case get("XDG_CACHE_HOME") != "":
+		home = filepath.Join(get("XDG_CACHE_HOME"), "huggingface")
+	case get("HOME") != "":
+		home = filepath.Join(get("HOME"), ".cache", "huggingface")
+	default:
+		home = filepath.Join(os.TempDir(), "huggingface")
+	}
+	c := Client{Endpoint: get("HF_ENDPOINT"), Token: get("HF_TOKEN"), Cache: get("HF_HUB_CACHE")}
 	if c.Token == "" {
 		if b, err := os.ReadFile(filepath.Join(home, "token")); err == nil {
 			c.Token = strings.TrimSpace(string(b))
@@ -72,7 +79,7 @@ func FromEnv() Client {
 	if c.Cache == "" {
 		c.Cache = filepath.Join(home, "hub")
 	}
-	switch strings.ToLower(os.Getenv("HF_HUB_OFFLINE")) {
+	switch strings.ToLower(get("HF_HUB_OFFLINE")) {
 	case "1", "true", "yes", "on":
 		c.Offline = true
 	}

@@ -302,25 +302,32 @@ func FuzzPlan(f *testing.F) {
 	})
 }
 
+// TestFromEnv: the Client follows huggingface_hub's variables.
 func TestFromEnv(t *testing.T) {
 	home := t.TempDir()
-	t.Setenv("HF_HOME", home)
-	t.Setenv("HF_HUB_CACHE", "")
-	t.Setenv("HF_TOKEN", "")
-	t.Setenv("HF_ENDPOINT", "https://mirror.example")
-	t.Setenv("HF_HUB_OFFLINE", "1")
 	if err := os.WriteFile(filepath.Join(home, "token"), []byte("hf_file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := FromEnv()
+	env := func(vars map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	}
+	c := FromEnv(env(map[string]string{"HF_HOME": home, "HF_ENDPOINT": "https://mirror.example", "HF_HUB_OFFLINE": "1"}))
 	if c.Cache != filepath.Join(home, "hub") || c.Token != "hf_file" || c.Endpoint != "https://mirror.example" || !c.Offline {
 		t.Errorf("FromEnv: %+v", c)
 	}
-	t.Setenv("HF_TOKEN", "hf_env")
-	t.Setenv("HF_HUB_CACHE", "/elsewhere")
-	t.Setenv("HF_HUB_OFFLINE", "0")
-	if c := FromEnv(); c.Token != "hf_env" || c.Cache != "/elsewhere" || c.Offline {
+	c = FromEnv(env(map[string]string{"HF_HOME": home, "HF_TOKEN": "hf_env", "HF_HUB_CACHE": "/elsewhere", "HF_HUB_OFFLINE": "0"}))
+	if c.Token != "hf_env" || c.Cache != "/elsewhere" || c.Offline {
 		t.Errorf("FromEnv: %+v", c)
+	}
+	for vars, want := range map[string]string{
+		`{"XDG_CACHE_HOME": "/xdg", "HOME": "/home/u"}`: "/xdg/huggingface/hub",
+		`{"HOME": "/home/u"}`:                           "/home/u/.cache/huggingface/hub",
+	} {
+		var m map[string]string
+		_ = json.Unmarshal([]byte(vars), &m)
+		if c := FromEnv(env(m)); c.Cache != want {
+			t.Errorf("%s: cache %s, want %s", vars, c.Cache, want)
+		}
 	}
 }
 
