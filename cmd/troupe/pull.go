@@ -99,8 +99,12 @@ func (p *pullProgress) report(s hub.Progress) {
 	if p.begun == nil {
 		p.begun, p.flight, p.last = map[string]time.Time{}, map[string]hub.Progress{}, now
 	}
-	if s.Cached {
+	switch {
+	case s.Cached:
 		fmt.Fprintf(p.w, "  %-40s %10s  cached\n", s.File, bytesOf(s.Total))
+		return
+	case s.File == "":
+		fmt.Fprintf(p.w, "  %d file(s) to fetch, %s\n", s.Files, bytesOf(s.Total))
 		return
 	}
 	if _, ok := p.begun[s.File]; !ok {

@@ -71,7 +71,7 @@ func TestPull(t *testing.T) {
 		t.Fatalf("pull: %v\n%s", err, stderr)
 	}
 	dir := strings.TrimSpace(out)
-	if want := filepath.Join(cache, "models--troupe--docs-olmo2-17m", "snapshots", h.Commit); dir != want || !strings.Contains(stderr, "model.safetensors") || !strings.Contains(stderr, "fetched") {
+	if want := filepath.Join(cache, "models--troupe--docs-olmo2-17m", "snapshots", h.Commit); dir != want || !strings.Contains(stderr, "model.safetensors") || !strings.Contains(stderr, "fetched") || !strings.Contains(stderr, "5 file(s) to fetch") {
 		t.Errorf("pull printed %q (want %q), progress:\n%s", dir, want, stderr)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "reference.json")); !os.IsNotExist(err) {

@@ -43,11 +43,14 @@ type Client struct {
 	Progress func(Progress)
 }
 
-// Progress is where the fetch of one file stands.
+// Progress is where the fetch of one file stands, or, once before the
+// fetching starts, with File empty, how many files (Files) of how many
+// bytes (Total) are to be fetched.
 type Progress struct {
 	File        string
 	Done, Total int64 // bytes
 	Cached      bool  // the cache held it already
+	Files       int
 }
 
 // FromEnv returns a Client set up as huggingface_hub sets itself up, from
@@ -222,6 +225,13 @@ func (c Client) Snapshot(ctx context.Context, repo, revision string) (string, er
 	}
 	if err := c.room(dir, missing); err != nil {
 		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)
+	}
+	if len(missing) > 0 {
+		var total int64
+		for _, f := range missing {
+			total += f.size
+		}
+		c.report(Progress{Files: len(missing), Total: total})
 	}
 	if err := c.fetchAll(ctx, repo, info.SHA, dir, missing); err != nil {
 		return "", fmt.Errorf("hub: %s@%s: %w", repo, revision, err)

@@ -65,6 +65,16 @@ func TestSnapshot(t *testing.T) {
 		done[p.File] = p
 		mu.Unlock()
 	}
+	defer func() {
+		// The plan came first: four files, every byte of them.
+		var want int64
+		for _, name := range []string{"config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json"} {
+			want += int64(len(h.Files[name]))
+		}
+		if p := done[""]; p.Files != 4 || p.Total != want {
+			t.Errorf("the plan's report: %+v, want 4 files of %d bytes", p, want)
+		}
+	}()
 	snap, err := c.Snapshot(t.Context(), testRepo, "main")
 	if err != nil {
 		t.Fatal(err)
