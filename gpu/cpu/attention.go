@@ -82,12 +82,11 @@ func (d *Device) Attention(out, q, kc, vc gpu.Buffer, a gpu.AttnArgs) error {
 	}
 	d.pool.For(units, grain, func(tid, lo, hi int) {
 		run := max(a.BlockSize, attnRun)
-		s := d.scratch[tid].get(run + 2*a.HeadDim + run*a.HeadDim)
+		s := d.scratch[tid].get(run + 2*a.HeadDim)
 		sc := attnScratch{
 			scores: s[:run],
 			acc:    s[run : run+a.HeadDim],
 			q:      s[run+a.HeadDim : run+2*a.HeadDim],
-			v:      s[run+2*a.HeadDim:],
 		}
 		for u := lo; u < hi; u++ {
 			// Head-major order keeps one head's keys and values in the
@@ -178,7 +177,7 @@ func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, 
 					d.attendTile(o[t0*qw+h*hd:], qv[t0*qw+h*hd:], kc, vc, table, pos[t0:t1], kh, kw, a, ts)
 					continue
 				}
-				one := attnScratch{scores: ts.s[:len(ts.s)/attnTile], acc: ts.acc[:hd], q: ts.q[:hd], v: ts.kf}
+				one := attnScratch{scores: ts.s[:len(ts.s)/attnTile], acc: ts.acc[:hd], q: ts.q[:hd]}
 				for t := t0; t < t1; t++ {
 					d.attendOne(o[t*qw+h*hd:][:hd], qv[t*qw+h*hd:][:hd], kc, vc, table, int(pos[t]), kh, kw, a, one)
 				}
@@ -333,7 +332,6 @@ type attnScratch struct {
 	scores []float32 // [max(BlockSize, attnRun)]
 	acc    []float32 // [HeadDim]
 	q      []float32 // [HeadDim], the query times Scale
-	v      []float32 // [len(scores)*HeadDim], values widened from F16
 }
 
 // attendOne computes one head of one token: out = softmax(q·Kᵀ·scale)·V over
@@ -375,11 +373,8 @@ func (d *Device) attendOne(out, q []float32, kc, vc mat, table []int32, p, kh, k
 			d.k.accum(acc, vc.f[base:], kw, scores)
 		case gpu.BF16:
 			d.k.accumBF16(acc, vc.h[base:], kw, scores)
-		default:
-			for i := range cnt {
-				vc.row(d.k, sc.v[i*hd:(i+1)*hd], base+i*kw)
-			}
-			d.k.accum(acc, sc.v, hd, scores)
+		case gpu.F16:
+			d.k.accumF16(acc, vc.h[base:], kw, scores)
 		}
 	}
 	inv := 1 / sum

@@ -250,6 +250,15 @@ func kernelsAgree(t *testing.T, fast *kernels) {
 			if e := diff(got, want, scale); e > tol {
 				t.Errorf("accum bf16 hd=%d rows=%d: error %.3g", hd, rows, e)
 			}
+			vf := randU16(rng, (rows-1)*vs+hd, gpu.F16)
+			copy(got, want)
+			scale = absF32(got)
+			fast.accumF16(got, vf, vs, p)
+			genericKernels.accumF16(want, vf, vs, p)
+			genericKernels.accumF16(scale, absU16(vf), vs, absF32(p))
+			if e := diff(got, want, scale); e > tol {
+				t.Errorf("accum f16 hd=%d rows=%d: error %.3g", hd, rows, e)
+			}
 		}
 	}
 	for _, hd := range []int{3, 8, 24, 64, 72, 128} {

@@ -30,6 +30,7 @@ type kernels struct {
 	// r < len(p).
 	accum     func(acc, v []float32, vstride int, p []float32)
 	accumBF16 func(acc []float32, v []uint16, vstride int, p []float32)
+	accumF16  func(acc []float32, v []uint16, vstride int, p []float32)
 	// dots3* set s[i*sstride+j] = q[i*qstride:][:hd] · k[j*kstride:][:hd]
 	// for i < 3, j < nk: the scores of three queries against nk keys, each
 	// key read once.
@@ -89,6 +90,7 @@ var genericKernels = &kernels{
 	packT:        packTGo,
 	accum:        accumGo,
 	accumBF16:    accumBF16Go,
+	accumF16:     accumF16Go,
 	dots3F32:     dots3F32Go,
 	dots3BF16:    dots3BF16Go,
 	accum2F32:    accum2F32Go,
@@ -217,6 +219,15 @@ func accumBF16Go(acc []float32, v []uint16, vstride int, p []float32) {
 		row := v[r*vstride : r*vstride+len(acc)]
 		for c := range acc {
 			acc[c] += pr * gpu.BF16ToF32(row[c])
+		}
+	}
+}
+
+func accumF16Go(acc []float32, v []uint16, vstride int, p []float32) {
+	for r, pr := range p {
+		row := v[r*vstride : r*vstride+len(acc)]
+		for c := range acc {
+			acc[c] += pr * gpu.F16ToF32(row[c])
 		}
 	}
 }

@@ -72,7 +72,8 @@ var avx2Kernels = (&kernels{
 	gemm6x16:     gemm6x16Asm,
 	packT:        packTAsm,
 	accum:        accumAsm,
-	accumBF16:    accumBF16Asm,
+	accumBF16:    accum16Asm(accumBF16AVX2, accumBF16Go),
+	accumF16:     accum16Asm(accumF16AVX2, accumF16Go),
 	dots3F32:     dots3F32Asm,
 	dots3BF16:    dots3BF16Asm,
 	accum2F32:    accum2F32Asm,
@@ -116,6 +117,9 @@ func accumF32AVX2(acc, v *float32, vstride int, p *float32, rows, hd8 int)
 
 //go:noescape
 func accumBF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int)
+
+//go:noescape
+func accumF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int)
 
 //go:noescape
 func dots3F32AVX2(s *float32, sstride int, q *float32, qstride int, k *float32, kstride int, nk4 int, hd8 int)
@@ -303,18 +307,22 @@ func sumAsm(p []float32) float32 {
 	return s + sumGo(p[n32:])
 }
 
-func accumBF16Asm(acc []float32, v []uint16, vstride int, p []float32) {
-	rows, hd := len(p), len(acc)
-	if rows == 0 || hd == 0 {
-		return
-	}
-	_ = v[(rows-1)*vstride+hd-1]
-	hd8 := hd &^ 7
-	if hd8 > 0 {
-		accumBF16AVX2(&acc[0], &v[0], vstride, &p[0], rows, hd8)
-	}
-	if hd8 < hd {
-		accumBF16Go(acc[hd8:], v[hd8:], vstride, p)
+// accum16Asm is an accumulation over 16-bit values by the assembly kernel
+// asm for the columns in multiples of 8, and by tail for the rest.
+func accum16Asm(asm func(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int), tail func(acc []float32, v []uint16, vstride int, p []float32)) func(acc []float32, v []uint16, vstride int, p []float32) {
+	return func(acc []float32, v []uint16, vstride int, p []float32) {
+		rows, hd := len(p), len(acc)
+		if rows == 0 || hd == 0 {
+			return
+		}
+		_ = v[(rows-1)*vstride+hd-1]
+		hd8 := hd &^ 7
+		if hd8 > 0 {
+			asm(&acc[0], &v[0], vstride, &p[0], rows, hd8)
+		}
+		if hd8 < hd {
+			tail(acc[hd8:], v[hd8:], vstride, p)
+		}
 	}
 }
 

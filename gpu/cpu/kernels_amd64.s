@@ -520,6 +520,86 @@ done:
 	VZEROUPPER
 	RET
 
+// func accumF16AVX2(acc *float32, v *uint16, vstride int, p *float32, rows int, hd8 int)
+// acc[c] += Σ_r p[r]*float32(v[r*vstride+c]) for c < hd8; rows > 0, hd8 a multiple of 8.
+TEXT ·accumF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), DI
+	MOVQ v+8(FP), SI
+	MOVQ vstride+16(FP), R8
+	SHLQ $1, R8
+	MOVQ p+24(FP), DX
+	MOVQ rows+32(FP), R9
+	MOVQ hd8+40(FP), CX
+	XORQ AX, AX
+chunk64:
+	LEAQ 64(AX), BX
+	CMPQ BX, CX
+	JGT chunk8
+	VMOVUPS 0(DI)(AX*4), Y0
+	VMOVUPS 32(DI)(AX*4), Y1
+	VMOVUPS 64(DI)(AX*4), Y2
+	VMOVUPS 96(DI)(AX*4), Y3
+	VMOVUPS 128(DI)(AX*4), Y4
+	VMOVUPS 160(DI)(AX*4), Y5
+	VMOVUPS 192(DI)(AX*4), Y6
+	VMOVUPS 224(DI)(AX*4), Y7
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows64:
+	VBROADCASTSS (R12), Y8
+	VCVTPH2PS 0(R11)(AX*2), Y9
+	VFMADD231PS Y9, Y8, Y0
+	VCVTPH2PS 16(R11)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y1
+	VCVTPH2PS 32(R11)(AX*2), Y11
+	VFMADD231PS Y11, Y8, Y2
+	VCVTPH2PS 48(R11)(AX*2), Y12
+	VFMADD231PS Y12, Y8, Y3
+	VCVTPH2PS 64(R11)(AX*2), Y9
+	VFMADD231PS Y9, Y8, Y4
+	VCVTPH2PS 80(R11)(AX*2), Y10
+	VFMADD231PS Y10, Y8, Y5
+	VCVTPH2PS 96(R11)(AX*2), Y11
+	VFMADD231PS Y11, Y8, Y6
+	VCVTPH2PS 112(R11)(AX*2), Y12
+	VFMADD231PS Y12, Y8, Y7
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows64
+	VMOVUPS Y0, 0(DI)(AX*4)
+	VMOVUPS Y1, 32(DI)(AX*4)
+	VMOVUPS Y2, 64(DI)(AX*4)
+	VMOVUPS Y3, 96(DI)(AX*4)
+	VMOVUPS Y4, 128(DI)(AX*4)
+	VMOVUPS Y5, 160(DI)(AX*4)
+	VMOVUPS Y6, 192(DI)(AX*4)
+	VMOVUPS Y7, 224(DI)(AX*4)
+	ADDQ $64, AX
+	JMP chunk64
+chunk8:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (DI)(AX*4), Y0
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R9, R13
+rows8:
+	VBROADCASTSS (R12), Y8
+	VCVTPH2PS (R11)(AX*2), Y9
+	VFMADD231PS Y9, Y8, Y0
+	ADDQ $4, R12
+	ADDQ R8, R11
+	DECQ R13
+	JNZ rows8
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP chunk8
+done:
+	VZEROUPPER
+	RET
+
 // Constants of the exponential, each repeated in eight lanes: log2(e), ln2 split
 // in a high and a low part, the Cephes expf polynomial, 0.5, 1, the clamp
 // bounds -87.33654 and 88, and the exponent bias 127.
