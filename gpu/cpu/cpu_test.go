@@ -53,9 +53,13 @@ func TestConformance(t *testing.T) {
 		for _, threads := range threadCounts {
 			t.Run(fmt.Sprintf("%s/threads=%d", k.name, threads), func(t *testing.T) {
 				d := open(t, k, threads)
+				caches := []gpu.DType{gpu.F32, gpu.BF16}
+				if k == fastest && threads == 2 {
+					caches = append(caches, gpu.F16)
+				}
 				gputest.Run(t, d, gputest.Options{
 					Tol:          1e-5,
-					CacheDTypes:  []gpu.DType{gpu.F32, gpu.BF16},
+					CacheDTypes:  caches,
 					WeightDTypes: []gpu.DType{gpu.F32, gpu.BF16, gpu.F16},
 					Large:        large && threads == 2 && k == fastest,
 				})
