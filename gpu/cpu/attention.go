@@ -173,7 +173,7 @@ func (d *Device) attendTiles(o, qv []float32, kc, vc mat, pos, seq, bt []int32, 
 				continue
 			}
 			for h := kh * group; h < (kh+1)*group; h++ {
-				if t1-t0 >= attnTileMin && kc.dt == vc.dt && (kc.dt == gpu.F32 || kc.dt == gpu.BF16) {
+				if t1-t0 >= attnTileMin && kc.dt == vc.dt {
 					d.attendTile(o[t0*qw+h*hd:], qv[t0*qw+h*hd:], kc, vc, table, pos[t0:t1], kh, kw, a, ts)
 					continue
 				}
@@ -255,9 +255,14 @@ func (d *Device) attendTile(o, q []float32, kc, vc mat, table, pos []int32, kh, 
 		// groups; for more, they are widened once for all of them.
 		half := kc.dt == gpu.BF16 && n <= 6
 		kf, vf, fb, fs := kc.f, vc.f, base, kw
-		if kc.dt == gpu.BF16 && !half {
+		switch {
+		case kc.dt == gpu.BF16 && !half:
 			d.k.cvtBF16Rows(sc.kf, kc.h[base:], kw, cnt, hd)
 			d.k.cvtBF16Rows(sc.vf, vc.h[base:], kw, cnt, hd)
+			kf, vf, fb, fs = sc.kf, sc.vf, 0, hd
+		case kc.dt == gpu.F16:
+			kc.rows(d.k, sc.kf[:cnt*hd], base, kw, cnt, hd)
+			vc.rows(d.k, sc.vf[:cnt*hd], base, kw, cnt, hd)
 			kf, vf, fb, fs = sc.kf, sc.vf, 0, hd
 		}
 		for g := 0; g < n3; g += 3 {
