@@ -47,7 +47,7 @@ func TestAttentionRuns(t *testing.T) {
 		n := len(pos)
 		q := randF32(rng, n*heads*hd)
 		for _, kern := range lanes() {
-			for _, cache := range []gpu.DType{gpu.F32, gpu.BF16} {
+			for _, cache := range []gpu.DType{gpu.F32, gpu.BF16, gpu.F16} {
 				t.Run(fmt.Sprintf("n=%d/%s/%s", n, kern.name, cache), func(t *testing.T) {
 					d := open(t, kern, 2)
 					r := ref.New()
