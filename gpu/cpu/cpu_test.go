@@ -245,23 +245,19 @@ func kernelsAgree(t *testing.T, fast *kernels) {
 			if e := diff(got, want, scale); e > tol {
 				t.Errorf("accum hd=%d rows=%d: error %.3g", hd, rows, e)
 			}
-			vh := randU16(rng, (rows-1)*vs+hd, gpu.BF16)
-			copy(got, want)
-			scale = absF32(got)
-			fast.accumBF16(got, vh, vs, p)
-			genericKernels.accumBF16(want, vh, vs, p)
-			genericKernels.accumBF16(scale, absU16(vh), vs, absF32(p))
-			if e := diff(got, want, scale); e > tol {
-				t.Errorf("accum bf16 hd=%d rows=%d: error %.3g", hd, rows, e)
-			}
-			vf := randU16(rng, (rows-1)*vs+hd, gpu.F16)
-			copy(got, want)
-			scale = absF32(got)
-			fast.accumF16(got, vf, vs, p)
-			genericKernels.accumF16(want, vf, vs, p)
-			genericKernels.accumF16(scale, absU16(vf), vs, absF32(p))
-			if e := diff(got, want, scale); e > tol {
-				t.Errorf("accum f16 hd=%d rows=%d: error %.3g", hd, rows, e)
+			for _, a := range []struct {
+				dt            gpu.DType
+				fast, generic func(acc []float32, v []uint16, vstride int, p []float32)
+			}{{gpu.BF16, fast.accumBF16, genericKernels.accumBF16}, {gpu.F16, fast.accumF16, genericKernels.accumF16}} {
+				vh := randU16(rng, (rows-1)*vs+hd, a.dt)
+				copy(got, want)
+				scale = absF32(got)
+				a.fast(got, vh, vs, p)
+				a.generic(want, vh, vs, p)
+				a.generic(scale, absU16(vh), vs, absF32(p))
+				if e := diff(got, want, scale); e > tol {
+					t.Errorf("accum %s hd=%d rows=%d: error %.3g", a.dt, hd, rows, e)
+				}
 			}
 		}
 	}

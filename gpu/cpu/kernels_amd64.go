@@ -71,9 +71,9 @@ var avx2Kernels = (&kernels{
 	name:         "avx2",
 	gemm6x16:     gemm6x16Asm,
 	packT:        packTAsm,
-	accum:        accumAsm,
-	accumBF16:    accum16Asm(accumBF16AVX2, accumBF16Go),
-	accumF16:     accum16Asm(accumF16AVX2, accumF16Go),
+	accum:        accumAsm(accumF32AVX2, accumGo),
+	accumBF16:    accumAsm(accumBF16AVX2, accumBF16Go),
+	accumF16:     accumAsm(accumF16AVX2, accumF16Go),
 	dots3F32:     dots3F32Asm,
 	dots3BF16:    dots3BF16Asm,
 	accum2F32:    accum2F32Asm,
@@ -265,21 +265,6 @@ func gemv2Asm[W float32 | uint16](pair func(out0, out1, x0, x1 *float32, w *W, s
 	}
 }
 
-func accumAsm(acc, v []float32, vstride int, p []float32) {
-	rows, hd := len(p), len(acc)
-	if rows == 0 || hd == 0 {
-		return
-	}
-	_ = v[(rows-1)*vstride+hd-1]
-	hd8 := hd &^ 7
-	if hd8 > 0 {
-		accumF32AVX2(&acc[0], &v[0], vstride, &p[0], rows, hd8)
-	}
-	if hd8 < hd {
-		accumGo(acc[hd8:], v[hd8:], vstride, p)
-	}
-}
-
 func cvtBF16Asm(dst []float32, src []uint16) {
 	n8 := len(src) &^ 7
 	if n8 > 0 {
@@ -307,10 +292,11 @@ func sumAsm(p []float32) float32 {
 	return s + sumGo(p[n32:])
 }
 
-// accum16Asm is an accumulation over 16-bit values by the assembly kernel
-// asm for the columns in multiples of 8, and by tail for the rest.
-func accum16Asm(asm func(acc *float32, v *uint16, vstride int, p *float32, rows, hd8 int), tail func(acc []float32, v []uint16, vstride int, p []float32)) func(acc []float32, v []uint16, vstride int, p []float32) {
-	return func(acc []float32, v []uint16, vstride int, p []float32) {
+// accumAsm is an accumulation (kernels.accum, accumBF16, accumF16) by the
+// assembly kernel asm for the columns in multiples of 8, and by tail for
+// the rest.
+func accumAsm[T float32 | uint16](asm func(acc *float32, v *T, vstride int, p *float32, rows, hd8 int), tail func(acc []float32, v []T, vstride int, p []float32)) func(acc []float32, v []T, vstride int, p []float32) {
+	return func(acc []float32, v []T, vstride int, p []float32) {
 		rows, hd := len(p), len(acc)
 		if rows == 0 || hd == 0 {
 			return
