@@ -56,29 +56,14 @@ func eventsKey(id string) string { return id + ".events" }
 
 // putEvents keeps tenant's response id's events.
 func (r keptResponses) putEvents(ctx context.Context, id, tenant string, rec eventRecord) error {
-	b, err := json.Marshal(storedResponse{Tenant: tenant, Events: &rec})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
-	return r.store.Put(ctx, eventsKey(id), b)
+	return r.put(ctx, eventsKey(id), &storedResponse{Tenant: tenant, Events: &rec})
 }
 
 // events returns tenant's response id's kept events, or nil.
 func (r keptResponses) events(ctx context.Context, id, tenant string) (*eventRecord, error) {
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
-	b, ok, err := r.store.Get(ctx, eventsKey(id))
-	if err != nil || !ok {
+	v, err := r.load(ctx, eventsKey(id), tenant)
+	if v == nil || err != nil {
 		return nil, err
-	}
-	var v storedResponse
-	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, fmt.Errorf("kept events of %s: %w", truncate(id, 80), err)
-	}
-	if v.Tenant != tenant {
-		return nil, nil
 	}
 	return v.Events, nil
 }
@@ -101,20 +86,30 @@ func (r keptResponses) put(ctx context.Context, id string, v *storedResponse) er
 
 // get is tenant's response id, or nil where the store has none of its.
 func (r keptResponses) get(ctx context.Context, id, tenant string) (*storedResponse, error) {
+	v, err := r.load(ctx, id, tenant)
+	if v == nil || err != nil || v.Cancel || len(v.Object) == 0 {
+		return nil, err
+	}
+	return v, nil
+}
+
+// load is the value kept under key for tenant, or nil where the store has
+// none of its.
+func (r keptResponses) load(ctx context.Context, key, tenant string) (*storedResponse, error) {
 	if r.store == nil {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	b, ok, err := r.store.Get(ctx, id)
+	b, ok, err := r.store.Get(ctx, key)
 	if err != nil || !ok {
 		return nil, err
 	}
 	var v storedResponse
 	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, fmt.Errorf("kept response %s: %w", truncate(id, 80), err)
+		return nil, fmt.Errorf("kept response %s: %w", truncate(key, 80), err)
 	}
-	if v.Tenant != tenant || v.Cancel || len(v.Object) == 0 {
+	if v.Tenant != tenant {
 		return nil, nil
 	}
 	return &v, nil
@@ -123,13 +118,7 @@ func (r keptResponses) get(ctx context.Context, id, tenant string) (*storedRespo
 // requestCancel leaves a marker asking the gateway running tenant's
 // background response id to stop it.
 func (r keptResponses) requestCancel(ctx context.Context, id, tenant string) error {
-	b, err := json.Marshal(storedResponse{Tenant: tenant, Cancel: true})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
-	return r.store.Put(ctx, cancelKey(id), b)
+	return r.put(ctx, cancelKey(id), &storedResponse{Tenant: tenant, Cancel: true})
 }
 
 // cancelRequested reports whether a marker asks that response id stop.
