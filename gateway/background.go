@@ -340,12 +340,8 @@ func (s *Server) handleStreamResponse(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		t := time.NewTimer(cancelPoll)
-		select {
-		case <-r.Context().Done():
-			t.Stop()
+		if !pause(r.Context(), cancelPoll) {
 			return
-		case <-t.C:
 		}
 		if resp, err = s.responses.get(r.Context(), id, tenant); err != nil || resp == nil {
 			_ = out.framed(nil)
@@ -364,13 +360,22 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, resp *storedResp
 		time.Since(time.UnixMilli(resp.Beat)) < lostAfter*s.bgBeat {
 		return resp
 	}
+	return s.keepEnded(w, r, resp, "failed", map[string]string{"code": "gateway_lost", "message": "the gateway running the response stopped keeping it"})
+}
+
+// keepEnded keeps resp, a background response whose gateway is gone, as
+// ended with status (and failure's error, where set), and returns it;
+// where the store fails it has answered and returns nil.
+func (s *Server) keepEnded(w http.ResponseWriter, r *http.Request, resp *storedResponse, status string, failure any) *storedResponse {
 	var o map[string]any
 	if err := json.Unmarshal(resp.Object, &o); err != nil {
 		writeAPIError(w, storeError(err))
 		return nil
 	}
-	o["status"] = "failed"
-	o["error"] = map[string]string{"code": "gateway_lost", "message": "the gateway running the response stopped keeping it"}
+	o["status"] = status
+	if failure != nil {
+		o["error"] = failure
+	}
 	b, err := json.Marshal(o)
 	if err != nil {
 		writeAPIError(w, storeError(err))
@@ -382,6 +387,18 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, resp *storedResp
 		return nil
 	}
 	return resp
+}
+
+// pause waits d, and reports false where ctx ends first.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // handleCancelResponse stops a background response (POST
@@ -424,41 +441,19 @@ func (s *Server) stopBackground(w http.ResponseWriter, r *http.Request, resp *st
 		writeAPIError(w, storeError(err))
 		return nil
 	}
-	deadline := time.Now().Add(s.bgWait)
-	for {
-		t := time.NewTimer(cancelPoll / 4)
-		select {
-		case <-r.Context().Done():
-			t.Stop()
+	for deadline := time.Now().Add(s.bgWait); time.Now().Before(deadline); {
+		if !pause(r.Context(), cancelPoll/4) {
 			return nil
-		case <-t.C:
 		}
 		if resp = s.keptResponse(w, r); resp == nil || !statusOf(resp.Object).running() {
 			return resp
 		}
-		if time.Now().After(deadline) {
-			break
-		}
 	}
 	// No gateway answered the marker: the one running the response is
 	// gone. The response is kept cancelled as it was last kept.
-	var o map[string]any
-	if err := json.Unmarshal(resp.Object, &o); err != nil {
-		writeAPIError(w, storeError(err))
-		return nil
+	if resp = s.keepEnded(w, r, resp, "cancelled", nil); resp != nil {
+		_ = s.responses.clearCancel(r.Context(), id)
 	}
-	o["status"] = "cancelled"
-	b, err := json.Marshal(o)
-	if err != nil {
-		writeAPIError(w, storeError(err))
-		return nil
-	}
-	resp.Object = b
-	if err := s.responses.put(r.Context(), id, resp); err != nil {
-		writeAPIError(w, storeError(err))
-		return nil
-	}
-	_ = s.responses.clearCancel(r.Context(), id)
 	return resp
 }
 
