@@ -520,13 +520,13 @@ func (c Client) fetch(ctx context.Context, repo, commit string, f file, blob str
 		h = newHash(f)
 	}
 	if have < f.size {
-		hdr := http.Header{}
+		rng := ""
 		if have > 0 {
-			hdr.Set("Range", "bytes="+strconv.FormatInt(have, 10)+"-")
+			rng = "bytes=" + strconv.FormatInt(have, 10) + "-"
 		}
-		resp, err := c.get(ctx, c.endpoint()+"/"+repo+"/resolve/"+commit+"/"+url.PathEscape(f.name), hdr)
+		resp, err := c.resolve(ctx, repo, commit, f.name, rng)
 		if err != nil {
-			return c.explain(repo, commit, err)
+			return err
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusPartialContent {
@@ -550,14 +550,36 @@ func (c Client) fetch(ctx context.Context, repo, commit string, f file, blob str
 		_ = os.Remove(part.Name())
 		return fmt.Errorf("%d bytes where the Hub records %d", have, f.size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.etag {
+	if err := verify(h, f); err != nil {
 		_ = os.Remove(part.Name())
-		return fmt.Errorf("its bytes hash to %s where the Hub records %s", got, f.etag)
+		return err
 	}
 	if err := part.Sync(); err != nil {
 		return err
 	}
 	return os.Rename(part.Name(), blob)
+}
+
+// resolve asks the Hub for file name of repo at commit, for the byte
+// range rng where it is set.
+func (c Client) resolve(ctx context.Context, repo, commit, name, rng string) (*http.Response, error) {
+	hdr := http.Header{}
+	if rng != "" {
+		hdr.Set("Range", rng)
+	}
+	resp, err := c.get(ctx, c.endpoint()+"/"+repo+"/resolve/"+commit+"/"+url.PathEscape(name), hdr)
+	if err != nil {
+		return nil, c.explain(repo, commit, err)
+	}
+	return resp, nil
+}
+
+// verify checks that h, which has taken f's bytes, gives f's hash.
+func verify(h hash.Hash, f file) error {
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.etag {
+		return fmt.Errorf("its bytes hash to %s where the Hub records %s", got, f.etag)
+	}
+	return nil
 }
 
 // newHash is the hash that names f: SHA-256 for an LFS file, git's blob
@@ -652,9 +674,7 @@ func (c Client) Peek(ctx context.Context, repo, revision string) (*Remote, error
 		if err == nil {
 			h := newHash(f)
 			h.Write(b)
-			if got := hex.EncodeToString(h.Sum(nil)); got != f.etag {
-				err = fmt.Errorf("its bytes hash to %s where the Hub records %s", got, f.etag)
-			}
+			err = verify(h, f)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("hub: %s@%s: %s: %w", repo, revision, f.name, err)
@@ -672,11 +692,9 @@ func (c Client) prefix(ctx context.Context, repo, commit string, f file, n int64
 	if n == 0 {
 		return []byte{}, nil
 	}
-	hdr := http.Header{}
-	hdr.Set("Range", "bytes=0-"+strconv.FormatInt(n-1, 10))
-	resp, err := c.get(ctx, c.endpoint()+"/"+repo+"/resolve/"+commit+"/"+url.PathEscape(f.name), hdr)
+	resp, err := c.resolve(ctx, repo, commit, f.name, "bytes=0-"+strconv.FormatInt(n-1, 10))
 	if err != nil {
-		return nil, c.explain(repo, commit, err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b := make([]byte, n)
