@@ -119,16 +119,15 @@ func bytesOf(n int64) string {
 // does not hold is read without its weights (peeked), for inspect and
 // tokenize.
 func peekBundle(ctx context.Context, spec string, progress io.Writer) (*models.Bundle, bool, error) {
-	if _, err := os.Stat(spec); err == nil || spec == "" {
-		b, err := openBundle(ctx, spec, progress)
-		return b, false, err
-	}
-	repo, rev, err := hub.ParseRef(spec)
-	if err != nil {
-		b, err := openBundle(ctx, spec, progress)
-		return b, false, err
-	}
+	// A folder, the demo, a path that is no repository, or a repository
+	// the cache holds whole: as openBundle opens it.
 	c := hub.FromEnv(os.LookupEnv)
+	repo, rev, perr := hub.ParseRef(spec)
+	_, serr := os.Stat(spec)
+	if perr != nil || serr == nil {
+		b, err := openBundle(ctx, spec, progress)
+		return b, false, err
+	}
 	if _, err := c.Cached(repo, rev); err == nil {
 		b, err := openBundle(ctx, spec, progress)
 		return b, false, err
