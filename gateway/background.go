@@ -53,6 +53,7 @@ type bgRun struct {
 	cancelled atomic.Bool   // asked to stop (not shut down)
 	done      chan struct{} // closed once its last state is kept
 	log       *eventLog     // a streamed response's events; nil otherwise
+	keeper    *eventKeeper  // keeps log for other gateways
 }
 
 // bgRuns are the background responses running on this gateway, by id.
@@ -122,6 +123,7 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 	rs.bg, rs.w, rs.store = true, nil, true
 	if rs.j.stream {
 		run.log = newEventLog()
+		run.keeper = &eventKeeper{r: s.responses, id: rs.id, tenant: rs.tenant, chunk: s.bgChunk}
 		rs.out = &sse{log: run.log}
 	}
 	queued := rs.object("queued", nil, nil)
@@ -181,7 +183,7 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 		defer t.Stop()
 		beat := time.NewTicker(s.bgBeat)
 		defer beat.Stop()
-		kept, tick := 0, 0
+		tick := 0
 		for {
 			select {
 			case <-wctx.Done():
@@ -196,11 +198,7 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 					return
 				}
 				if run.log != nil && tick%eventsEvery == 0 {
-					if rec := run.log.record(); len(rec.Events) > kept {
-						if s.responses.putEvents(wctx, rs.id, rs.tenant, rec) == nil {
-							kept = len(rec.Events)
-						}
-					}
+					_ = run.keeper.keep(wctx, run.log)
 				}
 			}
 		}
@@ -224,7 +222,7 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 	}
 	if run.log != nil {
 		run.log.end()
-		_ = s.responses.putEvents(rs.ctx, rs.id, rs.tenant, run.log.record())
+		_ = run.keeper.keep(rs.ctx, run.log)
 	}
 	_ = s.responses.clearCancel(rs.ctx, rs.id)
 }
@@ -321,8 +319,27 @@ func (s *Server) handleStreamResponse(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, invalidParam("stream", "response %s was not streamed in the background, or its events are not kept: fetch it whole", truncate(id, 80)))
 			return
 		}
-		for ; after+1 < len(rec.Events); after++ {
-			if out.framed(rec.Events[after+1]) != nil {
+		// The chunks that hold events after the last sent, then the rest.
+		base := 0
+		for i, n := range rec.Chunks {
+			if after+1 < base+n {
+				chunk, err := s.responses.chunk(r.Context(), id, tenant, i, n)
+				if err != nil {
+					if !out.isStarted() {
+						writeAPIError(w, storeError(err))
+					}
+					return
+				}
+				for ; after+1 < base+n; after++ {
+					if out.framed(chunk[after+1-base]) != nil {
+						return
+					}
+				}
+			}
+			base += n
+		}
+		for ; after+1 < base+len(rec.Events); after++ {
+			if out.framed(rec.Events[after+1-base]) != nil {
 				return
 			}
 		}
@@ -503,10 +520,64 @@ func (l *eventLog) record() eventRecord {
 }
 
 // eventRecord is a streamed background response's events as kept under
-// eventsKey(id).
+// eventsKey(id): how many events each chunk kept before them holds (under
+// chunkKey(id, i)), then the events after those chunks. A chunk holds
+// its events alone.
 type eventRecord struct {
+	Chunks []int    `json:"chunks,omitempty"`
 	Events [][]byte `json:"events"`
 	Ended  bool     `json:"ended"`
+}
+
+// eventChunk is about how many bytes of events a chunk of a kept stream
+// holds: below the bus's 1 MiB a value once JSON's base64 has widened them.
+const eventChunk = 512 << 10
+
+// eventKeeper keeps a streamed background response's events for other
+// gateways as they come. Whole chunks of about chunk bytes are written
+// once; only the record of the events after them is written again as the
+// log grows, so a long stream is neither bounded by a value's size nor
+// written over and over.
+type eventKeeper struct {
+	r          keptResponses
+	id, tenant string
+	chunk      int   // eventChunk; smaller in tests
+	chunks     []int // events in each chunk kept
+	sealed     int   // events in the chunks kept
+	kept       int   // events the store holds, chunks and record
+	ended      bool  // whether the store holds the log's end
+}
+
+// keep writes what the store lacks of log.
+func (k *eventKeeper) keep(ctx context.Context, log *eventLog) error {
+	rec := log.record()
+	if len(rec.Events) == k.kept && rec.Ended == k.ended {
+		return nil
+	}
+	for {
+		// The events that fill a chunk, sealed where more follow them.
+		tail := rec.Events[k.sealed:]
+		n, size := 0, 0
+		for n < len(tail) && (n == 0 || size+len(tail[n]) <= k.chunk) {
+			size += len(tail[n])
+			n++
+		}
+		if n == len(tail) {
+			break
+		}
+		c := eventRecord{Events: tail[:n:n]}
+		if err := k.r.put(ctx, chunkKey(k.id, len(k.chunks)), &storedResponse{Tenant: k.tenant, Events: &c}); err != nil {
+			return err
+		}
+		k.chunks = append(k.chunks, n)
+		k.sealed += n
+	}
+	head := eventRecord{Chunks: slices.Clip(k.chunks), Events: rec.Events[k.sealed:], Ended: rec.Ended}
+	if err := k.r.putEvents(ctx, k.id, k.tenant, head); err != nil {
+		return err
+	}
+	k.kept, k.ended = len(rec.Events), rec.Ended
+	return nil
 }
 
 // follow writes to w the events of log after index after, as they come,

@@ -259,14 +259,17 @@ func streamed(t *testing.T, st interface {
 // TestSDKBackgroundStream: a streamed background response goes on when
 // its client leaves; its events are streamed again after a sequence
 // number, with no gap, from the gateway running it and from another
-// sharing the store, and the deltas make the kept response's text. A
-// cancelled one ends its stream cancelled.
+// sharing the store (there from chunks of a few events, as a long stream
+// is kept), and the deltas make the kept response's text. Deleting it
+// drops its chunks. A cancelled one ends its stream cancelled.
 func TestSDKBackgroundStream(t *testing.T) {
 	cfg := testConfig()
 	cfg.Models[0].ContextLength = 1024
-	cfg.Responses = MemoryResponses(64)
+	store := MemoryResponses(64)
+	cfg.Responses = store
 	ba := &echoBackend{delay: 15 * time.Millisecond}
 	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	a.srv.bgChunk = 1500
 	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
 	params := responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a streamed answer that takes a while")}}
@@ -302,10 +305,28 @@ func TestSDKBackgroundStream(t *testing.T) {
 	if int64(len(all)) != rest[len(rest)-1]+1 || text != done.OutputText() || last.Status != responses.ResponseStatusCompleted {
 		t.Errorf("from another gateway: %d events (want %d), %q, %s", len(all), rest[len(rest)-1]+1, text, last.Status)
 	}
+	rec, err := keptResponses{store}.events(t.Context(), id, "")
+	if err != nil || rec == nil || len(rec.Chunks) < 3 || !rec.Ended {
+		t.Fatalf("kept events: %+v, %v; want three chunks or more, ended", rec, err)
+	}
+	// From inside the second chunk, out of the store.
+	from := int64(rec.Chunks[0] + 1)
+	more, moreText, _ := streamed(t, cb.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{StartingAfter: openai.Int(from)}), 0)
+	if int64(len(more)) != int64(len(all))-from-1 || more[0] != from+1 || !strings.HasSuffix(text, moreText) {
+		t.Errorf("after %d from another gateway: %v, %q", from, more, moreText)
+	}
 	bad := cb.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{}, option.WithQuery("starting_after", "-4"))
 	for bad.Next() {
 	}
 	wantAPIStatus(t, "starting_after -4", bad.Err(), http.StatusBadRequest)
+	if err := cb.Responses.Delete(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rec.Chunks {
+		if _, ok, _ := store.Get(t.Context(), chunkKey(id, i)); ok {
+			t.Errorf("chunk %d of a deleted response is still kept", i)
+		}
+	}
 
 	// Cancelled while streaming: its stream ends with the response cancelled.
 	st := ca.Responses.NewStreaming(t.Context(), params)

@@ -51,17 +51,38 @@ type storedResponse struct {
 // cancelKey is where a cancel marker for response id is kept.
 func cancelKey(id string) string { return id + ".cancel" }
 
-// eventsKey is where a streamed background response id's events are kept.
+// eventsKey is where a streamed background response id's events are kept:
+// the sizes of its chunks and the events after them (eventKeeper).
 func eventsKey(id string) string { return id + ".events" }
 
-// putEvents keeps tenant's response id's events.
+// chunkKey is where chunk i of response id's events is kept.
+func chunkKey(id string, i int) string { return fmt.Sprintf("%s.events.%d", id, i) }
+
+// putEvents keeps tenant's response id's events record.
 func (r keptResponses) putEvents(ctx context.Context, id, tenant string, rec eventRecord) error {
 	return r.put(ctx, eventsKey(id), &storedResponse{Tenant: tenant, Events: &rec})
 }
 
-// events returns tenant's response id's kept events, or nil.
+// events returns tenant's response id's kept events record, or nil.
 func (r keptResponses) events(ctx context.Context, id, tenant string) (*eventRecord, error) {
-	v, err := r.load(ctx, eventsKey(id), tenant)
+	return r.eventsAt(ctx, eventsKey(id), tenant)
+}
+
+// chunk returns chunk i of tenant's response id's events, which rec
+// says holds n events.
+func (r keptResponses) chunk(ctx context.Context, id, tenant string, i, n int) ([][]byte, error) {
+	rec, err := r.eventsAt(ctx, chunkKey(id, i), tenant)
+	switch {
+	case err != nil:
+		return nil, err
+	case rec == nil || len(rec.Events) != n:
+		return nil, fmt.Errorf("kept response %s: chunk %d of its events is missing or not whole", truncate(id, 80), i)
+	}
+	return rec.Events, nil
+}
+
+func (r keptResponses) eventsAt(ctx context.Context, key, tenant string) (*eventRecord, error) {
+	v, err := r.load(ctx, key, tenant)
 	if v == nil || err != nil {
 		return nil, err
 	}
@@ -142,12 +163,23 @@ func (r keptResponses) drop(ctx context.Context, id, tenant string) (bool, error
 	if v == nil || err != nil {
 		return false, err
 	}
+	// The record first, so that no reader follows it to a chunk gone, and
+	// the response last, so that a delete that fails can be asked again.
+	keys := []string{eventsKey(id)}
+	if rec, _ := r.events(ctx, id, tenant); rec != nil {
+		for i := range rec.Chunks {
+			keys = append(keys, chunkKey(id, i))
+		}
+	}
+	keys = append(keys, id)
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	if err := r.store.Delete(ctx, eventsKey(id)); err != nil {
-		return false, err
+	for _, k := range keys {
+		if err := r.store.Delete(ctx, k); err != nil {
+			return false, err
+		}
 	}
-	return true, r.store.Delete(ctx, id)
+	return true, nil
 }
 
 // memoryResponses is the gateway's own ResponseStore: the last max values

@@ -33,6 +33,7 @@ type Server struct {
 	bg        bgRuns        // background responses running here
 	bgWait    time.Duration // cancelWait; shorter in tests
 	bgBeat    time.Duration // beatEvery; shorter in tests
+	bgChunk   int           // eventChunk; smaller in tests
 	lim       *limiter
 	met       *metrics
 	mux       *http.ServeMux
@@ -76,6 +77,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 		cfg:     cfg,
 		bgWait:  cancelWait,
 		bgBeat:  beatEvery,
+		bgChunk: eventChunk,
 		backend: backend,
 		tok:     tok,
 		lim:     &limiter{cap: cfg.MaxInFlight},
