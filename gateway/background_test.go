@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -391,5 +393,73 @@ func TestBackgroundHeartbeat(t *testing.T) {
 	}
 	if got, err := ca.Responses.Cancel(t.Context(), "resp_gone"); err != nil || got.Status != responses.ResponseStatusFailed {
 		t.Errorf("cancel of a lost response: %v, %s", err, got.Status)
+	}
+}
+
+// countingStore counts a ResponseStore's writes by key.
+type countingStore struct {
+	ResponseStore
+	puts map[string]int
+}
+
+func (c *countingStore) Put(ctx context.Context, id string, value []byte) error {
+	c.puts[id]++
+	return c.ResponseStore.Put(ctx, id, value)
+}
+
+// TestEventKeeper: a log kept as it grows is written as chunks of at most
+// the chunk's bytes (an event larger than that alone), each once, and a
+// record of the events after them; nothing is written when nothing
+// changed; the chunks and the record give back the log.
+func TestEventKeeper(t *testing.T) {
+	store := &countingStore{ResponseStore: MemoryResponses(64), puts: map[string]int{}}
+	k := &eventKeeper{r: keptResponses{store}, id: "resp_1", tenant: "t", chunk: 10}
+	log := newEventLog()
+	var want [][]byte
+	add := func(sizes ...int) {
+		for _, n := range sizes {
+			e := []byte(strings.Repeat(string(rune('a'+len(want)%26)), n))
+			want = append(want, e)
+			log.append(e)
+		}
+		if err := k.keep(t.Context(), log); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(4, 4)           // fits the record
+	add(4, 30, 2, 9, 1) // [4 4] and [4] sealed, [30] alone, [2] sealed
+	add()               // unchanged: no write
+	log.end()
+	add(3) // [9 1] sealed; [3] left in the record, ended
+	rec, err := k.r.events(t.Context(), "resp_1", "t")
+	if err != nil || rec == nil {
+		t.Fatalf("record %v, %v", rec, err)
+	}
+	if want, got := []int{2, 1, 1, 1, 2}, rec.Chunks; !slices.Equal(got, want) || !rec.Ended {
+		t.Fatalf("chunks %v, ended %v; want %v, ended", got, rec.Ended, want)
+	}
+	var got [][]byte
+	for i, n := range rec.Chunks {
+		c, err := k.r.chunk(t.Context(), "resp_1", "t", i, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c...)
+		if store.puts[chunkKey("resp_1", i)] != 1 {
+			t.Errorf("chunk %d written %d times", i, store.puts[chunkKey("resp_1", i)])
+		}
+	}
+	got = append(got, rec.Events...)
+	if !slices.EqualFunc(got, want, bytes.Equal) {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+	if n := store.puts[eventsKey("resp_1")]; n != 3 {
+		t.Errorf("record written %d times, want 3", n)
+	}
+	if _, err := k.r.chunk(t.Context(), "resp_1", "t", 0, 3); err == nil {
+		t.Error("a chunk of another length was taken")
+	}
+	if rec, _ := k.r.events(t.Context(), "resp_1", "other"); rec != nil {
+		t.Error("another tenant read the events")
 	}
 }
