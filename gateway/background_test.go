@@ -99,18 +99,26 @@ func TestSDKBackground(t *testing.T) {
 	wantAPIStatus(t, "get of a marker's key", err, http.StatusNotFound)
 }
 
+// sharedGateways is two gateways sharing a store of 64 kept responses,
+// the first generating on ba, the second on nothing, and their clients.
+func sharedGateways(t *testing.T, ba *echoBackend) (a, b *testEnv, ca, cb openai.Client, store ResponseStore) {
+	t.Helper()
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	store = MemoryResponses(64)
+	cfg.Responses = store
+	a, b = newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	return a, b, sdkClient(a, "k"), sdkClient(b, "k"), store
+}
+
 // TestBackgroundCancel: a running background response is cancelled on the
 // gateway running it and through another gateway sharing its store (a
 // marker), kept cancelled, its generation stopped; one whose gateway is
 // gone is kept cancelled by the canceller after the wait; a delete cancels
 // first; a failed generation is kept failed.
 func TestBackgroundCancel(t *testing.T) {
-	cfg := testConfig()
-	cfg.Models[0].ContextLength = 1024
-	cfg.Responses = MemoryResponses(64)
 	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 8)}
-	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
-	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
+	a, b, ca, cb, _ := sharedGateways(t, ba)
 	input := responses.ResponseNewParamsInputUnion{OfString: openai.String("count to ten")}
 	// start returns a running background response and its generation's
 	// request id.
@@ -265,14 +273,8 @@ func streamed(t *testing.T, st interface {
 // is kept), and the deltas make the kept response's text. Deleting it
 // drops its chunks. A cancelled one ends its stream cancelled.
 func TestSDKBackgroundStream(t *testing.T) {
-	cfg := testConfig()
-	cfg.Models[0].ContextLength = 1024
-	store := MemoryResponses(64)
-	cfg.Responses = store
-	ba := &echoBackend{delay: 15 * time.Millisecond}
-	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	a, _, ca, cb, store := sharedGateways(t, &echoBackend{delay: 15 * time.Millisecond})
 	a.srv.bgChunk = 1500
-	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
 	params := responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a streamed answer that takes a while")}}
 
@@ -356,13 +358,9 @@ func TestSDKBackgroundStream(t *testing.T) {
 // after it began; one no gateway has kept for lostAfter beats is read as
 // failed (gateway_lost), and kept so.
 func TestBackgroundHeartbeat(t *testing.T) {
-	cfg := testConfig()
-	cfg.Models[0].ContextLength = 1024
-	cfg.Responses = MemoryResponses(64)
 	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 1)}
-	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	a, b, ca, cb, _ := sharedGateways(t, ba)
 	a.srv.bgBeat, b.srv.bgBeat = 40*time.Millisecond, 40*time.Millisecond
-	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
 	r, err := ca.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}})
 	if err != nil {
