@@ -34,6 +34,7 @@ func commands() []command {
 		{"scale", "change the number of replicas a server runs, while it serves", cmdScale},
 		{"probe", "print the data-plane topology: host fabric and GPU peer links", cmdProbe},
 		{"allreduce-bench", "measure all-reduce on the data plane (nccl-tests table)", cmdAllReduceBench},
+		{"version", "print the build: version, source revision, Go, CUDA kernels", cmdVersion},
 	}
 }
 
@@ -53,6 +54,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return nil
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return cmdVersion(ctx, args[1:], stdout, stderr)
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {

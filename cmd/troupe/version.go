@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/troupe/troupe/kernels"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// versionInfo is what `troupe version` reports: what a bug report needs to
+// name the binary.
+type versionInfo struct {
+	Version  string `json:"version"`            // the module's, "(devel)" when built from a checkout
+	Revision string `json:"revision,omitempty"` // the source's commit, where the build recorded it
+	Time     string `json:"time,omitempty"`     // the commit's time
+	Modified bool   `json:"modified,omitempty"` // built from a tree with changes beyond that commit
+	Go       string `json:"go"`
+	Platform string `json:"platform"`
+	Kernels  string `json:"kernels"` // the compiler of the embedded CUDA kernels
+	Demo     string `json:"demo"`    // the embedded demo model, or "" when built without it
+}
+
+// buildVersion reads the binary's own build record.
+func buildVersion() versionInfo {
+	v := versionInfo{Version: "unknown", Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v.Version = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				v.Revision = s.Value
+			case "vcs.time":
+				v.Time = s.Value
+			case "vcs.modified":
+				v.Modified = s.Value == "true"
+			}
+		}
+	}
+	if m, err := kernels.ReadManifest(kernels.FS()); err == nil {
+		v.Kernels = m.NVCC
+	}
+	if demo.Embedded() {
+		v.Demo = demo.Name
+	}
+	return v
+}
+
+func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flags("version", stderr)
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("version: unexpected argument %q", fs.Arg(0))
+	}
+	v := buildVersion()
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(v)
+	}
+	rev := v.Revision
+	if rev == "" {
+		rev = "no revision recorded"
+	} else if v.Modified {
+		rev += " (modified)"
+	}
+	if v.Time != "" {
+		rev += ", " + v.Time
+	}
+	demoModel := v.Demo
+	if demoModel == "" {
+		demoModel = "none (built with nodemo)"
+	}
+	_, err := fmt.Fprintf(stdout, "troupe %s (%s)\n%s %s\nCUDA kernels: %s\ndemo model: %s\n",
+		v.Version, rev, v.Go, v.Platform, v.Kernels, demoModel)
+	return err
+}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"encoding/json"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/kernels"
+	"github.com/troupe/troupe/models/demo"
+)
+
+// TestVersion: `troupe version` (and --version) names the Go toolchain,
+// the platform, the embedded kernels' compiler and the demo model, as
+// text or one JSON object, and refuses arguments.
+func TestVersion(t *testing.T) {
+	m, err := kernels.ReadManifest(kernels.FS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDemo := ""
+	if demo.Embedded() {
+		wantDemo = demo.Name
+	}
+	out, _, err := runCLI(t, "", "--version", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v versionInfo
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	if v.Go != runtime.Version() || v.Platform != runtime.GOOS+"/"+runtime.GOARCH || v.Kernels != m.NVCC || m.NVCC == "" ||
+		v.Demo != wantDemo || v.Version == "" {
+		t.Errorf("version --json: %+v", v)
+	}
+	text, _, err := runCLI(t, "", "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"troupe " + v.Version, runtime.Version(), m.NVCC} {
+		if !strings.Contains(text, want) {
+			t.Errorf("version does not say %q:\n%s", want, text)
+		}
+	}
+	if _, _, err := runCLI(t, "", "version", "now"); err == nil || !strings.Contains(err.Error(), `"now"`) {
+		t.Errorf("version now: %v", err)
+	}
+}
