@@ -84,6 +84,11 @@ type Config struct {
 	// disconnected once it passes.
 	WriteTimeout time.Duration
 
+	// Build names the build this gateway runs (version, revision, go, ...):
+	// the labels of the troupe_build_info metric, left out when empty.
+	// Label names are Prometheus's: [a-zA-Z_][a-zA-Z0-9_]*.
+	Build map[string]string
+
 	// TraceURLTemplate is where the demo page fetches a token's trace; "{trace_id}" is
 	// replaced by the token's trace id.
 	TraceURLTemplate string
@@ -123,6 +128,11 @@ func (c Config) Validate() error {
 	var errs []error
 	if len(c.Models) == 0 {
 		errs = append(errs, errors.New("no models configured"))
+	}
+	for k := range c.Build {
+		if !labelName(k) {
+			errs = append(errs, fmt.Errorf("build label %q: not a Prometheus label name", k))
+		}
 	}
 	seen := make(map[string]bool, len(c.Models))
 	for i, m := range c.Models {

@@ -503,7 +503,9 @@ func TestServeAndGracefulShutdown(t *testing.T) {
 }
 
 func TestMetricsExposition(t *testing.T) {
-	env := newEnv(t, testConfig(), nil)
+	cfg := testConfig()
+	cfg.Build = map[string]string{"version": `v1.2.3 "rc"`, "revision": "abc\\def"}
+	env := newEnv(t, cfg, nil)
 	for range 3 {
 		if status, _, _ := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abcd"}`, nil); status != 200 {
 			t.Fatalf("completion failed: %d", status)
@@ -560,6 +562,7 @@ func TestMetricsExposition(t *testing.T) {
 		{"troupe_backend_kv_usage_ratio", nil, 0.25},
 		{"troupe_backend_mailbox_depth", map[string]string{"actor": `shard "0"`}, 4},
 		{"troupe_backend_ready", nil, 1},
+		{"troupe_build_info", map[string]string{"version": `v1.2.3 "rc"`, "revision": `abc\def`}, 1},
 	}
 	for _, c := range checks {
 		if got := counter(c.name, c.labels); got != c.want {
@@ -568,6 +571,19 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	if fams["troupe_gateway_time_to_first_token_seconds"].GetType().String() != "HISTOGRAM" {
 		t.Error("time to first token is not a histogram")
+	}
+	if n := len(fams["troupe_build_info"].GetMetric()[0].GetLabel()); n != 2 {
+		t.Errorf("troupe_build_info has %d labels, want 2", n)
+	}
+	// Without a build, no build metric.
+	_, body = get(t, newEnv(t, testConfig(), nil), "/metrics", nil)
+	if strings.Contains(string(body), "troupe_build_info") {
+		t.Error("troupe_build_info without a build")
+	}
+	bad := testConfig()
+	bad.Build = map[string]string{"git-sha": "x"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), `"git-sha"`) {
+		t.Errorf("a build label that is no label name: %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -109,6 +110,19 @@ var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 func escapeLabel(s string) string { return labelEscaper.Replace(s) }
 
+// labelName reports whether s is a Prometheus label name (not reserved).
+func labelName(s string) bool {
+	if s == "" || strings.HasPrefix(s, "__") {
+		return false
+	}
+	for i, c := range s {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
 func formatFloat(f float64) string {
 	switch {
 	case math.IsInf(f, 1):
@@ -154,6 +168,14 @@ func newMetrics() *metrics {
 func (s *Server) writeMetrics(out io.Writer) error {
 	w := bufio.NewWriter(out)
 	m := s.met
+	if b := s.cfg.Build; len(b) > 0 {
+		names := slices.Sorted(maps.Keys(b))
+		values := make([]string, len(names))
+		for i, n := range names {
+			values[i] = b[n]
+		}
+		fmt.Fprintf(w, "# HELP troupe_build_info The build this gateway runs, named by its labels.\n# TYPE troupe_build_info gauge\ntroupe_build_info{%s} 1\n", labelPairs(names, values))
+	}
 	m.requests.write(w, "troupe_gateway_requests_total", "Requests answered, by route and HTTP status (websocket generations use the status an HTTP request would have had).")
 	writeGauge(w, "troupe_gateway_in_flight", "Generations running through this gateway.", float64(s.lim.inUse()))
 	writeGauge(w, "troupe_gateway_in_flight_limit", "Generations this gateway admits at once.", float64(s.cfg.MaxInFlight))

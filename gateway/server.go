@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -72,6 +73,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 		return nil, errors.New("gateway: nil tokenizer")
 	}
 	cfg.Models = append([]ModelInfo(nil), cfg.Models...)
+	cfg.Build = maps.Clone(cfg.Build)
 	cfg.APIKeys = append([]string(nil), cfg.APIKeys...)
 	s := &Server{
 		cfg:     cfg,

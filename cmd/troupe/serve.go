@@ -366,6 +366,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		fmt.Fprintf(log, "sampling defaults from generation_config.json (--generation-config none leaves them):%s\n", describeSampling(d))
 	}
 	gcfg.APIKeys = cfg.APIKeys
+	gcfg.Build = buildVersion().labels()
 	gcfg.MaxStoredResponses = 0
 	if n.responses != nil {
 		gcfg.Responses = n.responses

@@ -50,6 +50,15 @@ func buildVersion() versionInfo {
 	return v
 }
 
+// labels are v as the labels of the gateway's troupe_build_info metric.
+func (v versionInfo) labels() map[string]string {
+	l := map[string]string{"version": v.Version, "go": v.Go, "platform": v.Platform}
+	if v.Revision != "" {
+		l["revision"] = v.Revision
+	}
+	return l
+}
+
 func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flags("version", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object")

@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -46,4 +49,22 @@ func TestVersion(t *testing.T) {
 	if _, _, err := runCLI(t, "", "version", "now"); err == nil || !strings.Contains(err.Error(), `"now"`) {
 		t.Errorf("version now: %v", err)
 	}
+}
+
+// TestServeBuildInfo: a serving node's /metrics names its build.
+func TestServeBuildInfo(t *testing.T) {
+	s := startServe(t, nil)
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	want := fmt.Sprintf(`go=%q`, runtime.Version())
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "troupe_build_info{") && strings.Contains(line, want) && strings.HasSuffix(line, "} 1") {
+			return
+		}
+	}
+	t.Errorf("no troupe_build_info with %s:\n%s", want, raw)
 }
