@@ -543,7 +543,6 @@ type eventKeeper struct {
 	id, tenant string
 	chunk      int   // eventChunk; smaller in tests
 	chunks     []int // events in each chunk kept
-	sealed     int   // events in the chunks kept
 	kept       int   // events the store holds, chunks and record
 	ended      bool  // whether the store holds the log's end
 }
@@ -554,9 +553,13 @@ func (k *eventKeeper) keep(ctx context.Context, log *eventLog) error {
 	if len(rec.Events) == k.kept && rec.Ended == k.ended {
 		return nil
 	}
+	sealed := 0 // events in the chunks kept
+	for _, n := range k.chunks {
+		sealed += n
+	}
 	for {
 		// The events that fill a chunk, sealed where more follow them.
-		tail := rec.Events[k.sealed:]
+		tail := rec.Events[sealed:]
 		n, size := 0, 0
 		for n < len(tail) && (n == 0 || size+len(tail[n]) <= k.chunk) {
 			size += len(tail[n])
@@ -570,9 +573,9 @@ func (k *eventKeeper) keep(ctx context.Context, log *eventLog) error {
 			return err
 		}
 		k.chunks = append(k.chunks, n)
-		k.sealed += n
+		sealed += n
 	}
-	head := eventRecord{Chunks: slices.Clip(k.chunks), Events: rec.Events[k.sealed:], Ended: rec.Ended}
+	head := eventRecord{Chunks: slices.Clip(k.chunks), Events: rec.Events[sealed:], Ended: rec.Ended}
 	if err := k.r.putEvents(ctx, k.id, k.tenant, head); err != nil {
 		return err
 	}
