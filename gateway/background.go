@@ -223,6 +223,10 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 	if run.log != nil {
 		run.log.end()
 		_ = run.keeper.keep(rs.ctx, run.log)
+		if rs.held != nil {
+			// Unkept, the response reads as lost after lostAfter beats.
+			_ = rs.held()
+		}
 	}
 	_ = s.responses.clearCancel(rs.ctx, rs.id)
 }

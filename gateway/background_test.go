@@ -353,6 +353,62 @@ func TestSDKBackgroundStream(t *testing.T) {
 	}
 }
 
+// lateEnd is a ResponseStore whose writes of a kept stream's last record
+// (its events ended) land late, as a slow store's might.
+type lateEnd struct {
+	ResponseStore
+	by time.Duration
+}
+
+func (l lateEnd) Put(ctx context.Context, id string, value []byte) error {
+	var v storedResponse
+	if strings.HasSuffix(id, ".events") && json.Unmarshal(value, &v) == nil && v.Events != nil && v.Events.Ended {
+		time.Sleep(l.by)
+	}
+	return l.ResponseStore.Put(ctx, id, value)
+}
+
+// TestBackgroundStreamDelete: a streamed background response deleted
+// through another gateway while it runs leaves nothing in the store, even
+// where its events' last write lands late: the response reads as ended
+// only once its events are kept.
+func TestBackgroundStreamDelete(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].ContextLength = 1024
+	store := MemoryResponses(64)
+	cfg.Responses = lateEnd{store, 400 * time.Millisecond}
+	ba := &echoBackend{gate: make(chan struct{}), started: make(chan string, 1)}
+	a, b := newEnv(t, cfg, ba), newEnv(t, cfg, nil)
+	ca, cb := sdkClient(a, "k"), sdkClient(b, "k")
+	params := responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a streamed answer")}}
+	ctx, leave := context.WithCancel(t.Context())
+	_, _, created := streamed(t, ca.Responses.NewStreaming(ctx, params), 1)
+	leave()
+	<-ba.started
+	if created.ID == "" {
+		t.Fatal("no response in the first event")
+	}
+	id := created.ID
+	if err := cb.Responses.Delete(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	// Once the gateway running it is done with it, nothing of it is kept.
+	for deadline := time.Now().Add(10 * time.Second); a.srv.bg.get(id) != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the deleted response still runs")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, k := range []string{id, eventsKey(id), chunkKey(id, 0), cancelKey(id)} {
+		if _, ok, _ := store.Get(t.Context(), k); ok {
+			t.Errorf("%s is kept after the response was deleted", k)
+		}
+	}
+	_, err := ca.Responses.Get(t.Context(), id, responses.ResponseGetParams{})
+	wantAPIStatus(t, "get after a delete", err, http.StatusNotFound)
+}
+
 // TestBackgroundHeartbeat: the gateway running a background response
 // keeps it again every beat, so another gateway sees it in progress long
 // after it began; one no gateway has kept for lostAfter beats is read as

@@ -371,6 +371,11 @@ type responseRun struct {
 	msg     int // the message's output index, -1 until it has text
 	items   []any
 	callIdx map[int]int // a call's index in the stream → its output index
+
+	// held is a streamed background response's last state, kept only
+	// once its events are (keepHeld): a gateway that sees it ended may
+	// delete everything kept of it.
+	held func() error
 }
 
 type responseMessage struct {
@@ -608,12 +613,17 @@ func (rs *responseRun) whole(status string, details any, res *genResult, failure
 }
 
 // keep stores the answered response o, whose output is content and calls,
-// where it is to be kept, and returns it.
+// where it is to be kept, and returns it. A streamed background
+// response's is held until its events are kept (runBackground).
 func (rs *responseRun) keep(o map[string]any, content string, calls []ToolCall) map[string]any {
 	if !rs.store {
 		return o
 	}
 	o["store"] = true
+	if rs.bg && rs.out != nil {
+		rs.held = func() error { return rs.put(o, content, calls) }
+		return o
+	}
 	if rs.put(o, content, calls) != nil {
 		o["store"] = false // not kept: a later request will not find it
 	}
