@@ -531,6 +531,10 @@ type eventRecord struct {
 	Chunks []int    `json:"chunks,omitempty"`
 	Events [][]byte `json:"events"`
 	Ended  bool     `json:"ended"`
+	// Parts, in a chunk of one event larger than a chunk's bytes, is how
+	// many values that event is split over: this one holds its first
+	// part, partKey(id, i, j) the others.
+	Parts int `json:"parts,omitempty"`
 }
 
 // eventChunk is about how many bytes of events a chunk of a kept stream
@@ -541,7 +545,9 @@ const eventChunk = 512 << 10
 // gateways as they come. Whole chunks of about chunk bytes are written
 // once; only the record of the events after them is written again as the
 // log grows, so a long stream is neither bounded by a value's size nor
-// written over and over.
+// written over and over. An event larger than a chunk (a long answer's
+// last events, which carry its whole text) is a chunk of its own, split
+// over values of chunk bytes.
 type eventKeeper struct {
 	r          keptResponses
 	id, tenant string
@@ -569,10 +575,20 @@ func (k *eventKeeper) keep(ctx context.Context, log *eventLog) error {
 			size += len(tail[n])
 			n++
 		}
-		if n == len(tail) {
+		if n == len(tail) && size <= k.chunk {
 			break
 		}
 		c := eventRecord{Events: tail[:n:n]}
+		if size > k.chunk {
+			parts := splitBytes(tail[0], k.chunk)
+			for j := 1; j < len(parts); j++ {
+				p := eventRecord{Events: parts[j : j+1]}
+				if err := k.r.put(ctx, partKey(k.id, len(k.chunks), j), &storedResponse{Tenant: k.tenant, Events: &p}); err != nil {
+					return err
+				}
+			}
+			c = eventRecord{Events: parts[:1], Parts: len(parts)}
+		}
 		if err := k.r.put(ctx, chunkKey(k.id, len(k.chunks)), &storedResponse{Tenant: k.tenant, Events: &c}); err != nil {
 			return err
 		}
@@ -585,6 +601,15 @@ func (k *eventKeeper) keep(ctx context.Context, log *eventLog) error {
 	}
 	k.kept, k.ended = len(rec.Events), rec.Ended
 	return nil
+}
+
+// splitBytes cuts b into pieces of n bytes, the last shorter.
+func splitBytes(b []byte, n int) [][]byte {
+	var parts [][]byte
+	for len(b) > n {
+		parts, b = append(parts, b[:n:n]), b[n:]
+	}
+	return append(parts, b)
 }
 
 // follow writes to w the events of log after index after, as they come,

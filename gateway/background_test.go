@@ -270,11 +270,12 @@ func streamed(t *testing.T, st interface {
 // its client leaves; its events are streamed again after a sequence
 // number, with no gap, from the gateway running it and from another
 // sharing the store (there from chunks of a few events, as a long stream
-// is kept), and the deltas make the kept response's text. Deleting it
-// drops its chunks. A cancelled one ends its stream cancelled.
+// is kept, the last events larger than a chunk and split), and the deltas
+// make the kept response's text. Deleting it drops its chunks and their
+// parts. A cancelled one ends its stream cancelled.
 func TestSDKBackgroundStream(t *testing.T) {
 	a, _, ca, cb, store := sharedGateways(t, &echoBackend{delay: 15 * time.Millisecond})
-	a.srv.bgChunk = 1500
+	a.srv.bgChunk = 700
 	params := responses.ResponseNewParams{Model: testModel, Background: openai.Bool(true),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a streamed answer that takes a while")}}
 
@@ -313,6 +314,18 @@ func TestSDKBackgroundStream(t *testing.T) {
 	if err != nil || rec == nil || len(rec.Chunks) < 3 || !rec.Ended {
 		t.Fatalf("kept events: %+v, %v; want three chunks or more, ended", rec, err)
 	}
+	// The last events, which carry the whole text, are split.
+	var parts []string
+	for i, n := range rec.Chunks {
+		if c, _ := (keptResponses{store}).eventsAt(t.Context(), chunkKey(id, i), ""); n == 1 && c != nil {
+			for j := 1; j < c.Parts; j++ {
+				parts = append(parts, partKey(id, i, j))
+			}
+		}
+	}
+	if len(parts) == 0 {
+		t.Error("no event larger than a chunk was split")
+	}
 	// From inside the second chunk, out of the store.
 	from := int64(rec.Chunks[0] + 1)
 	more, moreText, _ := streamed(t, cb.Responses.GetStreaming(t.Context(), id, responses.ResponseGetParams{StartingAfter: openai.Int(from)}), 0)
@@ -327,8 +340,11 @@ func TestSDKBackgroundStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range rec.Chunks {
-		if _, ok, _ := store.Get(t.Context(), chunkKey(id, i)); ok {
-			t.Errorf("chunk %d of a deleted response is still kept", i)
+		parts = append(parts, chunkKey(id, i))
+	}
+	for _, k := range parts {
+		if _, ok, _ := store.Get(t.Context(), k); ok {
+			t.Errorf("%s of a deleted response is still kept", k)
 		}
 	}
 
@@ -462,9 +478,10 @@ func (c *countingStore) Put(ctx context.Context, id string, value []byte) error 
 }
 
 // TestEventKeeper: a log kept as it grows is written as chunks of at most
-// the chunk's bytes (an event larger than that alone), each once, and a
-// record of the events after them; nothing is written when nothing
-// changed; the chunks and the record give back the log.
+// the chunk's bytes (an event larger than that alone, split over values of
+// the chunk's bytes, the log's last too), each once, and a record of the
+// events after them; nothing is written when nothing changed; the chunks
+// and the record give back the log; deleting the response drops them all.
 func TestEventKeeper(t *testing.T) {
 	store := &countingStore{ResponseStore: MemoryResponses(64), puts: map[string]int{}}
 	k := &eventKeeper{r: keptResponses{store}, id: "resp_1", tenant: "t", chunk: 10}
@@ -472,7 +489,10 @@ func TestEventKeeper(t *testing.T) {
 	var want [][]byte
 	add := func(sizes ...int) {
 		for _, n := range sizes {
-			e := []byte(strings.Repeat(string(rune('a'+len(want)%26)), n))
+			e := make([]byte, n)
+			for i := range e {
+				e[i] = byte('a' + (len(want)+i)%26)
+			}
 			want = append(want, e)
 			log.append(e)
 		}
@@ -481,16 +501,16 @@ func TestEventKeeper(t *testing.T) {
 		}
 	}
 	add(4, 4)           // fits the record
-	add(4, 30, 2, 9, 1) // [4 4] and [4] sealed, [30] alone, [2] sealed
+	add(4, 30, 2, 9, 1) // [4 4] and [4] sealed, [30] alone in 3 parts, [2] sealed
 	add()               // unchanged: no write
 	log.end()
-	add(3) // [9 1] sealed; [3] left in the record, ended
+	add(3, 25) // [9 1] and [3] sealed, [25] alone in 3 parts; the record ended, empty
 	rec, err := k.r.events(t.Context(), "resp_1", "t")
 	if err != nil || rec == nil {
 		t.Fatalf("record %v, %v", rec, err)
 	}
-	if want, got := []int{2, 1, 1, 1, 2}, rec.Chunks; !slices.Equal(got, want) || !rec.Ended {
-		t.Fatalf("chunks %v, ended %v; want %v, ended", got, rec.Ended, want)
+	if want, got := []int{2, 1, 1, 1, 2, 1, 1}, rec.Chunks; !slices.Equal(got, want) || !rec.Ended || len(rec.Events) != 0 {
+		t.Fatalf("chunks %v, ended %v, %d events after them; want %v, ended, none", got, rec.Ended, len(rec.Events), want)
 	}
 	var got [][]byte
 	for i, n := range rec.Chunks {
@@ -501,6 +521,13 @@ func TestEventKeeper(t *testing.T) {
 		got = append(got, c...)
 		if store.puts[chunkKey("resp_1", i)] != 1 {
 			t.Errorf("chunk %d written %d times", i, store.puts[chunkKey("resp_1", i)])
+		}
+	}
+	for _, i := range []int{2, 6} {
+		for j := 1; j < 3; j++ {
+			if n := store.puts[partKey("resp_1", i, j)]; n != 1 {
+				t.Errorf("part %d of chunk %d written %d times", j, i, n)
+			}
 		}
 	}
 	got = append(got, rec.Events...)
@@ -515,5 +542,29 @@ func TestEventKeeper(t *testing.T) {
 	}
 	if rec, _ := k.r.events(t.Context(), "resp_1", "other"); rec != nil {
 		t.Error("another tenant read the events")
+	}
+	// A split event with a part missing is refused.
+	lost := partKey("resp_1", 6, 2)
+	part, _, _ := store.Get(t.Context(), lost)
+	if err := store.Delete(t.Context(), lost); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.r.chunk(t.Context(), "resp_1", "t", 6, 1); err == nil {
+		t.Error("a split event with a part missing was taken")
+	}
+	if err := store.Put(t.Context(), lost, part); err != nil {
+		t.Fatal(err)
+	}
+	// Deleting the response drops every value of its events.
+	if err := k.r.put(t.Context(), "resp_1", &storedResponse{Tenant: "t", Object: json.RawMessage(`{"status":"completed"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := k.r.drop(t.Context(), "resp_1", "t"); !ok || err != nil {
+		t.Fatalf("drop: %v, %v", ok, err)
+	}
+	for key := range store.puts {
+		if _, ok, _ := store.Get(t.Context(), key); ok {
+			t.Errorf("%s kept after the response was deleted", key)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -58,6 +59,10 @@ func eventsKey(id string) string { return id + ".events" }
 // chunkKey is where chunk i of response id's events is kept.
 func chunkKey(id string, i int) string { return fmt.Sprintf("%s.events.%d", id, i) }
 
+// partKey is where part j (from 1) of chunk i of response id's events is
+// kept, where the chunk's one event is split (eventRecord.Parts).
+func partKey(id string, i, j int) string { return fmt.Sprintf("%s.events.%d.%d", id, i, j) }
+
 // putEvents keeps tenant's response id's events record.
 func (r keptResponses) putEvents(ctx context.Context, id, tenant string, rec eventRecord) error {
 	return r.put(ctx, eventsKey(id), &storedResponse{Tenant: tenant, Events: &rec})
@@ -75,10 +80,23 @@ func (r keptResponses) chunk(ctx context.Context, id, tenant string, i, n int) (
 	switch {
 	case err != nil:
 		return nil, err
-	case rec == nil || len(rec.Events) != n:
+	case rec == nil || len(rec.Events) != n || (rec.Parts > 1 && n != 1):
 		return nil, fmt.Errorf("kept response %s: chunk %d of its events is missing or not whole", truncate(id, 80), i)
+	case rec.Parts <= 1:
+		return rec.Events, nil
 	}
-	return rec.Events, nil
+	e := slices.Clip(rec.Events[0])
+	for j := 1; j < rec.Parts; j++ {
+		p, err := r.eventsAt(ctx, partKey(id, i, j), tenant)
+		switch {
+		case err != nil:
+			return nil, err
+		case p == nil || len(p.Events) != 1:
+			return nil, fmt.Errorf("kept response %s: part %d of chunk %d of its events is missing", truncate(id, 80), j, i)
+		}
+		e = append(e, p.Events[0]...)
+	}
+	return [][]byte{e}, nil
 }
 
 func (r keptResponses) eventsAt(ctx context.Context, key, tenant string) (*eventRecord, error) {
@@ -167,8 +185,16 @@ func (r keptResponses) drop(ctx context.Context, id, tenant string) (bool, error
 	// the response last, so that a delete that fails can be asked again.
 	keys := []string{eventsKey(id)}
 	if rec, _ := r.events(ctx, id, tenant); rec != nil {
-		for i := range rec.Chunks {
+		for i, n := range rec.Chunks {
 			keys = append(keys, chunkKey(id, i))
+			if n != 1 {
+				continue
+			}
+			if c, _ := r.eventsAt(ctx, chunkKey(id, i), tenant); c != nil {
+				for j := 1; j < c.Parts; j++ {
+					keys = append(keys, partKey(id, i, j))
+				}
+			}
 		}
 	}
 	keys = append(keys, id)
