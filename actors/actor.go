@@ -94,7 +94,8 @@ type Props[M any] struct {
 
 	// Endpoints become request endpoints of the actor's micro service.
 	Endpoints []Endpoint[M]
-	// Version (semver, default 1.0.0) and Description of the service.
+	// Version (semver; by default the System's) and Description of the
+	// service.
 	Version     string
 	Description string
 }
@@ -117,7 +118,7 @@ func (p Props[M]) withDefaults() Props[M] {
 		p.Within = DefaultWithin
 	}
 	if p.Version == "" {
-		p.Version = "1.0.0"
+		p.Version = "0.0.0"
 	}
 	return p
 }

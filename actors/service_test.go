@@ -87,6 +87,25 @@ func TestActorEndpointsAndMicroVerbs(t *testing.T) {
 			t.Errorf("PING = %+v, want echo 0.1.0 for e1 on n1", ping)
 		}
 	})
+	t.Run("the System's version", func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.Node, cfg.Version = "n2", "2.3.4"
+		sys2, err := NewSystem(cfg, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sys2.Shutdown(context.Background())
+		p := echoProps("e2")
+		p.Kind, p.Version = "echo2", ""
+		if _, err := Spawn(context.Background(), sys2, p); err != nil {
+			t.Fatal(err)
+		}
+		var ping micro.Ping
+		request(t, nc, "$SRV.PING.echo2", &ping)
+		if ping.Version != "2.3.4" {
+			t.Errorf("PING of an actor that names no version = %+v, want the System's 2.3.4", ping)
+		}
+	})
 	t.Run("INFO", func(t *testing.T) {
 		var info micro.Info
 		request(t, nc, "$SRV.INFO.echo", &info)

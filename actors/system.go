@@ -18,6 +18,9 @@ var kindRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 type Config struct {
 	Cluster string // names subjects: troupe.<cluster>....
 	Node    string // this node's name
+	// Version is what every actor's micro service reports as its version
+	// where its Props name none: the build's, in semver (0.0.0 if empty).
+	Version string
 }
 
 // DefaultConfig is cluster "troupe", node "local".
@@ -107,6 +110,9 @@ func (s *System) remove(a Address) {
 func Spawn[M any](ctx context.Context, s *System, props Props[M]) (*Ref[M], error) {
 	if err := props.Validate(); err != nil {
 		return nil, bus.Errorf(bus.CodeBadRequest, "spawn: %w", err)
+	}
+	if props.Version == "" {
+		props.Version = s.cfg.Version
 	}
 	props = props.withDefaults()
 	addr := Address{Kind: props.Kind, ID: props.ID, Node: s.cfg.Node}

@@ -17,7 +17,7 @@ import (
 // serveDemo serves h's scheduler as model "demo" on nc until the test ends.
 func serveDemo(t *testing.T, nc *nats.Conn, subj bus.Subjects, h *harness) *Service {
 	t.Helper()
-	svc, err := Serve(context.Background(), nc, subj, "demo", h.s, Text{Detok: func() generate.Detokenizer { return nop{} }})
+	svc, err := Serve(context.Background(), nc, subj, "demo", h.s, Text{Detok: func() generate.Detokenizer { return nop{} }}, "1.2.3")
 	if err != nil {
 		t.Fatal(err)
 	}

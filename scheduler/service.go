@@ -51,7 +51,8 @@ type Text struct {
 }
 
 // Serve subscribes the scheduler s to model's subjects.
-func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, text Text) (*Service, error) {
+// version is the service's, in semver (the build's).
+func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, s *Scheduler, text Text, version string) (*Service, error) {
 	sv := &Service{nc: nc, subj: subj, s: s, text: text}
 	// The scheduler is a micro service like every actor kind: PING, INFO
 	// and STATS (with the scheduler's counters) come with it. It starts
@@ -63,7 +64,7 @@ func Serve(ctx context.Context, nc *nats.Conn, subj bus.Subjects, model string, 
 	var err error
 	sv.svc, err = micro.AddService(nc, micro.Config{
 		Name:         "scheduler",
-		Version:      "1.0.0",
+		Version:      version,
 		Description:  "continuous batching for " + model,
 		Metadata:     map[string]string{"model": model},
 		StatsHandler: func(*micro.Endpoint) any { return stats() },

@@ -148,7 +148,7 @@ func startReplicaWith(t testing.TB, b *models.Bundle, stages int, cfg Config, tp
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := Serve(ctx, nc, subj, "demo", s, Text{Detok: func() generate.Detokenizer { return nop{} }})
+	svc, err := Serve(ctx, nc, subj, "demo", s, Text{Detok: func() generate.Detokenizer { return nop{} }}, "1.2.3")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +478,7 @@ func TestSchedulerMicroService(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", verb, err)
 		}
-		if !strings.Contains(string(msg.Data), `"name":"scheduler"`) {
+		if !strings.Contains(string(msg.Data), `"name":"scheduler"`) || !strings.Contains(string(msg.Data), `"version":"1.2.3"`) {
 			t.Errorf("%s answered %s", verb, msg.Data)
 		}
 		if verb == "STATS" && !strings.Contains(string(msg.Data), `"Tokens":3`) {

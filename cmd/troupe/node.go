@@ -162,7 +162,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	n.closers = append(n.closers, func() { n.dev.Close() })
 	// Resources of spawned actors are released after the actors stop.
 	n.closers = append(n.closers, n.closeSpawned)
-	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node}, n.nc); err != nil {
+	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node, Version: buildVersion().semver()}, n.nc); err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, func() {
@@ -560,7 +560,7 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, scheduler.Text{
 		Detok: func() generate.Detokenizer { return n.tok.NewDecoder(true) },
 		Bytes: n.tok.TokenBytes,
-	})
+	}, buildVersion().semver())
 	if err != nil {
 		return err
 	}

@@ -388,7 +388,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	// STATS (with the backend's queue and KV figures) on the bus.
 	gsvc, err := micro.AddService(n.nc, micro.Config{
 		Name:         "gateway",
-		Version:      "1.0.0",
+		Version:      buildVersion().semver(),
 		Description:  "OpenAI-compatible HTTP and websocket gateway",
 		Metadata:     map[string]string{"node": cfg.Node, "listen": ln.Addr().String(), "model": n.bundle.Name},
 		StatsHandler: func(*micro.Endpoint) any { return n.backend.Stats() },

@@ -463,7 +463,8 @@ func metric(t testing.TB, s *server, name string) float64 {
 }
 
 // TestServeMicroServices: every kind of actor of a serving node answers the
-// micro service PING, INFO and STATS requests on the bus.
+// micro service PING, INFO and STATS requests on the bus, naming the
+// build's version.
 func TestServeMicroServices(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -479,6 +480,7 @@ func TestServeMicroServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	version := buildVersion().semver()
 	for _, kind := range []string{"gateway", "scheduler", "shard", "kvmgr", "spawner", "device"} {
 		for _, verb := range []string{"PING", "INFO", "STATS"} {
 			msg, err := nc.Request("$SRV."+verb+"."+kind, nil, 5*time.Second)
@@ -486,8 +488,8 @@ func TestServeMicroServices(t *testing.T) {
 				t.Errorf("%s %s: %v", verb, kind, err)
 				continue
 			}
-			if !strings.Contains(string(msg.Data), `"name":"`+kind+`"`) {
-				t.Errorf("%s %s answered %s", verb, kind, msg.Data)
+			if !strings.Contains(string(msg.Data), `"name":"`+kind+`"`) || !strings.Contains(string(msg.Data), `"version":"`+version+`"`) {
+				t.Errorf("%s %s answered %s, want version %s", verb, kind, msg.Data, version)
 			}
 		}
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"regexp"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/troupe/troupe/kernels"
 	"github.com/troupe/troupe/models/demo"
@@ -48,6 +50,20 @@ func buildVersion() versionInfo {
 		v.Demo = demo.Name
 	}
 	return v
+}
+
+// semverRE is the pattern semver.org suggests, which micro services'
+// versions must match.
+var semverRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// semver is v's module version as the node's micro services report it:
+// a release or pseudo-version without its v, and 0.0.0-devel for a build
+// that recorded none (go run, a checkout's go build).
+func (v versionInfo) semver() string {
+	if s, ok := strings.CutPrefix(v.Version, "v"); ok && semverRE.MatchString(s) {
+		return s
+	}
+	return "0.0.0-devel"
 }
 
 // labels are v as the labels of the gateway's troupe_build_info metric.

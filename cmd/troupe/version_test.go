@@ -68,3 +68,23 @@ func TestServeBuildInfo(t *testing.T) {
 	}
 	t.Errorf("no troupe_build_info with %s:\n%s", want, raw)
 }
+
+// TestSemver: a build's module version becomes a micro service's semver
+// version: releases and pseudo-versions without their v, anything else
+// 0.0.0-devel.
+func TestSemver(t *testing.T) {
+	for in, want := range map[string]string{
+		"v1.4.2":                             "1.4.2",
+		"v0.0.0-20261205063838-6d9a48d1a2b3": "0.0.0-20261205063838-6d9a48d1a2b3",
+		"v1.5.0-rc.1.0.20261205063838-6d9a48d1a2b3+dirty": "1.5.0-rc.1.0.20261205063838-6d9a48d1a2b3+dirty",
+		"v2.0.0+incompatible":                             "2.0.0+incompatible",
+		"(devel)":                                         "0.0.0-devel",
+		"":                                                "0.0.0-devel",
+		"1.2.3":                                           "0.0.0-devel",
+		"v1.2":                                            "0.0.0-devel",
+	} {
+		if got := (versionInfo{Version: in}).semver(); got != want {
+			t.Errorf("semver of %q = %q, want %q", in, got, want)
+		}
+	}
+}
