@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // testMainEnv makes the test binary run as troupe itself: the tests that
@@ -15,5 +17,5 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
