@@ -83,18 +83,24 @@ func (d *dfa) liveUnits(st int32, lo, hi rune) bool {
 // formats are the string formats taken, as patterns of the texts JSON
 // Schema's format names (RFC 3339 dates, times and durations, without
 // leap seconds or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
-// address; hostnames of up to four labels; addresses of a common shape):
-// each matches only valid texts, not every one.
+// address; hostnames of up to four labels; addresses of a common shape;
+// RFC 3986 URIs and URI references, an IP literal's IPv6 as ipv6's;
+// RFC 6901 JSON pointers and their relative kind): each matches only
+// valid texts, not every one.
 var formats = map[string]string{
-	"date":      `^` + fmtDate + `$`,
-	"time":      `^` + fmtTime + `$`,
-	"date-time": `^` + fmtDate + `T` + fmtTime + `$`,
-	"uuid":      `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`,
-	"ipv4":      `^(` + fmtOctet + `\.){3}` + fmtOctet + `$`,
-	"ipv6":      `^(` + strings.ReplaceAll(fmtIPv6, "H", `[0-9a-fA-F]{1,4}`) + `)$`,
-	"hostname":  `^` + fmtLabel + `(\.` + fmtLabel + `){0,3}$`,
-	"duration":  `^P(` + fmtDurDate + `(T` + fmtDurTime + `)?|T` + fmtDurTime + `|[0-9]+W)$`,
-	"email":     `^[A-Za-z0-9_+-]{1,32}(\.[A-Za-z0-9_+-]{1,15})?@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$`,
+	"uri":                   `^` + fmtURI + `$`,
+	"uri-reference":         `^(` + fmtURI + `|` + fmtRelRef + `)$`,
+	"json-pointer":          `^` + fmtPointer + `$`,
+	"relative-json-pointer": `^(0|[1-9][0-9]*)(#|` + fmtPointer + `)$`,
+	"date":                  `^` + fmtDate + `$`,
+	"time":                  `^` + fmtTime + `$`,
+	"date-time":             `^` + fmtDate + `T` + fmtTime + `$`,
+	"uuid":                  `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`,
+	"ipv4":                  `^(` + fmtOctet + `\.){3}` + fmtOctet + `$`,
+	"ipv6":                  `^(` + fmtIPv6Lit + `)$`,
+	"hostname":              `^` + fmtLabel + `(\.` + fmtLabel + `){0,3}$`,
+	"duration":              `^P(` + fmtDurDate + `(T` + fmtDurTime + `)?|T` + fmtDurTime + `|[0-9]+W)$`,
+	"email":                 `^[A-Za-z0-9_+-]{1,32}(\.[A-Za-z0-9_+-]{1,15})?@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12}$`,
 }
 
 const (
@@ -111,6 +117,33 @@ const (
 	// A label of at most 61 characters, so that four and their dots stay
 	// within a hostname's 253.
 	fmtLabel = `[A-Za-z0-9]([A-Za-z0-9-]{0,59}[A-Za-z0-9])?`
+
+	// RFC 6901: "/"-led tokens, "~" escaped as "~0" and "/" as "~1".
+	fmtPointer = `(/([^/~]|~[01])*)*`
+)
+
+var (
+	// fmtIPv6Lit is an IP literal's IPv6 address, as the ipv6 format's.
+	fmtIPv6Lit = strings.ReplaceAll(fmtIPv6, "H", `[0-9A-Fa-f]{1,4}`)
+
+	// RFC 3986: a path's characters (pchar) without ':' (a relative
+	// reference's first segment takes none), then with it, and those of a
+	// query or fragment.
+	fmtPctEnc  = `%[0-9A-Fa-f]{2}`
+	fmtSegNC   = `([A-Za-z0-9._~!$&'()*+,;=@-]|` + fmtPctEnc + `)`
+	fmtPChar   = `([A-Za-z0-9._~!$&'()*+,;=:@-]|` + fmtPctEnc + `)`
+	fmtQuery   = `([A-Za-z0-9._~!$&'()*+,;=:@/?-]|` + fmtPctEnc + `)*`
+	fmtHost    = `(\[(` + fmtIPv6Lit + `|v[0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]|([A-Za-z0-9._~!$&'()*+,;=-]|` + fmtPctEnc + `)*)`
+	fmtAuth    = `(([A-Za-z0-9._~!$&'()*+,;=:-]|` + fmtPctEnc + `)*@)?` + fmtHost + `(:[0-9]*)?`
+	fmtAbempty = `(/` + fmtPChar + `*)*`
+	// A hierarchical part after "scheme:": an authority and its path, an
+	// absolute path, a rootless one or none; then a query and a fragment.
+	fmtURI = `[A-Za-z][A-Za-z0-9+.-]*:(//` + fmtAuth + fmtAbempty + `|/(` + fmtPChar + `+` + fmtAbempty + `)?|` +
+		fmtPChar + `+` + fmtAbempty + `)?(\?` + fmtQuery + `)?(#` + fmtQuery + `)?`
+	// A relative reference: as a URI's hierarchical part without its
+	// scheme, its first segment taking no ':'.
+	fmtRelRef = `(//` + fmtAuth + fmtAbempty + `|/(` + fmtPChar + `+` + fmtAbempty + `)?|` +
+		fmtSegNC + `+` + fmtAbempty + `)?(\?` + fmtQuery + `)?(#` + fmtQuery + `)?`
 )
 
 // compilePattern builds the automaton of the strings pattern matches

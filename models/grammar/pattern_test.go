@@ -91,6 +91,17 @@ func TestFormats(t *testing.T) {
 		{"duration", "P1Y2M3DT4H5M6S", true}, {"duration", "P3W", true}, {"duration", "PT36H", true}, {"duration", "P2D", true},
 		{"duration", "P", false}, {"duration", "PT", false}, {"duration", "P1D2Y", false}, {"duration", "PT1H1S", false}, {"duration", "P1W2D", false},
 		{"uuid", "123e4567-e89b-12d3-a456-426614174000", true}, {"ipv4", "255.255.255.255", true}, {"ipv4", "1.2.3", false},
+		{"uri", "https://example.com/a/b?x=1&y=%C3%A9#top", true}, {"uri", "mailto:ada@example.org", true}, {"uri", "urn:isbn:0451450523", true},
+		{"uri", "http://[::1]:8080/", true}, {"uri", "http://[v7.fe80::a]/", true}, {"uri", "foo:", true}, {"uri", "file:///etc/hosts", true},
+		{"uri", "http://user:pw@h:/p;q=1/%41", true}, {"uri", "//example.com", false}, {"uri", "http://exa mple.com", false},
+		{"uri", "1http://x", false}, {"uri", "http://h/%4", false}, {"uri", "http://[::1/", false}, {"uri", "http://h/<a>", false},
+		{"uri-reference", "", true}, {"uri-reference", "../a/b?c", true}, {"uri-reference", "//host/p", true}, {"uri-reference", "#frag", true},
+		{"uri-reference", "a:b", true}, {"uri-reference", "./a:b", true}, {"uri-reference", ":x", false}, {"uri-reference", "a b", false},
+		{"uri-reference", "/p%zz", false},
+		{"json-pointer", "", true}, {"json-pointer", "/a~1b/~0c", true}, {"json-pointer", "/", true}, {"json-pointer", "/a b/\u00e9", true},
+		{"json-pointer", "a", false}, {"json-pointer", "/~2", false},
+		{"relative-json-pointer", "0", true}, {"relative-json-pointer", "1/a", true}, {"relative-json-pointer", "2#", true},
+		{"relative-json-pointer", "01", false}, {"relative-json-pointer", "#", false}, {"relative-json-pointer", "0/~", false},
 	} {
 		d, err := compilePattern(formats[c.format])
 		if err != nil {

@@ -244,7 +244,8 @@ var schemas = []string{
 	`{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":["number","null"],"exclusiveMinimum":-2.5,"exclusiveMaximum":3.75},"m":{"type":"number","maximum":-0.5}},"required":["p","t","m"]}`,
 	`{"type":"object","properties":{"id":{"type":"string","format":"uuid"},"day":{"type":"string","format":"date"},` +
 		`"at":{"type":["string","null"],"format":"date-time"},"ip":{"type":"string","format":"ipv4"},"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]+$"},` +
-		`"tag":{"type":"string","pattern":"x\\.y|\\u00e9|^$|0"},"t":{"type":"string","format":"time"}},"required":["id","day","ip","code","tag"]}`,
+		`"tag":{"type":"string","pattern":"x\\.y|\\u00e9|^$|0"},"t":{"type":"string","format":"time"},"link":{"type":"string","format":"uri"},` +
+		`"ptr":{"type":"string","format":"json-pointer"}},"required":["id","day","ip","code","tag"]}`,
 	`{"type":"object","properties":{"qty":{"type":"integer","multipleOf":6},"price":{"type":"number","multipleOf":0.01,"minimum":0},` +
 		`"step":{"type":["number","null"],"multipleOf":2.5,"maximum":100}},"required":["qty","price","step"]}`,
 	`{"type":"object","properties":{"calls":{"type":"array","minItems":1,"items":{"type":"object","properties":{"get_time":{"type":"object","properties":{"tz":{"type":"string"}},"required":["tz"],"additionalProperties":false},` +
@@ -335,6 +336,9 @@ func TestSchemaDocuments(t *testing.T) {
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","at":null,"ip":"0.0.0.0","code":"ZZ-0","tag":"\u00e9"}`, true},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"\ud83d\ude00\u00e9\n"}`, true},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"😀é"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"0","link":"https:\/\/example.com\/a?b#c","ptr":"/a~1b"}`, true},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"0","link":"example.com"}`, false},
+		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ab","day":"2024-12-31","ip":"0.0.0.0","code":"ZZ-0","tag":"0","ptr":"a/b"}`, false},
 		{10, `{"id":"0A1B2C3D-0000-4fff-8abc-0123456789ab","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":"a0"}`, true},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789ag","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
 		{10, `{"id":"0a1b2c3d-0000-4fff-8abc-0123456789a","day":"2024-02-28","ip":"10.0.255.1","code":"AB-12","tag":""}`, false},
@@ -486,7 +490,7 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
-		{`{"type":"object","properties":{"s":{"type":"string","format":"uri"}}}`, `format "uri" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, time, uuid are)`},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"iri"}}}`, `format "iri" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, json-pointer, relative-json-pointer, time, uri, uri-reference, uuid are)`},
 		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
 		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
@@ -982,8 +986,128 @@ func validFormat(f, s string) bool {
 		a, err := mail.ParseAddress(s)
 		at := strings.LastIndexByte(s, '@')
 		return err == nil && a.Address == s && at <= 64 && validFormat("hostname", s[at+1:])
+	case "uri", "uri-reference":
+		return validURI(s, f == "uri-reference")
+	case "json-pointer":
+		return validPointer(s)
+	case "relative-json-pointer":
+		i := 0
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		return i > 0 && (s[0] != '0' || i == 1) && (s[i:] == "#" || validPointer(s[i:]))
 	}
 	return false
+}
+
+// validPointer is RFC 6901's JSON pointer: "/"-led tokens in which "~" is
+// followed by "0" or "1".
+func validPointer(s string) bool {
+	if s == "" {
+		return true
+	}
+	if s[0] != '/' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '~' && (i+1 == len(s) || s[i+1] != '0' && s[i+1] != '1') {
+			return false
+		}
+	}
+	return true
+}
+
+// validURI is RFC 3986's URI (with ref, URI-reference) grammar read by
+// hand: a scheme up to the first ':' before any '/', '?' or '#' (where
+// there is none, a relative reference), the fragment after the first
+// '#', the query after the first '?', then an authority after "//" and a
+// path of segments.
+func validURI(s string, ref bool) bool {
+	const unreserved = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~"
+	const subDelims = "!$&'()*+,;="
+	chars := func(s, extra string) bool {
+		for i := 0; i < len(s); i++ {
+			switch {
+			case s[i] == '%':
+				if i+2 >= len(s) || !strings.ContainsRune("0123456789abcdefABCDEF", rune(s[i+1])) || !strings.ContainsRune("0123456789abcdefABCDEF", rune(s[i+2])) {
+					return false
+				}
+				i += 2
+			case !strings.ContainsRune(unreserved+subDelims+extra, rune(s[i])):
+				return false
+			}
+		}
+		return true
+	}
+	rest := s
+	if i := strings.IndexAny(s, ":/?#"); i >= 0 && s[i] == ':' {
+		scheme := s[:i]
+		if scheme == "" || !strings.ContainsRune(unreserved[:52], rune(scheme[0])) ||
+			strings.Trim(scheme, unreserved[:62]+"+-.") != "" {
+			return false // no scheme, and a ':' in a relative reference's first segment
+		}
+		rest = s[i+1:]
+	} else if !ref {
+		return false
+	}
+	rest, frag, _ := strings.Cut(rest, "#")
+	rest, query, _ := strings.Cut(rest, "?")
+	if !chars(frag, ":@/?") || !chars(query, ":@/?") {
+		return false
+	}
+	path := rest
+	if after, ok := strings.CutPrefix(rest, "//"); ok {
+		auth := after
+		if j := strings.IndexByte(after, '/'); j >= 0 {
+			auth, path = after[:j], after[j:]
+		} else {
+			path = ""
+		}
+		if user, host, ok := strings.Cut(auth, "@"); ok {
+			if !chars(user, ":") {
+				return false
+			}
+			auth = host
+		}
+		port := ""
+		if strings.HasPrefix(auth, "[") {
+			j := strings.IndexByte(auth, ']')
+			if j < 0 {
+				return false
+			}
+			lit := auth[1:j]
+			a, err := netip.ParseAddr(lit)
+			future := len(lit) > 2 && lit[0] == 'v' && strings.Contains(lit, ".")
+			if future {
+				hex, rest, _ := strings.Cut(lit[1:], ".")
+				future = hex != "" && strings.Trim(hex, "0123456789abcdefABCDEF") == "" && rest != "" &&
+					strings.Trim(rest, unreserved+subDelims+":") == ""
+			}
+			if !(err == nil && a.Is6() && a.Zone() == "") && !future {
+				return false
+			}
+			if p, ok := strings.CutPrefix(auth[j+1:], ":"); ok {
+				port = p
+			} else if auth[j+1:] != "" {
+				return false
+			}
+		} else {
+			host, p, _ := strings.Cut(auth, ":")
+			if !chars(host, "") {
+				return false
+			}
+			port = p
+		}
+		if strings.Trim(port, "0123456789") != "" {
+			return false
+		}
+	}
+	for _, seg := range strings.Split(path, "/") {
+		if !chars(seg, ":@") {
+			return false
+		}
+	}
+	return true
 }
 
 // validDuration is RFC 3339's appendix A grammar of durations, read by
