@@ -57,6 +57,9 @@ type Config struct {
 	NormTopK        bool
 	// SparseLayer reports which layers use the MoE block.
 	SparseLayers []bool
+	// FP8 is the block-wise FP8 quantization of the checkpoint's weights,
+	// nil for none (fp8.go).
+	FP8 *FP8
 }
 
 // rawConfig mirrors the fields of config.json that matter, in both the 4.x
@@ -93,6 +96,7 @@ type rawConfig struct {
 	SharedExpertSize  int             `json:"shared_expert_intermediate_size"`
 	DType             string          `json:"dtype"`
 	TorchDType        string          `json:"torch_dtype"`
+	Quantization      *rawQuant       `json:"quantization_config"`
 }
 
 type rawRope struct {
@@ -169,6 +173,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	if r.SharedExpertSize > 0 {
 		return nil, unsupported("shared experts")
 	}
+	var err error
+	if c.FP8, err = parseQuant(r.Quantization); err != nil {
+		return nil, err
+	}
 	c.KVHeads = c.Heads
 	if r.NumKVHeads != nil {
 		c.KVHeads = *r.NumKVHeads
@@ -186,7 +194,6 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := parseRope(c, &r); err != nil {
 		return nil, err
 	}
-	var err error
 	if c.EOS, err = tokenIDs(r.EOS); err != nil {
 		return nil, fmt.Errorf("config.json: eos_token_id: %w", err)
 	}

@@ -89,10 +89,16 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(llamaJSON))
 	f.Add([]byte(`{"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":10,"num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":8,"mlp_only_layers":[1,-5,99]}`))
 	f.Add([]byte(`{"model_type":"olmo2","hidden_size":1,"num_hidden_layers":1,"num_attention_heads":1,"vocab_size":1,"intermediate_size":1,"eos_token_id":"x"}`))
+	f.Add([]byte(`{"model_type":"qwen3","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"intermediate_size":8,` +
+		`"quantization_config":{"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}}`))
+	f.Add([]byte(`{"model_type":"llama","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"intermediate_size":8,"quantization_config":{"quant_method":"gptq"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseConfig(data)
 		if err != nil {
 			return
+		}
+		if q := c.FP8; q != nil && (q.Block[0] < 1 || q.Block[1] < 1) {
+			t.Fatalf("accepted fp8 blocks %v", q.Block)
 		}
 		// A config that parses must describe usable shapes.
 		if c.Hidden <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.Heads%c.KVHeads != 0 || c.HeadDim <= 0 || c.Vocab <= 0 {

@@ -434,7 +434,9 @@ func Check(cfg *Config, ckpt *safetensors.Checkpoint) error {
 			return unsupported("missing tensor %s", w.Name)
 		}
 		if _, err := dtypeOf(t.DType); err != nil {
-			return unsupported("tensor %s: %v", w.Name, err)
+			if _, err := checkFP8(cfg.FP8, ckpt, w.Name, t); err != nil {
+				return unsupported("tensor %s: %v", w.Name, err)
+			}
 		}
 		if !sameShape(t.Shape, w.Shape) {
 			return unsupported("tensor %s has shape %v, want %v", w.Name, t.Shape, w.Shape)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -107,35 +108,55 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 		return 0, nil, fmt.Errorf("load: missing tensor %s", name)
 	}
 	dt, err := dtypeOf(t.DType)
-	if err != nil {
-		return 0, nil, fmt.Errorf("load: tensor %s: %w", name, err)
+	data, fp8 := t.Data, err != nil
+	if fp8 {
+		// Block-wise FP8, dequantized here; any other dtype refused.
+		s, err := checkFP8(m.Config.FP8, ckpt, name, t)
+		if err != nil {
+			return 0, nil, fmt.Errorf("load: tensor %s: %w", name, err)
+		}
+		dt, data = gpu.BF16, dequantFP8(m.Config.FP8, t, s)
 	}
+	part, fresh := m.part(name, t.Shape, dt, data)
+	if fp8 && !fresh && len(part) < len(data) {
+		part, fresh = slices.Clone(part), true // the rank's rows alone
+	}
+	if fp8 || fresh {
+		// Host memory of the load's own, kept while the model is loaded.
+		m.hostSlice = append(m.hostSlice, part)
+	}
+	taken := len(t.Data)
+	if len(part) != len(data) {
+		taken /= m.opts.Shard.Size
+	}
+	m.took(taken)
+	return dt, part, nil
+}
+
+// part is this shard's part of the named tensor of shape whose elements of
+// dt are data: all of it, or its rows or columns of the shard's rank; fresh
+// where it was copied out of data.
+func (m *Model) part(name string, shape []int, dt gpu.DType, data []byte) (part []byte, fresh bool) {
 	how := m.cut(name)
 	if how == cutNone {
-		m.took(len(t.Data))
-		return dt, t.Data, nil
+		return data, false
 	}
 	sh := m.opts.Shard
-	rows, cols := t.Shape[0], 1
-	if len(t.Shape) == 2 {
-		cols = t.Shape[1]
+	rows, cols := shape[0], 1
+	if len(shape) == 2 {
+		cols = shape[1]
 	}
 	es := dt.Size()
-	switch how {
-	case cutRows:
+	if how == cutRows {
 		per := rows / sh.Size
-		m.took(per * cols * es)
-		return dt, t.Data[sh.Rank*per*cols*es : (sh.Rank+1)*per*cols*es], nil
-	default:
-		per := cols / sh.Size
-		out := make([]byte, rows*per*es)
-		for r := range rows {
-			copy(out[r*per*es:(r+1)*per*es], t.Data[(r*cols+sh.Rank*per)*es:(r*cols+(sh.Rank+1)*per)*es])
-		}
-		m.hostSlice = append(m.hostSlice, out)
-		m.took(len(out))
-		return dt, out, nil
+		return data[sh.Rank*per*cols*es : (sh.Rank+1)*per*cols*es], false
 	}
+	per := cols / sh.Size
+	out := make([]byte, rows*per*es)
+	for r := range rows {
+		copy(out[r*per*es:(r+1)*per*es], data[(r*cols+sh.Rank*per)*es:(r*cols+(sh.Rank+1)*per)*es])
+	}
+	return out, true
 }
 
 // took counts n more bytes of the checkpoint taken by the load and tells

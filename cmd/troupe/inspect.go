@@ -22,7 +22,9 @@ type report struct {
 	Summary      string           `json:"summary"`
 	Parameters   int64            `json:"parameters"`
 	DTypes       map[string]int64 `json:"dtypes"` // parameters per dtype
-	WeightBytes  int64            `json:"weight_bytes"`
+	WeightBytes  int64            `json:"weight_bytes"` // once loaded: fp8 weights dequantized to bf16
+	// Quantization names a quantized checkpoint's scheme, as loaded.
+	Quantization string `json:"quantization,omitempty"`
 	KVBytesPer   int64            `json:"kv_bytes_per_token"`
 	Context      int              `json:"context_length"`
 	MemoryBytes  int64            `json:"memory_bytes"` // weights + a full context of KV (bf16)
@@ -65,6 +67,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for _, k := range keys {
 		fmt.Fprintf(stdout, "  %-11s %s\n", k, count(r.DTypes[k]))
 	}
+	if r.Quantization != "" {
+		fmt.Fprintf(stdout, "quantization  %s\n", r.Quantization)
+	}
 	fmt.Fprintf(stdout, "weights       %s\n", bytesOf(r.WeightBytes))
 	fmt.Fprintf(stdout, "kv cache      %s per token (bf16), %s for the full context of %d\n", bytesOf(r.KVBytesPer), bytesOf(r.KVBytesPer*int64(r.Context)), r.Context)
 	fmt.Fprintf(stdout, "memory needed %s for one sequence at full context\n", bytesOf(r.MemoryBytes))
@@ -85,7 +90,10 @@ func inspect(b *models.Bundle) report {
 	for _, w := range models.Expected(c) {
 		t, _ := b.Checkpoint.Tensor(w.Name)
 		r.DTypes[t.DType] += int64(t.Elements())
-		r.WeightBytes += t.Bytes()
+	}
+	r.WeightBytes = models.LoadedBytes(c, b.Checkpoint)
+	if q := c.FP8; q != nil {
+		r.Quantization = fmt.Sprintf("fp8 e4m3 in blocks of %d×%d, dequantized to bf16 as it loads", q.Block[0], q.Block[1])
 	}
 	r.KVBytesPer = int64(2*c.Layers*c.KVHeads*c.HeadDim) * 2
 	r.MemoryBytes = r.WeightBytes + r.KVBytesPer*int64(c.MaxPositions)

@@ -205,7 +205,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	}
 	fmt.Fprintf(log, "loading %s (%s) on %s: %s\n", n.bundle.Name, mc.Describe(), n.dev.Name(), what)
 	var kvNote string
-	if n.blocks, n.kvAuto, kvNote, err = kvBlocks(cfg, mc, n.bundle.Checkpoint.Bytes(), n.cacheDT, n.dev); err != nil {
+	if n.blocks, n.kvAuto, kvNote, err = kvBlocks(cfg, mc, models.LoadedBytes(mc, n.bundle.Checkpoint), n.cacheDT, n.dev); err != nil {
 		return nil, err
 	}
 	if kvNote != "" {

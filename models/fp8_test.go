@@ -1,0 +1,333 @@
+package models_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/troupe/troupe/gpu"
+	"github.com/troupe/troupe/gpu/cpu"
+	"github.com/troupe/troupe/models"
+	"github.com/troupe/troupe/models/modeltest"
+	"github.com/troupe/troupe/models/safetensors"
+)
+
+// e4m3 is the value of a float8 e4m3fn code, read from its fields: the
+// test's own decoding.
+func e4m3(c byte) float64 {
+	exp, man := int(c>>3&15), float64(c&7)
+	if exp == 15 && man == 7 {
+		return math.NaN()
+	}
+	v := man / 8 * math.Pow(2, -6)
+	if exp > 0 {
+		v = (1 + man/8) * math.Pow(2, float64(exp-7))
+	}
+	if c&0x80 != 0 {
+		v = -v
+	}
+	return v
+}
+
+// toE4M3 is the code nearest v (|v| at most 448), ties to the even code:
+// the positive codes 0 to 0x7e rise with their values.
+func toE4M3(v float64) byte {
+	a := math.Abs(v)
+	c := sort.Search(0x7e, func(c int) bool { return e4m3(byte(c+1)) >= a }) // e4m3(c) < a <= e4m3(c+1)
+	if c < 0x7e {
+		if lo, hi := a-e4m3(byte(c)), e4m3(byte(c+1))-a; hi < lo || hi == lo && c&1 == 1 {
+			c++
+		}
+	}
+	if v < 0 {
+		return byte(c) | 0x80
+	}
+	return byte(c)
+}
+
+// fp8Block is the block of the test's checkpoints: rows and columns that
+// leave partial blocks at the fixtures' edges.
+var fp8Block = [2]int{48, 80}
+
+// quantize writes an FP8 copy of the checkpoint in src to dir (every
+// projection in e4m3 with block scales, F32 for the attention's and bf16
+// for the MLP's) and a bf16 copy of the same weights dequantized by hand to
+// plain: a scale a block of fp8Block, each value the float32 product of
+// its code and its scale, rounded to bfloat16.
+func quantize(t *testing.T, src, dir, plain string) {
+	t.Helper()
+	ckpt, err := safetensors.OpenDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	var fp8, bf16 []*safetensors.Tensor
+	for _, name := range ckpt.Names() {
+		w, _ := ckpt.Tensor(name)
+		if !strings.HasSuffix(name, "_proj.weight") {
+			fp8, bf16 = append(fp8, w), append(bf16, w)
+			continue
+		}
+		if w.DType != "BF16" || len(w.Shape) != 2 {
+			t.Fatalf("%s: %s %v", name, w.DType, w.Shape)
+		}
+		rows, cols := w.Shape[0], w.Shape[1]
+		br, bc := (rows+fp8Block[0]-1)/fp8Block[0], (cols+fp8Block[1]-1)/fp8Block[1]
+		scales := make([]float32, br*bc)
+		for i := range rows {
+			for j := range cols {
+				v := math.Abs(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*(i*cols+j):]))))
+				s := &scales[i/fp8Block[0]*bc+j/fp8Block[1]]
+				*s = max(*s, float32(v/448))
+			}
+		}
+		mlp := strings.Contains(name, "mlp.")
+		sdt, sdata := "F32", make([]byte, 4*len(scales))
+		if mlp {
+			sdt, sdata = "BF16", make([]byte, 2*len(scales))
+		}
+		for i, s := range scales {
+			if s == 0 {
+				s = 1
+			}
+			if mlp {
+				h := gpu.F32ToBF16(s)
+				binary.LittleEndian.PutUint16(sdata[2*i:], h)
+				s = gpu.BF16ToF32(h)
+			} else {
+				binary.LittleEndian.PutUint32(sdata[4*i:], math.Float32bits(s))
+			}
+			scales[i] = s
+		}
+		codes, deq := make([]byte, rows*cols), make([]byte, 2*rows*cols)
+		for i := range rows {
+			for j := range cols {
+				k := i*cols + j
+				s := float64(scales[i/fp8Block[0]*bc+j/fp8Block[1]])
+				codes[k] = toE4M3(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*k:]))) / s)
+				// Exact in float64 (3 + 24 significant bits), then
+				// rounded as a float32 product is, then to bfloat16.
+				binary.LittleEndian.PutUint16(deq[2*k:], gpu.F32ToBF16(float32(e4m3(codes[k])*s)))
+			}
+		}
+		fp8 = append(fp8, &safetensors.Tensor{Name: name, DType: "F8_E4M3", Shape: w.Shape, Data: codes},
+			&safetensors.Tensor{Name: name + "_scale_inv", DType: sdt, Shape: []int{br, bc}, Data: sdata})
+		bf16 = append(bf16, &safetensors.Tensor{Name: name, DType: "BF16", Shape: w.Shape, Data: deq})
+	}
+	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	write := func(dir string, ts []*safetensors.Tensor, cfg map[string]any) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := safetensors.Write(&b, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := json.Marshal(cfg)
+		if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), c, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(plain, bf16, cfg)
+	cfg["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": fp8Block[:]}
+	write(dir, fp8, cfg)
+}
+
+func TestFP8Codes(t *testing.T) {
+	for c, want := range map[byte]float64{0x00: 0, 0x01: 1.0 / 512, 0x08: 1.0 / 64, 0x38: 1, 0x3c: 1.5, 0x7e: 448, 0xb8: -1, 0xfe: -448} {
+		if got := e4m3(c); got != want {
+			t.Errorf("e4m3(%#x) = %v, want %v", c, got, want)
+		}
+	}
+	for _, v := range []float64{0, 1, -1, 448, -448, 1.0 / 512, 3.3, -0.07, 1.0625, 1.1875} {
+		if got := e4m3(toE4M3(v)); math.Abs(got-v) > math.Abs(v)/16 {
+			t.Errorf("%v coded as %v", v, got)
+		}
+	}
+	// Ties between two codes go to the even one.
+	if toE4M3(1.0625) != 0x38 || toE4M3(1.1875) != 0x3a {
+		t.Errorf("ties coded as %#x and %#x, want 0x38 and 0x3a", toE4M3(1.0625), toE4M3(1.1875))
+	}
+}
+
+// TestFP8Checkpoints: block-wise FP8 checkpoints (dense and MoE, scales in
+// float32 and bfloat16, blocks cut at the edges) load dequantized to
+// exactly the weights of a bf16 checkpoint dequantized by hand: the same
+// logits bit for bit, whole and split over two ranks; and their logits
+// stay near the unquantized model's.
+func TestFP8Checkpoints(t *testing.T) {
+	for _, f := range []string{"qwen3", "qwen3-moe"} {
+		t.Run(f, func(t *testing.T) {
+			src := modeltest.MustShared(t, filepath.Join("fixtures", f))
+			dir, plain := t.TempDir(), t.TempDir()
+			quantize(t, src, dir, plain)
+			q, err := models.OpenDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			if q.Config.FP8 == nil || q.Config.FP8.Block != fp8Block {
+				t.Fatalf("quantization read as %+v", q.Config.FP8)
+			}
+			if err := models.Check(q.Config, q.Checkpoint); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := models.LoadedBytes(q.Config, q.Checkpoint), 2*models.Params(q.Config); got != want {
+				t.Errorf("loaded bytes %d, want %d", got, want)
+			}
+			want := readReference(t, filepath.Join(src, "reference.safetensors"))
+			var logits [3][]float32
+			for i, d := range []string{dir, plain, src} {
+				dev := openCPU(t)
+				defer dev.Close()
+				m := loadModel(t, d, dev, models.Options{MaxTokens: 64})
+				s, err := m.NewSequence(len(want.prompt))
+				if err != nil {
+					t.Fatal(err)
+				}
+				l, err := s.Feed(context.Background(), want.prompt, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				logits[i] = append([]float32(nil), l...)
+				s.Close()
+			}
+			for i := range logits[0] {
+				if math.Float32bits(logits[0][i]) != math.Float32bits(logits[1][i]) {
+					t.Fatalf("logit %d: fp8 %v, bf16 dequantized by hand %v", i, logits[0][i], logits[1][i])
+				}
+			}
+			var num, den float64
+			for i, v := range logits[2] {
+				d := float64(logits[0][i] - v)
+				num, den = num+d*d, den+float64(v)*float64(v)
+			}
+			rel := math.Sqrt(num / den)
+			t.Logf("fp8 logits against the unquantized model's: relative L2 %.3e", rel)
+			if rel > 0.1 || math.IsNaN(rel) {
+				t.Errorf("fp8 logits relative L2 %.3e from the unquantized model's", rel)
+			}
+			if f != "qwen3" {
+				return
+			}
+			// Split over two ranks: the dequantized weights' rows and
+			// columns of each.
+			var devs []gpu.Device
+			for range 2 {
+				d, err := cpu.New(cpu.Config{Threads: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Close()
+				devs = append(devs, d)
+			}
+			dev := openCPU(t)
+			defer dev.Close()
+			whole := loadModel(t, dir, dev, models.Options{MaxTokens: 16})
+			red := newHostReducer(devs)
+			split, err := models.LoadTP(q.Config, q.Checkpoint, devs, []models.Reducer{hostRank{red, 0}, hostRank{red, 1}}, models.Options{MaxTokens: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer split.Close()
+			if rel, greedy := compareSplit(t, whole, split, want.prompt[:min(12, len(want.prompt))], 4); rel > 1e-5 || math.IsNaN(rel) {
+				t.Errorf("fp8 split over two ranks: logits relative L2 %.3e, greedy %v", rel, greedy)
+			}
+		})
+	}
+}
+
+// TestFP8Refused: quantized checkpoints that are not served, and fp8
+// weights whose scales are missing or wrong, are refused by name.
+func TestFP8Refused(t *testing.T) {
+	src := modeltest.MustShared(t, filepath.Join("fixtures", "qwen3"))
+	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q, want := range map[string]string{
+		`{"quant_method":"awq","bits":4}`:                                   `quantization "awq"`,
+		`{"quant_method":"fp8","activation_scheme":"static"}`:               `activation_scheme "static"`,
+		`{"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]}`: `fp8 format "e5m2"`,
+		`{"quant_method":"fp8"}`:                                            "without weight_block_size",
+		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                "weight_block_size [0 128]",
+	} {
+		c := strings.Replace(string(raw), "{", `{"quantization_config":`+q+",", 1)
+		_, err := models.ParseConfig([]byte(c))
+		var ue *models.UnsupportedError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an unsupported checkpoint naming %s", q, err, want)
+		}
+	}
+
+	dir, plain := t.TempDir(), t.TempDir()
+	quantize(t, src, dir, plain)
+	b, err := models.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	weight := "model.layers.0.self_attn.q_proj.weight"
+	good, _ := b.Checkpoint.Tensor(weight)
+	scales, _ := b.Checkpoint.Tensor(weight + "_scale_inv")
+	for _, c := range []struct {
+		name    string
+		tensors []*safetensors.Tensor // in place of the weight and its scales
+		fp8     *models.FP8
+		want    string
+	}{
+		{"no scales", []*safetensors.Tensor{good}, b.Config.FP8, "without its scales"},
+		{"scales of the wrong shape", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F32", Shape: []int{1, 1}, Data: make([]byte, 4)}}, b.Config.FP8, "have shape [1 1]"},
+		{"scales in f16", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F16", Shape: scales.Shape, Data: make([]byte, 2*scales.Elements())}}, b.Config.FP8, "want F32 or BF16"},
+		{"no quantization_config", []*safetensors.Tensor{good, scales}, nil, "without a quantization_config"},
+		{"e5m2", []*safetensors.Tensor{{Name: weight, DType: "F8_E5M2", Shape: good.Shape, Data: good.Data}, scales}, b.Config.FP8, "dtype F8_E5M2"},
+	} {
+		var ts []*safetensors.Tensor
+		for _, n := range b.Checkpoint.Names() {
+			if n != weight && n != scales.Name {
+				t, _ := b.Checkpoint.Tensor(n)
+				ts = append(ts, t)
+			}
+		}
+		var buf bytes.Buffer
+		if err := safetensors.Write(&buf, append(ts, c.tensors...), nil); err != nil {
+			t.Fatal(err)
+		}
+		ckpt, err := safetensors.FromBytes(buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := *b.Config
+		cfg.FP8 = c.fp8
+		err = models.Check(&cfg, ckpt)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Check says %v, want %q", c.name, err, c.want)
+		}
+		dev := openCPU(t)
+		if m, err := models.Load(&cfg, ckpt, dev, models.Options{MaxTokens: 16}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Load says %v, want %q", c.name, err, c.want)
+			if m != nil {
+				m.Close()
+			}
+		}
+		dev.Close()
+	}
+}
