@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -319,7 +320,7 @@ func TestServeJSONSchema(t *testing.T) {
 	}{
 		{map[string]any{"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}, `no multiple of 7`},
 		{map[string]any{"type": "string", "pattern": "^a(?=b)"}, `pattern "^a(?=b)"`},
-		{map[string]any{"type": "string", "format": "uri"}, `format "uri" is not supported`},
+		{map[string]any{"type": "string", "format": "iri"}, `format "iri" is not supported`},
 	} {
 		bad := map[string]any{"type": "object", "properties": map[string]any{"id": c2.prop}}
 		_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
@@ -691,17 +692,41 @@ func TestServeToolCalls(t *testing.T) {
 		t.Errorf("after the answers: finish %q", ch.FinishReason)
 	}
 
+	// A forced call's string of a format is written in it: a URI here.
+	link := func(format string) openai.ChatCompletionToolUnionParam {
+		return openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name: "open", Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"url": map[string]any{"type": "string", "format": format}},
+				"required": []any{"url"}, "additionalProperties": false},
+		})
+	}
+	resp, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("uri"), clock}, MaxTokens: openai.Int(200),
+		ToolChoice: openai.ToolChoiceOptionFunctionToolChoice(openai.ChatCompletionNamedToolChoiceFunctionParam{Name: "open"}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The demo model may not end its URI within the tokens: then the call
+	// comes back as the text it was, cut.
+	switch ch := resp.Choices[0]; {
+	case len(ch.Message.ToolCalls) == 1:
+		var a struct{ URL string }
+		err := json.Unmarshal([]byte(ch.Message.ToolCalls[0].Function.Arguments), &a)
+		u, perr := url.Parse(a.URL)
+		if err != nil || perr != nil || u.Scheme == "" {
+			t.Errorf("forced open: arguments %s (%v, %v), want a URI", ch.Message.ToolCalls[0].Function.Arguments, err, perr)
+		}
+	case ch.FinishReason != "length" || !strings.HasPrefix(strings.Join(strings.Fields(ch.Message.Content), ""), `{"url":"`):
+		t.Errorf("forced open: finish %q, %s", ch.FinishReason, ch.Message.RawJSON())
+	}
 	// Parameters the grammar cannot follow are refused when a call is
 	// forced, naming what.
-	link := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
-		Name: "open", Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"url": map[string]any{"type": "string", "format": "uri"}}},
-	})
 	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
-		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link, clock},
+		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("iri"), clock},
 		ToolChoice: openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
 	})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "uri"`) {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "iri"`) {
 		t.Errorf("parameters with a format of no grammar: %v, want a 400 that names it", err)
 	}
 }
