@@ -21,10 +21,9 @@ type report struct {
 	ModelType    string           `json:"model_type"`
 	Summary      string           `json:"summary"`
 	Parameters   int64            `json:"parameters"`
-	DTypes       map[string]int64 `json:"dtypes"` // parameters per dtype
-	WeightBytes  int64            `json:"weight_bytes"` // once loaded: fp8 weights dequantized to bf16
-	// Quantization names a quantized checkpoint's scheme, as loaded.
-	Quantization string `json:"quantization,omitempty"`
+	DTypes       map[string]int64 `json:"dtypes"`                 // parameters per dtype
+	Quantization string           `json:"quantization,omitempty"` // a quantized checkpoint's scheme, as loaded
+	WeightBytes  int64            `json:"weight_bytes"`           // once loaded: fp8 weights dequantized to bf16
 	KVBytesPer   int64            `json:"kv_bytes_per_token"`
 	Context      int              `json:"context_length"`
 	MemoryBytes  int64            `json:"memory_bytes"` // weights + a full context of KV (bf16)
