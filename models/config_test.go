@@ -92,12 +92,14 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"model_type":"qwen3","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"intermediate_size":8,` +
 		`"quantization_config":{"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}}`))
 	f.Add([]byte(`{"model_type":"llama","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"intermediate_size":8,"quantization_config":{"quant_method":"gptq"}}`))
+	f.Add([]byte(`{"model_type":"llama","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"intermediate_size":8,"quantization_config":` +
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"group_0":{"weights":{"type":"float","num_bits":8,"strategy":"block","block_structure":[128,128]}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseConfig(data)
 		if err != nil {
 			return
 		}
-		if q := c.FP8; q != nil && (q.Block[0] < 1 || q.Block[1] < 1) {
+		if q := c.FP8; q != nil && (q.Block[0] < 0 || q.Block[1] < 0 || q.Scale == "") {
 			t.Fatalf("accepted fp8 blocks %v", q.Block)
 		}
 		// A config that parses must describe usable shapes.

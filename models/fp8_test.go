@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -53,16 +54,47 @@ func toE4M3(v float64) byte {
 	return byte(c)
 }
 
-// fp8Block is the block of the test's checkpoints: rows and columns that
-// leave partial blocks at the fixtures' edges.
-var fp8Block = [2]int{48, 80}
+// fp8Scheme is how a test checkpoint is quantized: its quantization_config,
+// the suffix of its scales' names, the rows and columns a scale covers (0:
+// all of them) and the shape its scales are stored in.
+type fp8Scheme struct {
+	name   string
+	config map[string]any
+	suffix string
+	block  [2]int
+	shape  func(r, c int) []int // scales down the rows and across the columns
+}
 
-// quantize writes an FP8 copy of the checkpoint in src to dir (every
-// projection in e4m3 with block scales, F32 for the attention's and bf16
-// for the MLP's) and a bf16 copy of the same weights dequantized by hand to
-// plain: a scale a block of fp8Block, each value the float32 product of
-// its code and its scale, rounded to bfloat16.
-func quantize(t *testing.T, src, dir, plain string) {
+// ctsConfig is a compressed-tensors config of one group whose weights take
+// strategy (with block, where it is "block").
+func ctsConfig(strategy string, block []int) map[string]any {
+	w := map[string]any{"type": "float", "num_bits": 8, "strategy": strategy, "symmetric": true, "dynamic": false}
+	if block != nil {
+		w["block_structure"] = block
+	}
+	return map[string]any{"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": []any{"lm_head"},
+		"config_groups": map[string]any{"group_0": map[string]any{"targets": []any{"Linear"}, "weights": w,
+			"input_activations": map[string]any{"type": "float", "num_bits": 8, "strategy": "token", "dynamic": true}}}}
+}
+
+// fp8Schemes are the schemes served, with blocks that leave partial ones
+// at the fixtures' edges.
+var fp8Schemes = []fp8Scheme{
+	{"fp8 blocks", map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": []int{48, 80}},
+		"_scale_inv", [2]int{48, 80}, func(r, c int) []int { return []int{r, c} }},
+	{"fbgemm rows", map[string]any{"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200},
+		"_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r, 1} }},
+	{"compressed-tensors channels", ctsConfig("channel", nil), "_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r} }},
+	{"compressed-tensors tensor", ctsConfig("tensor", nil), "_scale", [2]int{0, 0}, func(r, c int) []int { return nil }},
+	{"compressed-tensors blocks", ctsConfig("block", []int{64, 96}), "_scale", [2]int{64, 96}, func(r, c int) []int { return []int{r, c} }},
+}
+
+// quantize writes a copy of the checkpoint in src quantized by sc to dir
+// (every projection in e4m3 with its scales, F32 for the attention's,
+// bf16 for the gate's and up's, f16 for the down's) and a bf16 copy of
+// the same weights dequantized by hand to plain: each value the float32
+// product of its code and its scale, rounded to bfloat16.
+func quantize(t *testing.T, sc fp8Scheme, src, dir, plain string) {
 	t.Helper()
 	ckpt, err := safetensors.OpenDir(src)
 	if err != nil {
@@ -80,29 +112,37 @@ func quantize(t *testing.T, src, dir, plain string) {
 			t.Fatalf("%s: %s %v", name, w.DType, w.Shape)
 		}
 		rows, cols := w.Shape[0], w.Shape[1]
-		br, bc := (rows+fp8Block[0]-1)/fp8Block[0], (cols+fp8Block[1]-1)/fp8Block[1]
-		scales := make([]float32, br*bc)
+		br, bc := cmp.Or(sc.block[0], rows), cmp.Or(sc.block[1], cols)
+		nr, nc := (rows+br-1)/br, (cols+bc-1)/bc
+		at := func(i, j int) int { return i/br*nc + j/bc }
+		scales := make([]float32, nr*nc)
 		for i := range rows {
 			for j := range cols {
 				v := math.Abs(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*(i*cols+j):]))))
-				s := &scales[i/fp8Block[0]*bc+j/fp8Block[1]]
-				*s = max(*s, float32(v/448))
+				scales[at(i, j)] = max(scales[at(i, j)], float32(v/448))
 			}
 		}
-		mlp := strings.Contains(name, "mlp.")
 		sdt, sdata := "F32", make([]byte, 4*len(scales))
-		if mlp {
+		if strings.Contains(name, "mlp.") {
 			sdt, sdata = "BF16", make([]byte, 2*len(scales))
+			if strings.Contains(name, "down_proj") {
+				sdt = "F16"
+			}
 		}
 		for i, s := range scales {
 			if s == 0 {
 				s = 1
 			}
-			if mlp {
+			switch sdt {
+			case "BF16":
 				h := gpu.F32ToBF16(s)
 				binary.LittleEndian.PutUint16(sdata[2*i:], h)
 				s = gpu.BF16ToF32(h)
-			} else {
+			case "F16":
+				h := gpu.F32ToF16(s)
+				binary.LittleEndian.PutUint16(sdata[2*i:], h)
+				s = gpu.F16ToF32(h)
+			default:
 				binary.LittleEndian.PutUint32(sdata[4*i:], math.Float32bits(s))
 			}
 			scales[i] = s
@@ -111,7 +151,7 @@ func quantize(t *testing.T, src, dir, plain string) {
 		for i := range rows {
 			for j := range cols {
 				k := i*cols + j
-				s := float64(scales[i/fp8Block[0]*bc+j/fp8Block[1]])
+				s := float64(scales[at(i, j)])
 				codes[k] = toE4M3(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*k:]))) / s)
 				// Exact in float64 (3 + 24 significant bits), then
 				// rounded as a float32 product is, then to bfloat16.
@@ -119,7 +159,7 @@ func quantize(t *testing.T, src, dir, plain string) {
 			}
 		}
 		fp8 = append(fp8, &safetensors.Tensor{Name: name, DType: "F8_E4M3", Shape: w.Shape, Data: codes},
-			&safetensors.Tensor{Name: name + "_scale_inv", DType: sdt, Shape: []int{br, bc}, Data: sdata})
+			&safetensors.Tensor{Name: name + sc.suffix, DType: sdt, Shape: sc.shape(nr, nc), Data: sdata})
 		bf16 = append(bf16, &safetensors.Tensor{Name: name, DType: "BF16", Shape: w.Shape, Data: deq})
 	}
 	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
@@ -147,7 +187,7 @@ func quantize(t *testing.T, src, dir, plain string) {
 		}
 	}
 	write(plain, bf16, cfg)
-	cfg["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": fp8Block[:]}
+	cfg["quantization_config"] = sc.config
 	write(dir, fp8, cfg)
 }
 
@@ -174,17 +214,21 @@ func TestFP8Codes(t *testing.T) {
 // logits bit for bit, whole and split over two ranks; and their logits
 // stay near the unquantized model's.
 func TestFP8Checkpoints(t *testing.T) {
-	for _, f := range []string{"qwen3", "qwen3-moe"} {
-		t.Run(f, func(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		scheme  int
+	}{{"qwen3", 0}, {"qwen3-moe", 0}, {"llama-gqa", 1}, {"llama-gqa", 2}, {"olmo2", 3}, {"qwen3", 4}} {
+		f, sc := c.fixture, fp8Schemes[c.scheme]
+		t.Run(f+"/"+sc.name, func(t *testing.T) {
 			src := modeltest.MustShared(t, filepath.Join("fixtures", f))
 			dir, plain := t.TempDir(), t.TempDir()
-			quantize(t, src, dir, plain)
+			quantize(t, sc, src, dir, plain)
 			q, err := models.OpenDir(dir)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer q.Close()
-			if q.Config.FP8 == nil || q.Config.FP8.Block != fp8Block {
+			if q.Config.FP8 == nil || q.Config.FP8.Block != sc.block || q.Config.FP8.Scale != sc.suffix {
 				t.Fatalf("quantization read as %+v", q.Config.FP8)
 			}
 			if err := models.Check(q.Config, q.Checkpoint); err != nil {
@@ -222,10 +266,12 @@ func TestFP8Checkpoints(t *testing.T) {
 			}
 			rel := math.Sqrt(num / den)
 			t.Logf("fp8 logits against the unquantized model's: relative L2 %.3e", rel)
-			if rel > 0.1 || math.IsNaN(rel) {
+			// e4m3 keeps 3 bits of mantissa: the fixtures' random weights
+			// move their logits by 6–9%.
+			if rel > 0.2 || math.IsNaN(rel) {
 				t.Errorf("fp8 logits relative L2 %.3e from the unquantized model's", rel)
 			}
-			if f != "qwen3" {
+			if f != "qwen3" || c.scheme != 0 {
 				return
 			}
 			// Split over two ranks: the dequantized weights' rows and
@@ -264,11 +310,19 @@ func TestFP8Refused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for q, want := range map[string]string{
-		`{"quant_method":"awq","bits":4}`:                                   `quantization "awq"`,
-		`{"quant_method":"fp8","activation_scheme":"static"}`:               `activation_scheme "static"`,
-		`{"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]}`: `fp8 format "e5m2"`,
-		`{"quant_method":"fp8"}`:                                            "without weight_block_size",
-		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                "weight_block_size [0 128]",
+		`{"quant_method":"awq","bits":4}`:                                                    `quantization "awq"`,
+		`{"quant_method":"fp8","activation_scheme":"static"}`:                                `activation_scheme "static"`,
+		`{"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]}`:                  `fp8 format "e5m2"`,
+		`{"quant_method":"fp8"}`:                                                             "without weight_block_size",
+		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                                 "fp8 weight block [0 128]",
+		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{}}`: `compressed-tensors format "pack-quantized"`,
+		`{"quant_method":"compressed-tensors","format":"float-quantized"}`:                   "without config_groups",
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8}}}}`:                      "weights other than 8-bit floats",
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"group"}}}}`: `weight strategy "group"`,
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"},` +
+			`"input_activations":{"type":"float","num_bits":8,"dynamic":false}}}}`: "static input scales",
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"}},` +
+			`"h":{"weights":{"type":"float","num_bits":8,"strategy":"channel"}}}}`: "different weight strategies",
 	} {
 		c := strings.Replace(string(raw), "{", `{"quantization_config":`+q+",", 1)
 		_, err := models.ParseConfig([]byte(c))
@@ -279,7 +333,7 @@ func TestFP8Refused(t *testing.T) {
 	}
 
 	dir, plain := t.TempDir(), t.TempDir()
-	quantize(t, src, dir, plain)
+	quantize(t, fp8Schemes[0], src, dir, plain)
 	b, err := models.OpenDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -296,7 +350,7 @@ func TestFP8Refused(t *testing.T) {
 	}{
 		{"no scales", []*safetensors.Tensor{good}, b.Config.FP8, "without its scales"},
 		{"scales of the wrong shape", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F32", Shape: []int{1, 1}, Data: make([]byte, 4)}}, b.Config.FP8, "have shape [1 1]"},
-		{"scales in f16", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F16", Shape: scales.Shape, Data: make([]byte, 2*scales.Elements())}}, b.Config.FP8, "want F32 or BF16"},
+		{"scales in f64", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F64", Shape: scales.Shape, Data: make([]byte, 8*scales.Elements())}}, b.Config.FP8, "want F32, BF16 or F16"},
 		{"no quantization_config", []*safetensors.Tensor{good, scales}, nil, "without a quantization_config"},
 		{"e5m2", []*safetensors.Tensor{{Name: weight, DType: "F8_E5M2", Shape: good.Shape, Data: good.Data}, scales}, b.Config.FP8, "dtype F8_E5M2"},
 	} {

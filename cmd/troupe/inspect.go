@@ -91,8 +91,8 @@ func inspect(b *models.Bundle) report {
 		r.DTypes[t.DType] += int64(t.Elements())
 	}
 	r.WeightBytes = models.LoadedBytes(c, b.Checkpoint)
-	if q := c.FP8; q != nil {
-		r.Quantization = fmt.Sprintf("fp8 e4m3 in blocks of %d×%d, dequantized to bf16 as it loads", q.Block[0], q.Block[1])
+	if c.FP8 != nil {
+		r.Quantization = c.FP8.String()
 	}
 	r.KVBytesPer = int64(2*c.Layers*c.KVHeads*c.HeadDim) * 2
 	r.MemoryBytes = r.WeightBytes + r.KVBytesPer*int64(c.MaxPositions)
