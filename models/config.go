@@ -57,9 +57,9 @@ type Config struct {
 	NormTopK        bool
 	// SparseLayer reports which layers use the MoE block.
 	SparseLayers []bool
-	// FP8 is the block-wise FP8 quantization of the checkpoint's weights,
-	// nil for none (fp8.go).
-	FP8 *FP8
+	// Quant is the quantization of the checkpoint's weights, nil for none
+	// (quant.go).
+	Quant *Quant
 }
 
 // rawConfig mirrors the fields of config.json that matter, in both the 4.x
@@ -174,7 +174,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, unsupported("shared experts")
 	}
 	var err error
-	if c.FP8, err = parseQuant(r.Quantization); err != nil {
+	if c.Quant, err = parseQuant(r.Quantization); err != nil {
 		return nil, err
 	}
 	c.KVHeads = c.Heads

@@ -99,7 +99,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if q := c.FP8; q != nil && (q.Block[0] < 0 || q.Block[1] < 0 || q.Scale == "") {
+		if q := c.Quant; q != nil && (q.Block[0] < 0 || q.Block[1] < 0 || q.Scale == "") {
 			t.Fatalf("accepted fp8 blocks %v", q.Block)
 		}
 		// A config that parses must describe usable shapes.

@@ -434,7 +434,7 @@ func Check(cfg *Config, ckpt *safetensors.Checkpoint) error {
 			return unsupported("missing tensor %s", w.Name)
 		}
 		if _, err := dtypeOf(t.DType); err != nil {
-			if _, err := checkFP8(cfg.FP8, ckpt, w.Name, t); err != nil {
+			if _, err := checkQuant(cfg.Quant, ckpt, w.Name, t); err != nil {
 				return unsupported("tensor %s: %v", w.Name, err)
 			}
 		}

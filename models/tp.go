@@ -108,20 +108,20 @@ func (m *Model) tensor(ckpt *safetensors.Checkpoint, name string) (gpu.DType, []
 		return 0, nil, fmt.Errorf("load: missing tensor %s", name)
 	}
 	dt, err := dtypeOf(t.DType)
-	data, fp8 := t.Data, err != nil
-	if fp8 {
-		// Block-wise FP8, dequantized here; any other dtype refused.
-		s, err := checkFP8(m.Config.FP8, ckpt, name, t)
+	data, quantized := t.Data, err != nil
+	if quantized {
+		// Quantized weights, dequantized here; any other dtype refused.
+		s, err := checkQuant(m.Config.Quant, ckpt, name, t)
 		if err != nil {
 			return 0, nil, fmt.Errorf("load: tensor %s: %w", name, err)
 		}
-		dt, data = gpu.BF16, dequantFP8(m.Config.FP8, t, s)
+		dt, data = gpu.BF16, dequant(m.Config.Quant, t, s)
 	}
 	part, fresh := m.part(name, t.Shape, dt, data)
-	if fp8 && !fresh && len(part) < len(data) {
+	if quantized && !fresh && len(part) < len(data) {
 		part, fresh = slices.Clone(part), true // the rank's rows alone
 	}
-	if fp8 || fresh {
+	if quantized || fresh {
 		// Host memory of the load's own, kept while the model is loaded.
 		m.hostSlice = append(m.hostSlice, part)
 	}

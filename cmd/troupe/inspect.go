@@ -91,8 +91,8 @@ func inspect(b *models.Bundle) report {
 		r.DTypes[t.DType] += int64(t.Elements())
 	}
 	r.WeightBytes = models.LoadedBytes(c, b.Checkpoint)
-	if c.FP8 != nil {
-		r.Quantization = c.FP8.String()
+	if c.Quant != nil {
+		r.Quantization = c.Quant.String()
 	}
 	r.KVBytesPer = int64(2*c.Layers*c.KVHeads*c.HeadDim) * 2
 	r.MemoryBytes = r.WeightBytes + r.KVBytesPer*int64(c.MaxPositions)

@@ -4,27 +4,31 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/safetensors"
 )
 
-// FP8 checkpoints keep each linear weight in float8 e4m3 with scales
-// beside it, one a block of rows and columns: Qwen3's and DeepSeek's
-// releases (quant_method "fp8", a weight_scale_inv a 128×128 block), Meta's
-// (fbgemm_fp8, a weight_scale a row), and compressed-tensors'
-// float-quantized ones (a weight_scale a row, a block or the whole
-// matrix). Loading dequantizes them into bfloat16, each value the float32
-// product of its code and its block's scale rounded to the nearest
-// bfloat16: the weights Hugging Face's dequantize option gives. The
-// products then run in bf16 as for any bf16 checkpoint; activations are
-// not quantized.
+// Quantized checkpoints keep each linear weight in 8-bit codes with scales
+// beside it, one a block of rows and columns:
+//   - float8 e4m3 codes: Qwen3's and DeepSeek's FP8 releases (quant_method
+//     "fp8", a weight_scale_inv a 128×128 block), Meta's (fbgemm_fp8, a
+//     weight_scale a row), and compressed-tensors' float-quantized ones (a
+//     weight_scale a row, a block or the whole matrix);
+//   - int8 codes: compressed-tensors' int-quantized ones (symmetric, as
+//     the W8A8 checkpoints of the llm-compressor tools).
+//
+// Loading dequantizes them into bfloat16, each value the float32 product
+// of its code and its block's scale rounded to the nearest bfloat16: the
+// weights Hugging Face's dequantize option gives. The products then run in
+// bf16 as for any bf16 checkpoint; activations are not quantized.
 
-// FP8 is a checkpoint's FP8 quantization.
-type FP8 struct {
+// Quant is a checkpoint's quantization.
+type Quant struct {
 	// Method is the quantization_config's quant_method.
 	Method string
+	// DType is the codes' safetensors dtype: F8_E4M3 or I8.
+	DType string
 	// Scale is the suffix of a weight's scales: weight name + Scale.
 	Scale string
 	// Block is the rows and columns one scale covers; 0 for all of them
@@ -33,7 +37,7 @@ type FP8 struct {
 }
 
 // String names the scheme as inspect shows it.
-func (q *FP8) String() string {
+func (q *Quant) String() string {
 	var cover string
 	switch q.Block {
 	case [2]int{1, 0}:
@@ -43,7 +47,11 @@ func (q *FP8) String() string {
 	default:
 		cover = fmt.Sprintf("a scale a block of %d×%d", q.Block[0], q.Block[1])
 	}
-	return fmt.Sprintf("%s: e4m3 weights, %s, dequantized to bf16 as they load", q.Method, cover)
+	codes := "e4m3"
+	if q.DType == "I8" {
+		codes = "int8"
+	}
+	return fmt.Sprintf("%s: %s weights, %s, dequantized to bf16 as they load", q.Method, codes, cover)
 }
 
 // rawQuant is config.json's quantization_config.
@@ -75,12 +83,12 @@ type ctsArgs struct {
 }
 
 // served names the quantizations served, for the refusals.
-const served = "served: bf16, f16 and f32 weights, and fp8 e4m3 weights with their scales (fp8, fbgemm_fp8, compressed-tensors float-quantized)"
+const served = "served: bf16, f16 and f32 weights, and 8-bit weights with their scales: fp8, fbgemm_fp8, compressed-tensors float-quantized and int-quantized"
 
-// parseQuant reads a quantization_config: FP8 e4m3 weights with scales
-// and inputs left unquantized or quantized dynamically; anything else
-// refused by name.
-func parseQuant(r *rawQuant) (*FP8, error) {
+// parseQuant reads a quantization_config: 8-bit weights (e4m3, or
+// symmetric int8) with scales, and inputs left unquantized or quantized
+// dynamically; anything else refused by name.
+func parseQuant(r *rawQuant) (*Quant, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -94,40 +102,53 @@ func parseQuant(r *rawQuant) (*FP8, error) {
 		case len(r.WeightBlockSize) != 2:
 			return nil, unsupported("fp8 without weight_block_size (only block-wise scales)")
 		}
-		return fp8Blocks(r.Method, "_scale_inv", r.WeightBlockSize)
+		return blockScales(r.Method, codeFP8, "_scale_inv", r.WeightBlockSize)
 	case "fbgemm_fp8":
-		return &FP8{Method: r.Method, Scale: "_scale", Block: [2]int{1, 0}}, nil
+		return &Quant{Method: r.Method, DType: codeFP8, Scale: "_scale", Block: [2]int{1, 0}}, nil
 	case "compressed-tensors":
 		return parseCTS(r)
 	}
 	return nil, unsupported("quantization %q (%s)", r.Method, served)
 }
 
-// fp8Blocks is method's FP8 of scales (suffix scale) a block of rows and
-// columns.
-func fp8Blocks(method, scale string, block []int) (*FP8, error) {
+// The codes' dtypes.
+const (
+	codeFP8  = "F8_E4M3"
+	codeInt8 = "I8"
+)
+
+// blockScales is method's quantization to codes of dtype with scales
+// (suffix scale) a block of rows and columns.
+func blockScales(method, dtype, scale string, block []int) (*Quant, error) {
 	if len(block) != 2 || block[0] < 1 || block[1] < 1 || block[0] > 1<<16 || block[1] > 1<<16 {
 		return nil, unsupported("%s weight block %v", method, block)
 	}
-	return &FP8{Method: method, Scale: scale, Block: [2]int{block[0], block[1]}}, nil
+	return &Quant{Method: method, DType: dtype, Scale: scale, Block: [2]int{block[0], block[1]}}, nil
 }
 
-// parseCTS reads a compressed-tensors config: every group's weights FP8
-// (8-bit floats, symmetric) of one strategy, its inputs unquantized or
-// quantized dynamically, its outputs unquantized.
-func parseCTS(r *rawQuant) (*FP8, error) {
-	if r.Format != "float-quantized" {
-		return nil, unsupported("compressed-tensors format %q (only float-quantized)", r.Format)
+// parseCTS reads a compressed-tensors config: every group's weights 8-bit
+// floats (float-quantized) or symmetric 8-bit integers (int-quantized) of
+// one strategy, its inputs unquantized or quantized dynamically, its
+// outputs unquantized.
+func parseCTS(r *rawQuant) (*Quant, error) {
+	var typ, dtype string
+	switch r.Format {
+	case "float-quantized":
+		typ, dtype = "float", codeFP8
+	case "int-quantized":
+		typ, dtype = "int", codeInt8
+	default:
+		return nil, unsupported("compressed-tensors format %q (float-quantized or int-quantized)", r.Format)
 	}
 	if len(r.Groups) == 0 {
 		return nil, unsupported("compressed-tensors without config_groups")
 	}
-	var q *FP8
+	var q *Quant
 	for name, g := range r.Groups {
 		w := g.Weights
 		switch {
-		case w == nil || w.Type != "float" || w.Bits != 8:
-			return nil, unsupported("compressed-tensors group %s: weights other than 8-bit floats", name)
+		case w == nil || w.Type != typ || w.Bits != 8:
+			return nil, unsupported("compressed-tensors group %s: weights other than 8-bit %ss in %s", name, typ, r.Format)
 		case w.Symmetric != nil && !*w.Symmetric:
 			return nil, unsupported("compressed-tensors group %s: asymmetric weights", name)
 		case w.Dynamic:
@@ -137,15 +158,15 @@ func parseCTS(r *rawQuant) (*FP8, error) {
 		case g.Output != nil:
 			return nil, unsupported("compressed-tensors group %s: quantized outputs", name)
 		}
-		var gq *FP8
+		var gq *Quant
 		switch w.Strategy {
 		case "channel":
-			gq = &FP8{Method: r.Method, Scale: "_scale", Block: [2]int{1, 0}}
+			gq = &Quant{Method: r.Method, DType: dtype, Scale: "_scale", Block: [2]int{1, 0}}
 		case "tensor":
-			gq = &FP8{Method: r.Method, Scale: "_scale"}
+			gq = &Quant{Method: r.Method, DType: dtype, Scale: "_scale"}
 		case "block":
 			var err error
-			if gq, err = fp8Blocks(r.Method, "_scale", w.Block); err != nil {
+			if gq, err = blockScales(r.Method, dtype, "_scale", w.Block); err != nil {
 				return nil, err
 			}
 		default:
@@ -161,7 +182,14 @@ func parseCTS(r *rawQuant) (*FP8, error) {
 
 // fp8Values are the float8 e4m3fn codes' values: a sign, four bits of
 // exponent biased by 7 and three of mantissa; no infinities, and
-// S.1111.111 NaN.
+// S.1111.111 NaN. int8Values are the int8 codes'.
+var int8Values = func() (t [256]float32) {
+	for c := range t {
+		t[c] = float32(int8(c))
+	}
+	return t
+}()
+
 var fp8Values = func() (t [256]float32) {
 	for c := range t {
 		e, m := c>>3&15, c&7
@@ -182,7 +210,7 @@ var fp8Values = func() (t [256]float32) {
 
 // block is the rows and columns a scale of a weight of rows and cols
 // covers.
-func (q *FP8) block(rows, cols int) (int, int) {
+func (q *Quant) block(rows, cols int) (int, int) {
 	br, bc := q.Block[0], q.Block[1]
 	if br == 0 {
 		br = rows
@@ -195,28 +223,32 @@ func (q *FP8) block(rows, cols int) (int, int) {
 
 // blocks is how many scales a weight of rows and cols takes: down its
 // rows and across its columns.
-func (q *FP8) blocks(rows, cols int) (int, int) {
+func (q *Quant) blocks(rows, cols int) (int, int) {
 	br, bc := q.block(rows, cols)
 	return (rows + br - 1) / br, (cols + bc - 1) / bc
 }
 
-// checkFP8 returns the scales of t, weight name of ckpt, where it is an
-// FP8 weight that q serves: its scales present, one a block (a scale a row
-// may be a vector, one for the matrix a scalar).
-func checkFP8(q *FP8, ckpt *safetensors.Checkpoint, name string, t *safetensors.Tensor) (*safetensors.Tensor, error) {
-	if q == nil {
-		return nil, fmt.Errorf("dtype %s without a quantization_config (fp8 weights need their scales)", t.DType)
-	}
-	if t.DType != "F8_E4M3" {
-		return nil, fmt.Errorf("dtype %s is not supported (bf16, f16, f32, and F8_E4M3 with scales)", t.DType)
-	}
-	if len(t.Shape) != 2 {
-		return nil, fmt.Errorf("fp8 tensor of shape %v: want a matrix", t.Shape)
+// checkQuant returns the scales of t, weight name of ckpt, where it is a
+// quantized weight that q serves: its codes of q's dtype, its scales
+// present, one a block (a scale a row may be a vector, one for the matrix
+// a scalar).
+func checkQuant(q *Quant, ckpt *safetensors.Checkpoint, name string, t *safetensors.Tensor) (*safetensors.Tensor, error) {
+	switch {
+	case q == nil && (t.DType == codeFP8 || t.DType == codeInt8):
+		return nil, fmt.Errorf("dtype %s without a quantization_config (quantized weights need their scales)", t.DType)
+	case q == nil || t.DType != q.DType:
+		served := "bf16, f16, f32"
+		if q != nil {
+			served += ", " + q.DType + " with scales (" + q.Method + ")"
+		}
+		return nil, fmt.Errorf("dtype %s is not supported (%s)", t.DType, served)
+	case len(t.Shape) != 2:
+		return nil, fmt.Errorf("quantized tensor of shape %v: want a matrix", t.Shape)
 	}
 	sn := name + q.Scale
 	s, ok := ckpt.Tensor(sn)
 	if !ok {
-		return nil, fmt.Errorf("fp8 weight without its scales %s", sn)
+		return nil, fmt.Errorf("quantized weight without its scales %s", sn)
 	}
 	r, c := q.blocks(t.Shape[0], t.Shape[1])
 	want := []int{r, c}
@@ -229,12 +261,16 @@ func checkFP8(q *FP8, ckpt *safetensors.Checkpoint, name string, t *safetensors.
 	return s, nil
 }
 
-// dequantFP8 returns t's values as bfloat16 bytes: each code's value
+// dequant returns t's values as bfloat16 bytes: each code's value
 // times its block's scale in float32, rounded to the nearest bfloat16.
-func dequantFP8(q *FP8, t, s *safetensors.Tensor) []byte {
+func dequant(q *Quant, t, s *safetensors.Tensor) []byte {
 	rows, cols := t.Shape[0], t.Shape[1]
 	_, nc := q.blocks(rows, cols)
 	br, bc := q.block(rows, cols)
+	values := &fp8Values
+	if q.DType == codeInt8 {
+		values = &int8Values
+	}
 	scale := func(i int) float32 {
 		switch s.DType {
 		case "BF16":
@@ -251,7 +287,7 @@ func dequantFP8(q *FP8, t, s *safetensors.Tensor) []byte {
 			f := scale(srow + b/bc)
 			for c := b; c < min(b+bc, cols); c++ {
 				i := r*cols + c
-				binary.LittleEndian.PutUint16(out[2*i:], gpu.F32ToBF16(fp8Values[t.Data[i]]*f))
+				binary.LittleEndian.PutUint16(out[2*i:], gpu.F32ToBF16(values[t.Data[i]]*f))
 			}
 		}
 	}
@@ -259,7 +295,7 @@ func dequantFP8(q *FP8, t, s *safetensors.Tensor) []byte {
 }
 
 // LoadedBytes is how many bytes the weights of ckpt that cfg uses take once
-// loaded: their own, but two a value for FP8 weights, dequantized.
+// loaded: their own, but two a value for quantized weights, dequantized.
 func LoadedBytes(cfg *Config, ckpt *safetensors.Checkpoint) int64 {
 	var n int64
 	for _, w := range Expected(cfg) {
@@ -267,7 +303,7 @@ func LoadedBytes(cfg *Config, ckpt *safetensors.Checkpoint) int64 {
 		if !ok {
 			continue
 		}
-		if strings.HasPrefix(t.DType, "F8_") {
+		if cfg.Quant != nil && t.DType == cfg.Quant.DType {
 			n += 2 * int64(t.Elements())
 		} else {
 			n += t.Bytes()

@@ -54,39 +54,42 @@ func toE4M3(v float64) byte {
 	return byte(c)
 }
 
-// fp8Scheme is how a test checkpoint is quantized: its quantization_config,
+// quantScheme is how a test checkpoint is quantized: its quantization_config,
 // the suffix of its scales' names, the rows and columns a scale covers (0:
 // all of them) and the shape its scales are stored in.
-type fp8Scheme struct {
+type quantScheme struct {
 	name   string
 	config map[string]any
 	suffix string
 	block  [2]int
 	shape  func(r, c int) []int // scales down the rows and across the columns
+	int8   bool                 // int8 codes, not e4m3
 }
 
-// ctsConfig is a compressed-tensors config of one group whose weights take
-// strategy (with block, where it is "block").
-func ctsConfig(strategy string, block []int) map[string]any {
-	w := map[string]any{"type": "float", "num_bits": 8, "strategy": strategy, "symmetric": true, "dynamic": false}
+// ctsConfig is a compressed-tensors config of one group whose weights are
+// 8-bit typ ("float" or "int") and take strategy (with block, where it is
+// "block").
+func ctsConfig(typ, strategy string, block []int) map[string]any {
+	w := map[string]any{"type": typ, "num_bits": 8, "strategy": strategy, "symmetric": true, "dynamic": false}
 	if block != nil {
 		w["block_structure"] = block
 	}
-	return map[string]any{"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": []any{"lm_head"},
+	return map[string]any{"quant_method": "compressed-tensors", "format": typ + "-quantized", "ignore": []any{"lm_head"},
 		"config_groups": map[string]any{"group_0": map[string]any{"targets": []any{"Linear"}, "weights": w,
-			"input_activations": map[string]any{"type": "float", "num_bits": 8, "strategy": "token", "dynamic": true}}}}
+			"input_activations": map[string]any{"type": typ, "num_bits": 8, "strategy": "token", "dynamic": true}}}}
 }
 
-// fp8Schemes are the schemes served, with blocks that leave partial ones
+// quantSchemes are the schemes served, with blocks that leave partial ones
 // at the fixtures' edges.
-var fp8Schemes = []fp8Scheme{
+var quantSchemes = []quantScheme{
 	{"fp8 blocks", map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": []int{48, 80}},
-		"_scale_inv", [2]int{48, 80}, func(r, c int) []int { return []int{r, c} }},
+		"_scale_inv", [2]int{48, 80}, func(r, c int) []int { return []int{r, c} }, false},
 	{"fbgemm rows", map[string]any{"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200},
-		"_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r, 1} }},
-	{"compressed-tensors channels", ctsConfig("channel", nil), "_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r} }},
-	{"compressed-tensors tensor", ctsConfig("tensor", nil), "_scale", [2]int{0, 0}, func(r, c int) []int { return nil }},
-	{"compressed-tensors blocks", ctsConfig("block", []int{64, 96}), "_scale", [2]int{64, 96}, func(r, c int) []int { return []int{r, c} }},
+		"_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r, 1} }, false},
+	{"compressed-tensors channels", ctsConfig("float", "channel", nil), "_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r} }, false},
+	{"compressed-tensors tensor", ctsConfig("float", "tensor", nil), "_scale", [2]int{0, 0}, func(r, c int) []int { return nil }, false},
+	{"compressed-tensors blocks", ctsConfig("float", "block", []int{64, 96}), "_scale", [2]int{64, 96}, func(r, c int) []int { return []int{r, c} }, false},
+	{"compressed-tensors int8 channels", ctsConfig("int", "channel", nil), "_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r, 1} }, true},
 }
 
 // quantize writes a copy of the checkpoint in src quantized by sc to dir
@@ -94,7 +97,7 @@ var fp8Schemes = []fp8Scheme{
 // bf16 for the gate's and up's, f16 for the down's) and a bf16 copy of
 // the same weights dequantized by hand to plain: each value the float32
 // product of its code and its scale, rounded to bfloat16.
-func quantize(t *testing.T, sc fp8Scheme, src, dir, plain string) {
+func quantize(t *testing.T, sc quantScheme, src, dir, plain string) {
 	t.Helper()
 	ckpt, err := safetensors.OpenDir(src)
 	if err != nil {
@@ -115,11 +118,19 @@ func quantize(t *testing.T, sc fp8Scheme, src, dir, plain string) {
 		br, bc := cmp.Or(sc.block[0], rows), cmp.Or(sc.block[1], cols)
 		nr, nc := (rows+br-1)/br, (cols+bc-1)/bc
 		at := func(i, j int) int { return i/br*nc + j/bc }
+		// code is the code of v and value a code's value: e4m3, or int8
+		// rounded to even.
+		top, code, value := 448.0, toE4M3, e4m3
+		if sc.int8 {
+			top = 127
+			code = func(v float64) byte { return byte(int8(math.RoundToEven(v))) }
+			value = func(c byte) float64 { return float64(int8(c)) }
+		}
 		scales := make([]float32, nr*nc)
 		for i := range rows {
 			for j := range cols {
 				v := math.Abs(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*(i*cols+j):]))))
-				scales[at(i, j)] = max(scales[at(i, j)], float32(v/448))
+				scales[at(i, j)] = max(scales[at(i, j)], float32(v/top))
 			}
 		}
 		sdt, sdata := "F32", make([]byte, 4*len(scales))
@@ -152,13 +163,17 @@ func quantize(t *testing.T, sc fp8Scheme, src, dir, plain string) {
 			for j := range cols {
 				k := i*cols + j
 				s := float64(scales[at(i, j)])
-				codes[k] = toE4M3(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*k:]))) / s)
+				codes[k] = code(float64(gpu.BF16ToF32(binary.LittleEndian.Uint16(w.Data[2*k:]))) / s)
 				// Exact in float64 (3 + 24 significant bits), then
 				// rounded as a float32 product is, then to bfloat16.
-				binary.LittleEndian.PutUint16(deq[2*k:], gpu.F32ToBF16(float32(e4m3(codes[k])*s)))
+				binary.LittleEndian.PutUint16(deq[2*k:], gpu.F32ToBF16(float32(value(codes[k])*s)))
 			}
 		}
-		fp8 = append(fp8, &safetensors.Tensor{Name: name, DType: "F8_E4M3", Shape: w.Shape, Data: codes},
+		dtype := "F8_E4M3"
+		if sc.int8 {
+			dtype = "I8"
+		}
+		fp8 = append(fp8, &safetensors.Tensor{Name: name, DType: dtype, Shape: w.Shape, Data: codes},
 			&safetensors.Tensor{Name: name + sc.suffix, DType: sdt, Shape: sc.shape(nr, nc), Data: sdata})
 		bf16 = append(bf16, &safetensors.Tensor{Name: name, DType: "BF16", Shape: w.Shape, Data: deq})
 	}
@@ -191,7 +206,7 @@ func quantize(t *testing.T, sc fp8Scheme, src, dir, plain string) {
 	write(dir, fp8, cfg)
 }
 
-func TestFP8Codes(t *testing.T) {
+func TestE4M3Codes(t *testing.T) {
 	for c, want := range map[byte]float64{0x00: 0, 0x01: 1.0 / 512, 0x08: 1.0 / 64, 0x38: 1, 0x3c: 1.5, 0x7e: 448, 0xb8: -1, 0xfe: -448} {
 		if got := e4m3(c); got != want {
 			t.Errorf("e4m3(%#x) = %v, want %v", c, got, want)
@@ -208,17 +223,19 @@ func TestFP8Codes(t *testing.T) {
 	}
 }
 
-// TestFP8Checkpoints: block-wise FP8 checkpoints (dense and MoE, scales in
-// float32 and bfloat16, blocks cut at the edges) load dequantized to
-// exactly the weights of a bf16 checkpoint dequantized by hand: the same
-// logits bit for bit, whole and split over two ranks; and their logits
-// stay near the unquantized model's.
-func TestFP8Checkpoints(t *testing.T) {
+// TestQuantizedCheckpoints: quantized checkpoints of every scheme served
+// (e4m3 codes of fp8's blocks, fbgemm's rows and compressed-tensors' rows,
+// matrices and blocks; int8 codes of compressed-tensors' rows), dense and
+// MoE, scales in float32, bfloat16 and float16, blocks cut at the edges,
+// load dequantized to exactly the weights of a bf16 checkpoint
+// dequantized by hand: the same logits bit for bit, whole and split over
+// two ranks; and their logits stay near the unquantized model's.
+func TestQuantizedCheckpoints(t *testing.T) {
 	for _, c := range []struct {
 		fixture string
 		scheme  int
-	}{{"qwen3", 0}, {"qwen3-moe", 0}, {"llama-gqa", 1}, {"llama-gqa", 2}, {"olmo2", 3}, {"qwen3", 4}} {
-		f, sc := c.fixture, fp8Schemes[c.scheme]
+	}{{"qwen3", 0}, {"qwen3-moe", 0}, {"llama-gqa", 1}, {"llama-gqa", 2}, {"olmo2", 3}, {"qwen3", 4}, {"qwen3-moe", 5}} {
+		f, sc := c.fixture, quantSchemes[c.scheme]
 		t.Run(f+"/"+sc.name, func(t *testing.T) {
 			src := modeltest.MustShared(t, filepath.Join("fixtures", f))
 			dir, plain := t.TempDir(), t.TempDir()
@@ -228,8 +245,8 @@ func TestFP8Checkpoints(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer q.Close()
-			if q.Config.FP8 == nil || q.Config.FP8.Block != sc.block || q.Config.FP8.Scale != sc.suffix {
-				t.Fatalf("quantization read as %+v", q.Config.FP8)
+			if q.Config.Quant == nil || q.Config.Quant.Block != sc.block || q.Config.Quant.Scale != sc.suffix {
+				t.Fatalf("quantization read as %+v", q.Config.Quant)
 			}
 			if err := models.Check(q.Config, q.Checkpoint); err != nil {
 				t.Fatal(err)
@@ -265,11 +282,11 @@ func TestFP8Checkpoints(t *testing.T) {
 				num, den = num+d*d, den+float64(v)*float64(v)
 			}
 			rel := math.Sqrt(num / den)
-			t.Logf("fp8 logits against the unquantized model's: relative L2 %.3e", rel)
+			t.Logf("logits against the unquantized model's: relative L2 %.3e", rel)
 			// e4m3 keeps 3 bits of mantissa: the fixtures' random weights
 			// move their logits by 6–9%.
 			if rel > 0.2 || math.IsNaN(rel) {
-				t.Errorf("fp8 logits relative L2 %.3e from the unquantized model's", rel)
+				t.Errorf("logits relative L2 %.3e from the unquantized model's", rel)
 			}
 			if f != "qwen3" || c.scheme != 0 {
 				return
@@ -301,9 +318,9 @@ func TestFP8Checkpoints(t *testing.T) {
 	}
 }
 
-// TestFP8Refused: quantized checkpoints that are not served, and fp8
+// TestQuantRefused: quantized checkpoints that are not served, and fp8
 // weights whose scales are missing or wrong, are refused by name.
-func TestFP8Refused(t *testing.T) {
+func TestQuantRefused(t *testing.T) {
 	src := modeltest.MustShared(t, filepath.Join("fixtures", "qwen3"))
 	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil {
@@ -317,8 +334,10 @@ func TestFP8Refused(t *testing.T) {
 		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                                 "fp8 weight block [0 128]",
 		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{}}`: `compressed-tensors format "pack-quantized"`,
 		`{"quant_method":"compressed-tensors","format":"float-quantized"}`:                   "without config_groups",
-		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8}}}}`:                      "weights other than 8-bit floats",
-		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"group"}}}}`: `weight strategy "group"`,
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8}}}}`:                                      "weights other than 8-bit floats",
+		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"group"}}}}`:                 `weight strategy "group"`,
+		`{"quant_method":"compressed-tensors","format":"int-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8,"strategy":"channel","symmetric":false}}}}`: "asymmetric weights",
+		`{"quant_method":"compressed-tensors","format":"int-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":4,"strategy":"group"}}}}`:                     "weights other than 8-bit ints",
 		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"},` +
 			`"input_activations":{"type":"float","num_bits":8,"dynamic":false}}}}`: "static input scales",
 		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"}},` +
@@ -333,7 +352,7 @@ func TestFP8Refused(t *testing.T) {
 	}
 
 	dir, plain := t.TempDir(), t.TempDir()
-	quantize(t, fp8Schemes[0], src, dir, plain)
+	quantize(t, quantSchemes[0], src, dir, plain)
 	b, err := models.OpenDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -345,14 +364,15 @@ func TestFP8Refused(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		tensors []*safetensors.Tensor // in place of the weight and its scales
-		fp8     *models.FP8
+		fp8     *models.Quant
 		want    string
 	}{
-		{"no scales", []*safetensors.Tensor{good}, b.Config.FP8, "without its scales"},
-		{"scales of the wrong shape", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F32", Shape: []int{1, 1}, Data: make([]byte, 4)}}, b.Config.FP8, "have shape [1 1]"},
-		{"scales in f64", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F64", Shape: scales.Shape, Data: make([]byte, 8*scales.Elements())}}, b.Config.FP8, "want F32, BF16 or F16"},
+		{"no scales", []*safetensors.Tensor{good}, b.Config.Quant, "without its scales"},
+		{"scales of the wrong shape", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F32", Shape: []int{1, 1}, Data: make([]byte, 4)}}, b.Config.Quant, "have shape [1 1]"},
+		{"scales in f64", []*safetensors.Tensor{good, {Name: scales.Name, DType: "F64", Shape: scales.Shape, Data: make([]byte, 8*scales.Elements())}}, b.Config.Quant, "want F32, BF16 or F16"},
 		{"no quantization_config", []*safetensors.Tensor{good, scales}, nil, "without a quantization_config"},
-		{"e5m2", []*safetensors.Tensor{{Name: weight, DType: "F8_E5M2", Shape: good.Shape, Data: good.Data}, scales}, b.Config.FP8, "dtype F8_E5M2"},
+		{"e5m2", []*safetensors.Tensor{{Name: weight, DType: "F8_E5M2", Shape: good.Shape, Data: good.Data}, scales}, b.Config.Quant, "dtype F8_E5M2"},
+		{"int8 codes in an fp8 checkpoint", []*safetensors.Tensor{{Name: weight, DType: "I8", Shape: good.Shape, Data: good.Data}, scales}, b.Config.Quant, "dtype I8 is not supported"},
 	} {
 		var ts []*safetensors.Tensor
 		for _, n := range b.Checkpoint.Names() {
@@ -370,7 +390,7 @@ func TestFP8Refused(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := *b.Config
-		cfg.FP8 = c.fp8
+		cfg.Quant = c.fp8
 		err = models.Check(&cfg, ckpt)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Check says %v, want %q", c.name, err, c.want)
