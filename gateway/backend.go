@@ -22,6 +22,9 @@ type Message struct {
 	Name       string
 	ToolCalls  []ToolCall
 	ToolCallID string
+	// Reasoning is an assistant turn's reasoning, as a client sent it back
+	// (reasoning_content, or a Responses reasoning item).
+	Reasoning string
 }
 
 // Tool is a function the model may call: its name, description and

@@ -72,6 +72,9 @@ func (lineTemplate) Render(msgs []Message, o RenderOptions) (string, error) {
 		if m.ToolCallID != "" {
 			role += "[" + m.ToolCallID + "]"
 		}
+		if m.Reasoning != "" {
+			role += " (thought: " + m.Reasoning + ")"
+		}
 		fmt.Fprintf(&sb, "%s: %s", role, m.Content)
 		for _, c := range m.ToolCalls {
 			fmt.Fprintf(&sb, " -> %s(%s)", c.Name, c.Arguments)
@@ -118,6 +121,16 @@ func (b *echoBackend) requests() []GenerateRequest {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]GenerateRequest(nil), b.reqs...)
+}
+
+// lastPrompt is the text of the last generation's prompt.
+func (b *echoBackend) lastPrompt(t *testing.T) string {
+	t.Helper()
+	reqs := b.requests()
+	if len(reqs) == 0 {
+		t.Fatal("no generation")
+	}
+	return byteTokenizer{}.Decode(reqs[len(reqs)-1].Prompt, false)
 }
 
 func (b *echoBackend) sawCancel(id string) bool {

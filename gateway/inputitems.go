@@ -74,6 +74,10 @@ func inputItems(respID string, conv []chatMessage) []map[string]any {
 		case m.Role == "tool":
 			add("fco", map[string]any{"type": "function_call_output", "call_id": m.ToolCallID, "output": m.Content.text, "status": "completed"})
 		case m.Role == "assistant":
+			if m.ReasoningContent != "" {
+				add("rs", map[string]any{"type": "reasoning", "summary": []any{}, "status": "completed",
+					"content": []reasoningPart{{Type: "reasoning_text", Text: m.ReasoningContent}}})
+			}
 			if m.Content.set {
 				add("msg", map[string]any{"type": "message", "role": "assistant", "status": "completed",
 					"content": []responsePart{textPart(m.Content.text, nil)}})

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -144,5 +145,92 @@ func TestReasoningContent(t *testing.T) {
 	}
 	if err := stream.Err(); err != nil || streamed.String() != "Call it." {
 		t.Errorf("streamed reasoning %q: %v", streamed.String(), err)
+	}
+}
+
+// TestReasoningSentBack: a thinking model's reasoning sent back with its
+// turn, as a Responses reasoning item (a response's output passed back as
+// input, as a stateless client does) or as a chat message's
+// reasoning_content, reaches the chat template with the assistant's turn
+// it came before; one with no assistant's turn after it is dropped; a
+// kept response's conversation keeps its reasoning, which its input items
+// list; a reasoning_content on another role is refused.
+func TestReasoningSentBack(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].Reasoning = true
+	cfg.Responses = MemoryResponses(16)
+	reply := "<think>\nCall it.\n</think>\n\nSure. <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"
+	be := &echoBackend{reply: reply}
+	env := newEnv(t, cfg, be)
+	c := sdkClient(env, "unused")
+	tools := []responses.ToolUnionParam{responses.ToolParamOfFunction("get_time", map[string]any{"type": "object"}, false)}
+	first, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("t?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Output) != 3 {
+		t.Fatalf("output %s", first.RawJSON())
+	}
+	rs, msg, fc := first.Output[0].AsReasoning().ToParam(), first.Output[1].AsMessage().ToParam(), first.Output[2].AsFunctionCall().ToParam()
+	lost := responses.ResponseReasoningItemParam{ID: "rs_lost", Summary: []responses.ResponseReasoningItemSummaryParam{{Text: "Never said."}}}
+	input := responses.ResponseInputParam{
+		{OfReasoning: &lost}, // before a user's turn: dropped
+		responses.ResponseInputItemParamOfMessage("t?", responses.EasyInputMessageRoleUser),
+		{OfReasoning: &rs}, {OfOutputMessage: &msg}, {OfFunctionCall: &fc},
+		{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: openai.String(first.Output[2].AsFunctionCall().CallID),
+			Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: openai.String("12:00")}}},
+	}
+	next, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools,
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: input}})
+	if err != nil {
+		var ae *openai.Error
+		if errors.As(err, &ae) {
+			t.Fatal(ae.Message)
+		}
+		t.Fatal(err)
+	}
+	prompt := be.lastPrompt(t)
+	if !strings.Contains(prompt, "assistant (thought: Call it.): Sure.\n") || strings.Contains(prompt, "Never said") {
+		t.Errorf("prompt %q: want the reasoning with the assistant's turn after it, the lost one dropped", prompt)
+	}
+	// Reasoning before calls alone goes with them.
+	input = responses.ResponseInputParam{responses.ResponseInputItemParamOfMessage("t?", responses.EasyInputMessageRoleUser),
+		{OfReasoning: &rs}, {OfFunctionCall: &fc}}
+	if _, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools,
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: input}}); err != nil {
+		t.Fatal(err)
+	}
+	if prompt := be.lastPrompt(t); !strings.Contains(prompt, "assistant (thought: Call it.):  -> get_time({})") {
+		t.Errorf("prompt %q: want the reasoning with the calls after it", prompt)
+	}
+	// A kept response continued: its reasoning is in the conversation.
+	if _, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, PreviousResponseID: openai.String(next.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and now?")}}); err != nil {
+		t.Fatal(err)
+	}
+	if prompt := be.lastPrompt(t); strings.Count(prompt, "(thought: Call it.)") != 2 {
+		t.Errorf("prompt %q: want the reasoning of both earlier turns", prompt)
+	}
+	pages := c.Responses.InputItems.ListAutoPaging(t.Context(), next.ID, responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc})
+	var kinds []string
+	for pages.Next() {
+		kinds = append(kinds, pages.Current().Type)
+	}
+	if err := pages.Err(); err != nil || strings.Join(kinds, ",") != "message,reasoning,message,function_call,function_call_output" {
+		t.Errorf("input items %v (%v)", kinds, err)
+	}
+
+	// Chat: reasoning_content on an assistant's message.
+	body := `{"model":"echo-1","messages":[{"role":"user","content":"t?"},{"role":"assistant","content":"Sure.","reasoning_content":"Call it."},{"role":"user","content":"ok"}]}`
+	if status, _, raw := post(t, env, "/v1/chat/completions", body, nil); status != 200 {
+		t.Fatalf("%d %s", status, raw)
+	}
+	if prompt := be.lastPrompt(t); !strings.Contains(prompt, "assistant (thought: Call it.): Sure.\n") {
+		t.Errorf("chat prompt %q", prompt)
+	}
+	body = `{"model":"echo-1","messages":[{"role":"user","content":"t?","reasoning_content":"x"}]}`
+	if status, _, raw := post(t, env, "/v1/chat/completions", body, nil); status != 400 || !strings.Contains(string(raw), "only an assistant's message has reasoning_content") {
+		t.Errorf("reasoning_content on a user's message: %d %s", status, raw)
 	}
 }

@@ -189,11 +189,12 @@ func (c *messageContent) UnmarshalJSON(b []byte) error {
 }
 
 type chatMessage struct {
-	Role       string          `json:"role"`
-	Content    messageContent  `json:"content"`
-	Name       string          `json:"name,omitempty"`
-	ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
-	ToolCallID string          `json:"tool_call_id,omitempty"`
+	Role             string          `json:"role"`
+	Content          messageContent  `json:"content"`
+	Name             string          `json:"name,omitempty"`
+	ToolCalls        json.RawMessage `json:"tool_calls,omitempty"`
+	ToolCallID       string          `json:"tool_call_id,omitempty"`
+	ReasoningContent string          `json:"reasoning_content,omitempty"`
 }
 
 type streamOptions struct {
@@ -632,8 +633,10 @@ func messages(in []chatMessage) ([]Message, *apiError) {
 			return nil, invalidParam("messages", "message %d (tool) has no tool_call_id", i)
 		case !m.Content.set && m.Role != "assistant":
 			return nil, invalidParam("messages", "message %d (%s) has no content", i, m.Role)
+		case m.ReasoningContent != "" && m.Role != "assistant":
+			return nil, invalidParam("messages", "message %d (%s): only an assistant's message has reasoning_content", i, m.Role)
 		}
-		out[i] = Message{Role: m.Role, Content: m.Content.text, Name: m.Name, ToolCalls: calls}
+		out[i] = Message{Role: m.Role, Content: m.Content.text, Name: m.Name, ToolCalls: calls, Reasoning: m.ReasoningContent}
 		if m.Role == "tool" {
 			out[i].ToolCallID = m.ToolCallID
 		}

@@ -50,6 +50,7 @@ type inputItem struct {
 	Name      string          `json:"name"`
 	Arguments string          `json:"arguments"`
 	Output    json.RawMessage `json:"output"`
+	Summary   json.RawMessage `json:"summary"` // a reasoning item's
 }
 
 // chat is the chat completion request r asks for, cr holding the fields
@@ -112,11 +113,12 @@ func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 		return nil, invalidParam("input", "input must be a string or an array of items")
 	}
 	var calls []toolCallOut // the assistant message being gathered
+	var reasoning string    // the reasoning before the next assistant message
 	flush := func() {
 		if calls != nil {
 			raw, _ := json.Marshal(calls)
-			msgs = append(msgs, chatMessage{Role: "assistant", ToolCalls: raw})
-			calls = nil
+			msgs = append(msgs, chatMessage{Role: "assistant", ToolCalls: raw, ReasoningContent: reasoning})
+			calls, reasoning = nil, ""
 		}
 	}
 	for i, it := range items {
@@ -127,7 +129,22 @@ func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 			if aerr != nil {
 				return nil, aerr
 			}
-			msgs = append(msgs, chatMessage{Role: it.Role, Content: content})
+			m := chatMessage{Role: it.Role, Content: content}
+			if it.Role == "assistant" {
+				m.ReasoningContent = reasoning
+			}
+			reasoning = "" // another turn's, where no assistant's message took it
+			msgs = append(msgs, m)
+		case "reasoning":
+			// A reasoning item, as a response's output holds it: its text
+			// goes with the assistant's turn after it (chat templates show
+			// it or drop it as the model was trained).
+			flush()
+			text, aerr := reasoningText(i, it)
+			if aerr != nil {
+				return nil, aerr
+			}
+			reasoning += text
 		case "function_call":
 			if it.CallID == "" || !toolNameRE.MatchString(it.Name) {
 				return nil, invalidParam("input", "input[%d]: a function_call needs a call_id and a function name", i)
@@ -144,11 +161,37 @@ func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 			}
 			msgs = append(msgs, chatMessage{Role: "tool", Content: content, ToolCallID: it.CallID})
 		default:
-			return nil, badRequest("input", "unsupported_parameter", "input[%d]: item type %q is not supported; message, function_call and function_call_output are", i, truncate(it.Type, 40))
+			return nil, badRequest("input", "unsupported_parameter", "input[%d]: item type %q is not supported; message, reasoning, function_call and function_call_output are", i, truncate(it.Type, 40))
 		}
 	}
 	flush()
 	return msgs, nil
+}
+
+// reasoningText is a reasoning item's text: its reasoning_text parts, or
+// where it has none, its summary_text parts.
+func reasoningText(i int, it inputItem) (string, *apiError) {
+	type part struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	var content, summary []part
+	if !unset(it.Content) && json.Unmarshal(it.Content, &content) != nil || !unset(it.Summary) && json.Unmarshal(it.Summary, &summary) != nil {
+		return "", invalidParam("input", "input[%d]: a reasoning item's content and summary must be arrays of parts", i)
+	}
+	var b strings.Builder
+	for _, ps := range [][]part{content, summary} {
+		for _, p := range ps {
+			if p.Type != "reasoning_text" && p.Type != "summary_text" || p.Text == nil {
+				return "", badRequest("input", "unsupported_parameter", "input[%d]: reasoning part type %q is not supported; reasoning_text and summary_text are", i, truncate(p.Type, 40))
+			}
+			b.WriteString(*p.Text)
+		}
+		if b.Len() > 0 {
+			break
+		}
+	}
+	return b.String(), nil
 }
 
 // itemText is an item's content: a string, or text parts (input_text,
@@ -596,6 +639,8 @@ func (rs *responseRun) finish(res genResult) {
 // failure's error.
 func (rs *responseRun) whole(status string, details any, res *genResult, failure any) map[string]any {
 	reasoning, content, calls := rs.j.answer(rs.text.String())
+	rs.reason.Reset()
+	rs.reason.WriteString(reasoning) // kept with the conversation (put)
 	rs.items = rs.items[:0]
 	if reasoning != "" {
 		rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
@@ -637,7 +682,7 @@ func (rs *responseRun) put(o map[string]any, content string, calls []ToolCall) e
 	if err != nil {
 		return err
 	}
-	out := chatMessage{Role: "assistant", Content: messageContent{text: content, set: content != ""}}
+	out := chatMessage{Role: "assistant", Content: messageContent{text: content, set: content != ""}, ReasoningContent: rs.reason.String()}
 	if len(calls) > 0 {
 		tc := make([]toolCallOut, len(calls))
 		for i, c := range calls {

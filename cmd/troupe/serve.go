@@ -428,7 +428,7 @@ type chatTemplate struct{ c *chat.Config }
 func (t chatTemplate) Render(msgs []gateway.Message, o gateway.RenderOptions) (string, error) {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
-		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content, ReasoningContent: m.Reasoning, Name: m.Name, ToolCallID: m.ToolCallID}
 		for _, c := range m.ToolCalls {
 			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
 		}

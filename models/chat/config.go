@@ -14,13 +14,15 @@ import (
 )
 
 // Message is one turn of a conversation: an assistant's may hold the
-// tool calls it made, and a tool's answers the call ToolCallID names.
+// tool calls it made and the reasoning before its answer, and a tool's
+// answers the call ToolCallID names.
 type Message struct {
-	Role       string     `json:"role"`
-	Content    string     `json:"content"`
-	Name       string     `json:"name,omitempty"`
-	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
-	ToolCallID string     `json:"tool_call_id,omitempty"`
+	Role             string     `json:"role"`
+	Content          string     `json:"content"`
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	Name             string     `json:"name,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID       string     `json:"tool_call_id,omitempty"`
 }
 
 // ToolCall is a call of a function: its id, name and arguments (JSON text,
@@ -228,8 +230,8 @@ func reserved(name string) bool {
 //
 // The template sees what transformers gives it: messages as {role,
 // content} with, where set, name, tool_calls ({id, type "function",
-// function {name, arguments}}, the arguments decoded from their JSON) and
-// tool_call_id; tools as {type "function", function {name, description,
+// function {name, arguments}}, the arguments decoded from their JSON),
+// tool_call_id and reasoning_content; tools as {type "function", function {name, description,
 // parameters}} (none where there are no tools); objects keep their keys'
 // order, so that tojson writes them as they came.
 func (c *Config) Render(msgs []Message, o Options) (string, error) {
@@ -253,6 +255,9 @@ func (c *Config) Render(msgs []Message, o Options) (string, error) {
 		}
 		if m.ToolCallID != "" {
 			d.AsDict().Set("tool_call_id", jinja.NewString(m.ToolCallID))
+		}
+		if m.ReasoningContent != "" {
+			d.AsDict().Set("reasoning_content", jinja.NewString(m.ReasoningContent))
 		}
 		messages[i] = d
 	}
