@@ -301,6 +301,9 @@ func FuzzResponsesRequest(f *testing.F) {
 		`{"model":"echo-1","input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}},"top_logprobs":2,"stream":true}`,
 		`{"model":"echo-1","input":"x","truncation":"auto"}`, `{"model":"echo-1","input":"x","truncation":7}`,
 		`{"model":"echo-1","input":[{"type":"reasoning"}],"previous_response_id":"r"}`,
+		`{"model":"echo-1","input":[{"role":"user","content":"a"},{"type":"reasoning","content":[{"type":"reasoning_text","text":"r"}],"summary":[]},` +
+			`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"b"}]},{"type":"reasoning","summary":[{"type":"summary_text","text":"s"}]},` +
+			`{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`,
 		`{"model":"echo-1","input":5}`, `{"input":[]}`,
 	} {
 		f.Add([]byte(s))
