@@ -320,7 +320,7 @@ func TestServeJSONSchema(t *testing.T) {
 	}{
 		{map[string]any{"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}, `no multiple of 7`},
 		{map[string]any{"type": "string", "pattern": "^a(?=b)"}, `pattern "^a(?=b)"`},
-		{map[string]any{"type": "string", "format": "iri"}, `format "iri" is not supported`},
+		{map[string]any{"type": "string", "format": "idn-email"}, `format "idn-email" is not supported`},
 	} {
 		bad := map[string]any{"type": "object", "properties": map[string]any{"id": c2.prop}}
 		_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
@@ -722,11 +722,11 @@ func TestServeToolCalls(t *testing.T) {
 	// Parameters the grammar cannot follow are refused when a call is
 	// forced, naming what.
 	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
-		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("iri"), clock},
+		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("uri-template"), clock},
 		ToolChoice: openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
 	})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "iri"`) {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "uri-template"`) {
 		t.Errorf("parameters with a format of no grammar: %v, want a 400 that names it", err)
 	}
 }

@@ -84,12 +84,20 @@ func (d *dfa) liveUnits(st int32, lo, hi rune) bool {
 // Schema's format names (RFC 3339 dates, times and durations, without
 // leap seconds or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
 // address; hostnames of up to four labels; addresses of a common shape;
-// RFC 3986 URIs and URI references, an IP literal's IPv6 as ipv6's;
+// RFC 3986 URIs and URI references, and RFC 3987 IRIs and IRI references,
+// an IP literal's IPv6 as ipv6's;
 // RFC 6901 JSON pointers and their relative kind): each matches only
 // valid texts, not every one.
+var (
+	uri, relRef = uriPatterns("", "")
+	iri, relIRI = uriPatterns(fmtUCS, fmtPrivate)
+)
+
 var formats = map[string]string{
-	"uri":                   `^` + fmtURI + `$`,
-	"uri-reference":         `^(` + fmtURI + `|` + fmtRelRef + `)$`,
+	"uri":                   `^` + uri + `$`,
+	"uri-reference":         `^(` + uri + `|` + relRef + `)$`,
+	"iri":                   `^` + iri + `$`,
+	"iri-reference":         `^(` + iri + `|` + relIRI + `)$`,
 	"json-pointer":          `^` + fmtPointer + `$`,
 	"relative-json-pointer": `^(0|[1-9][0-9]*)(#|` + fmtPointer + `)$`,
 	"date":                  `^` + fmtDate + `$`,
@@ -122,29 +130,44 @@ const (
 	fmtPointer = `(/([^/~]|~[01])*)*`
 )
 
-var (
-	// fmtIPv6Lit is an IP literal's IPv6 address, as the ipv6 format's.
-	fmtIPv6Lit = strings.ReplaceAll(fmtIPv6, "H", `[0-9A-Fa-f]{1,4}`)
+// Characters RFC 3987 adds to URIs' (ucschar), and those it adds to a
+// query's (iprivate): code points beyond ASCII, less surrogates, planes'
+// last two code points and the private use areas.
+const (
+	fmtUCS = `\x{A0}-\x{D7FF}\x{F900}-\x{FDCF}\x{FDF0}-\x{FFEF}\x{10000}-\x{1FFFD}\x{20000}-\x{2FFFD}\x{30000}-\x{3FFFD}` +
+		`\x{40000}-\x{4FFFD}\x{50000}-\x{5FFFD}\x{60000}-\x{6FFFD}\x{70000}-\x{7FFFD}\x{80000}-\x{8FFFD}\x{90000}-\x{9FFFD}` +
+		`\x{A0000}-\x{AFFFD}\x{B0000}-\x{BFFFD}\x{C0000}-\x{CFFFD}\x{D0000}-\x{DFFFD}\x{E1000}-\x{EFFFD}`
+	fmtPrivate = `\x{E000}-\x{F8FF}\x{F0000}-\x{FFFFD}\x{100000}-\x{10FFFD}`
+)
 
-	// RFC 3986: a path's characters (pchar) without ':' (a relative
-	// reference's first segment takes none), then with it, and those of a
-	// query or fragment.
-	fmtPctEnc  = `%[0-9A-Fa-f]{2}`
-	fmtSegNC   = `([A-Za-z0-9._~!$&'()*+,;=@-]|` + fmtPctEnc + `)`
-	fmtPChar   = `([A-Za-z0-9._~!$&'()*+,;=:@-]|` + fmtPctEnc + `)`
-	fmtQuery   = `([A-Za-z0-9._~!$&'()*+,;=:@/?-]|` + fmtPctEnc + `)*`
-	fmtHost    = `(\[(` + fmtIPv6Lit + `|v[0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]|([A-Za-z0-9._~!$&'()*+,;=-]|` + fmtPctEnc + `)*)`
-	fmtAuth    = `(([A-Za-z0-9._~!$&'()*+,;=:-]|` + fmtPctEnc + `)*@)?` + fmtHost + `(:[0-9]*)?`
-	fmtAbempty = `(/` + fmtPChar + `*)*`
+// uriPatterns are RFC 3986's URI and relative reference (with ucs and
+// private, RFC 3987's IRI and relative IRI reference: the characters ucs
+// adds to the unreserved ones, and those private adds to a query's).
+func uriPatterns(ucs, private string) (uri, relRef string) {
+	const pct = `%[0-9A-Fa-f]{2}`
+	unres := `A-Za-z0-9._~` + ucs // and '-', last in each class
+	// A path's characters (pchar) without ':' (a relative reference's
+	// first segment takes none), then with it, and a query's and a
+	// fragment's.
+	segNC := `([` + unres + `!$&'()*+,;=@-]|` + pct + `)`
+	pchar := `([` + unres + `!$&'()*+,;=:@-]|` + pct + `)`
+	query := `([` + unres + private + `!$&'()*+,;=:@/?-]|` + pct + `)*`
+	frag := `([` + unres + `!$&'()*+,;=:@/?-]|` + pct + `)*`
+	host := `(\[(` + fmtIPv6Lit + `|v[0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]|([` + unres + `!$&'()*+,;=-]|` + pct + `)*)`
+	auth := `(([` + unres + `!$&'()*+,;=:-]|` + pct + `)*@)?` + host + `(:[0-9]*)?`
+	abempty := `(/` + pchar + `*)*`
+	tail := `)?(\?` + query + `)?(#` + frag + `)?`
 	// A hierarchical part after "scheme:": an authority and its path, an
 	// absolute path, a rootless one or none; then a query and a fragment.
-	fmtURI = `[A-Za-z][A-Za-z0-9+.-]*:(//` + fmtAuth + fmtAbempty + `|/(` + fmtPChar + `+` + fmtAbempty + `)?|` +
-		fmtPChar + `+` + fmtAbempty + `)?(\?` + fmtQuery + `)?(#` + fmtQuery + `)?`
+	uri = `[A-Za-z][A-Za-z0-9+.-]*:(//` + auth + abempty + `|/(` + pchar + `+` + abempty + `)?|` + pchar + `+` + abempty + tail
 	// A relative reference: as a URI's hierarchical part without its
 	// scheme, its first segment taking no ':'.
-	fmtRelRef = `(//` + fmtAuth + fmtAbempty + `|/(` + fmtPChar + `+` + fmtAbempty + `)?|` +
-		fmtSegNC + `+` + fmtAbempty + `)?(\?` + fmtQuery + `)?(#` + fmtQuery + `)?`
-)
+	relRef = `(//` + auth + abempty + `|/(` + pchar + `+` + abempty + `)?|` + segNC + `+` + abempty + tail
+	return uri, relRef
+}
+
+// fmtIPv6Lit is an IP literal's IPv6 address, as the ipv6 format's.
+var fmtIPv6Lit = strings.ReplaceAll(fmtIPv6, "H", `[0-9A-Fa-f]{1,4}`)
 
 // compilePattern builds the automaton of the strings pattern matches
 // somewhere (JSON Schema's patterns are not anchored; ^ and $ anchor

@@ -490,7 +490,7 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
-		{`{"type":"object","properties":{"s":{"type":"string","format":"iri"}}}`, `format "iri" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, json-pointer, relative-json-pointer, time, uri, uri-reference, uuid are)`},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"idn-email"}}}`, `format "idn-email" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, iri, iri-reference, json-pointer, relative-json-pointer, time, uri, uri-reference, uuid are)`},
 		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
 		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
@@ -986,8 +986,8 @@ func validFormat(f, s string) bool {
 		a, err := mail.ParseAddress(s)
 		at := strings.LastIndexByte(s, '@')
 		return err == nil && a.Address == s && at <= 64 && validFormat("hostname", s[at+1:])
-	case "uri", "uri-reference":
-		return validURI(s, f == "uri-reference")
+	case "uri", "uri-reference", "iri", "iri-reference":
+		return validURI(s, strings.HasSuffix(f, "-reference"), f[0] == 'i')
 	case "json-pointer":
 		return validPointer(s)
 	case "relative-json-pointer":
@@ -1017,23 +1017,40 @@ func validPointer(s string) bool {
 	return true
 }
 
-// validURI is RFC 3986's URI (with ref, URI-reference) grammar read by
-// hand: a scheme up to the first ':' before any '/', '?' or '#' (where
-// there is none, a relative reference), the fragment after the first
-// '#', the query after the first '?', then an authority after "//" and a
-// path of segments.
-func validURI(s string, ref bool) bool {
+// validURI is RFC 3986's URI (with ref, URI-reference; with iri, RFC
+// 3987's IRI and IRI-reference) grammar read by hand: a scheme up to the
+// first ':' before any '/', '?' or '#' (where there is none, a relative
+// reference), the fragment after the first '#', the query after the first
+// '?', then an authority after "//" and a path of segments.
+func validURI(s string, ref, iri bool) bool {
 	const unreserved = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~"
 	const subDelims = "!$&'()*+,;="
-	chars := func(s, extra string) bool {
-		for i := 0; i < len(s); i++ {
+	// ucs reports an IRI's characters beyond ASCII (ucschar; with query,
+	// iprivate too): not surrogates, nor a plane's last two code points,
+	// nor the private use areas outside a query.
+	ucs := func(r rune, query bool) bool {
+		private := 0xE000 <= r && r <= 0xF8FF || r >= 0xF0000
+		switch {
+		case !iri || r < 0xA0 || 0xD800 <= r && r <= 0xDFFF || r&0xFFFE == 0xFFFE || 0xFDD0 <= r && r <= 0xFDEF:
+			return false
+		case private:
+			return query
+		}
+		return r < 0xE0000 || r >= 0xE1000
+	}
+	// chars reports whether s is of the unreserved characters, the
+	// sub-delimiters, extra's and percent-encodings (and with query, a
+	// query's private ones).
+	chars := func(s, extra string, query bool) bool {
+		for i, r := range s {
 			switch {
-			case s[i] == '%':
+			case r == '%':
 				if i+2 >= len(s) || !strings.ContainsRune("0123456789abcdefABCDEF", rune(s[i+1])) || !strings.ContainsRune("0123456789abcdefABCDEF", rune(s[i+2])) {
 					return false
 				}
-				i += 2
-			case !strings.ContainsRune(unreserved+subDelims+extra, rune(s[i])):
+			case i > 0 && s[i-1] == '%' || i > 1 && s[i-2] == '%':
+				// a percent-encoding's digits, checked above
+			case !strings.ContainsRune(unreserved+subDelims+extra, r) && !ucs(r, query):
 				return false
 			}
 		}
@@ -1052,7 +1069,7 @@ func validURI(s string, ref bool) bool {
 	}
 	rest, frag, _ := strings.Cut(rest, "#")
 	rest, query, _ := strings.Cut(rest, "?")
-	if !chars(frag, ":@/?") || !chars(query, ":@/?") {
+	if !chars(frag, ":@/?", false) || !chars(query, ":@/?", true) {
 		return false
 	}
 	path := rest
@@ -1064,7 +1081,7 @@ func validURI(s string, ref bool) bool {
 			path = ""
 		}
 		if user, host, ok := strings.Cut(auth, "@"); ok {
-			if !chars(user, ":") {
+			if !chars(user, ":", false) {
 				return false
 			}
 			auth = host
@@ -1093,7 +1110,7 @@ func validURI(s string, ref bool) bool {
 			}
 		} else {
 			host, p, _ := strings.Cut(auth, ":")
-			if !chars(host, "") {
+			if !chars(host, "", false) {
 				return false
 			}
 			port = p
@@ -1103,7 +1120,7 @@ func validURI(s string, ref bool) bool {
 		}
 	}
 	for _, seg := range strings.Split(path, "/") {
-		if !chars(seg, ":@") {
+		if !chars(seg, ":@", false) {
 			return false
 		}
 	}
