@@ -234,3 +234,46 @@ func TestReasoningSentBack(t *testing.T) {
 		t.Errorf("reasoning_content on a user's message: %d %s", status, raw)
 	}
 }
+
+// TestReasoningEffortNone: reasoning_effort "none" (chat) and reasoning
+// {"effort": "none"} (responses) ask the template not to think
+// (enable_thinking false), unless chat_template_kwargs say otherwise;
+// other efforts change nothing, and unknown ones are refused by name.
+func TestReasoningEffortNone(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].Reasoning = true
+	be := &echoBackend{reply: "ok"}
+	env := newEnv(t, cfg, be)
+	for _, c := range []struct {
+		path, extra string
+		vars        string // the template's variables, "" for none
+		bad         string // the parameter a 400 names
+	}{
+		{"/v1/chat/completions", `,"reasoning_effort":"none"`, "enable_thinking=false", ""},
+		{"/v1/chat/completions", `,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true}`, "enable_thinking=true", ""},
+		{"/v1/chat/completions", `,"reasoning_effort":"high"`, "", ""},
+		{"/v1/chat/completions", `,"reasoning_effort":"max"`, "", "reasoning_effort"},
+		{"/v1/responses", `,"reasoning":{"effort":"none","summary":"auto"}`, "enable_thinking=false", ""},
+		{"/v1/responses", `,"reasoning":{"effort":"low"}`, "", ""},
+		{"/v1/responses", `,"reasoning":{"effort":"bogus"}`, "", "reasoning.effort"},
+	} {
+		body := `{"model":"echo-1","messages":[{"role":"user","content":"t?"}]` + c.extra + `}`
+		if c.path == "/v1/responses" {
+			body = `{"model":"echo-1","input":"t?"` + c.extra + `}`
+		}
+		status, _, raw := post(t, env, c.path, body, nil)
+		if c.bad != "" {
+			if status != 400 || !strings.Contains(string(raw), `"param":"`+c.bad+`"`) {
+				t.Errorf("%s %s: %d %s, want a 400 naming %s", c.path, c.extra, status, raw, c.bad)
+			}
+			continue
+		}
+		if status != 200 {
+			t.Fatalf("%s %s: %d %s", c.path, c.extra, status, raw)
+		}
+		prompt := be.lastPrompt(t)
+		if got := strings.HasPrefix(prompt, "vars: "+c.vars+"\n"); c.vars != "" && !got || c.vars == "" && strings.HasPrefix(prompt, "vars:") {
+			t.Errorf("%s %s: prompt %q, want vars %q", c.path, c.extra, prompt, c.vars)
+		}
+	}
+}

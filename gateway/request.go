@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -243,6 +245,10 @@ type chatRequest struct {
 	// ChatTemplateKwargs are further variables for the chat template
 	// (vLLM's extension; Qwen 3's enable_thinking, say).
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
+	// ReasoningEffort "none" asks a thinking model not to reason
+	// (thinkingOff); the other efforts leave it as its template has it.
+	ReasoningEffort *string `json:"reasoning_effort"`
+	effortParam     string  // the parameter ReasoningEffort came from, where not reasoning_effort
 }
 
 type completionRequest struct {
@@ -509,7 +515,11 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		}
 		j.base.TopLogprobs = *r.TopLogprobs
 	}
-	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, r.ChatTemplateKwargs)
+	kwargs, aerr := thinkingOff(r.ReasoningEffort, r.effortParam, r.ChatTemplateKwargs)
+	if aerr != nil {
+		return nil, aerr
+	}
+	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, kwargs)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -570,6 +580,36 @@ func (v *validator) chatText(in []chatMessage, tools []Tool, addGen *bool, kwarg
 		return "", invalidParam("messages", "cannot apply the chat template: %v", err)
 	}
 	return text, nil
+}
+
+// efforts are the reasoning efforts OpenAI's API names.
+var efforts = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
+
+// thinkingOff returns kwargs with enable_thinking false where effort (the
+// request's parameter param) is "none" and kwargs leave enable_thinking
+// out: OpenAI's way to ask for no reasoning, as Qwen 3's template takes
+// it. Other efforts change nothing: a template thinks or not.
+func thinkingOff(effort *string, param string, kwargs map[string]json.RawMessage) (map[string]json.RawMessage, *apiError) {
+	if param == "" {
+		param = "reasoning_effort"
+	}
+	switch {
+	case effort == nil:
+		return kwargs, nil
+	case !slices.Contains(efforts, *effort):
+		return nil, invalidParam(param, "%s is %q, want one of %s", param, truncate(*effort, 20), strings.Join(efforts, ", "))
+	case *effort != "none":
+		return kwargs, nil
+	}
+	if _, ok := kwargs["enable_thinking"]; ok {
+		return kwargs, nil
+	}
+	out := maps.Clone(kwargs)
+	if out == nil {
+		out = map[string]json.RawMessage{}
+	}
+	out["enable_thinking"] = json.RawMessage("false")
+	return out, nil
 }
 
 // maxTemplateVars bounds a request's chat_template_kwargs.

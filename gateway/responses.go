@@ -37,7 +37,10 @@ type responsesRequest struct {
 	Store              *bool             `json:"store"`
 	Truncation         *string           `json:"truncation"`
 	Metadata           map[string]string `json:"metadata"`
-	User               *string           `json:"user"`
+	Reasoning          *struct {
+		Effort *string `json:"effort"`
+	} `json:"reasoning"`
+	User *string `json:"user"`
 }
 
 // inputItem is an item of a Responses input: a message, a function call
@@ -59,7 +62,10 @@ type inputItem struct {
 func (r *responsesRequest) chat(cr *chatRequest, prior []chatMessage) ([]chatMessage, *apiError) {
 	// Chat's fields that the Responses API spells otherwise, or lacks.
 	cr.N, cr.StreamOptions, cr.MaxTokens, cr.ResponseFormat, cr.AddGenerationPrompt = nil, nil, nil, nil, nil
-	cr.Functions, cr.FunctionCall, cr.Logprobs, cr.TopLogprobs = nil, nil, nil, nil
+	cr.Functions, cr.FunctionCall, cr.Logprobs, cr.TopLogprobs, cr.ReasoningEffort = nil, nil, nil, nil, nil
+	if r.Reasoning != nil {
+		cr.ReasoningEffort, cr.effortParam = r.Reasoning.Effort, "reasoning.effort"
+	}
 	input, aerr := r.input()
 	if aerr != nil {
 		return nil, aerr
