@@ -15,7 +15,6 @@ import (
 	"testing"
 
 	"github.com/troupe/troupe/gpu"
-	"github.com/troupe/troupe/gpu/cpu"
 	"github.com/troupe/troupe/models"
 	"github.com/troupe/troupe/models/modeltest"
 	"github.com/troupe/troupe/models/safetensors"
@@ -293,15 +292,7 @@ func TestQuantizedCheckpoints(t *testing.T) {
 			}
 			// Split over two ranks: the dequantized weights' rows and
 			// columns of each.
-			var devs []gpu.Device
-			for range 2 {
-				d, err := cpu.New(cpu.Config{Threads: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer d.Close()
-				devs = append(devs, d)
-			}
+			devs := oneThreadCPUs(t, 2)
 			dev := openCPU(t)
 			defer dev.Close()
 			whole := loadModel(t, dir, dev, models.Options{MaxTokens: 16})

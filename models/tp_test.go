@@ -97,15 +97,7 @@ func TestTensorParallelCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			var devs []gpu.Device
-			for range 3 {
-				d, err := cpu.New(cpu.Config{Threads: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer d.Close()
-				devs = append(devs, d)
-			}
+			devs := oneThreadCPUs(t, 3)
 			red := newHostReducer(devs[1:])
 			o := models.Options{MaxTokens: 16}
 			whole, err := models.Load(b.Config, b.Checkpoint, devs[0], o)
@@ -162,6 +154,22 @@ func TestTensorParallelCPU(t *testing.T) {
 			})
 		})
 	}
+}
+
+// oneThreadCPUs opens n CPU devices of a thread each, closed when the test
+// ends.
+func oneThreadCPUs(t *testing.T, n int) []gpu.Device {
+	t.Helper()
+	var devs []gpu.Device
+	for range n {
+		d, err := cpu.New(cpu.Config{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	return devs
 }
 
 // compareSplit feeds prompt to the whole model and to its tensor-parallel
