@@ -1594,5 +1594,8 @@ func (c *Config) Describe() string {
 	if c.Experts > 0 {
 		fmt.Fprintf(&b, ", %d experts top-%d", c.Experts, c.ExpertsPerToken)
 	}
+	if q := c.Quant; q != nil {
+		fmt.Fprintf(&b, ", %s weights (%s) dequantized to bf16", q.codes(), q.Method)
+	}
 	return b.String()
 }

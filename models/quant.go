@@ -47,11 +47,15 @@ func (q *Quant) String() string {
 	default:
 		cover = fmt.Sprintf("a scale a block of %d×%d", q.Block[0], q.Block[1])
 	}
-	codes := "e4m3"
-	if q.DType == "I8" {
-		codes = "int8"
+	return fmt.Sprintf("%s: %s weights, %s, dequantized to bf16 as they load", q.Method, q.codes(), cover)
+}
+
+// codes names the codes' type.
+func (q *Quant) codes() string {
+	if q.DType == codeInt8 {
+		return "int8"
 	}
-	return fmt.Sprintf("%s: %s weights, %s, dequantized to bf16 as they load", q.Method, codes, cover)
+	return "e4m3"
 }
 
 // rawQuant is config.json's quantization_config.

@@ -250,6 +250,9 @@ func TestQuantizedCheckpoints(t *testing.T) {
 			if err := models.Check(q.Config, q.Checkpoint); err != nil {
 				t.Fatal(err)
 			}
+			if d := q.Config.Describe(); !strings.Contains(d, "weights ("+q.Config.Quant.Method+") dequantized to bf16") {
+				t.Errorf("described as %q", d)
+			}
 			if got, want := models.LoadedBytes(q.Config, q.Checkpoint), 2*models.Params(q.Config); got != want {
 				t.Errorf("loaded bytes %d, want %d", got, want)
 			}
