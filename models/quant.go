@@ -90,8 +90,9 @@ type ctsArgs struct {
 const served = "served: bf16, f16 and f32 weights, and 8-bit weights with their scales: fp8, fbgemm_fp8, compressed-tensors float-quantized and int-quantized"
 
 // parseQuant reads a quantization_config: 8-bit weights (e4m3, or
-// symmetric int8) with scales, and inputs left unquantized or quantized
-// dynamically; anything else refused by name.
+// symmetric int8) with scales; anything else refused by name. The inputs'
+// quantization, dynamic or static, is not followed: their scales, where a
+// checkpoint has them, go unused.
 func parseQuant(r *rawQuant) (*Quant, error) {
 	if r == nil {
 		return nil, nil
@@ -101,10 +102,11 @@ func parseQuant(r *rawQuant) (*Quant, error) {
 		switch {
 		case r.Fmt != "" && r.Fmt != "e4m3":
 			return nil, unsupported("fp8 format %q (only e4m3)", r.Fmt)
-		case r.Activation != "" && r.Activation != "dynamic":
-			return nil, unsupported("fp8 activation_scheme %q (only dynamic, whose weights alone carry scales)", r.Activation)
-		case len(r.WeightBlockSize) != 2:
-			return nil, unsupported("fp8 without weight_block_size (only block-wise scales)")
+		case r.Activation != "" && r.Activation != "dynamic" && r.Activation != "static":
+			return nil, unsupported("fp8 activation_scheme %q (dynamic or static)", r.Activation)
+		case r.WeightBlockSize == nil:
+			// vLLM's first FP8 checkpoints: a weight_scale a matrix.
+			return &Quant{Method: r.Method, DType: codeFP8, Scale: "_scale"}, nil
 		}
 		return blockScales(r.Method, codeFP8, "_scale_inv", r.WeightBlockSize)
 	case "fbgemm_fp8":
@@ -132,8 +134,7 @@ func blockScales(method, dtype, scale string, block []int) (*Quant, error) {
 
 // parseCTS reads a compressed-tensors config: every group's weights 8-bit
 // floats (float-quantized) or symmetric 8-bit integers (int-quantized) of
-// one strategy, its inputs unquantized or quantized dynamically, its
-// outputs unquantized.
+// one strategy, its outputs unquantized.
 func parseCTS(r *rawQuant) (*Quant, error) {
 	var typ, dtype string
 	switch r.Format {
@@ -157,8 +158,6 @@ func parseCTS(r *rawQuant) (*Quant, error) {
 			return nil, unsupported("compressed-tensors group %s: asymmetric weights", name)
 		case w.Dynamic:
 			return nil, unsupported("compressed-tensors group %s: dynamic weight scales", name)
-		case g.Input != nil && !g.Input.Dynamic:
-			return nil, unsupported("compressed-tensors group %s: static input scales (only dynamic or none)", name)
 		case g.Output != nil:
 			return nil, unsupported("compressed-tensors group %s: quantized outputs", name)
 		}

@@ -89,6 +89,7 @@ var quantSchemes = []quantScheme{
 	{"compressed-tensors tensor", ctsConfig("float", "tensor", nil), "_scale", [2]int{0, 0}, func(r, c int) []int { return nil }, false},
 	{"compressed-tensors blocks", ctsConfig("float", "block", []int{64, 96}), "_scale", [2]int{64, 96}, func(r, c int) []int { return []int{r, c} }, false},
 	{"compressed-tensors int8 channels", ctsConfig("int", "channel", nil), "_scale", [2]int{1, 0}, func(r, c int) []int { return []int{r, 1} }, true},
+	{"fp8 matrices, static inputs", map[string]any{"quant_method": "fp8", "activation_scheme": "static"}, "_scale", [2]int{0, 0}, func(r, c int) []int { return []int{} }, false},
 }
 
 // quantize writes a copy of the checkpoint in src quantized by sc to dir
@@ -175,6 +176,10 @@ func quantize(t *testing.T, sc quantScheme, src, dir, plain string) {
 		fp8 = append(fp8, &safetensors.Tensor{Name: name, DType: dtype, Shape: w.Shape, Data: codes},
 			&safetensors.Tensor{Name: name + sc.suffix, DType: sdt, Shape: sc.shape(nr, nc), Data: sdata})
 		bf16 = append(bf16, &safetensors.Tensor{Name: name, DType: "BF16", Shape: w.Shape, Data: deq})
+		if sc.config["activation_scheme"] == "static" {
+			// The inputs' scale, unused.
+			fp8 = append(fp8, &safetensors.Tensor{Name: strings.TrimSuffix(name, "weight") + "input_scale", DType: "F32", Shape: []int{}, Data: make([]byte, 4)})
+		}
 	}
 	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil {
@@ -233,7 +238,7 @@ func TestQuantizedCheckpoints(t *testing.T) {
 	for _, c := range []struct {
 		fixture string
 		scheme  int
-	}{{"qwen3", 0}, {"qwen3-moe", 0}, {"llama-gqa", 1}, {"llama-gqa", 2}, {"olmo2", 3}, {"qwen3", 4}, {"qwen3-moe", 5}} {
+	}{{"qwen3", 0}, {"qwen3-moe", 0}, {"llama-gqa", 1}, {"llama-gqa", 2}, {"olmo2", 3}, {"qwen3", 4}, {"qwen3-moe", 5}, {"llama-gqa", 6}} {
 		f, sc := c.fixture, quantSchemes[c.scheme]
 		t.Run(f+"/"+sc.name, func(t *testing.T) {
 			src := modeltest.MustShared(t, filepath.Join("fixtures", f))
@@ -321,19 +326,16 @@ func TestQuantRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for q, want := range map[string]string{
-		`{"quant_method":"awq","bits":4}`:                                                    `quantization "awq"`,
-		`{"quant_method":"fp8","activation_scheme":"static"}`:                                `activation_scheme "static"`,
-		`{"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]}`:                  `fp8 format "e5m2"`,
-		`{"quant_method":"fp8"}`:                                                             "without weight_block_size",
-		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                                 "fp8 weight block [0 128]",
-		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{}}`: `compressed-tensors format "pack-quantized"`,
-		`{"quant_method":"compressed-tensors","format":"float-quantized"}`:                   "without config_groups",
+		`{"quant_method":"awq","bits":4}`:                                                                                                                                     `quantization "awq"`,
+		`{"quant_method":"fp8","activation_scheme":"fixed"}`:                                                                                                                  `activation_scheme "fixed"`,
+		`{"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]}`:                                                                                                   `fp8 format "e5m2"`,
+		`{"quant_method":"fp8","weight_block_size":[0,128]}`:                                                                                                                  "fp8 weight block [0 128]",
+		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{}}`:                                                                                  `compressed-tensors format "pack-quantized"`,
+		`{"quant_method":"compressed-tensors","format":"float-quantized"}`:                                                                                                    "without config_groups",
 		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8}}}}`:                                      "weights other than 8-bit floats",
 		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"group"}}}}`:                 `weight strategy "group"`,
 		`{"quant_method":"compressed-tensors","format":"int-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":8,"strategy":"channel","symmetric":false}}}}`: "asymmetric weights",
 		`{"quant_method":"compressed-tensors","format":"int-quantized","config_groups":{"g":{"weights":{"type":"int","num_bits":4,"strategy":"group"}}}}`:                     "weights other than 8-bit ints",
-		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"},` +
-			`"input_activations":{"type":"float","num_bits":8,"dynamic":false}}}}`: "static input scales",
 		`{"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"g":{"weights":{"type":"float","num_bits":8,"strategy":"tensor"}},` +
 			`"h":{"weights":{"type":"float","num_bits":8,"strategy":"channel"}}}}`: "different weight strategies",
 	} {
