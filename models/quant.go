@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/troupe/troupe/gpu"
 	"github.com/troupe/troupe/models/safetensors"
@@ -266,6 +268,8 @@ func checkQuant(q *Quant, ckpt *safetensors.Checkpoint, name string, t *safetens
 
 // dequant returns t's values as bfloat16 bytes: each code's value
 // times its block's scale in float32, rounded to the nearest bfloat16.
+// A block's 256 products are formed once, into a table its codes index;
+// the rows are shared out to a goroutine a processor.
 func dequant(q *Quant, t, s *safetensors.Tensor) []byte {
 	rows, cols := t.Shape[0], t.Shape[1]
 	_, nc := q.blocks(rows, cols)
@@ -283,18 +287,37 @@ func dequant(q *Quant, t, s *safetensors.Tensor) []byte {
 		}
 		return math.Float32frombits(binary.LittleEndian.Uint32(s.Data[4*i:]))
 	}
-	out := make([]byte, 2*rows*cols)
-	for r := range rows {
-		srow := r / br * nc
-		for b := 0; b < cols; b += bc {
-			f := scale(srow + b/bc)
-			for c := b; c < min(b+bc, cols); c++ {
-				i := r*cols + c
-				binary.LittleEndian.PutUint16(out[2*i:], gpu.F32ToBF16(values[t.Data[i]]*f))
+	out := make([]uint16, rows*cols)
+	// rowsOf dequantizes rows [r0, r1).
+	rowsOf := func(r0, r1 int) {
+		tables := make([][256]uint16, nc) // the block row's, by column block
+		block := -1
+		for r := r0; r < r1; r++ {
+			if r/br != block {
+				block = r / br
+				for cb := range tables {
+					f := scale(block*nc + cb)
+					for c := range 256 {
+						tables[cb][c] = gpu.F32ToBF16(values[c] * f)
+					}
+				}
+			}
+			codes, o := t.Data[r*cols:(r+1)*cols], out[r*cols:(r+1)*cols]
+			for cb := range tables {
+				tb, lo, hi := &tables[cb], cb*bc, min((cb+1)*bc, cols)
+				for c, code := range codes[lo:hi] {
+					o[lo+c] = tb[code]
+				}
 			}
 		}
 	}
-	return out
+	workers := min(runtime.GOMAXPROCS(0), max(1, rows*cols>>20))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() { rowsOf(rows*w/workers, rows*(w+1)/workers) })
+	}
+	wg.Wait()
+	return gpu.U16Bytes(out)
 }
 
 // LoadedBytes is how many bytes the weights of ckpt that cfg uses take once
