@@ -97,7 +97,7 @@ var quantSchemes = []quantScheme{
 // bf16 for the gate's and up's, f16 for the down's) and a bf16 copy of
 // the same weights dequantized by hand to plain: each value the float32
 // product of its code and its scale, rounded to bfloat16.
-func quantize(t *testing.T, sc quantScheme, src, dir, plain string) {
+func quantize(t testing.TB, sc quantScheme, src, dir, plain string) {
 	t.Helper()
 	ckpt, err := safetensors.OpenDir(src)
 	if err != nil {
@@ -400,4 +400,55 @@ func TestQuantRefused(t *testing.T) {
 		}
 		dev.Close()
 	}
+}
+
+// FuzzQuantLoad loads the qwen3 fixture quantized with one weight's codes
+// and scales of any dtype and shape the fuzzer picks: Check and Load
+// answer with an error or a model, never a panic, and agree.
+func FuzzQuantLoad(f *testing.F) {
+	src := modeltest.MustShared(f, filepath.Join("fixtures", "qwen3"))
+	dir, plain := f.TempDir(), f.TempDir()
+	quantize(f, quantSchemes[0], src, dir, plain)
+	b, err := models.OpenDir(dir)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer b.Close()
+	const weight = "model.layers.1.mlp.down_proj.weight"
+	good, _ := b.Checkpoint.Tensor(weight)
+	scales, _ := b.Checkpoint.Tensor(weight + "_scale_inv")
+	f.Add(uint8(0), uint8(good.Shape[0]>>4), uint8(good.Shape[1]>>4), uint8(0), uint8(scales.Shape[0]), uint8(scales.Shape[1]), uint8(2))
+	f.Add(uint8(1), uint8(3), uint8(200), uint8(2), uint8(1), uint8(0), uint8(1))
+	dtypes := []string{"F8_E4M3", "I8", "F8_E5M2", "BF16", "F32", "F16", "U8"}
+	f.Fuzz(func(t *testing.T, wdt, rows, cols, sdt, srows, scols, sdims uint8) {
+		w := &safetensors.Tensor{Name: weight, DType: dtypes[int(wdt)%len(dtypes)], Shape: []int{int(rows) << 4, int(cols) << 4}}
+		w.Data = make([]byte, w.Elements()*safetensors.DTypeSize(w.DType))
+		s := &safetensors.Tensor{Name: scales.Name, DType: dtypes[int(sdt)%len(dtypes)], Shape: []int{int(srows), int(scols)}[:int(sdims)%3]}
+		s.Data = make([]byte, s.Elements()*safetensors.DTypeSize(s.DType))
+		var ts []*safetensors.Tensor
+		for _, n := range b.Checkpoint.Names() {
+			if n != weight && n != scales.Name {
+				x, _ := b.Checkpoint.Tensor(n)
+				ts = append(ts, x)
+			}
+		}
+		var buf bytes.Buffer
+		if err := safetensors.Write(&buf, append(ts, w, s), nil); err != nil {
+			t.Fatal(err)
+		}
+		ckpt, err := safetensors.FromBytes(buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked := models.Check(b.Config, ckpt)
+		dev := openCPU(t)
+		defer dev.Close()
+		m, err := models.Load(b.Config, ckpt, dev, models.Options{MaxTokens: 8})
+		if err == nil {
+			m.Close()
+		}
+		if (checked == nil) != (err == nil) {
+			t.Fatalf("Check says %v, Load %v", checked, err)
+		}
+	})
 }
