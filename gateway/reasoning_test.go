@@ -235,8 +235,9 @@ func TestReasoningSentBack(t *testing.T) {
 	}
 }
 
-// TestReasoningEffortNone: reasoning_effort "none" (chat) and reasoning
-// {"effort": "none"} (responses) ask the template not to think
+// TestReasoningEffortNone: reasoning_effort "none" (chat and /tokenize)
+// and reasoning {"effort": "none"} (responses) ask the template not to
+// think
 // (enable_thinking false), unless chat_template_kwargs say otherwise;
 // other efforts change nothing, and unknown ones are refused by name.
 func TestReasoningEffortNone(t *testing.T) {
@@ -275,5 +276,11 @@ func TestReasoningEffortNone(t *testing.T) {
 		if got := strings.HasPrefix(prompt, "vars: "+c.vars+"\n"); c.vars != "" && !got || c.vars == "" && strings.HasPrefix(prompt, "vars:") {
 			t.Errorf("%s %s: prompt %q, want vars %q", c.path, c.extra, prompt, c.vars)
 		}
+	}
+	// /tokenize counts the prompt the chat completion would have.
+	status, _, raw := post(t, env, "/tokenize", `{"model":"echo-1","messages":[{"role":"user","content":"t?"}],"reasoning_effort":"none"}`, nil)
+	var tok struct{ Tokens []int32 }
+	if status != 200 || json.Unmarshal(raw, &tok) != nil || !strings.HasPrefix(byteTokenizer{}.Decode(tok.Tokens, false), "vars: enable_thinking=false\n") {
+		t.Errorf("tokenize with reasoning_effort none: %d %s", status, raw)
 	}
 }

@@ -515,11 +515,7 @@ func (v *validator) chat(r *chatRequest, tenant string) (*job, *apiError) {
 		}
 		j.base.TopLogprobs = *r.TopLogprobs
 	}
-	kwargs, aerr := thinkingOff(r.ReasoningEffort, r.effortParam, r.ChatTemplateKwargs)
-	if aerr != nil {
-		return nil, aerr
-	}
-	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, kwargs)
+	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, r.ChatTemplateKwargs, r.ReasoningEffort, r.effortParam)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -566,8 +562,12 @@ func (v *validator) useTools(j *job, f toolFields) ([]Tool, *apiError) {
 
 // chatText renders a conversation through the model's chat template, with
 // its generation prompt unless addGen is false.
-func (v *validator) chatText(in []chatMessage, tools []Tool, addGen *bool, kwargs map[string]json.RawMessage) (string, *apiError) {
+func (v *validator) chatText(in []chatMessage, tools []Tool, addGen *bool, kwargs map[string]json.RawMessage, effort *string, effortParam string) (string, *apiError) {
 	msgs, aerr := messages(in)
+	if aerr != nil {
+		return "", aerr
+	}
+	kwargs, aerr = thinkingOff(effort, effortParam, kwargs)
 	if aerr != nil {
 		return "", aerr
 	}

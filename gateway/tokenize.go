@@ -17,6 +17,7 @@ type tokenizeRequest struct {
 	Tools               json.RawMessage            `json:"tools"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort     *string                    `json:"reasoning_effort"`
 }
 
 type tokenizeResponse struct {
@@ -65,7 +66,7 @@ func (v *validator) tokenize(r *tokenizeRequest) ([]int32, ModelInfo, *apiError)
 	if aerr != nil {
 		return nil, m, aerr
 	}
-	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, r.ChatTemplateKwargs)
+	text, aerr := v.chatText(r.Messages, tools, r.AddGenerationPrompt, r.ChatTemplateKwargs, r.ReasoningEffort, "")
 	if aerr != nil {
 		return nil, m, aerr
 	}

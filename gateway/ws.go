@@ -35,6 +35,7 @@ type wsFrame struct {
 	// With messages, as in a chat completion.
 	toolFields
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort    *string                    `json:"reasoning_effort"`
 }
 
 type wsTimings struct {
@@ -135,7 +136,7 @@ func (v *validator) ws(f *wsFrame, tenant string) (*job, *apiError) {
 		if aerr != nil {
 			return nil, aerr
 		}
-		text, aerr := v.chatText(f.Messages, tools, nil, f.ChatTemplateKwargs)
+		text, aerr := v.chatText(f.Messages, tools, nil, f.ChatTemplateKwargs, f.ReasoningEffort, "")
 		if aerr != nil {
 			return nil, aerr
 		}
