@@ -114,8 +114,8 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 		return
 	}
 	n := rs.j.choices()
-	if !s.lim.tryAcquire(n) {
-		writeAPIError(w, tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
+	if aerr := s.lim.tryAcquire(rs.tenant, n, s.cfg.RetryAfter); aerr != nil {
+		writeAPIError(w, aerr)
 		return
 	}
 	ctx, cancel := context.WithCancel(s.base)
@@ -130,7 +130,7 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 	queued["store"] = true
 	if err := rs.put(queued, "", nil); err != nil {
 		cancel()
-		s.lim.release(n)
+		s.lim.release(rs.tenant, n)
 		writeAPIError(w, storeError(err))
 		return
 	}
@@ -138,7 +138,7 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 		// Other gateways stream it again from this record.
 		if err := s.responses.putEvents(r.Context(), rs.id, rs.tenant, eventRecord{}); err != nil {
 			cancel()
-			s.lim.release(n)
+			s.lim.release(rs.tenant, n)
 			writeAPIError(w, storeError(err))
 			return
 		}
@@ -147,14 +147,14 @@ func (s *Server) startBackground(w http.ResponseWriter, r *http.Request, rs *res
 	started := s.start(true, func() {
 		defer close(run.done)
 		defer s.bg.remove(rs.id)
-		defer s.lim.release(n)
+		defer s.lim.release(rs.tenant, n)
 		defer cancel()
 		s.runBackground(ctx, run, rs, received)
 	})
 	if !started {
 		s.bg.remove(rs.id)
 		cancel()
-		s.lim.release(n)
+		s.lim.release(rs.tenant, n)
 		rs.whole("failed", nil, nil, map[string]string{"code": "shutting_down", "message": "the server shut down before the response started"})
 		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
 		return

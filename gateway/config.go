@@ -46,6 +46,12 @@ type Config struct {
 	// MaxInFlight bounds the generations this gateway runs at once (a request with n
 	// choices counts n). Requests beyond it get 429 with Retry-After.
 	MaxInFlight int
+	// MaxInFlightPerKey bounds, where APIKeys are set, the generations one key
+	// runs at once through this gateway, counted as MaxInFlight counts them, so
+	// that one key cannot take every slot: a key's requests beyond it get 429
+	// (key_limit) with Retry-After while other keys' go on. 0: no bound but
+	// MaxInFlight.
+	MaxInFlightPerKey int
 	// RetryAfter is the delay suggested by a 429 from the gateway's own limit, and by a
 	// Backend overload error that gives none.
 	RetryAfter time.Duration
@@ -184,6 +190,9 @@ func (c Config) Validate() error {
 		if p.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s is %d, want > 0", p.name, p.v))
 		}
+	}
+	if c.MaxInFlightPerKey < 0 {
+		errs = append(errs, fmt.Errorf("max in-flight per key is %d, want >= 0", c.MaxInFlightPerKey))
 	}
 	if c.MaxStoredResponses < 0 {
 		errs = append(errs, fmt.Errorf("max stored responses is %d, want >= 0", c.MaxStoredResponses))

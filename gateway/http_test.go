@@ -370,6 +370,62 @@ func TestQueueFullAnswers429(t *testing.T) {
 	}
 }
 
+// TestKeyLimit: with MaxInFlightPerKey, a key at its bound gets 429
+// (key_limit, with Retry-After) while another key's requests are admitted
+// beside its own; a key within its bound still meets the gateway's
+// (queue_full); a key gets its slots back as its requests end.
+func TestKeyLimit(t *testing.T) {
+	cfg := testConfig()
+	cfg.APIKeys = []string{"alpha", "beta"}
+	cfg.MaxInFlight, cfg.MaxInFlightPerKey = 3, 2
+	cfg.RetryAfter = 2 * time.Second
+	b := &echoBackend{gate: make(chan struct{}), started: make(chan string, 8)}
+	env := newEnv(t, cfg, b)
+	as := func(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
+	var wg sync.WaitGroup
+	var statuses [3]int
+	for i, key := range []string{"alpha", "alpha", "beta"} {
+		wg.Go(func() {
+			statuses[i], _, _ = post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, as(key))
+		})
+	}
+	for range 3 {
+		<-b.started
+	}
+	status, hdr, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, as("alpha"))
+	if status != 429 || hdr.Get("Retry-After") != "2" || deref(decodeError(t, body).Code) != "key_limit" || !strings.Contains(string(body), "at most 2") {
+		t.Errorf("alpha's third request = %d Retry-After %q %s, want 429 key_limit", status, hdr.Get("Retry-After"), body)
+	}
+	if status, _, body := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc"}`, as("beta")); status != 429 || deref(decodeError(t, body).Code) != "queue_full" {
+		t.Errorf("beta's second request with the gateway full = %d %s, want 429 queue_full", status, body)
+	}
+	// A websocket stream counts against its key as a request does.
+	conn, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(env.ts.URL, "http")+"/v1/stream?api_key=alpha", &websocket.DialOptions{HTTPClient: env.client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	sendWS(t, conn, `{"type":"generate","id":"w","model":"echo-1","prompt":"ab"}`)
+	if f := readWS(t, conn); f.Code != "key_limit" || f.RetryAfterMs != 2000 {
+		t.Errorf("alpha's websocket stream at its bound: %+v, want key_limit with retry_after_ms 2000", f)
+	}
+	close(b.gate)
+	wg.Wait()
+	if statuses != [3]int{200, 200, 200} {
+		t.Errorf("admitted requests ended %v, want 200", statuses)
+	}
+	if status, _, _ := post(t, env, "/v1/completions", `{"model":"echo-1","prompt":"abc","n":2}`, as("alpha")); status != 200 {
+		t.Errorf("alpha's n=2 after its requests ended = %d, want 200", status)
+	}
+	if env.srv.lim.inUse() != 0 || len(env.srv.lim.byTenant) != 0 {
+		t.Errorf("slots left held: %d, %v", env.srv.lim.inUse(), env.srv.lim.byTenant)
+	}
+	cfg.MaxInFlightPerKey = -1
+	if cfg.Validate() == nil {
+		t.Error("a negative per-key bound was taken")
+	}
+}
+
 func TestClientDisconnectCancelsGeneration(t *testing.T) {
 	for _, stream := range []bool{true, false} {
 		name := map[bool]string{true: "stream", false: "plain"}[stream]

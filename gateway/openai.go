@@ -150,14 +150,14 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, j *job) (ctx cont
 		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
 		return nil, nil, nil, false
 	}
-	n := j.choices()
-	if !s.lim.tryAcquire(n) {
-		writeAPIError(w, tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
+	n, tenant := j.choices(), tenantOf(r.Context())
+	if aerr := s.lim.tryAcquire(tenant, n, s.cfg.RetryAfter); aerr != nil {
+		writeAPIError(w, aerr)
 		return nil, nil, nil, false
 	}
 	// A streamed answer frees its in-flight slots before its [DONE], so
 	// that a client that has read it may start another request at once.
-	release = sync.OnceFunc(func() { s.lim.release(n) })
+	release = sync.OnceFunc(func() { s.lim.release(tenant, n) })
 	ctx, cancel = s.workContext(r.Context())
 	return ctx, cancel, release, true
 }

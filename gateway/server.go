@@ -82,7 +82,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 		bgChunk: eventChunk,
 		backend: backend,
 		tok:     tok,
-		lim:     &limiter{cap: cfg.MaxInFlight},
+		lim:     &limiter{cap: cfg.MaxInFlight, per: cfg.MaxInFlightPerKey},
 		met:     newMetrics(),
 		mux:     http.NewServeMux(),
 		streams: make(map[streamKey]*stream),

@@ -416,16 +416,16 @@ func (c *wsConn) generate(f *wsFrame, key streamKey) {
 		s.remove(st)
 		fail(e)
 	}
-	if !s.lim.tryAcquire(1) {
-		undo(tooManyRequests("queue_full", "too many requests in flight; retry later", s.cfg.RetryAfter))
+	if aerr := s.lim.tryAcquire(c.tenant, 1, s.cfg.RetryAfter); aerr != nil {
+		undo(aerr)
 		return
 	}
 	started := s.start(true, func() {
 		defer cancel()
-		s.runStream(ctx, st, j, received, func() { s.lim.release(1) })
+		s.runStream(ctx, st, j, received, func() { s.lim.release(c.tenant, 1) })
 	})
 	if !started {
-		s.lim.release(1)
+		s.lim.release(c.tenant, 1)
 		undo(&apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "shutting_down", Message: "the server is shutting down"})
 	}
 }

@@ -52,6 +52,9 @@ type serveConfig struct {
 	KVBlocks       int `json:"kv_blocks"`
 	// APIKeys are required on every route but /health and /ready when set.
 	APIKeys []string `json:"api_keys"`
+	// MaxInFlightPerKey bounds the generations one API key runs at once
+	// through a node's gateway (gateway.Config.MaxInFlightPerKey); 0: none.
+	MaxInFlightPerKey int `json:"max_in_flight_per_key"`
 	// KeptResponses bounds the Responses API answers the cluster keeps for
 	// previous_response_id (every node's gateway finds them); 0 keeps none.
 	KeptResponses int `json:"kept_responses"`
@@ -180,6 +183,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.KeptResponses, "kept-responses", c.KeptResponses, "Responses API answers kept for previous_response_id and GET /v1/responses/{id}, shared by the cluster's gateways, the oldest dropped first (at most 256 MiB; 0: none)")
 	fs.StringVar(&c.GenerationConfig, "generation-config", c.GenerationConfig, "auto: requests that leave temperature, top_p, top_k, min_p or repetition_penalty out take the model's generation_config.json's values; none: the API's defaults")
 	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
+	fs.IntVar(&c.MaxInFlightPerKey, "max-in-flight-per-key", c.MaxInFlightPerKey, "generations one API key may run at once through this node's gateway, so that no key takes every slot (0: no bound but the gateway's)")
 	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
 	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")
 	fs.StringVar(&c.Cluster.ClientListen, "bus-listen", c.Cluster.ClientListen, "NATS client listen address (default: none)")
@@ -255,6 +259,7 @@ func (c serveConfig) validate() error {
 		{"shards", c.Shards, 1}, {"replicas", c.Replicas, 0}, {"threads", c.Threads, 0},
 		{"max-queue", c.MaxQueue, 1}, {"max-batch-tokens", c.MaxBatchTokens, 1},
 		{"max-seqs", c.MaxSeqs, 1}, {"kv-blocks", c.KVBlocks, 0}, {"kept-responses", c.KeptResponses, 0},
+		{"max-in-flight-per-key", c.MaxInFlightPerKey, 0},
 	} {
 		if lim.v < lim.least {
 			return fmt.Errorf("serve: --%s %d: want %d or more", lim.flag, lim.v, lim.least)
@@ -365,7 +370,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		gcfg.Models[0].Defaults = gateway.Sampling{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty, TopK: d.TopK}
 		fmt.Fprintf(log, "sampling defaults from generation_config.json (--generation-config none leaves them):%s\n", describeSampling(d))
 	}
-	gcfg.APIKeys = cfg.APIKeys
+	gcfg.APIKeys, gcfg.MaxInFlightPerKey = cfg.APIKeys, cfg.MaxInFlightPerKey
 	gcfg.Build = buildVersion().labels()
 	gcfg.MaxStoredResponses = 0
 	if n.responses != nil {
