@@ -420,6 +420,10 @@ func TestKeyLimit(t *testing.T) {
 	if env.srv.lim.inUse() != 0 || len(env.srv.lim.byTenant) != 0 {
 		t.Errorf("slots left held: %d, %v", env.srv.lim.inUse(), env.srv.lim.byTenant)
 	}
+	if _, body := get(t, env, "/metrics", as("beta")); !strings.Contains(string(body), "troupe_gateway_key_limited_total 2\n") ||
+		!strings.Contains(string(body), "troupe_gateway_in_flight_per_key_limit 2\n") {
+		t.Errorf("metrics lack the refusals at the key's bound:\n%s", body)
+	}
 	cfg.MaxInFlightPerKey = -1
 	if cfg.Validate() == nil {
 		t.Error("a negative per-key bound was taken")

@@ -16,6 +16,7 @@ type limiter struct {
 	cap      int
 	per      int            // a tenant's bound; 0 for none
 	byTenant map[string]int // the slots each tenant holds, with per
+	refused  uint64         // requests refused at a tenant's bound
 }
 
 // tryAcquire takes n slots for tenant, or answers why not: nil, or a 429
@@ -27,6 +28,7 @@ func (l *limiter) tryAcquire(tenant string, n int, retry time.Duration) *apiErro
 	if l.per > 0 && tenant != "" {
 		held = l.byTenant[tenant]
 		if held+n > l.per {
+			l.refused++
 			return tooManyRequests("key_limit", fmt.Sprintf("this API key has %d generations in flight, at most %d; retry later", held, l.per), retry)
 		}
 	}
@@ -59,4 +61,11 @@ func (l *limiter) inUse() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.used
+}
+
+// keyLimited is how many requests were refused at a tenant's bound.
+func (l *limiter) keyLimited() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refused
 }

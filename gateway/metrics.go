@@ -179,6 +179,10 @@ func (s *Server) writeMetrics(out io.Writer) error {
 	m.requests.write(w, "troupe_gateway_requests_total", "Requests answered, by route and HTTP status (websocket generations use the status an HTTP request would have had).")
 	writeGauge(w, "troupe_gateway_in_flight", "Generations running through this gateway.", float64(s.lim.inUse()))
 	writeGauge(w, "troupe_gateway_in_flight_limit", "Generations this gateway admits at once.", float64(s.cfg.MaxInFlight))
+	if s.cfg.MaxInFlightPerKey > 0 {
+		writeGauge(w, "troupe_gateway_in_flight_per_key_limit", "Generations one API key may run at once through this gateway.", float64(s.cfg.MaxInFlightPerKey))
+		writeCounter(w, "troupe_gateway_key_limited_total", "Requests refused (429 key_limit) because their API key was at its in-flight bound.", s.lim.keyLimited())
+	}
 	m.ttft.write(w, "troupe_gateway_time_to_first_token_seconds", "Time from receiving a request to its first token.")
 	m.itl.write(w, "troupe_gateway_inter_token_latency_seconds", "Time between consecutive tokens of a generation.")
 	m.queueWait.write(w, "troupe_gateway_queue_wait_seconds", "Time generations waited in the backend queue before starting.")
