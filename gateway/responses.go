@@ -318,6 +318,82 @@ func responseFormat(raw json.RawMessage) (json.RawMessage, error) {
 // parameter.
 var responsesParam = map[string]string{"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
 
+// responsesError names aerr's parameter as the Responses API does.
+func responsesError(aerr *apiError) *apiError {
+	if p, ok := responsesParam[aerr.Param]; ok {
+		aerr.Message = strings.ReplaceAll(aerr.Message, aerr.Param, p)
+		aerr.Param = p
+	}
+	return aerr
+}
+
+// previous is the conversation of rr's previous response, where it names
+// one: kept for tenant, and ended.
+func (s *Server) previous(r *http.Request, rr *responsesRequest, tenant string) ([]chatMessage, *apiError) {
+	id := rr.PreviousResponseID
+	if id == nil || *id == "" {
+		return nil, nil
+	}
+	prev, err := s.responses.get(r.Context(), *id, tenant)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	if prev == nil {
+		return nil, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Param: "previous_response_id", Code: "previous_response_not_found",
+			Message: "previous response " + truncate(*id, 80) + " is not kept here (it expired, was deleted, was not stored, or another node answered it)"}
+	}
+	if st := statusOf(prev.Object); st.running() {
+		return nil, invalidParam("previous_response_id", "previous response %s is still %s; wait for it to end or cancel it", truncate(*id, 80), st.Status)
+	}
+	return prev.Conv, nil
+}
+
+// handleInputTokens counts a Responses request's input tokens (POST
+// /v1/responses/input_tokens) as /v1/responses would give them to the
+// model: its instructions, the previous response's conversation, its
+// input and its tools through the chat template. Nothing runs and nothing
+// is kept; an input longer than the context is counted too.
+func (s *Server) handleInputTokens(w http.ResponseWriter, r *http.Request) {
+	var cr chatRequest
+	var rr responsesRequest
+	if !s.readJSON(w, r, &cr, &rr) {
+		return
+	}
+	count := func() (int, *apiError) {
+		if cr.Model == "" && len(s.cfg.Models) == 1 {
+			cr.Model = s.cfg.Models[0].ID // the model is optional here
+		}
+		if _, aerr := s.val.model(cr.Model); aerr != nil {
+			return 0, aerr
+		}
+		if s.val.tmpl == nil {
+			return 0, badRequest("input", "chat_unsupported", "model %q has no chat template", cr.Model)
+		}
+		prior, aerr := s.previous(r, &rr, tenantOf(r.Context()))
+		if aerr != nil {
+			return 0, aerr
+		}
+		if _, aerr := rr.chat(&cr, prior); aerr != nil {
+			return 0, aerr
+		}
+		tools, aerr := parseTools(cr.Tools)
+		if aerr != nil {
+			return 0, aerr
+		}
+		text, aerr := s.val.chatText(cr.Messages, tools, nil, cr.ChatTemplateKwargs, cr.ReasoningEffort, cr.effortParam)
+		if aerr != nil {
+			return 0, aerr
+		}
+		return len(s.val.tok.Encode(text)), nil
+	}
+	n, aerr := count()
+	if aerr != nil {
+		writeAPIError(w, responsesError(aerr))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "response.input_tokens", "input_tokens": n})
+}
+
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	received := time.Now()
 	var cr chatRequest
@@ -326,31 +402,14 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant := tenantOf(r.Context())
-	var prior []chatMessage
-	if id := rr.PreviousResponseID; id != nil && *id != "" {
-		prev, err := s.responses.get(r.Context(), *id, tenant)
-		if err != nil {
-			writeAPIError(w, storeError(err))
-			return
-		}
-		if prev == nil {
-			writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Param: "previous_response_id", Code: "previous_response_not_found",
-				Message: "previous response " + truncate(*id, 80) + " is not kept here (it expired, was deleted, was not stored, or another node answered it)"})
-			return
-		}
-		if st := statusOf(prev.Object); st.running() {
-			writeAPIError(w, invalidParam("previous_response_id", "previous response %s is still %s; wait for it to end or cancel it", truncate(*id, 80), st.Status))
-			return
-		}
-		prior = prev.Conv
+	prior, aerr := s.previous(r, &rr, tenant)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
 	}
 	prior, input, j, aerr := s.val.responseChat(&rr, &cr, prior, tenant)
 	if aerr != nil {
-		if p, ok := responsesParam[aerr.Param]; ok {
-			aerr.Message = strings.ReplaceAll(aerr.Message, aerr.Param, p)
-			aerr.Param = p
-		}
-		writeAPIError(w, aerr)
+		writeAPIError(w, responsesError(aerr))
 		return
 	}
 	rs := &responseRun{s: s, ctx: context.WithoutCancel(r.Context()), j: j, rr: &rr, w: w, id: newID("resp_"), created: received.Unix(), msg: -1, rsn: -1,

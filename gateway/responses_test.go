@@ -503,3 +503,64 @@ func TestResponsesTruncation(t *testing.T) {
 		t.Errorf("an input alone past the context: %v", err)
 	}
 }
+
+// TestSDKInputTokens: the official client's input token count of a
+// Responses request is the prompt /v1/responses gives the model (its
+// instructions, tools, previous conversation and input through the
+// template), as /tokenize counts the same conversation; the model may be
+// left out; an input longer than the context is counted; an unknown model
+// and a previous response not kept are refused.
+func TestSDKInputTokens(t *testing.T) {
+	cfg := testConfig()
+	cfg.Responses = MemoryResponses(8)
+	be := &echoBackend{reply: "ok"}
+	env := newEnv(t, cfg, be)
+	c := sdkClient(env, "unused")
+	tools := []responses.ToolUnionParam{responses.ToolParamOfFunction("get_time", map[string]any{"type": "object"}, false)}
+	got, err := c.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{Model: openai.String(testModel),
+		Instructions: openai.String("be brief"), Tools: tools,
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("what time is it?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _, raw := post(t, env, "/tokenize", `{"model":"echo-1","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"what time is it?"}],`+
+		`"tools":[{"type":"function","function":{"name":"get_time","parameters":{"type":"object"}}}]}`, nil)
+	var tok tokenizeResponse
+	if status != 200 || json.Unmarshal(raw, &tok) != nil || got.InputTokens != int64(tok.Count) || tok.Count == 0 {
+		t.Fatalf("input tokens %d (%s); /tokenize %d %s", got.InputTokens, got.RawJSON(), status, raw)
+	}
+	// As the model gets it from /v1/responses.
+	first, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Instructions: openai.String("be brief"), Tools: tools,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("what time is it?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(be.requests()[0].Prompt); int64(n) != got.InputTokens || first.Usage.InputTokens != got.InputTokens {
+		t.Errorf("the model got %d prompt tokens (usage %d), counted %d", n, first.Usage.InputTokens, got.InputTokens)
+	}
+	// After a previous response, the model left out.
+	next, err := c.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{PreviousResponseID: openai.String(first.ID),
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("and now?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and now?")}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(be.requests()[1].Prompt); int64(n) != next.InputTokens {
+		t.Errorf("continued: the model got %d prompt tokens, counted %d", n, next.InputTokens)
+	}
+	// Longer than the context: counted all the same.
+	long, err := c.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String(strings.Repeat("x", 2*cfg.Models[0].ContextLength))}})
+	if err != nil || long.InputTokens <= int64(cfg.Models[0].ContextLength) {
+		t.Errorf("an input past the context: %v, %v", long, err)
+	}
+	_, err = c.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{Model: openai.String("nope"),
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("x")}})
+	wantAPIStatus(t, "an unknown model", err, 400)
+	_, err = c.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{PreviousResponseID: openai.String("resp_gone"),
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("x")}})
+	wantAPIStatus(t, "a previous response not kept", err, 404)
+}

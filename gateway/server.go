@@ -124,6 +124,7 @@ func New(cfg Config, backend Backend, tok Tokenizer, tmpl ChatTemplate) (*Server
 	s.route("GET /v1/responses/{id}/input_items", "responses", s.handleInputItems)
 	s.route("DELETE /v1/responses/{id}", "responses", s.handleDeleteResponse)
 	s.route("POST /v1/responses/{id}/cancel", "responses", s.handleCancelResponse)
+	s.route("POST /v1/responses/input_tokens", "responses", s.handleInputTokens)
 	s.route("POST /tokenize", "tokenize", s.handleTokenize)
 	s.route("POST /detokenize", "tokenize", s.handleDetokenize)
 	s.route("GET /v1/models", "models", s.handleModels)
