@@ -156,6 +156,9 @@ type Finish struct {
 	Reason           string // FinishStop, FinishLength, FinishCancelled or FinishError
 	PromptTokens     int
 	CompletionTokens int
+	// CachedTokens counts the prompt tokens the backend found computed
+	// (a prefix cache), reported as usage's cached_tokens.
+	CachedTokens int
 }
 
 // ErrOverloaded is matched (errors.Is) by Backend errors that mean "queue full, try

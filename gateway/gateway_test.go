@@ -94,7 +94,8 @@ type echoBackend struct {
 	gate    chan struct{} // when set, each generation waits for a value before its first token
 	started chan string   // when set, receives each RequestID as its generation starts
 
-	reply string // when set, generated in place of the prompt
+	reply  string // when set, generated in place of the prompt
+	cached int    // prompt tokens reported found cached (at most the prompt's)
 
 	overloaded atomic.Bool
 	notReady   atomic.Bool
@@ -154,7 +155,7 @@ func (b *echoBackend) Generate(ctx context.Context, req GenerateRequest, emit fu
 	b.mu.Lock()
 	b.reqs = append(b.reqs, req)
 	b.mu.Unlock()
-	fin := Finish{PromptTokens: len(req.Prompt)}
+	fin := Finish{PromptTokens: len(req.Prompt), CachedTokens: min(b.cached, len(req.Prompt))}
 	cancelled := func() (Finish, error) {
 		b.mu.Lock()
 		b.cancelled = append(b.cancelled, req.RequestID)

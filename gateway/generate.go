@@ -84,7 +84,7 @@ func (s *Server) generate(ctx context.Context, req GenerateRequest, received tim
 	}
 	fin, gerr := s.callBackend(ctx, req, emit)
 	s.met.promptTokens.Add(uint64(len(req.Prompt)))
-	res.finish = Finish{Reason: fin.Reason, PromptTokens: len(req.Prompt), CompletionTokens: seq}
+	res.finish = Finish{Reason: fin.Reason, PromptTokens: len(req.Prompt), CompletionTokens: seq, CachedTokens: min(fin.CachedTokens, len(req.Prompt))}
 	switch {
 	case stopped:
 		res.finish.Reason = FinishStop

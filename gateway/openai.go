@@ -11,9 +11,16 @@ import (
 )
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails *promptDetail `json:"prompt_tokens_details,omitempty"`
+}
+
+// promptDetail is usage's prompt_tokens_details: the prompt tokens the
+// backend found computed (its prefix cache), not computed for this request.
+type promptDetail struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // Chat completion shapes.
@@ -269,18 +276,26 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// usage adds up a job's token counts; each prompt counts once, however many choices.
+// usage adds up a job's token counts; each prompt counts once, however
+// many choices, its cached tokens as the most any of its choices found.
 func (j *job) usage(results []choiceResult) usage {
 	var u usage
 	for p := range j.prompts {
 		u.PromptTokens += len(j.prompts[p])
 	}
+	cached := make([]int, len(j.prompts))
 	for i := range results {
 		if !j.echoOnly {
 			u.CompletionTokens += results[i].res.finish.CompletionTokens
 		}
+		p := min(i/max(j.n, 1), len(cached)-1)
+		cached[p] = max(cached[p], results[i].res.finish.CachedTokens)
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.PromptTokensDetails = &promptDetail{}
+	for _, c := range cached {
+		u.PromptTokensDetails.CachedTokens += c
+	}
 	return u
 }
 

@@ -786,7 +786,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 	if res != nil {
 		in := len(rs.j.prompts[0])
 		o["usage"] = map[string]any{
-			"input_tokens": in, "input_tokens_details": map[string]int{"cached_tokens": 0},
+			"input_tokens": in, "input_tokens_details": map[string]int{"cached_tokens": res.finish.CachedTokens},
 			"output_tokens": res.finish.CompletionTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
 			"total_tokens": in + res.finish.CompletionTokens,
 		}

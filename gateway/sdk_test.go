@@ -8,6 +8,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 )
 
 func sdkClient(env *testEnv, key string) openai.Client {
@@ -340,4 +341,37 @@ func TestSDKOverloadedBackend(t *testing.T) {
 		t.Errorf("stream err = %v, want 429", stream.Err())
 	}
 
+}
+
+// TestSDKCachedTokens: the prompt tokens a backend found cached reach the
+// official client as usage's cached tokens: chat's prompt_tokens_details
+// (a prompt counted once however many choices, each prompt of a
+// completion counted), and a response's input_tokens_details.
+func TestSDKCachedTokens(t *testing.T) {
+	env := newEnv(t, testConfig(), &echoBackend{cached: 3})
+	c := sdkClient(env, "unused")
+	chat, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: testModel, N: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := chat.Usage.PromptTokensDetails.CachedTokens; got != 3 {
+		t.Errorf("chat with n=2: cached tokens %d, want 3 (%s)", got, chat.Usage.RawJSON())
+	}
+	comp, err := c.Completions.New(t.Context(), openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(testModel),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"one prompt", "two prompt"}}, MaxTokens: openai.Int(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := comp.Usage.PromptTokensDetails.CachedTokens; got != 6 {
+		t.Errorf("two prompts: cached tokens %d, want 6 (%s)", got, comp.Usage.RawJSON())
+	}
+	resp, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello there")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Usage.InputTokensDetails.CachedTokens; got != 3 {
+		t.Errorf("response: cached tokens %d, want 3 (%s)", got, resp.Usage.RawJSON())
+	}
 }

@@ -472,7 +472,8 @@ func (s *Server) runStream(ctx context.Context, st *stream, j *job, received tim
 		s.met.requests.inc("stream", code)
 		f := res.finish
 		done := wsDoneFrame{Type: "done", ID: id, FinishReason: f.Reason, Text: res.tail,
-			Usage: usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.PromptTokens + f.CompletionTokens}}
+			Usage: usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.PromptTokens + f.CompletionTokens,
+				PromptTokensDetails: &promptDetail{CachedTokens: f.CachedTokens}}}
 		if answers {
 			_, content, calls := j.answer(text.String() + res.tail)
 			done.Content = &content

@@ -122,8 +122,12 @@ type Frame struct {
 	Final                          bool
 	Reason, Err                    string
 	PromptTokens, CompletionTokens int
-	Queued, SinceStart, SinceLast  time.Duration
-	TraceID                        string
+	// CachedTokens, on final frames, counts the prompt tokens the prefix
+	// cache held when the request was admitted: computed for an earlier
+	// request of its tenant, not for it.
+	CachedTokens                  int
+	Queued, SinceStart, SinceLast time.Duration
+	TraceID                       string
 }
 
 // TokenLogprob is a token's log-probability and the most likely tokens'
@@ -184,6 +188,7 @@ type seq struct {
 	req      *Request
 	tokens   []int32 // prompt, then generated tokens
 	prompt   int
+	cached   int // prompt tokens found in the prefix cache at admission
 	done     int // tokens in the KV cache
 	gen      *generate.State
 	emitted  int
@@ -377,6 +382,7 @@ func (s *Scheduler) admit() {
 			s.mu.Unlock()
 			q.started = time.Now()
 			q.span.admitted()
+			q.cached = min(cached, q.prompt)
 		}
 		q.admitted = true
 		q.done = cached
@@ -646,7 +652,7 @@ func (s *Scheduler) emit(q *seq, st generate.Step, span *stepSpan, sampleStart t
 	q.last = now
 	if st.Reason != "" {
 		f.Final, f.Reason = true, st.Reason
-		f.PromptTokens, f.CompletionTokens = q.prompt, q.gen.Generated()
+		f.PromptTokens, f.CompletionTokens, f.CachedTokens = q.prompt, q.gen.Generated(), q.cached
 		s.remove(q)
 		q.span.end(st.Reason)
 	}
@@ -662,7 +668,7 @@ func (s *Scheduler) finish(q *seq, reason, msg string) {
 	}
 	s.remove(q)
 	q.span.end(reason)
-	q.req.Sink(Frame{Seq: q.emitted + 1, Final: true, Reason: reason, Err: msg, PromptTokens: q.prompt, CompletionTokens: q.gen.Generated(), TraceID: q.span.traceID()})
+	q.req.Sink(Frame{Seq: q.emitted + 1, Final: true, Reason: reason, Err: msg, PromptTokens: q.prompt, CompletionTokens: q.gen.Generated(), CachedTokens: q.cached, TraceID: q.span.traceID()})
 }
 
 // remove forgets q and publishes the stats before q's final frame goes

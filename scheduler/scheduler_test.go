@@ -515,3 +515,35 @@ func TestUntracedKeepsTraceContext(t *testing.T) {
 		}
 	}
 }
+
+// TestCachedTokens: a request whose prompt begins as an earlier one's of
+// the same tenant reports, on its final frame, the prompt tokens it found
+// in the prefix cache (whole blocks of the shared beginning); another
+// tenant's finds none; a request with nothing cached reports 0.
+func TestCachedTokens(t *testing.T) {
+	h := start(t, 64, Config{MaxQueue: 8, MaxBatchTokens: 64, MaxSeqs: 4})
+	bs := h.kv.Stats().BlockSize
+	prompt := make([]int32, 3*bs+5)
+	for i := range prompt {
+		prompt[i] = int32(100 + i)
+	}
+	run := func(id, tenant string, p []int32) Frame {
+		t.Helper()
+		c := newCollect()
+		if err := h.s.Submit(&Request{ID: id, Tenant: tenant, Prompt: p, Params: greedy(2), Detok: nop{}, Sink: c.sink}); err != nil {
+			t.Fatal(err)
+		}
+		frames := c.wait(t)
+		return frames[len(frames)-1]
+	}
+	if f := run("first", "a", prompt); f.CachedTokens != 0 || f.PromptTokens != len(prompt) {
+		t.Errorf("first request: cached %d of %d, want 0", f.CachedTokens, f.PromptTokens)
+	}
+	longer := append(slices.Clone(prompt), 7, 8, 9)
+	if f := run("again", "a", longer); f.CachedTokens != 3*bs {
+		t.Errorf("the same beginning again: cached %d, want %d (three whole blocks)", f.CachedTokens, 3*bs)
+	}
+	if f := run("other", "b", longer); f.CachedTokens != 0 {
+		t.Errorf("another tenant: cached %d, want 0", f.CachedTokens)
+	}
+}

@@ -289,7 +289,7 @@ func (sv *Service) take(trace context.Context, m SubmitMsg, sink func(FrameMsg))
 func frameMsg(f Frame) FrameMsg {
 	m := FrameMsg{
 		Seq: f.Seq, ID: f.ID, Text: f.Text, Logprob: f.Logprob, TopIDs: f.TopIDs, TopLPs: f.TopLPs,
-		Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens,
+		Final: f.Final, Reason: f.Reason, Err: f.Err, PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, CachedTokens: f.CachedTokens,
 		QueuedUS: f.Queued.Microseconds(), SinceStartUS: f.SinceStart.Microseconds(), SinceLastUS: f.SinceLast.Microseconds(), TraceID: f.TraceID,
 	}
 	for _, p := range f.Prompt {

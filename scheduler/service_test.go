@@ -634,6 +634,22 @@ func testClientFrames(t *testing.T, submit bool) {
 			t.Errorf("step span in trace %s, want the caller's %s", got, want)
 		}
 	}
+	// The final frame counts the prompt tokens found in the prefix cache.
+	long := make([]int32, 40)
+	for i := range long {
+		long[i] = int32(200 + i)
+	}
+	var cached []int
+	for i := range 2 {
+		final, err := r.client.Generate(context.Background(), SubmitMsg{ID: fmt.Sprint("c", i), Prompt: long, MaxTokens: 1, IgnoreEOS: true}, func(FrameMsg) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached = append(cached, final.CachedTokens)
+	}
+	if cached[0] != 0 || cached[1] <= 0 || cached[1] >= len(long) {
+		t.Errorf("cached tokens %v of the same %d-token prompt twice, want 0, then whole blocks of it", cached, len(long))
+	}
 }
 
 // A grammar's vocabulary covers every row of the logits: the rows past the

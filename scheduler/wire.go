@@ -79,6 +79,7 @@ type FrameMsg struct {
 	Err              string    `msgpack:"err"`
 	PromptTokens     int       `msgpack:"prompt_tokens"`
 	CompletionTokens int       `msgpack:"completion_tokens"`
+	CachedTokens     int       `msgpack:"cached_tokens,omitempty"` // Frame.CachedTokens
 	QueuedUS         int64     `msgpack:"queued_us"`
 	SinceStartUS     int64     `msgpack:"since_start_us"`
 	SinceLastUS      int64     `msgpack:"since_last_us"`

@@ -796,7 +796,7 @@ func (b *backend) Generate(ctx context.Context, req gateway.GenerateRequest, emi
 		}
 		return emit(t)
 	})
-	fin := gateway.Finish{Reason: final.Reason, PromptTokens: final.PromptTokens, CompletionTokens: final.CompletionTokens}
+	fin := gateway.Finish{Reason: final.Reason, PromptTokens: final.PromptTokens, CompletionTokens: final.CompletionTokens, CachedTokens: final.CachedTokens}
 	var be *bus.Error
 	switch {
 	case errors.As(err, &be) && be.Code == bus.CodeOverloaded:

@@ -1010,3 +1010,29 @@ func TestServeKeptResponsesOutliveRestart(t *testing.T) {
 		t.Fatalf("after a restart: %v", err)
 	}
 }
+
+// TestServeCachedTokens: a conversation that begins as an earlier one
+// reports, in its usage, the prompt tokens the KV manager's prefix cache
+// held: whole blocks of the shared beginning, none the first time.
+func TestServeCachedTokens(t *testing.T) {
+	s := startServe(t, nil)
+	c := s.client()
+	msgs := []openai.ChatCompletionMessageParamUnion{
+		openai.SystemMessage("You answer questions about troupe, a Go system that serves large language models across many GPUs and hosts as a troupe of actors."),
+		openai.UserMessage("What is troupe?"),
+	}
+	var cached []int64
+	for range 2 {
+		r, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: openai.ChatModel(demo.Name), Messages: msgs, MaxTokens: openai.Int(3)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached = append(cached, r.Usage.PromptTokensDetails.CachedTokens)
+		if r.Usage.PromptTokens < 32 {
+			t.Fatalf("a prompt of %d tokens: too short to fill two blocks", r.Usage.PromptTokens)
+		}
+	}
+	if cached[0] != 0 || cached[1] == 0 || cached[1]%16 != 0 {
+		t.Errorf("cached tokens %v, want 0 and then whole 16-token blocks", cached)
+	}
+}
