@@ -79,7 +79,7 @@ type FrameMsg struct {
 	Err              string    `msgpack:"err"`
 	PromptTokens     int       `msgpack:"prompt_tokens"`
 	CompletionTokens int       `msgpack:"completion_tokens"`
-	CachedTokens     int       `msgpack:"cached_tokens,omitempty"` // Frame.CachedTokens
+	CachedTokens     int       `msgpack:"cached_tokens"` // Frame.CachedTokens (v3)
 	QueuedUS         int64     `msgpack:"queued_us"`
 	SinceStartUS     int64     `msgpack:"since_start_us"`
 	SinceLastUS      int64     `msgpack:"since_last_us"`
@@ -99,7 +99,7 @@ type PromptLogprobMsg struct {
 }
 
 // Schema implements bus.Message.
-func (FrameMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.frame", Version: 2} }
+func (FrameMsg) Schema() bus.Schema { return bus.Schema{ID: "troupe.sched.frame", Version: 3} }
 
 // StatsMsg asks for, and answers with, a scheduler's state.
 type StatsMsg struct {
