@@ -247,7 +247,7 @@ func (rs *responseRun) stop(status string, failure any) {
 			it.Status, it.Content = "incomplete", []responsePart{textPart(rs.text.String(), rs.lps)}
 			rs.items[i] = it
 		case responseReasoning:
-			rs.items[i] = reasoningItem(it.ID, "incomplete", rs.reason.String())
+			rs.items[i] = rs.reasoningItem(it.ID, "incomplete", rs.reason.String())
 		case responseCall:
 			it.Status = "incomplete"
 			rs.items[i] = it

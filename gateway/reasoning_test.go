@@ -154,7 +154,9 @@ func TestReasoningContent(t *testing.T) {
 // reasoning_content, reaches the chat template with the assistant's turn
 // it came before; one with no assistant's turn after it is dropped; a
 // kept response's conversation keeps its reasoning, which its input items
-// list; a reasoning_content on another role is refused.
+// list; a client that keeps no response gets the reasoning sealed into
+// encrypted_content and passes that back alone (another service's is
+// dropped); a reasoning_content on another role is refused.
 func TestReasoningSentBack(t *testing.T) {
 	cfg := testConfig()
 	cfg.Models[0].Reasoning = true
@@ -219,6 +221,32 @@ func TestReasoningSentBack(t *testing.T) {
 	}
 	if err := pages.Err(); err != nil || strings.Join(kinds, ",") != "message,reasoning,message,function_call,function_call_output" {
 		t.Errorf("input items %v (%v)", kinds, err)
+	}
+
+	// Sealed: a client that keeps no response asks for the reasoning's
+	// encrypted_content and passes back that alone.
+	sealed, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: testModel, Tools: tools, Store: openai.Bool(false),
+		Include: []responses.ResponseIncludable{responses.ResponseIncludableReasoningEncryptedContent},
+		Input:   responses.ResponseNewParamsInputUnion{OfString: openai.String("t?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := sealed.Output[0].AsReasoning().EncryptedContent
+	if enc == "" || strings.Contains(enc, "Call it.") {
+		t.Fatalf("encrypted_content %q", enc)
+	}
+	for _, c2 := range []struct {
+		enc, want string
+	}{{enc, "(thought: Call it.)"}, {"gAAAAABo-another-service", ""}} {
+		body := `{"model":"echo-1","input":[{"role":"user","content":"t?"},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"` + c2.enc + `"},` +
+			`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Sure."}]},{"role":"user","content":"ok"}]}`
+		if status, _, raw := post(t, env, "/v1/responses", body, nil); status != 200 {
+			t.Fatalf("%d %s", status, raw)
+		}
+		prompt := be.lastPrompt(t)
+		if c2.want != "" && !strings.Contains(prompt, c2.want) || c2.want == "" && strings.Contains(prompt, "thought") {
+			t.Errorf("encrypted_content %q: prompt %q", c2.enc, prompt)
+		}
 	}
 
 	// Chat: reasoning_content on an assistant's message.

@@ -3,12 +3,14 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"slices"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The Responses API (POST /v1/responses): a request is read into the
@@ -53,7 +55,8 @@ type inputItem struct {
 	Name      string          `json:"name"`
 	Arguments string          `json:"arguments"`
 	Output    json.RawMessage `json:"output"`
-	Summary   json.RawMessage `json:"summary"` // a reasoning item's
+	Summary   json.RawMessage `json:"summary"`           // a reasoning item's
+	Encrypted string          `json:"encrypted_content"` // a reasoning item's
 }
 
 // chat is the chat completion request r asks for, cr holding the fields
@@ -175,7 +178,8 @@ func (r *responsesRequest) input() ([]chatMessage, *apiError) {
 }
 
 // reasoningText is a reasoning item's text: its reasoning_text parts, or
-// where it has none, its summary_text parts.
+// where it has none its summary_text parts, or where it has neither its
+// encrypted_content, where this gateway sealed it.
 func reasoningText(i int, it inputItem) (string, *apiError) {
 	type part struct {
 		Type string  `json:"type"`
@@ -194,10 +198,13 @@ func reasoningText(i int, it inputItem) (string, *apiError) {
 			b.WriteString(*p.Text)
 		}
 		if b.Len() > 0 {
-			break
+			return b.String(), nil
 		}
 	}
-	return b.String(), nil
+	// A client that keeps only what it is to pass back; another
+	// service's sealed reasoning is dropped.
+	text, _ := openReasoning(it.Encrypted)
+	return text, nil
 }
 
 // itemText is an item's content: a string, or text parts (input_text,
@@ -512,6 +519,10 @@ type responseReasoning struct {
 	Status  string          `json:"status"`
 	Summary []any           `json:"summary"`
 	Content []reasoningPart `json:"content"`
+	// EncryptedContent, where the request's include asks for
+	// reasoning.encrypted_content, carries the reasoning for a client that
+	// keeps no response (store false) to pass back (sealReasoning).
+	EncryptedContent string `json:"encrypted_content,omitempty"`
 }
 
 type reasoningPart struct {
@@ -519,10 +530,39 @@ type reasoningPart struct {
 	Text string `json:"text"`
 }
 
-// reasoningItem is the reasoning as an output item.
-func reasoningItem(id, status, text string) responseReasoning {
-	return responseReasoning{Type: "reasoning", ID: id, Status: status, Summary: []any{},
+// reasoningItem is the reasoning as an output item, sealed into its
+// encrypted_content too where the request's include asks.
+func (rs *responseRun) reasoningItem(id, status, text string) responseReasoning {
+	it := responseReasoning{Type: "reasoning", ID: id, Status: status, Summary: []any{},
 		Content: []reasoningPart{{Type: "reasoning_text", Text: text}}}
+	if slices.Contains(rs.rr.Include, "reasoning.encrypted_content") {
+		it.EncryptedContent = sealReasoning(text)
+	}
+	return it
+}
+
+// sealedPrefix marks reasoning this gateway sealed.
+const sealedPrefix = "troupe-reasoning-v1."
+
+// sealReasoning is text as a reasoning item's encrypted_content: opaque to
+// the client, which passes it back, and read by any gateway (openReasoning).
+// It hides nothing the response's content does not show.
+func sealReasoning(text string) string {
+	return sealedPrefix + base64.RawStdEncoding.EncodeToString([]byte(text))
+}
+
+// openReasoning reads what sealReasoning made; ok false for anything else
+// (another service's encrypted reasoning, which no gateway can read).
+func openReasoning(s string) (string, bool) {
+	rest, ok := strings.CutPrefix(s, sealedPrefix)
+	if !ok {
+		return "", false
+	}
+	b, err := base64.RawStdEncoding.DecodeString(rest)
+	if err != nil || !utf8.Valid(b) {
+		return "", false
+	}
+	return string(b), true
 }
 
 type responseCall struct {
@@ -671,7 +711,7 @@ func (rs *responseRun) finish(res genResult) {
 				return
 			}
 		case responseReasoning:
-			it = reasoningItem(it.ID, status, rs.reason.String())
+			it = rs.reasoningItem(it.ID, status, rs.reason.String())
 			rs.items[i] = it
 			if rs.event("response.reasoning_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": rs.reason.String()}) != nil ||
 				rs.event("response.output_item.done", map[string]any{"output_index": i, "item": it}) != nil {
@@ -708,7 +748,7 @@ func (rs *responseRun) whole(status string, details any, res *genResult, failure
 	rs.reason.WriteString(reasoning) // kept with the conversation (put)
 	rs.items = rs.items[:0]
 	if reasoning != "" {
-		rs.items = append(rs.items, reasoningItem(newID("rs_"), status, reasoning))
+		rs.items = append(rs.items, rs.reasoningItem(newID("rs_"), status, reasoning))
 	}
 	if content != "" || len(calls) == 0 {
 		rs.items = append(rs.items, responseMessage{Type: "message", ID: newID("msg_"), Status: status, Role: "assistant",
