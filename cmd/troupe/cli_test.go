@@ -175,12 +175,12 @@ func TestInspectRefusals(t *testing.T) {
 func TestServeConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "serve.json")
-	os.WriteFile(file, []byte(`{"listen":"127.0.0.1:9000","replicas":3,"api_keys":["a"],"max_seqs":7,"max_in_flight_per_key":4}`), 0o644)
+	os.WriteFile(file, []byte(`{"listen":"127.0.0.1:9000","replicas":3,"api_keys":["a"],"max_seqs":7,"max_in_flight_per_key":4,"served_model_names":["x","y"]}`), 0o644)
 	cfg, err := parseServe([]string{"--config", file, "--listen", "127.0.0.1:9001", "--api-keys", "b,c"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:9001" || cfg.Replicas != 3 || cfg.MaxSeqs != 7 || strings.Join(cfg.APIKeys, ",") != "b,c" || cfg.Shards != 1 || cfg.MaxInFlightPerKey != 4 {
+	if cfg.Listen != "127.0.0.1:9001" || cfg.Replicas != 3 || cfg.MaxSeqs != 7 || strings.Join(cfg.APIKeys, ",") != "b,c" || cfg.Shards != 1 || cfg.MaxInFlightPerKey != 4 || strings.Join(cfg.ServedModelNames, ",") != "x,y" {
 		t.Errorf("config %+v", cfg)
 	}
 	os.WriteFile(file, []byte(`{"step_timeout":"1m30s","orphan_grace":"2m","cluster":{"name":"x"}}`), 0o644)
@@ -194,7 +194,8 @@ func TestServeConfigFile(t *testing.T) {
 	for bad, flag := range map[string]string{
 		`{"tp":0}`: "--tp 0", `{"step_timeout":5}`: "step_timeout", `{"step_timeout":"5 parsecs"}`: "step_timeout",
 		`{"cluster":{"nmae":"x"}}`: "nmae", `{"max_seqs":-1}`: "--max-seqs", `{"kv_blocks":-5}`: "--kv-blocks",
-		`{"max_queue":0}`: "--max-queue", `{"max_in_flight_per_key":-1}`: "--max-in-flight-per-key", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
+		`{"max_queue":0}`: "--max-queue", `{"max_in_flight_per_key":-1}`: "--max-in-flight-per-key",
+		`{"served_model_names":["a","a"]}`: "named twice", `{"served_model_names":["a b"]}`: "without spaces", `{"max_batch_tokens":0}`: "--max-batch-tokens", `{"threads":-2}`: "--threads",
 		`{"trace_sample_ratio":7}`: "--trace-sample", `{"shards":0}`: "--shards", `{"micro_batches":-1}`: "--micro-batches",
 		`{"group":"g"}`: "--group g needs --placement", `{"group":"a.b","placement":"a"}`: "--group",
 		`{"group":"n1","node":"n1","placement":"n1"}`: "--group n1: the node's own name", `{"orphan_grace":"1s"}`: "--orphan-grace",

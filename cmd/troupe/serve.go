@@ -52,6 +52,10 @@ type serveConfig struct {
 	KVBlocks       int `json:"kv_blocks"`
 	// APIKeys are required on every route but /health and /ready when set.
 	APIKeys []string `json:"api_keys"`
+	// ServedModelNames are the model ids the API answers to, in place of
+	// the model's own name (its folder's or repository's); the first is
+	// listed first.
+	ServedModelNames []string `json:"served_model_names"`
 	// MaxInFlightPerKey bounds the generations one API key runs at once
 	// through a node's gateway (gateway.Config.MaxInFlightPerKey); 0: none.
 	MaxInFlightPerKey int `json:"max_in_flight_per_key"`
@@ -183,6 +187,7 @@ func bindServeFlags(fs *flag.FlagSet, c *serveConfig) *string {
 	fs.IntVar(&c.KeptResponses, "kept-responses", c.KeptResponses, "Responses API answers kept for previous_response_id and GET /v1/responses/{id}, shared by the cluster's gateways, the oldest dropped first (at most 256 MiB; 0: none)")
 	fs.StringVar(&c.GenerationConfig, "generation-config", c.GenerationConfig, "auto: requests that leave temperature, top_p, top_k, min_p or repetition_penalty out take the model's generation_config.json's values; none: the API's defaults")
 	fs.Func("api-keys", "comma-separated API keys (default: none required)", func(v string) error { c.APIKeys = splitList(v); return nil })
+	fs.Func("served-model-name", "comma-separated model ids the API answers to, in place of the model's own name", func(v string) error { c.ServedModelNames = splitList(v); return nil })
 	fs.IntVar(&c.MaxInFlightPerKey, "max-in-flight-per-key", c.MaxInFlightPerKey, "generations one API key may run at once through this node's gateway, so that no key takes every slot (0: no bound but the gateway's)")
 	fs.StringVar(&c.Node, "node", c.Node, "this node's name")
 	fs.StringVar(&c.Cluster.Name, "cluster", c.Cluster.Name, "cluster name")
@@ -267,6 +272,16 @@ func (c serveConfig) validate() error {
 	}
 	if err := checkTP(c); err != nil {
 		return err
+	}
+	seen := map[string]bool{}
+	for _, id := range c.ServedModelNames {
+		switch {
+		case strings.TrimSpace(id) == "" || strings.ContainsAny(id, " \t\n"):
+			return fmt.Errorf("serve: --served-model-name %q: want a name without spaces", id)
+		case seen[id]:
+			return fmt.Errorf("serve: --served-model-name %q: named twice", id)
+		}
+		seen[id] = true
 	}
 	if c.GenerationConfig != "auto" && c.GenerationConfig != "none" {
 		return fmt.Errorf("serve: --generation-config %q: want auto or none", c.GenerationConfig)
@@ -365,7 +380,13 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		}
 	}
 	gcfg := gateway.DefaultConfig()
-	gcfg.Models = []gateway.ModelInfo{{ID: n.bundle.Name, ContextLength: n.bundle.Config.MaxPositions, VocabSize: n.bundle.Config.Vocab, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks}}
+	ids := cfg.ServedModelNames
+	if len(ids) == 0 {
+		ids = []string{n.bundle.Name}
+	}
+	for _, id := range ids {
+		gcfg.Models = append(gcfg.Models, gateway.ModelInfo{ID: id, ContextLength: n.bundle.Config.MaxPositions, VocabSize: n.bundle.Config.Vocab, Created: start.Unix(), OwnedBy: "troupe", Reasoning: thinks})
+	}
 	if d := n.bundle.Sampling; cfg.GenerationConfig == "auto" && d.Any() {
 		gcfg.Models[0].Defaults = gateway.Sampling{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty, TopK: d.TopK}
 		fmt.Fprintf(log, "sampling defaults from generation_config.json (--generation-config none leaves them):%s\n", describeSampling(d))
@@ -406,7 +427,11 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	if err := bus.Flush(ctx, n.nc); err != nil {
 		return fmt.Errorf("serve: gateway service: %w", err)
 	}
-	fmt.Fprintf(log, "serving %s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, ln.Addr(), time.Since(start).Round(time.Millisecond))
+	as := ""
+	if len(cfg.ServedModelNames) > 0 {
+		as = " as " + strings.Join(cfg.ServedModelNames, ", ")
+	}
+	fmt.Fprintf(log, "serving %s%s on http://%s (ready in %s): OpenAI API at /v1, demo page at /\n", n.bundle.Name, as, ln.Addr(), time.Since(start).Round(time.Millisecond))
 	// Asked to stop, the node's replicas finish the requests they run (those
 	// of other nodes' gateways too) while the gateway finishes its own, in
 	// the same time.

@@ -1036,3 +1036,31 @@ func TestServeCachedTokens(t *testing.T) {
 		t.Errorf("cached tokens %v, want 0 and then whole 16-token blocks", cached)
 	}
 }
+
+// TestServeModelNames: --served-model-name replaces the model's own name
+// in the API by the names given, each listed and each answering.
+func TestServeModelNames(t *testing.T) {
+	s := startServe(t, func(c *serveConfig) { c.ServedModelNames = []string{"docs", "gpt-4o-mini"} })
+	c := s.client()
+	pages := c.Models.ListAutoPaging(t.Context())
+	var ids []string
+	for pages.Next() {
+		ids = append(ids, pages.Current().ID)
+	}
+	if err := pages.Err(); err != nil || strings.Join(ids, ",") != "docs,gpt-4o-mini" {
+		t.Fatalf("models %v (%v), want docs and gpt-4o-mini", ids, err)
+	}
+	for _, id := range ids {
+		r, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: openai.ChatModel(id), MaxTokens: openai.Int(2),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+		if err != nil || r.Model != id {
+			t.Errorf("chat as %s: %v, answered as %q", id, err, r.Model)
+		}
+	}
+	_, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: openai.ChatModel(demo.Name), MaxTokens: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, "does not exist") {
+		t.Errorf("the model's own name: %v, want a 400 naming the served models", err)
+	}
+}
