@@ -1,6 +1,7 @@
 package models
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,6 +22,11 @@ type Bundle struct {
 	// Tokenizer is tokenizer.json; TokenizerConfig is tokenizer_config.json
 	// (nil when absent).
 	Tokenizer, TokenizerConfig []byte
+	// ChatTemplate is the chat template a checkpoint keeps apart from
+	// tokenizer_config.json, as newer ones do (chat_template.jinja, or
+	// chat_template.json's chat_template), which takes the place of the
+	// config's; nil when there is none.
+	ChatTemplate []byte
 	// Sampling is generation_config.json's default sampling, if any.
 	Sampling Sampling
 }
@@ -43,10 +49,7 @@ func OpenDir(dir string) (*Bundle, error) {
 	if err := b.generation(os.DirFS(dir)); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	if b.Tokenizer, err = readOptional(os.DirFS(dir), "tokenizer.json"); err != nil {
-		return nil, err
-	}
-	if b.TokenizerConfig, err = readOptional(os.DirFS(dir), "tokenizer_config.json"); err != nil {
+	if err := b.texts(os.DirFS(dir)); err != nil {
 		return nil, err
 	}
 	if b.Checkpoint, err = safetensors.OpenDir(dir); err != nil {
@@ -85,16 +88,39 @@ func OpenWith(name string, fsys fs.FS, ckpt *safetensors.Checkpoint) (*Bundle, e
 	if err := b.generation(fsys); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
-		return nil, err
-	}
-	if b.TokenizerConfig, err = readOptional(fsys, "tokenizer_config.json"); err != nil {
+	if err := b.texts(fsys); err != nil {
 		return nil, err
 	}
 	if err := Check(b.Config, b.Checkpoint); err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// texts reads fsys's tokenizer files and chat template, where present.
+func (b *Bundle) texts(fsys fs.FS) error {
+	var err error
+	if b.Tokenizer, err = readOptional(fsys, "tokenizer.json"); err != nil {
+		return err
+	}
+	if b.TokenizerConfig, err = readOptional(fsys, "tokenizer_config.json"); err != nil {
+		return err
+	}
+	if b.ChatTemplate, err = readOptional(fsys, "chat_template.jinja"); err != nil || b.ChatTemplate != nil {
+		return err
+	}
+	raw, err := readOptional(fsys, "chat_template.json")
+	if err != nil || raw == nil {
+		return err
+	}
+	var v struct {
+		ChatTemplate *string `json:"chat_template"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil || v.ChatTemplate == nil {
+		return fmt.Errorf("chat_template.json: want {\"chat_template\": \"...\"} (%v)", err)
+	}
+	b.ChatTemplate = []byte(*v.ChatTemplate)
+	return nil
 }
 
 // generation reads fsys's generation_config.json, if any: its end tokens

@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"io/fs"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -56,5 +57,52 @@ func TestBundleGenerationEOS(t *testing.T) {
 	defer b.Close()
 	if !slices.Equal(b.Config.EOS, []int32{0, 5}) {
 		t.Errorf("EOS %v, want config.json's 0 and generation_config.json's 5", b.Config.EOS)
+	}
+}
+
+// TestBundleChatTemplate: a bundle takes the chat template a checkpoint
+// keeps apart, from chat_template.jinja before chat_template.json; a
+// chat_template.json without one is refused.
+func TestBundleChatTemplate(t *testing.T) {
+	if !demo.Embedded() {
+		t.Skip("built without the demo model (nodemo)")
+	}
+	base := fstest.MapFS{}
+	for _, name := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
+		b, err := fs.ReadFile(demo.FS(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base[name] = &fstest.MapFile{Data: b}
+	}
+	for _, c := range []struct {
+		files map[string]string
+		want  string // "" for none; "error" for a refusal
+	}{
+		{nil, ""},
+		{map[string]string{"chat_template.jinja": "J"}, "J"},
+		{map[string]string{"chat_template.json": `{"chat_template": "S"}`}, "S"},
+		{map[string]string{"chat_template.jinja": "J", "chat_template.json": `{"chat_template": "S"}`}, "J"},
+		{map[string]string{"chat_template.json": `{"template": "S"}`}, "error"},
+	} {
+		files := maps.Clone(base)
+		for name, data := range c.files {
+			files[name] = &fstest.MapFile{Data: []byte(data)}
+		}
+		b, err := models.OpenFS("t", files, demo.Weights())
+		switch {
+		case c.want == "error":
+			if err == nil {
+				b.Close()
+				t.Errorf("%v: opened", c.files)
+			}
+			continue
+		case err != nil:
+			t.Fatalf("%v: %v", c.files, err)
+		}
+		if string(b.ChatTemplate) != c.want || (c.want == "") != (b.ChatTemplate == nil) {
+			t.Errorf("%v: template %q, want %q", c.files, b.ChatTemplate, c.want)
+		}
+		b.Close()
 	}
 }

@@ -370,10 +370,14 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	defer n.Close()
 	var tmpl gateway.ChatTemplate
 	thinks := false
-	if n.bundle.TokenizerConfig != nil {
-		cc, err := chat.ParseConfig(n.bundle.TokenizerConfig)
+	if b := n.bundle; b.TokenizerConfig != nil || b.ChatTemplate != nil {
+		conf := b.TokenizerConfig
+		if conf == nil {
+			conf = []byte("{}")
+		}
+		cc, err := chat.ParseConfigTemplate(conf, b.ChatTemplate)
 		if err != nil {
-			return fmt.Errorf("serve: tokenizer_config.json: %w", err)
+			return fmt.Errorf("serve: chat template: %w", err)
 		}
 		if cc.HasTemplate() {
 			tmpl, thinks = chatTemplate{cc}, cc.Thinks()

@@ -1064,3 +1064,51 @@ func TestServeModelNames(t *testing.T) {
 		t.Errorf("the model's own name: %v, want a 400 naming the served models", err)
 	}
 }
+
+// TestServeChatTemplateFile: a checkpoint that keeps its chat template in
+// chat_template.jinja, as newer ones do, is served with that template in
+// the place of tokenizer_config.json's.
+func TestServeChatTemplateFile(t *testing.T) {
+	src, err := filepath.Abs(filepath.Join("..", "..", "models", "demo", demo.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "kept-apart")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
+		if _, err := os.Stat(filepath.Join(src, f)); err == nil {
+			if err := os.Symlink(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const tmpl = `{% for m in messages %}[{{ m.role }}] {{ m.content }}
+{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}`
+	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), []byte(tmpl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, func(c *serveConfig) { c.Model = dir })
+	call := func(path string, req, resp any) int {
+		t.Helper()
+		b, _ := json.Marshal(req)
+		r, err := http.Post(s.url+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		if err := json.NewDecoder(r.Body).Decode(resp); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return r.StatusCode
+	}
+	var tok struct{ Tokens []int32 }
+	if status := call("/tokenize", map[string]any{"model": "kept-apart", "messages": []map[string]string{{"role": "user", "content": "hi"}}}, &tok); status != 200 {
+		t.Fatalf("tokenize: %d", status)
+	}
+	var text struct{ Prompt string }
+	if status := call("/detokenize", map[string]any{"model": "kept-apart", "tokens": tok.Tokens}, &text); status != 200 || text.Prompt != "[user] hi\n[assistant] " {
+		t.Errorf("the conversation rendered as %q (%d), want chat_template.jinja's", text.Prompt, status)
+	}
+}

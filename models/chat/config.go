@@ -109,6 +109,16 @@ func ParseConfig(data []byte) (*Config, error) {
 	return parseConfig(data, nil)
 }
 
+// ParseConfigTemplate is ParseConfig with template, where not nil, in the
+// place of the config's (a checkpoint's chat_template.jinja).
+func ParseConfigTemplate(data, template []byte) (*Config, error) {
+	if template == nil {
+		return parseConfig(data, nil)
+	}
+	s := string(template)
+	return parseConfig(data, &s)
+}
+
 func parseConfig(data []byte, override *string) (*Config, error) {
 	var raw configJSON
 	if err := json.Unmarshal(data, &raw); err != nil {
