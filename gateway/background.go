@@ -203,7 +203,7 @@ func (s *Server) runBackground(ctx context.Context, run *bgRun, rs *responseRun,
 			}
 		}
 	}()
-	res, err := s.generate(ctx, rs.j.request(rs.id, 0), received, rs.token)
+	res, err := s.generate(ctx, rs.j.request(rs.id, 0), received, rs.j.newThinkStream(), rs.token)
 	stopWatch()
 	<-watched
 	switch {

@@ -26,14 +26,17 @@ type tokenEvent struct {
 
 // genResult is how a generation ended, as the client sees it.
 type genResult struct {
-	finish Finish
-	tail   string // text held back for a possible stop string, released at the end
+	finish    Finish
+	tail      string // text held back for a possible stop string, released at the end
+	reasoning int    // tokens of the completion in a thinking model's reasoning
 }
 
 // generate runs req on the backend, applying stop strings and recording metrics. out is
 // called for each token in order; an error from it stops the generation and is
 // returned. A generation cancelled through ctx ends with reason "cancelled" and no error.
-func (s *Server) generate(ctx context.Context, req GenerateRequest, received time.Time, out func(*tokenEvent) error) (res genResult, err error) {
+// think, where the model thinks (job.newThinkStream), counts the tokens of
+// its reasoning.
+func (s *Server) generate(ctx context.Context, req GenerateRequest, received time.Time, think *thinkStream, out func(*tokenEvent) error) (res genResult, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st := stopper{stops: req.Stop}
@@ -70,6 +73,7 @@ func (s *Server) generate(ctx context.Context, req GenerateRequest, received tim
 		}
 		prev = t.EmittedAt
 		s.met.completionTokens.Add(1)
+		think.countToken(t.Text)
 		ev.text, stopped = st.push(t.Text)
 		if err := out(&ev); err != nil {
 			outErr = err
@@ -85,6 +89,7 @@ func (s *Server) generate(ctx context.Context, req GenerateRequest, received tim
 	fin, gerr := s.callBackend(ctx, req, emit)
 	s.met.promptTokens.Add(uint64(len(req.Prompt)))
 	res.finish = Finish{Reason: fin.Reason, PromptTokens: len(req.Prompt), CompletionTokens: seq, CachedTokens: min(fin.CachedTokens, len(req.Prompt))}
+	res.reasoning = think.reasoningTokens()
 	switch {
 	case stopped:
 		res.finish.Reason = FinishStop

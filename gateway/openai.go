@@ -11,10 +11,17 @@ import (
 )
 
 type usage struct {
-	PromptTokens        int           `json:"prompt_tokens"`
-	CompletionTokens    int           `json:"completion_tokens"`
-	TotalTokens         int           `json:"total_tokens"`
-	PromptTokensDetails *promptDetail `json:"prompt_tokens_details,omitempty"`
+	PromptTokens            int               `json:"prompt_tokens"`
+	CompletionTokens        int               `json:"completion_tokens"`
+	TotalTokens             int               `json:"total_tokens"`
+	PromptTokensDetails     *promptDetail     `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails *completionDetail `json:"completion_tokens_details,omitempty"`
+}
+
+// completionDetail is usage's completion_tokens_details: the tokens of a
+// thinking model's reasoning among the completion's.
+type completionDetail struct {
+	ReasoningTokens int `json:"reasoning_tokens"`
 }
 
 // promptDetail is usage's prompt_tokens_details: the prompt tokens the
@@ -205,7 +212,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job, chat b
 				cr.compLP = *lp
 			}
 		}
-		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+		cr.res, err = s.generate(ctx, j.request(id, i), received, j.newThinkStream(), func(ev *tokenEvent) error {
 			echo(ev.tok.Prompt)
 			if j.echoOnly {
 				return nil
@@ -292,9 +299,12 @@ func (j *job) usage(results []choiceResult) usage {
 		cached[p] = max(cached[p], results[i].res.finish.CachedTokens)
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	u.PromptTokensDetails = &promptDetail{}
+	u.PromptTokensDetails, u.CompletionTokensDetails = &promptDetail{}, &completionDetail{}
 	for _, c := range cached {
 		u.PromptTokensDetails.CachedTokens += c
+	}
+	for i := range results {
+		u.CompletionTokensDetails.ReasoningTokens += results[i].res.reasoning
 	}
 	return u
 }
@@ -516,7 +526,7 @@ func (s *Server) streamJob(ctx context.Context, cancel context.CancelFunc, w htt
 				Choices: []chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: reason}}})
 		}
 		var err error
-		cr.res, err = s.generate(ctx, j.request(id, i), received, func(ev *tokenEvent) error {
+		cr.res, err = s.generate(ctx, j.request(id, i), received, j.newThinkStream(), func(ev *tokenEvent) error {
 			if chat {
 				var lp *chatLogprobs
 				if j.base.Logprobs {

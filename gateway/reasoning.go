@@ -21,6 +21,9 @@ type thinkStream struct {
 	// as DeepSeek-R1's does), so the text starts in the reasoning.
 	inThink bool
 	held    strings.Builder
+	// With countToken: the tokens of the reasoning, and those still blank
+	// (the reasoning's if it opens, nobody's if the content does).
+	tokens, blank int
 }
 
 // The states of a thinkStream: the spaces that open the reasoning and the
@@ -85,6 +88,35 @@ func (a *answerStream) end(tail string) (reasoning, content string, calls []tool
 	r2, c2 := a.think.end()
 	content, calls, called = a.calls.end(c1 + c2)
 	return r1 + r2, content, calls, called
+}
+
+// countToken takes a token's text, to count the tokens of the reasoning:
+// its opening, its text and its close. A nil stream counts nothing.
+func (s *thinkStream) countToken(text string) {
+	if s == nil {
+		return
+	}
+	before := s.state
+	s.push(text)
+	switch {
+	case s.state == thinkBlank:
+		s.blank++
+	case s.state == reasoningStarts || s.state == inReasoning,
+		before == reasoningStarts || before == inReasoning, // its close
+		before == thinkBlank && s.state != inContent:       // opened and closed at once
+		s.tokens += s.blank + 1
+		s.blank = 0
+	default:
+		s.blank = 0
+	}
+}
+
+// reasoningTokens is what countToken counted.
+func (s *thinkStream) reasoningTokens() int {
+	if s == nil {
+		return 0
+	}
+	return s.tokens
 }
 
 // push takes text and returns the reasoning and the content it settles.

@@ -84,6 +84,7 @@ func TestReasoningContent(t *testing.T) {
 			} `json:"message"`
 			FinishReason string `json:"finish_reason"`
 		} `json:"choices"`
+		Usage usage `json:"usage"`
 	}
 	if err := json.Unmarshal(raw, &out); err != nil {
 		t.Fatal(err)
@@ -91,6 +92,10 @@ func TestReasoningContent(t *testing.T) {
 	m := out.Choices[0].Message
 	if m.ReasoningContent == nil || *m.ReasoningContent != "Call it." || m.Content == nil || *m.Content != "Sure." || out.Choices[0].FinishReason != "tool_calls" {
 		t.Errorf("message %s", raw)
+	}
+	// The reasoning's tokens, a byte each here: "<think>\nCall it.\n</think>".
+	if d := out.Usage.CompletionTokensDetails; d == nil || d.ReasoningTokens != len("<think>\nCall it.\n</think>") {
+		t.Errorf("usage %s: want %d reasoning tokens", raw, len("<think>\nCall it.\n</think>"))
 	}
 	sameCalls(t, "whole", m.ToolCalls, [2]string{"get_time", "{}"})
 
@@ -134,6 +139,9 @@ func TestReasoningContent(t *testing.T) {
 	}
 	if strings.Join(types, ",") != "reasoning,message,function_call" || resp.Output[0].AsReasoning().Content[0].Text != "Call it." || resp.OutputText() != "Sure." {
 		t.Errorf("response %s", resp.RawJSON())
+	}
+	if got := resp.Usage.OutputTokensDetails.ReasoningTokens; got != int64(len("<think>\nCall it.\n</think>")) {
+		t.Errorf("response usage %s", resp.Usage.RawJSON())
 	}
 	stream := c.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{Model: testModel,
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("t?")}})
@@ -310,5 +318,38 @@ func TestReasoningEffortNone(t *testing.T) {
 	var tok struct{ Tokens []int32 }
 	if status != 200 || json.Unmarshal(raw, &tok) != nil || !strings.HasPrefix(byteTokenizer{}.Decode(tok.Tokens, false), "vars: enable_thinking=false\n") {
 		t.Errorf("tokenize with reasoning_effort none: %d %s", status, raw)
+	}
+}
+
+// TestReasoningTokens: the tokens of a reasoning are counted as they come:
+// its opening, its text and its close, blanks before an opening with it,
+// and nothing of an answer that does not think.
+func TestReasoningTokens(t *testing.T) {
+	for _, c := range []struct {
+		tokens  []string
+		inThink bool
+		want    int
+	}{
+		{[]string{"<think>", "\n", "I", " add", ".", "\n", "</think>", "\n\n", "Four", "."}, false, 7},
+		{[]string{"<", "think", ">", "x", "</", "think", ">", "y"}, false, 7},
+		{[]string{"\n", "<think>", "x", "</think>", "y"}, false, 4},
+		{[]string{"I add.", "\n", "</think>", "\n\n", "Four."}, true, 3},
+		{[]string{"<think>", "cut sh"}, false, 2},
+		{[]string{"Four", "."}, false, 0},
+		{[]string{"\n", "Four"}, false, 0},
+		{[]string{"<thin", "king", " aloud"}, false, 0},
+	} {
+		s := &thinkStream{inThink: c.inThink}
+		for _, tok := range c.tokens {
+			s.countToken(tok)
+		}
+		if got := s.reasoningTokens(); got != c.want {
+			t.Errorf("%q (in think %v): %d reasoning tokens, want %d", c.tokens, c.inThink, got, c.want)
+		}
+	}
+	var none *thinkStream
+	none.countToken("<think>")
+	if none.reasoningTokens() != 0 {
+		t.Error("a model that does not think counted reasoning")
 	}
 }

@@ -435,7 +435,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if j.stream {
 		rs.out = &sse{w: w}
 	}
-	res, err := s.generate(ctx, j.request(rs.id, 0), received, rs.token)
+	res, err := s.generate(ctx, j.request(rs.id, 0), received, j.newThinkStream(), rs.token)
 	if err == nil && rs.out != nil {
 		err = rs.out.err
 	}
@@ -827,7 +827,7 @@ func (rs *responseRun) object(status string, details any, res *genResult) map[st
 		in := len(rs.j.prompts[0])
 		o["usage"] = map[string]any{
 			"input_tokens": in, "input_tokens_details": map[string]int{"cached_tokens": res.finish.CachedTokens},
-			"output_tokens": res.finish.CompletionTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
+			"output_tokens": res.finish.CompletionTokens, "output_tokens_details": map[string]int{"reasoning_tokens": res.reasoning},
 			"total_tokens": in + res.finish.CompletionTokens,
 		}
 	}

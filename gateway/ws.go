@@ -438,7 +438,7 @@ func (s *Server) runStream(ctx context.Context, st *stream, j *job, received tim
 	id := st.key.id
 	var text strings.Builder // the whole text, where the answer is read from it
 	answers := len(j.tools.tools) > 0
-	res, err := s.generate(ctx, j.request(newID("ws-"), 0), received, func(ev *tokenEvent) error {
+	res, err := s.generate(ctx, j.request(newID("ws-"), 0), received, j.newThinkStream(), func(ev *tokenEvent) error {
 		if answers {
 			text.WriteString(ev.text)
 		}
@@ -473,7 +473,7 @@ func (s *Server) runStream(ctx context.Context, st *stream, j *job, received tim
 		f := res.finish
 		done := wsDoneFrame{Type: "done", ID: id, FinishReason: f.Reason, Text: res.tail,
 			Usage: usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.PromptTokens + f.CompletionTokens,
-				PromptTokensDetails: &promptDetail{CachedTokens: f.CachedTokens}}}
+				PromptTokensDetails: &promptDetail{CachedTokens: f.CachedTokens}, CompletionTokensDetails: &completionDetail{ReasoningTokens: res.reasoning}}}
 		if answers {
 			_, content, calls := j.answer(text.String() + res.tail)
 			done.Content = &content
