@@ -41,14 +41,7 @@ func TestBundleGenerationEOS(t *testing.T) {
 	if !demo.Embedded() {
 		t.Skip("built without the demo model (nodemo)")
 	}
-	files := fstest.MapFS{}
-	for _, name := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
-		b, err := fs.ReadFile(demo.FS(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[name] = &fstest.MapFile{Data: b}
-	}
+	files := demoFiles(t)
 	files["generation_config.json"] = &fstest.MapFile{Data: []byte(`{"eos_token_id": [0, 5]}`)}
 	b, err := models.OpenFS("eos", files, demo.Weights())
 	if err != nil {
@@ -67,14 +60,7 @@ func TestBundleChatTemplate(t *testing.T) {
 	if !demo.Embedded() {
 		t.Skip("built without the demo model (nodemo)")
 	}
-	base := fstest.MapFS{}
-	for _, name := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
-		b, err := fs.ReadFile(demo.FS(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		base[name] = &fstest.MapFile{Data: b}
-	}
+	base := demoFiles(t)
 	for _, c := range []struct {
 		files map[string]string
 		want  string // "" for none; "error" for a refusal
@@ -105,4 +91,18 @@ func TestBundleChatTemplate(t *testing.T) {
 		}
 		b.Close()
 	}
+}
+
+// demoFiles are the embedded demo model's config and tokenizer files.
+func demoFiles(t *testing.T) fstest.MapFS {
+	t.Helper()
+	files := fstest.MapFS{}
+	for _, name := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
+		b, err := fs.ReadFile(demo.FS(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[name] = &fstest.MapFile{Data: b}
+	}
+	return files
 }

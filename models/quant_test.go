@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -370,21 +371,7 @@ func TestQuantRefused(t *testing.T) {
 		{"e5m2", []*safetensors.Tensor{{Name: weight, DType: "F8_E5M2", Shape: good.Shape, Data: good.Data}, scales}, b.Config.Quant, "dtype F8_E5M2"},
 		{"int8 codes in an fp8 checkpoint", []*safetensors.Tensor{{Name: weight, DType: "I8", Shape: good.Shape, Data: good.Data}, scales}, b.Config.Quant, "dtype I8 is not supported"},
 	} {
-		var ts []*safetensors.Tensor
-		for _, n := range b.Checkpoint.Names() {
-			if n != weight && n != scales.Name {
-				t, _ := b.Checkpoint.Tensor(n)
-				ts = append(ts, t)
-			}
-		}
-		var buf bytes.Buffer
-		if err := safetensors.Write(&buf, append(ts, c.tensors...), nil); err != nil {
-			t.Fatal(err)
-		}
-		ckpt, err := safetensors.FromBytes(buf.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
+		ckpt := replaced(t, b.Checkpoint, []string{weight, scales.Name}, c.tensors...)
 		cfg := *b.Config
 		cfg.Quant = c.fp8
 		err = models.Check(&cfg, ckpt)
@@ -425,21 +412,7 @@ func FuzzQuantLoad(f *testing.F) {
 		w.Data = make([]byte, w.Elements()*safetensors.DTypeSize(w.DType))
 		s := &safetensors.Tensor{Name: scales.Name, DType: dtypes[int(sdt)%len(dtypes)], Shape: []int{int(srows), int(scols)}[:int(sdims)%3]}
 		s.Data = make([]byte, s.Elements()*safetensors.DTypeSize(s.DType))
-		var ts []*safetensors.Tensor
-		for _, n := range b.Checkpoint.Names() {
-			if n != weight && n != scales.Name {
-				x, _ := b.Checkpoint.Tensor(n)
-				ts = append(ts, x)
-			}
-		}
-		var buf bytes.Buffer
-		if err := safetensors.Write(&buf, append(ts, w, s), nil); err != nil {
-			t.Fatal(err)
-		}
-		ckpt, err := safetensors.FromBytes(buf.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
+		ckpt := replaced(t, b.Checkpoint, []string{weight, scales.Name}, w, s)
 		checked := models.Check(b.Config, ckpt)
 		dev := openCPU(t)
 		defer dev.Close()
@@ -451,4 +424,26 @@ func FuzzQuantLoad(f *testing.F) {
 			t.Fatalf("Check says %v, Load %v", checked, err)
 		}
 	})
+}
+
+// replaced is ckpt without the tensors named in drop and with add, as one
+// checkpoint in memory.
+func replaced(t testing.TB, ckpt *safetensors.Checkpoint, drop []string, add ...*safetensors.Tensor) *safetensors.Checkpoint {
+	t.Helper()
+	out := slices.Clone(add)
+	for _, n := range ckpt.Names() {
+		if !slices.Contains(drop, n) {
+			x, _ := ckpt.Tensor(n)
+			out = append(out, x)
+		}
+	}
+	var buf bytes.Buffer
+	if err := safetensors.Write(&buf, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := safetensors.FromBytes(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

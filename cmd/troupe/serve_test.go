@@ -920,19 +920,7 @@ func TestServeTokenize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	call := func(path string, req, resp any) int {
-		t.Helper()
-		b, _ := json.Marshal(req)
-		r, err := http.Post(s.url+path, "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		if err := json.NewDecoder(r.Body).Decode(resp); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		return r.StatusCode
-	}
+	call := func(path string, req, resp any) int { t.Helper(); return postJSON(t, s.url+path, req, resp) }
 	const prompt = "How do I list files?"
 	var got struct {
 		Count       int
@@ -1090,19 +1078,7 @@ func TestServeChatTemplateFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startServe(t, func(c *serveConfig) { c.Model = dir })
-	call := func(path string, req, resp any) int {
-		t.Helper()
-		b, _ := json.Marshal(req)
-		r, err := http.Post(s.url+path, "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		if err := json.NewDecoder(r.Body).Decode(resp); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		return r.StatusCode
-	}
+	call := func(path string, req, resp any) int { t.Helper(); return postJSON(t, s.url+path, req, resp) }
 	var tok struct{ Tokens []int32 }
 	if status := call("/tokenize", map[string]any{"model": "kept-apart", "messages": []map[string]string{{"role": "user", "content": "hi"}}}, &tok); status != 200 {
 		t.Fatalf("tokenize: %d", status)
@@ -1111,4 +1087,20 @@ func TestServeChatTemplateFile(t *testing.T) {
 	if status := call("/detokenize", map[string]any{"model": "kept-apart", "tokens": tok.Tokens}, &text); status != 200 || text.Prompt != "[user] hi\n[assistant] " {
 		t.Errorf("the conversation rendered as %q (%d), want chat_template.jinja's", text.Prompt, status)
 	}
+}
+
+// postJSON posts req as JSON to url and decodes the answer into resp; it
+// returns the status.
+func postJSON(t *testing.T, url string, req, resp any) int {
+	t.Helper()
+	b, _ := json.Marshal(req)
+	r, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	if err := json.NewDecoder(r.Body).Decode(resp); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return r.StatusCode
 }
