@@ -722,11 +722,11 @@ func TestServeToolCalls(t *testing.T) {
 	// Parameters the grammar cannot follow are refused when a call is
 	// forced, naming what.
 	_, err = c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
-		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("uri-template"), clock},
+		Model: openai.ChatModel(demo.Name), Messages: msgs[:1], Tools: []openai.ChatCompletionToolUnionParam{link("regex"), clock},
 		ToolChoice: openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
 	})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "uri-template"`) {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, `format "regex"`) {
 		t.Errorf("parameters with a format of no grammar: %v, want a 400 that names it", err)
 	}
 }

@@ -99,6 +99,7 @@ var formats = map[string]string{
 	"iri":                   `^` + iri + `$`,
 	"iri-reference":         `^(` + iri + `|` + relIRI + `)$`,
 	"json-pointer":          `^` + fmtPointer + `$`,
+	"uri-template":          `^(` + fmtTemplateLiteral + `|` + fmtTemplateExpr + `)*$`,
 	"relative-json-pointer": `^(0|[1-9][0-9]*)(#|` + fmtPointer + `)$`,
 	"date":                  `^` + fmtDate + `$`,
 	"time":                  `^` + fmtTime + `$`,
@@ -128,6 +129,15 @@ const (
 
 	// RFC 6901: "/"-led tokens, "~" escaped as "~0" and "/" as "~1".
 	fmtPointer = `(/([^/~]|~[01])*)*`
+
+	// RFC 6570's URI templates: literals (ASCII less controls, space and
+	// "'%<>\^`{|}, and percent-encodings) and expressions, {op?varspec,...},
+	// a varspec a name of varchars joined by dots, with a prefix length or
+	// an explode.
+	fmtTemplateLiteral = `([!#$&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]|%[0-9A-Fa-f]{2})`
+	fmtVarchar         = `([A-Za-z0-9_]|%[0-9A-Fa-f]{2})`
+	fmtVarspec         = fmtVarchar + `(\.?` + fmtVarchar + `)*(:[1-9][0-9]{0,3}|\*)?`
+	fmtTemplateExpr    = `\{[+#./;?&=,!@|]?` + fmtVarspec + `(,` + fmtVarspec + `)*\}`
 )
 
 // Characters RFC 3987 adds to URIs' (ucschar), and those it adds to a

@@ -105,6 +105,10 @@ func TestFormats(t *testing.T) {
 		{"json-pointer", "a", false}, {"json-pointer", "/~2", false},
 		{"relative-json-pointer", "0", true}, {"relative-json-pointer", "1/a", true}, {"relative-json-pointer", "2#", true},
 		{"relative-json-pointer", "01", false}, {"relative-json-pointer", "#", false}, {"relative-json-pointer", "0/~", false},
+		{"uri-template", "https://api.example.com/users/{id}{?fields*,page}", true}, {"uri-template", "{+path:6}/here{#frag}", true},
+		{"uri-template", "/a{b.c,d%20e}", true}, {"uri-template", "plain", true}, {"uri-template", "", true},
+		{"uri-template", "{}", false}, {"uri-template", "{a:0}", false}, {"uri-template", "{a:10000}", false}, {"uri-template", "{a..b}", false},
+		{"uri-template", "a b", false}, {"uri-template", "{a", false}, {"uri-template", "a}", false}, {"uri-template", "{a b}", false},
 	} {
 		d, err := compilePattern(formats[c.format])
 		if err != nil {

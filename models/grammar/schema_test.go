@@ -490,7 +490,7 @@ func TestSchemaRefused(t *testing.T) {
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":7}}}`, "pattern is not a string"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","maxLength":3}}}`, "beside minLength or maxLength"},
 		{`{"type":"object","properties":{"s":{"type":"string","pattern":"a","format":"date"}}}`, "pattern beside format"},
-		{`{"type":"object","properties":{"s":{"type":"string","format":"idn-email"}}}`, `format "idn-email" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, iri, iri-reference, json-pointer, relative-json-pointer, time, uri, uri-reference, uuid are)`},
+		{`{"type":"object","properties":{"s":{"type":"string","format":"idn-email"}}}`, `format "idn-email" is not supported (date, date-time, duration, email, hostname, ipv4, ipv6, iri, iri-reference, json-pointer, relative-json-pointer, time, uri, uri-reference, uri-template, uuid are)`},
 		{`{"type":"object","properties":{"s":{"pattern":"a"}}}`, `"pattern" without a type`},
 		{`{"type":"object","properties":{"s":{"enum":["a"],"format":"date"}}}`, `"format" beside enum`},
 		{`{"type":"object","properties":{"n":{"type":"number","minimum":0.0000001}}}`, "at most six digits after the point"},
@@ -990,6 +990,8 @@ func validFormat(f, s string) bool {
 		return validURI(s, strings.HasSuffix(f, "-reference"), f[0] == 'i')
 	case "json-pointer":
 		return validPointer(s)
+	case "uri-template":
+		return validTemplate(s)
 	case "relative-json-pointer":
 		i := 0
 		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
@@ -998,6 +1000,72 @@ func validFormat(f, s string) bool {
 		return i > 0 && (s[0] != '0' || i == 1) && (s[i:] == "#" || validPointer(s[i:]))
 	}
 	return false
+}
+
+// validTemplate is RFC 6570's URI template read by hand: literals outside
+// braces (percent-encodings whole), and in each pair of braces an optional
+// operator and varspecs parted by commas, each a name of varchars (letters,
+// digits, '_', percent-encodings) joined by single dots, then ":" and a
+// length of 1 to 9999 or "*".
+func validTemplate(s string) bool {
+	hex := func(s string) bool {
+		return len(s) >= 2 && strings.ContainsRune("0123456789abcdefABCDEF", rune(s[0])) && strings.ContainsRune("0123456789abcdefABCDEF", rune(s[1]))
+	}
+	for s != "" {
+		c := s[0]
+		switch {
+		case c == '%':
+			if !hex(s[1:]) {
+				return false
+			}
+			s = s[3:]
+		case c == '{':
+			end := strings.IndexByte(s, '}')
+			if end < 0 {
+				return false
+			}
+			expr := s[1:end]
+			s = s[end+1:]
+			if expr != "" && strings.ContainsRune("+#./;?&=,!@|", rune(expr[0])) {
+				expr = expr[1:]
+			}
+			for _, spec := range strings.Split(expr, ",") {
+				name, mod := spec, ""
+				if i := strings.IndexAny(spec, ":*"); i >= 0 {
+					name, mod = spec[:i], spec[i:]
+				}
+				if mod != "" && mod != "*" {
+					n, err := strconv.Atoi(mod[1:])
+					if err != nil || mod[1] == '0' || n < 1 || n > 9999 || strings.ContainsAny(mod[1:], "+-") {
+						return false
+					}
+				}
+				for _, part := range strings.Split(name, ".") {
+					if part == "" {
+						return false
+					}
+					for part != "" {
+						switch {
+						case part[0] == '%':
+							if !hex(part[1:]) {
+								return false
+							}
+							part = part[3:]
+						case part[0] == '_' || 'a' <= part[0]|0x20 && part[0]|0x20 <= 'z' || '0' <= part[0] && part[0] <= '9':
+							part = part[1:]
+						default:
+							return false
+						}
+					}
+				}
+			}
+		case c > 0x20 && c < 0x7f && !strings.ContainsRune("\"'%<>\\^`{|}", rune(c)):
+			s = s[1:]
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // validPointer is RFC 6901's JSON pointer: "/"-led tokens in which "~" is
