@@ -1,13 +1,13 @@
 package models
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 
+	"github.com/troupe/troupe/models/chat"
 	"github.com/troupe/troupe/models/safetensors"
 )
 
@@ -23,9 +23,8 @@ type Bundle struct {
 	// (nil when absent).
 	Tokenizer, TokenizerConfig []byte
 	// ChatTemplate is the chat template a checkpoint keeps apart from
-	// tokenizer_config.json, as newer ones do (chat_template.jinja, or
-	// chat_template.json's chat_template), which takes the place of the
-	// config's; nil when there is none.
+	// tokenizer_config.json (chat.ReadTemplate), which takes the place of
+	// the config's; nil when there is none.
 	ChatTemplate []byte
 	// Sampling is generation_config.json's default sampling, if any.
 	Sampling Sampling
@@ -106,21 +105,8 @@ func (b *Bundle) texts(fsys fs.FS) error {
 	if b.TokenizerConfig, err = readOptional(fsys, "tokenizer_config.json"); err != nil {
 		return err
 	}
-	if b.ChatTemplate, err = readOptional(fsys, "chat_template.jinja"); err != nil || b.ChatTemplate != nil {
-		return err
-	}
-	raw, err := readOptional(fsys, "chat_template.json")
-	if err != nil || raw == nil {
-		return err
-	}
-	var v struct {
-		ChatTemplate *string `json:"chat_template"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil || v.ChatTemplate == nil {
-		return fmt.Errorf("chat_template.json: want {\"chat_template\": \"...\"} (%v)", err)
-	}
-	b.ChatTemplate = []byte(*v.ChatTemplate)
-	return nil
+	b.ChatTemplate, err = chat.ReadTemplate(fsys)
+	return err
 }
 
 // generation reads fsys's generation_config.json, if any: its end tokens

@@ -73,34 +73,47 @@ type configJSON struct {
 
 // LoadConfig reads tokenizer_config.json in dir. A chat template found in
 // dir/chat_template.jinja or dir/chat_template.json, where newer
-// checkpoints keep it, takes the place of the one in the config.
+// checkpoints keep it, takes the place of the one in the config
+// (ReadTemplate).
 func LoadConfig(dir string) (*Config, error) {
 	data, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	if err != nil {
 		return nil, fmt.Errorf("load chat config: %w", err)
 	}
-	var override *string
-	if src, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
-		s := string(src)
-		override = &s
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("load chat config: %w", err)
-	} else if js, err := os.ReadFile(filepath.Join(dir, "chat_template.json")); err == nil {
-		var v struct {
-			ChatTemplate string `json:"chat_template"`
-		}
-		if err := json.Unmarshal(js, &v); err != nil {
-			return nil, fmt.Errorf("load chat config: chat_template.json: %w", err)
-		}
-		override = &v.ChatTemplate
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	tmpl, err := ReadTemplate(os.DirFS(dir))
+	if err != nil {
 		return nil, fmt.Errorf("load chat config: %w", err)
 	}
-	c, err := parseConfig(data, override)
+	c, err := ParseConfigTemplate(data, tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("load chat config %s: %w", dir, err)
 	}
 	return c, nil
+}
+
+// ReadTemplate reads the chat template a checkpoint keeps apart from
+// tokenizer_config.json, as newer ones do: chat_template.jinja, else
+// chat_template.json's chat_template; nil where fsys holds neither.
+func ReadTemplate(fsys fs.FS) ([]byte, error) {
+	if src, err := fs.ReadFile(fsys, "chat_template.jinja"); err == nil {
+		return src, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	js, err := fs.ReadFile(fsys, "chat_template.json")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var v struct {
+		ChatTemplate *string `json:"chat_template"`
+	}
+	if err := json.Unmarshal(js, &v); err != nil || v.ChatTemplate == nil {
+		return nil, fmt.Errorf("chat_template.json: want {\"chat_template\": \"...\"} (%v)", err)
+	}
+	return []byte(*v.ChatTemplate), nil
 }
 
 // ParseConfig parses the contents of a tokenizer_config.json and compiles
