@@ -290,21 +290,19 @@ func (j *job) usage(results []choiceResult) usage {
 	for p := range j.prompts {
 		u.PromptTokens += len(j.prompts[p])
 	}
-	cached := make([]int, len(j.prompts))
+	u.PromptTokensDetails, u.CompletionTokensDetails = &promptDetail{}, &completionDetail{}
+	cached := make([]int, len(j.prompts)) // result i is of prompt i/j.n (job.request)
 	for i := range results {
+		res := &results[i].res
 		if !j.echoOnly {
-			u.CompletionTokens += results[i].res.finish.CompletionTokens
+			u.CompletionTokens += res.finish.CompletionTokens
 		}
-		p := min(i/max(j.n, 1), len(cached)-1)
-		cached[p] = max(cached[p], results[i].res.finish.CachedTokens)
+		u.CompletionTokensDetails.ReasoningTokens += res.reasoning
+		cached[i/j.n] = max(cached[i/j.n], res.finish.CachedTokens)
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	u.PromptTokensDetails, u.CompletionTokensDetails = &promptDetail{}, &completionDetail{}
 	for _, c := range cached {
 		u.PromptTokensDetails.CachedTokens += c
-	}
-	for i := range results {
-		u.CompletionTokensDetails.ReasoningTokens += results[i].res.reasoning
 	}
 	return u
 }

@@ -488,7 +488,7 @@ type responseRun struct {
 	callIdx map[int]int // a call's index in the stream → its output index
 
 	// held is a streamed background response's last state, kept only
-	// once its events are (keepHeld): a gateway that sees it ended may
+	// once its events are (runBackground): a gateway that sees it ended may
 	// delete everything kept of it.
 	held func() error
 }
