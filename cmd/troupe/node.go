@@ -28,6 +28,7 @@ import (
 // node is one troupe process: its bus server and the actors it runs.
 type node struct {
 	cfg      serveConfig
+	version  versionInfo // the binary's build, read once
 	bus      *bus.Node
 	nc       *nats.Conn
 	subj     bus.Subjects
@@ -115,7 +116,7 @@ func registryReplicas(cfg serveConfig) int {
 // startNode starts the bus, loads the model and starts every replica's
 // layer-shard actors, KV-managers and schedulers.
 func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.Writer) (_ *node, err error) {
-	n := &node{spawned: map[string]func(){}, owners: map[string]string{}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, tp: tp, log: log}
+	n := &node{spawned: map[string]func(){}, owners: map[string]string{}, weights: map[[2]int]*sharedWeights{}, cfg: cfg, version: buildVersion(), tp: tp, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -162,7 +163,7 @@ func startNode(ctx context.Context, cfg serveConfig, tp *trace.Provider, log io.
 	n.closers = append(n.closers, func() { n.dev.Close() })
 	// Resources of spawned actors are released after the actors stop.
 	n.closers = append(n.closers, n.closeSpawned)
-	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node, Version: buildVersion().semver()}, n.nc); err != nil {
+	if n.actors, err = actors.NewSystem(actors.Config{Cluster: cfg.Cluster.Name, Node: cfg.Node, Version: n.version.semver()}, n.nc); err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, func() {
@@ -560,7 +561,7 @@ func (n *node) startScheduler(runCtx context.Context, e scheduler.Engine, kv sch
 	svc, err := scheduler.Serve(runCtx, n.nc, n.subj, n.bundle.Name, s, scheduler.Text{
 		Detok: func() generate.Detokenizer { return n.tok.NewDecoder(true) },
 		Bytes: n.tok.TokenBytes,
-	}, buildVersion().semver())
+	}, n.version.semver())
 	if err != nil {
 		return err
 	}

@@ -396,7 +396,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 		fmt.Fprintf(log, "sampling defaults from generation_config.json (--generation-config none leaves them):%s\n", describeSampling(d))
 	}
 	gcfg.APIKeys, gcfg.MaxInFlightPerKey = cfg.APIKeys, cfg.MaxInFlightPerKey
-	gcfg.Build = buildVersion().labels()
+	gcfg.Build = n.version.labels()
 	gcfg.MaxStoredResponses = 0
 	if n.responses != nil {
 		gcfg.Responses = n.responses
@@ -418,7 +418,7 @@ func serve(ctx context.Context, cfg serveConfig, ln net.Listener, log io.Writer)
 	// STATS (with the backend's queue and KV figures) on the bus.
 	gsvc, err := micro.AddService(n.nc, micro.Config{
 		Name:         "gateway",
-		Version:      buildVersion().semver(),
+		Version:      n.version.semver(),
 		Description:  "OpenAI-compatible HTTP and websocket gateway",
 		Metadata:     map[string]string{"node": cfg.Node, "listen": ln.Addr().String(), "model": n.bundle.Name},
 		StatsHandler: func(*micro.Endpoint) any { return n.backend.Stats() },
