@@ -85,9 +85,9 @@ func (d *dfa) liveUnits(st int32, lo, hi rune) bool {
 // leap seconds or February 29; UUIDs; dotted-quad IPv4; IPv6 without an embedded IPv4
 // address; hostnames of up to four labels; addresses of a common shape;
 // RFC 3986 URIs and URI references, and RFC 3987 IRIs and IRI references,
-// an IP literal's IPv6 as ipv6's;
-// RFC 6901 JSON pointers and their relative kind): each matches only
-// valid texts, not every one.
+// an IP literal's IPv6 as ipv6's; RFC 6570 URI templates of ASCII
+// literals; RFC 6901 JSON pointers and their relative kind): each matches
+// only valid texts, not every one.
 var (
 	uri, relRef = uriPatterns("", "")
 	iri, relIRI = uriPatterns(fmtUCS, fmtPrivate)
@@ -134,10 +134,13 @@ const (
 	// "'%<>\^`{|}, and percent-encodings) and expressions, {op?varspec,...},
 	// a varspec a name of varchars joined by dots, with a prefix length or
 	// an explode.
-	fmtTemplateLiteral = `([!#$&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]|%[0-9A-Fa-f]{2})`
-	fmtVarchar         = `([A-Za-z0-9_]|%[0-9A-Fa-f]{2})`
-	fmtVarspec         = fmtVarchar + `(\.?` + fmtVarchar + `)*(:[1-9][0-9]{0,3}|\*)?`
-	fmtTemplateExpr    = `\{[+#./;?&=,!@|]?` + fmtVarspec + `(,` + fmtVarspec + `)*\}`
+	fmtTemplateLiteral = `([!#$&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]|` + fmtPctEnc + `)`
+	fmtVarchar         = `([A-Za-z0-9_]|` + fmtPctEnc + `)`
+
+	// A percent-encoded byte, in URIs and URI templates.
+	fmtPctEnc       = `%[0-9A-Fa-f]{2}`
+	fmtVarspec      = fmtVarchar + `(\.?` + fmtVarchar + `)*(:[1-9][0-9]{0,3}|\*)?`
+	fmtTemplateExpr = `\{[+#./;?&=,!@|]?` + fmtVarspec + `(,` + fmtVarspec + `)*\}`
 )
 
 // Characters RFC 3987 adds to URIs' (ucschar), and those it adds to a
@@ -154,17 +157,16 @@ const (
 // private, RFC 3987's IRI and relative IRI reference: the characters ucs
 // adds to the unreserved ones, and those private adds to a query's).
 func uriPatterns(ucs, private string) (uri, relRef string) {
-	const pct = `%[0-9A-Fa-f]{2}`
 	unres := `A-Za-z0-9._~` + ucs // and '-', last in each class
 	// A path's characters (pchar) without ':' (a relative reference's
 	// first segment takes none), then with it, and a query's and a
 	// fragment's.
-	segNC := `([` + unres + `!$&'()*+,;=@-]|` + pct + `)`
-	pchar := `([` + unres + `!$&'()*+,;=:@-]|` + pct + `)`
-	query := `([` + unres + private + `!$&'()*+,;=:@/?-]|` + pct + `)*`
-	frag := `([` + unres + `!$&'()*+,;=:@/?-]|` + pct + `)*`
-	host := `(\[(` + fmtIPv6Lit + `|v[0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]|([` + unres + `!$&'()*+,;=-]|` + pct + `)*)`
-	auth := `(([` + unres + `!$&'()*+,;=:-]|` + pct + `)*@)?` + host + `(:[0-9]*)?`
+	segNC := `([` + unres + `!$&'()*+,;=@-]|` + fmtPctEnc + `)`
+	pchar := `([` + unres + `!$&'()*+,;=:@-]|` + fmtPctEnc + `)`
+	query := `([` + unres + private + `!$&'()*+,;=:@/?-]|` + fmtPctEnc + `)*`
+	frag := `([` + unres + `!$&'()*+,;=:@/?-]|` + fmtPctEnc + `)*`
+	host := `(\[(` + fmtIPv6Lit + `|v[0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]|([` + unres + `!$&'()*+,;=-]|` + fmtPctEnc + `)*)`
+	auth := `(([` + unres + `!$&'()*+,;=:-]|` + fmtPctEnc + `)*@)?` + host + `(:[0-9]*)?`
 	abempty := `(/` + pchar + `*)*`
 	tail := `)?(\?` + query + `)?(#` + frag + `)?`
 	// A hierarchical part after "scheme:": an authority and its path, an
